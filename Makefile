@@ -1,0 +1,36 @@
+# binlake: every target installs what it needs first (through `setup`, which is
+# idempotent and fast once done).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.binlake-setup
+
+.PHONY: setup test demo proto proto-check bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt jars/pom.xml scripts/setup.sh
+	PY=$(PY) bash scripts/setup.sh
+	@touch $(STAMP)
+
+test: setup
+	$(BIN)/pytest -q tests
+
+demo: setup
+	$(BIN)/python scripts/demo.py
+
+proto: setup
+	$(BIN)/python scripts/gen_proto.py
+
+proto-check: setup
+	$(BIN)/python scripts/gen_proto.py --check
+
+bench: setup
+	$(BIN)/binlake bench pump
+
+lint: setup
+	$(BIN)/ruff check include tests dags plugins jobs scripts bench
+	$(BIN)/python scripts/gen_proto.py --check
+
+clean:
+	rm -rf $(VENV) jars/lib .pytest_cache

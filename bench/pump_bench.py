@@ -1,0 +1,215 @@
+"""Pump write benchmark: committed transactions/s, MB/s, latency and fsyncs/s
+for several writer counts and transaction sizes, against the raw append+fsync
+bandwidth of the same bytes on the same disk, measured in the same run.
+
+Setup: a registry and one Pump as processes (fsync on); writers are threads
+spread over up to 4 client processes (as upstream servers would be), each
+process with one PumpClient and one RegistryClient (both coalesce concurrent
+calls). A transaction = TSO, prewrite of SIZE bytes (acknowledged after
+fsync), TSO, commit (acknowledged after fsync).
+
+Run: ``binlake bench pump`` (or ``make bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _worker(registry: str, threads: int, size: int, seconds: float, out: mp.Queue) -> None:
+    from binlake.client.pump_client import PumpClient
+    from binlake.config import ClientSettings
+    from binlake.proto import binlog_pb2 as bp
+    from binlake.registry.client import RegistryClient
+
+    reg = RegistryClient(registry)
+    client = PumpClient(settings=ClientSettings(registry=registry))
+    value = bp.PrewriteValue(mutations=[bp.TableMutation(table_id=1, inserted_rows=[os.urandom(size)],
+                                                         sequence=[bp.INSERT])]).SerializeToString()
+    latencies: list[float] = []
+    counts = [0] * threads
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def run(i: int) -> None:
+        local: list[float] = []
+        while not stop.is_set():
+            start_ts = reg.get_ts()
+            t0 = time.perf_counter()
+            pump = client.write_prewrite(bp.Binlog(tp=bp.PREWRITE, start_ts=start_ts, prewrite_key=b"bench",
+                                                   prewrite_value=value))
+            t1 = time.perf_counter()
+            commit_ts = reg.get_ts()
+            t2 = time.perf_counter()
+            client.write_commit(bp.Binlog(tp=bp.COMMIT, start_ts=start_ts, commit_ts=commit_ts), pump)
+            t3 = time.perf_counter()
+            local += (t1 - t0, t3 - t2)
+            counts[i] += 1
+        with lock:
+            latencies.extend(local)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    t_start = time.perf_counter()
+    for t in ts:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in ts:
+        t.join()
+    elapsed = time.perf_counter() - t_start
+    client.close()
+    reg.close()
+    out.put((sum(counts), elapsed, latencies))
+
+
+def _pump_stats(addr: str) -> tuple[int, int]:
+    """(fsyncs, binlogs) from the Pump's Prometheus-free Status path: read its metrics via storage stats."""
+    from binlake.proto import pump_pb2, pump_pb2_grpc
+
+    with grpc.insecure_channel(addr) as ch:
+        st = pump_pb2_grpc.PumpStub(ch).Status(pump_pb2.StatusReq(), timeout=5)
+    return st.storage_bytes, st.pending_txns
+
+
+def _metrics(url: str) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("binlake_pump_") and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def raw_fsync(directory: pathlib.Path, size: int, seconds: float, group: int = 64) -> tuple[float, float]:
+    """Append records of ``size`` (+ a 40-byte commit record each) in groups of
+    ``group`` per fdatasync: (records/s, MB/s). The physical limit for our bytes."""
+    path = directory / "raw.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    payload = os.urandom(size + 12) + os.urandom(52)
+    chunk = payload * group
+    n = 0
+    t0 = time.perf_counter()
+    try:
+        while time.perf_counter() - t0 < seconds:
+            os.write(fd, chunk)
+            os.fdatasync(fd)
+            n += group
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    elapsed = time.perf_counter() - t0
+    return n / elapsed, n * len(payload) / elapsed / 1e6
+
+
+def fsync_latency(directory: pathlib.Path, count: int = 300) -> float:
+    path = directory / "lat.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        os.write(fd, b"x" * 1024)
+        os.fdatasync(fd)
+    elapsed = time.perf_counter() - t0
+    os.close(fd)
+    path.unlink(missing_ok=True)
+    return elapsed / count * 1000
+
+
+def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: float) -> dict[str, float]:
+    procs = min(writers, 4)
+    per = [writers // procs + (1 if i < writers % procs else 0) for i in range(procs)]
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    before = _metrics(metrics_url)
+    workers = [ctx.Process(target=_worker, args=(registry, n, size, seconds, out)) for n in per]
+    for w in workers:
+        w.start()
+    results = [out.get(timeout=seconds + 120) for _ in workers]
+    for w in workers:
+        w.join()
+    after = _metrics(metrics_url)
+    txns = sum(r[0] for r in results)
+    elapsed = max(r[1] for r in results)
+    lat = sorted(x for r in results for x in r[2])
+    fsyncs = after["binlake_pump_fsyncs_total"] - before["binlake_pump_fsyncs_total"]
+    stored = after["binlake_pump_bytes_stored_total"] - before["binlake_pump_bytes_stored_total"]
+    return {
+        "writers": writers, "size": size, "txn_s": txns / elapsed, "mb_s": stored / elapsed / 1e6,
+        "p50_ms": statistics.median(lat) * 1000 if lat else 0.0,
+        "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1000 if lat else 0.0,
+        "fsync_s": fsyncs / elapsed, "binlogs_per_fsync": (2 * txns / fsyncs) if fsyncs else 0.0,
+    }
+
+
+def main(args: argparse.Namespace | None = None) -> int:
+    if args is None:
+        parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("--seconds", type=float, default=5.0)
+        parser.add_argument("--writers", default="1,4,16")
+        parser.add_argument("--sizes", default="1024,65536")
+        parser.add_argument("--dir")
+        args = parser.parse_args()
+    try:
+        writers = [int(x) for x in args.writers.split(",") if x]
+        sizes = [int(x) for x in args.sizes.split(",") if x]
+    except ValueError:
+        print("bench pump: --writers and --sizes take comma-separated integers, e.g. 1,4,16", file=sys.stderr)
+        return 2
+    if not writers or not sizes or min(writers) < 1 or min(sizes) < 1 or args.seconds <= 0:
+        print("bench pump: writers, sizes and --seconds must be positive", file=sys.stderr)
+        return 2
+    from binlake.devcluster import DevCluster, free_port
+
+    base = pathlib.Path(args.dir) if args.dir else ROOT / "bench"
+    base.mkdir(parents=True, exist_ok=True)
+    root = pathlib.Path(tempfile.mkdtemp(prefix="pump-bench-", dir=base))
+    metrics_addr = f"127.0.0.1:{free_port()}"
+    print(f"scratch dir {root} ({shutil.disk_usage(root).free / 1e9:.0f} GB free); "
+          f"fdatasync of 1 KiB here: {fsync_latency(root):.2f} ms", flush=True)
+    cluster = DevCluster(root, pumps=1, pump_args=["--stop-write-at-free-bytes", "0",
+                                                   "--metrics-addr", metrics_addr])
+    rows = []
+    try:
+        cluster.start()
+        for size in sizes:
+            raw_rec_s, raw_mb_s = raw_fsync(root, size, min(args.seconds, 3.0))
+            for w in writers:
+                r = run_case(cluster.registry_addr, f"http://{metrics_addr}/metrics", w, size, args.seconds)
+                r["raw_mb_s"] = raw_mb_s
+                r["raw_txn_s"] = raw_rec_s
+                rows.append(r)
+                print(f"  writers={w:<3} size={size:<6} {r['txn_s']:>9.0f} txn/s  {r['mb_s']:>7.1f} MB/s  "
+                      f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s", flush=True)
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    print()
+    print("| writers | txn size | committed txn/s | MB/s | p50 write ms | p99 write ms | fsyncs/s | binlogs/fsync "
+          "| raw append+fsync MB/s (64 rec/fsync) | ratio MB/s vs raw |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['writers']} | {r['size'] // 1024} KiB | {r['txn_s']:.0f} | {r['mb_s']:.1f} | {r['p50_ms']:.2f} | "
+              f"{r['p99_ms']:.2f} | {r['fsync_s']:.0f} | {r['binlogs_per_fsync']:.1f} | {r['raw_mb_s']:.1f} | "
+              f"{r['mb_s'] / r['raw_mb_s']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "include"))
+    raise SystemExit(main())

@@ -1,0 +1,238 @@
+"""The ``binlake`` command: run services, operate the cluster, inspect binlogs, benchmark.
+
+Every subcommand's --help shows examples. User mistakes (bad flags, bad
+config, unreachable services, refused windows) print one clear line and exit
+with status 2; nothing prints a traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pathlib
+import sys
+from collections.abc import Sequence
+
+from binlake import __version__, errors, tso
+
+EXIT_USER = 2
+
+_EPILOG_TOP = """\
+Start a cluster on one machine:
+  binlake registry --data-dir data/registry --addr 127.0.0.1:8230 &
+  binlake pump --registry 127.0.0.1:8230 --data-dir data/pump1 --addr 127.0.0.1:8250 &
+  binlake pump --registry 127.0.0.1:8230 --data-dir data/pump2 --addr 127.0.0.1:8260 &
+Look at it:
+  binlake ctl pumps --registry 127.0.0.1:8230
+  binlake ctl dump --registry 127.0.0.1:8230 --start 2026-11-21T08:00 --end 2026-11-21T08:05
+
+Configuration: flags > BINLAKE_* environment > --config TOML (see config/binlake.toml) > defaults.
+"""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _ts_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a TSO (an integer such as 470614378216685568), got {text!r}; "
+            "use --start/--end for datetimes"
+        ) from None
+    if not 0 <= value <= tso.MAX_TS:
+        raise argparse.ArgumentTypeError(f"a TSO must be in [0, 2^63), got {value}")
+    return value
+
+
+def _datetime_arg(text: str) -> int:
+    try:
+        return tso.parse_datetime(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_registry(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--registry", default=os.environ.get("BINLAKE_REGISTRY", os.environ.get("BINLAKE_PUMP_REGISTRY")),
+        help="registry HOST:PORT (default: $BINLAKE_REGISTRY, else 127.0.0.1:8230)",
+    )
+
+
+def _registry_addr(args: argparse.Namespace) -> str:
+    from binlake.rpc import parse_addr
+
+    addr = args.registry or "127.0.0.1:8230"
+    parse_addr(addr, "--registry")
+    return addr
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="binlake", description=__doc__.splitlines()[0], epilog=_EPILOG_TOP, formatter_class=fmt
+    )
+    parser.add_argument("--version", action="version", version=f"binlake {__version__}")
+    parser.add_argument("--log-level", default=os.environ.get("BINLAKE_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity (default INFO)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    # -- registry
+    p = sub.add_parser(
+        "registry", help="run the registry (TSO and node states)", formatter_class=fmt,
+        description="Run the registry: hands out TSOs and keeps every node's state.",
+        epilog="Example:\n  binlake registry --data-dir data/registry --addr 127.0.0.1:8230\n",
+    )
+    p.add_argument("--config", help="TOML config file (its [registry] table)")
+    p.add_argument("--data-dir", help="where the SQLite store lives (default data/registry)")
+    p.add_argument("--addr", help="HOST:PORT to listen on (default 127.0.0.1:8230; port 0 = any free port)")
+    p.add_argument("--tso-window-ms", type=_positive_int, help="TSO high-water step persisted ahead of use")
+
+    # -- pump
+    p = sub.add_parser(
+        "pump", help="run a Pump (durable, sorted binlog storage)", formatter_class=fmt,
+        description=(
+            "Run a Pump. It recovers its data dir (cutting a torn tail), registers with the registry,\n"
+            "then accepts writes; it serves complete transactions of any commit_ts window below its\n"
+            "safe ts. SIGTERM/SIGINT shut it down gracefully (state 'paused')."
+        ),
+        epilog=(
+            "Examples:\n"
+            "  binlake pump --registry 127.0.0.1:8230 --data-dir data/pump1 --addr 127.0.0.1:8250\n"
+            "  binlake pump --config config/binlake.toml --node-id pump1 --metrics-addr 127.0.0.1:8251\n"
+        ),
+    )
+    p.add_argument("--config", help="TOML config file (its [pump] table documents every key)")
+    p.add_argument("--registry", help="registry HOST:PORT")
+    p.add_argument("--data-dir", help="value log and index directory")
+    p.add_argument("--addr", help="HOST:PORT to listen on (port 0 = any free port)")
+    p.add_argument("--advertise-addr", help="address writers and readers use, if not --addr")
+    p.add_argument("--node-id", help="node id (default: remembered in the data dir, else host:port)")
+    p.add_argument("--metrics-addr", help="HOST:PORT for Prometheus /metrics")
+    p.add_argument("--fake-binlog-interval-s", type=float, help="idle heartbeat binlog interval (default 3)")
+    p.add_argument("--txn-timeout-s", type=float, help="ask the writer about a prewrite after this (default 600)")
+    p.add_argument("--gc-retention-days", type=float, help="keep binlogs this many days (default 7)")
+    p.add_argument("--max-binlog-bytes", type=_positive_int, help="largest binlog accepted (default 1 GiB)")
+    p.add_argument("--stop-write-at-free-bytes", type=int, help="refuse writes below this free disk (default 1 GiB)")
+
+    # -- ctl
+    ctl = sub.add_parser("ctl", help="operate the cluster (binlogctl)", formatter_class=fmt,
+                         description="Operate the cluster: list Pumps, pause or retire them, get a TSO, dump binlogs.")
+    csub = ctl.add_subparsers(dest="ctl_command", metavar="ACTION")
+    c = csub.add_parser("pumps", help="table of Pumps and their state", formatter_class=fmt,
+                        epilog="Example:\n  binlake ctl pumps --registry 127.0.0.1:8230\n")
+    _add_registry(c)
+    c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    for name, help_text in (
+        ("pause-pump", "stop a Pump taking new transactions (it finishes pending ones, then reports paused)"),
+        ("offline-pump", "retire a Pump: no new writes; it stays readable until GC passes its data"),
+    ):
+        c = csub.add_parser(name, help=help_text, description=help_text, formatter_class=fmt,
+                            epilog=f"Example:\n  binlake ctl {name} pump1 --registry 127.0.0.1:8230\n")
+        c.add_argument("node_id", help="the Pump's node id (see `binlake ctl pumps`)")
+        _add_registry(c)
+    c = csub.add_parser("ts", help="a fresh TSO and its datetime")
+    _add_registry(c)
+    c = csub.add_parser(
+        "dump", help="complete transactions of a window as JSON lines", formatter_class=fmt,
+        description=(
+            "Print the complete transactions with commit_ts in [start, end) from every Pump (or one),\n"
+            "merged in commit_ts order, one JSON object per line. Bounds as TSOs or datetimes (UTC)."
+        ),
+        epilog=(
+            "Examples:\n"
+            "  binlake ctl dump --start-ts 470614378216685568 --end-ts 470614500000000000\n"
+            "  binlake ctl dump --start 2026-11-21T08:00 --end 2026-11-21T08:05 --pump pump1\n"
+        ),
+    )
+    _add_registry(c)
+    c.add_argument("--start-ts", type=_ts_arg, help="window start (inclusive), a TSO")
+    c.add_argument("--end-ts", type=_ts_arg, help="window end (exclusive), a TSO")
+    c.add_argument("--start", type=_datetime_arg, help="window start as an ISO datetime (UTC unless offset given)")
+    c.add_argument("--end", type=_datetime_arg, help="window end as an ISO datetime")
+    c.add_argument("--pump", help="read only this Pump")
+    c.add_argument("--wait", action="store_true", help="wait for the safe ts to reach the window end")
+    c.add_argument("--rows", action="store_true", help="include decoded rows, not only counts")
+
+    # -- bench
+    bench = sub.add_parser("bench", help="benchmarks (results go to bench/RESULTS.md)", formatter_class=fmt)
+    bsub = bench.add_subparsers(dest="bench_command", metavar="WHICH")
+    b = bsub.add_parser(
+        "pump", help="Pump write throughput and latency vs raw append+fsync", formatter_class=fmt,
+        epilog="Example:\n  binlake bench pump --seconds 5 --writers 1,4,16 --sizes 1024,65536\n",
+    )
+    b.add_argument("--seconds", type=float, default=5.0, help="measure each case this long (default 5)")
+    b.add_argument("--writers", default="1,4,16", help="comma-separated writer counts (default 1,4,16)")
+    b.add_argument("--sizes", default="1024,65536", help="comma-separated transaction sizes in bytes")
+    b.add_argument("--dir", help="scratch directory on the disk to measure (default: a temp dir under bench/)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USER
+    try:
+        return _dispatch(parser, args)
+    except errors.BinlakeError as exc:
+        print(f"binlake {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from binlake import config
+
+    if args.command == "registry":
+        from binlake.registry import server
+
+        settings = config.load(config.RegistrySettings, args.config, data_dir=args.data_dir, addr=args.addr,
+                               tso_window_ms=args.tso_window_ms)
+        server.run(settings)
+        return 0
+    if args.command == "pump":
+        from binlake.pump import node
+
+        settings = config.load(
+            config.PumpSettings, args.config, registry=args.registry, data_dir=args.data_dir, addr=args.addr,
+            advertise_addr=args.advertise_addr, node_id=args.node_id, metrics_addr=args.metrics_addr,
+            fake_binlog_interval_s=args.fake_binlog_interval_s, txn_timeout_s=args.txn_timeout_s,
+            gc_retention_days=args.gc_retention_days, max_binlog_bytes=args.max_binlog_bytes,
+            stop_write_at_free_bytes=args.stop_write_at_free_bytes,
+        )
+        node.run(settings)
+        return 0
+    if args.command == "ctl":
+        from binlake import ctl
+
+        if args.ctl_command is None:
+            parser.parse_args(["ctl", "--help"])
+        return ctl.run(args, _registry_addr(args))
+    if args.command == "bench":
+        if args.bench_command != "pump":
+            parser.parse_args(["bench", "--help"])
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+        import pump_bench  # bench/pump_bench.py
+
+        return pump_bench.main(args)
+    parser.error(f"unknown command {args.command}")
+    return EXIT_USER
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

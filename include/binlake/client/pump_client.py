@@ -1,0 +1,387 @@
+"""PumpClient: routes a writer's binlogs to Pumps, coalescing concurrent writes.
+
+* Routing: the prewrite picks a Pump by strategy (``range`` round-robin,
+  ``hash`` on start_ts, ``score`` weighted by what Pumps report: load and disk,
+  plus this client's own in-flight writes); commit and rollback always go to the
+  Pump that took the prewrite.
+* Availability (as TiDB's Pump Client): start from the registry's online Pumps,
+  follow state changes, mark a Pump unavailable after ``max_failures``
+  consecutive failed writes, and probe unavailable online Pumps with an empty
+  binlog until one answers.
+* Batching: binlogs of concurrent writers bound for the same Pump travel in
+  one ``WriteBinlogs`` call, which the Pump stores under one fsync.
+
+Duplicates: when a prewrite's write fails (say the Pump died after storing it
+but before answering), the prewrite is retried on another Pump. The first Pump
+may still hold it and, after the transaction timeout, resolve it through the
+writer's status service to the same commit_ts. Such a transaction then exists
+on two Pumps with the same start_ts and commit_ts; readers (``client.reader``)
+keep one copy.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import itertools
+import logging
+import random
+import threading
+import time
+import zlib
+
+import grpc
+
+from binlake import errors, rpc
+from binlake.config import ClientSettings
+from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
+from binlake.registry.model import NodeRecord, NodeState
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE = (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted, errors.FailedPrecondition)
+_RESULT_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT.value[0]: errors.InvalidArgument,
+    grpc.StatusCode.FAILED_PRECONDITION.value[0]: errors.FailedPrecondition,
+    grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]: errors.ResourceExhausted,
+    grpc.StatusCode.UNAVAILABLE.value[0]: errors.Unavailable,
+    grpc.StatusCode.OUT_OF_RANGE.value[0]: errors.OutOfRange,
+    grpc.StatusCode.NOT_FOUND.value[0]: errors.NotFound,
+}
+_ALREADY_EXISTS = grpc.StatusCode.ALREADY_EXISTS.value[0]
+
+
+class _Item:
+    __slots__ = ("payload", "future")
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+
+class PumpConn:
+    """One Pump: a channel, and sender threads that coalesce queued binlogs."""
+
+    def __init__(self, node_id: str, addr: str, settings: ClientSettings, cluster_id: int = 0,
+                 senders: int = 2) -> None:
+        self.node_id = node_id
+        self.addr = addr
+        self.settings = settings
+        self.cluster_id = cluster_id
+        self.channel = grpc.insecure_channel(addr, options=rpc.client_options(settings.max_binlog_bytes))
+        self.stub = pump_pb2_grpc.PumpStub(self.channel)
+        self.inflight = 0
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._senders = [
+            threading.Thread(target=self._send_loop, name=f"pump-client-{node_id}-{i}", daemon=True)
+            for i in range(senders)
+        ]
+        for t in self._senders:
+            t.start()
+
+    def send(self, payload: bytes) -> concurrent.futures.Future[None]:
+        item = _Item(payload)
+        with self._cond:
+            if self._closed:
+                raise errors.Unavailable(f"client connection to pump {self.node_id} is closed")
+            self._queue.append(item)
+            self.inflight += 1
+            self._cond.notify()
+        return item.future
+
+    def _take(self) -> list[_Item] | None:
+        with self._cond:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._cond.wait()
+            batch = [self._queue.popleft()]
+            size = len(batch[0].payload)
+            while (self._queue and len(batch) < self.settings.max_batch_binlogs
+                   and size + len(self._queue[0].payload) <= self.settings.max_batch_bytes):
+                item = self._queue.popleft()
+                batch.append(item)
+                size += len(item.payload)
+            return batch
+
+    def _send_loop(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            try:
+                resp = self.stub.WriteBinlogs(
+                    pump_pb2.WriteBinlogsReq(cluster_id=self.cluster_id, payloads=[i.payload for i in batch]),
+                    timeout=self.settings.write_timeout_s,
+                )
+            except grpc.RpcError as exc:
+                err = rpc.from_rpc_error(exc, f"write to pump {self.node_id} ({self.addr})")
+                for item in batch:
+                    item.future.set_exception(err)
+            except Exception as exc:
+                for item in batch:
+                    item.future.set_exception(errors.Unavailable(f"write to pump {self.node_id}: {exc}"))
+            else:
+                for item, res in zip(batch, resp.results, strict=False):
+                    if res.code == 0 or res.code == _ALREADY_EXISTS:
+                        # ALREADY_EXISTS: a retry of something stored before - done.
+                        item.future.set_result(None)
+                    else:
+                        cls = _RESULT_ERRORS.get(res.code, errors.BinlakeError)
+                        item.future.set_exception(cls(f"pump {self.node_id}: {res.message}"))
+                for item in batch[len(resp.results):]:
+                    item.future.set_exception(errors.Unavailable(f"pump {self.node_id} answered too few results"))
+            with self._cond:
+                self.inflight -= len(batch)
+
+    def probe(self, timeout_s: float = 2.0) -> None:
+        try:
+            self.stub.WriteBinlog(pump_pb2.WriteBinlogReq(cluster_id=self.cluster_id), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise rpc.from_rpc_error(exc, f"probe of pump {self.node_id}") from None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for item in pending:
+            item.future.set_exception(errors.Unavailable(f"client connection to pump {self.node_id} closed"))
+        for t in self._senders:
+            t.join(timeout=self.settings.write_timeout_s + 1)
+        self.channel.close()
+
+
+class PumpClient:
+    """Writes binlogs to the Pump cluster. Thread-safe; share one per process."""
+
+    def __init__(
+        self,
+        registry: str | None = None,
+        *,
+        settings: ClientSettings | None = None,
+        pumps: dict[str, str] | None = None,
+        registry_client: object | None = None,
+    ) -> None:
+        if registry is None and pumps is None and registry_client is None and settings is None:
+            raise ValueError("PumpClient needs a registry address, settings, or a static pumps mapping")
+        if settings is None:
+            settings = ClientSettings(registry=registry) if registry is not None else ClientSettings()
+        self.settings = settings
+        self._lock = threading.RLock()
+        self._conns: dict[str, PumpConn] = {}
+        self._nodes: dict[str, NodeRecord] = {}
+        self._failures: dict[str, int] = collections.defaultdict(int)
+        self._unavailable: set[str] = set()
+        self._rr = itertools.count()
+        self._stop = threading.Event()
+        self._static = pumps is not None
+        self._registry = registry_client
+        self._own_registry = False
+        self.cluster_id = 0
+        self._registry_warned = False
+        if self._static:
+            for node_id, addr in (pumps or {}).items():
+                rpc.parse_addr(addr, f"pump {node_id} address")
+                self._nodes[node_id] = NodeRecord(node_id=node_id, kind="pump", addr=addr)
+        else:
+            if self._registry is None:
+                from binlake.registry.client import RegistryClient
+
+                self._registry = RegistryClient(registry or self.settings.registry)
+                self._own_registry = True
+            self.refresh()
+        self._threads = [
+            threading.Thread(target=self._probe_loop, name="pump-client-probe", daemon=True),
+        ]
+        if not self._static:
+            self._threads.append(threading.Thread(target=self._refresh_loop, name="pump-client-watch", daemon=True))
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------------ view
+    def refresh(self) -> None:
+        """Re-read the Pump list from the registry (keeps the cached view if it is unreachable)."""
+        if self._static:
+            return
+        try:
+            if not self.cluster_id:
+                self.cluster_id, _ = self._registry.cluster_info()  # type: ignore[union-attr]
+            nodes, _rev = self._registry.list_nodes("pump")  # type: ignore[union-attr]
+        except errors.BinlakeError as exc:
+            if not self._registry_warned:
+                log.warning("pump client: registry unreachable, using the cached pump list: %s", exc)
+                self._registry_warned = True
+            return
+        self._registry_warned = False
+        with self._lock:
+            for node in nodes:
+                old = self._nodes.get(node.node_id)
+                if old is not None and old.addr != node.addr and node.node_id in self._conns:
+                    self._conns.pop(node.node_id).close()
+                if old is not None and old.state is not node.state:
+                    log.info("pump client: pump %s is now %s", node.node_id, node.state.value)
+                self._nodes[node.node_id] = node
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self.settings.refresh_interval_s):
+            self.refresh()
+
+    def _conn(self, node_id: str) -> PumpConn:
+        with self._lock:
+            conn = self._conns.get(node_id)
+            if conn is None:
+                node = self._nodes.get(node_id)
+                if node is None:
+                    raise errors.NotFound(f"pump {node_id} is not known to this client")
+                conn = PumpConn(node_id, node.addr, self.settings, self.cluster_id)
+                self._conns[node_id] = conn
+            return conn
+
+    def available(self) -> list[str]:
+        """Pumps a prewrite may go to: online and not marked unavailable."""
+        with self._lock:
+            return sorted(
+                n.node_id for n in self._nodes.values()
+                if n.state is NodeState.ONLINE and n.node_id not in self._unavailable
+            )
+
+    def unavailable(self) -> list[str]:
+        with self._lock:
+            return sorted(self._unavailable)
+
+    # ------------------------------------------------------------------ routing
+    def _pick(self, start_ts: int, exclude: set[str]) -> str | None:
+        candidates = [p for p in self.available() if p not in exclude]
+        if not candidates:
+            return None
+        strategy = self.settings.strategy
+        if strategy == "hash":
+            return candidates[zlib.crc32(start_ts.to_bytes(8, "big")) % len(candidates)]
+        if strategy == "score":
+            weights = []
+            with self._lock:
+                for p in candidates:
+                    node = self._nodes[p]
+                    conn = self._conns.get(p)
+                    total = node.disk_used_bytes + node.disk_free_bytes
+                    free_frac = node.disk_free_bytes / total if total else 1.0
+                    inflight = conn.inflight if conn else 0
+                    weights.append(max(free_frac, 0.01) / (1.0 + inflight + node.load / 10_000.0))
+            return random.choices(candidates, weights=weights, k=1)[0]
+        return candidates[next(self._rr) % len(candidates)]
+
+    def _record_failure(self, node_id: str, exc: errors.BinlakeError) -> None:
+        with self._lock:
+            self._failures[node_id] += 1
+            if self._failures[node_id] >= self.settings.max_failures and node_id not in self._unavailable:
+                self._unavailable.add(node_id)
+                log.warning("pump client: pump %s marked unavailable after %d failed writes (last: %s)",
+                            node_id, self._failures[node_id], exc)
+
+    def _record_success(self, node_id: str) -> None:
+        if self._failures.get(node_id):
+            with self._lock:
+                self._failures[node_id] = 0
+
+    # ------------------------------------------------------------------ writes
+    def write_prewrite(self, binlog: binlog_pb2.Binlog) -> str:
+        """Store a prewrite on some Pump; return that Pump's id (send the commit there)."""
+        if binlog.tp != binlog_pb2.PREWRITE:
+            raise errors.InvalidArgument("write_prewrite takes a PREWRITE binlog")
+        payload = binlog.SerializeToString()
+        self._check_size(payload, binlog.start_ts)
+        tried: set[str] = set()
+        failures: list[str] = []
+        while True:
+            node_id = self._pick(binlog.start_ts, tried)
+            if node_id is None:
+                raise errors.Unavailable(
+                    f"no pump accepted the prewrite of start_ts {binlog.start_ts}"
+                    + (f": {'; '.join(failures)}" if failures else " (no online pump is known)")
+                )
+            tried.add(node_id)
+            try:
+                self._conn(node_id).send(payload).result()
+            except _RETRYABLE as exc:
+                self._record_failure(node_id, exc)
+                failures.append(str(exc))
+                continue
+            self._record_success(node_id)
+            return node_id
+
+    def write_commit(self, binlog: binlog_pb2.Binlog, node_id: str) -> None:
+        """Store a commit (or rollback) on the Pump that took the prewrite,
+        retrying that Pump for up to ``commit_retry_s``."""
+        if binlog.tp not in (binlog_pb2.COMMIT, binlog_pb2.ROLLBACK):
+            raise errors.InvalidArgument("write_commit takes a COMMIT or ROLLBACK binlog")
+        payload = binlog.SerializeToString()
+        deadline = time.monotonic() + self.settings.commit_retry_s
+        delay = 0.05
+        while True:
+            try:
+                self._conn(node_id).send(payload).result()
+            except (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted) as exc:
+                self._record_failure(node_id, exc)
+                if time.monotonic() + delay > deadline:
+                    raise errors.Unavailable(
+                        f"pump {node_id} did not acknowledge the {'commit' if binlog.tp == 1 else 'rollback'} "
+                        f"of start_ts {binlog.start_ts} within {self.settings.commit_retry_s:g}s ({exc}); "
+                        "it will resolve the transaction from the writer's status after its txn timeout"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            self._record_success(node_id)
+            return
+
+    write_rollback = write_commit
+
+    def _check_size(self, payload: bytes, start_ts: int) -> None:
+        if len(payload) > self.settings.max_binlog_bytes:
+            raise errors.InvalidArgument(
+                f"binlog of start_ts {start_ts} is {len(payload)} bytes, above max_binlog_bytes="
+                f"{self.settings.max_binlog_bytes}; split the transaction"
+            )
+
+    # ------------------------------------------------------------------ probing
+    def _probe_loop(self) -> None:
+        while not self._stop.wait(self.settings.probe_interval_s):
+            self.probe_unavailable()
+
+    def probe_unavailable(self) -> None:
+        """Send an empty binlog to each unavailable Pump the registry calls online;
+        take back the ones that answer."""
+        with self._lock:
+            candidates = [p for p in self._unavailable
+                          if p in self._nodes and self._nodes[p].state is NodeState.ONLINE]
+        for node_id in candidates:
+            try:
+                self._conn(node_id).probe()
+            except errors.BinlakeError:
+                continue
+            with self._lock:
+                self._unavailable.discard(node_id)
+                self._failures[node_id] = 0
+            log.info("pump client: pump %s answered a probe; available again", node_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        with self._lock:
+            conns = list(self._conns.values())
+            self._conns.clear()
+        for conn in conns:
+            conn.close()
+        if self._own_registry:
+            self._registry.close()  # type: ignore[union-attr]
+
+    def __enter__(self) -> PumpClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

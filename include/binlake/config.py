@@ -1,0 +1,181 @@
+"""Configuration: defaults < TOML file < ``BINLAKE_*`` environment < command-line flags.
+
+Each component has a settings class; ``config/binlake.toml`` documents every key.
+A TOML file has one table per component (``[registry]``, ``[pump]``,
+``[client]``); unknown keys and bad values are reported with the key's name.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import tomllib
+from typing import Any, Literal, TypeVar
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from binlake import errors
+from binlake.rpc import parse_addr
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# gRPC's hard ceiling for one message is 2 GiB - 1; keep room for the envelope.
+MAX_BINLOG_BYTES_CEILING = 2 * GiB - 2 * MiB
+
+
+def _check_addr(value: str | None, what: str) -> str | None:
+    if value is None:
+        return value
+    try:
+        parse_addr(value, what)
+    except errors.InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+class RegistrySettings(BaseSettings):
+    """The registry (TSO and node states)."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_REGISTRY_", extra="forbid")
+
+    addr: str = Field("127.0.0.1:8230", description="HOST:PORT the registry listens on (port 0 = any free port).")
+    data_dir: pathlib.Path = Field(pathlib.Path("data/registry"), description="Directory of the SQLite store.")
+    tso_window_ms: int = Field(3000, ge=1, le=600_000, description="TSO high-water mark step persisted ahead of use.")
+
+    @field_validator("addr")
+    @classmethod
+    def _addr(cls, v: str) -> str:
+        return _check_addr(v, "registry addr") or v
+
+
+class PumpSettings(BaseSettings):
+    """A Pump: durable binlog storage, sorter and reader."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_PUMP_", extra="forbid")
+
+    registry: str = Field("127.0.0.1:8230", description="Registry HOST:PORT.")
+    addr: str = Field("127.0.0.1:8250", description="HOST:PORT the Pump listens on (port 0 = any free port).")
+    advertise_addr: str | None = Field(None, description="Address clients use, if not addr (e.g. behind NAT).")
+    data_dir: pathlib.Path = Field(pathlib.Path("data/pump"), description="Value log segments and the index.")
+    node_id: str | None = Field(None, description="Node id; default: remembered from the data dir, else host:port.")
+    metrics_addr: str | None = Field(None, description="HOST:PORT for Prometheus /metrics; unset = no endpoint.")
+    fake_binlog_interval_s: float = Field(3.0, gt=0, le=3600, description="Idle Pumps write a fake binlog this often.")
+    txn_timeout_s: float = Field(600.0, gt=0, le=86400 * 7, description="Ask the upstream about a prewrite after this.")
+    heartbeat_interval_s: float = Field(2.0, gt=0, le=600, description="Status report to the registry.")
+    gc_retention_days: float = Field(7.0, gt=0, le=3650, description="Keep binlogs this long (days).")
+    gc_interval_s: float = Field(600.0, gt=0, description="How often GC runs.")
+    max_binlog_bytes: int = Field(GiB, ge=1024, le=MAX_BINLOG_BYTES_CEILING, description="Largest binlog accepted.")
+    segment_bytes: int = Field(512 * MiB, ge=4096, le=64 * GiB, description="Value log segment size.")
+    stop_write_at_free_bytes: int = Field(GiB, ge=0, description="Refuse new writes below this much free disk.")
+    fsync: bool = Field(True, description="fsync before acknowledging (turn off only for throwaway tests).")
+    max_group_bytes: int = Field(16 * MiB, ge=4096, description="Most bytes appended under one fsync.")
+    read_batch_txns: int = Field(256, ge=1, le=100_000, description="Transactions per PullBinlogs message.")
+    read_batch_bytes: int = Field(4 * MiB, ge=1024, description="Bytes per PullBinlogs message (soft).")
+    grpc_workers: int = Field(32, ge=2, le=1024, description="Server threads.")
+
+    @field_validator("registry", "addr", "advertise_addr", "metrics_addr")
+    @classmethod
+    def _addr(cls, v: str | None, info: Any) -> str | None:
+        return _check_addr(v, f"pump {info.field_name}")
+
+
+class ClientSettings(BaseSettings):
+    """The PumpClient inside upstream writers."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_CLIENT_", extra="forbid")
+
+    registry: str = Field("127.0.0.1:8230", description="Registry HOST:PORT.")
+    strategy: Literal["range", "hash", "score"] = Field("range", description="How prewrites pick a Pump.")
+    write_timeout_s: float = Field(10.0, gt=0, le=3600, description="Deadline of one write RPC.")
+    max_failures: int = Field(3, ge=1, le=1000, description="Consecutive failures before a Pump is unavailable.")
+    probe_interval_s: float = Field(1.0, gt=0, le=600, description="Probe unavailable online Pumps this often.")
+    refresh_interval_s: float = Field(1.0, gt=0, le=600, description="Re-read the Pump list from the registry.")
+    commit_retry_s: float = Field(30.0, gt=0, le=86400, description="Keep retrying a commit on its Pump this long.")
+    max_batch_binlogs: int = Field(512, ge=1, le=100_000, description="Binlogs coalesced into one write RPC.")
+    max_batch_bytes: int = Field(8 * MiB, ge=1024, description="Bytes coalesced into one write RPC (soft).")
+    max_binlog_bytes: int = Field(GiB, ge=1024, le=MAX_BINLOG_BYTES_CEILING, description="Largest binlog sent.")
+
+    @field_validator("registry")
+    @classmethod
+    def _addr(cls, v: str) -> str:
+        return _check_addr(v, "client registry") or v
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+SECTIONS: dict[type[BaseSettings], str] = {
+    RegistrySettings: "registry",
+    PumpSettings: "pump",
+    ClientSettings: "client",
+}
+
+
+class _TomlSection(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._values = values
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def read_toml(path: str | pathlib.Path) -> dict[str, Any]:
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise errors.InvalidArgument(f"config file {p} does not exist (see config/binlake.toml for a sample)")
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise errors.InvalidArgument(f"config file {p} is not valid TOML: {exc}") from None
+
+
+def load(cls: type[S], config_file: str | pathlib.Path | None = None, **overrides: Any) -> S:
+    """Build ``cls`` from defaults, the file's table, the environment and ``overrides``
+    (None values in overrides are ignored, so unset CLI flags fall through)."""
+    section = SECTIONS.get(cls, "")
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        doc = read_toml(config_file)
+        table = doc.get(section, {})
+        if not isinstance(table, dict):
+            raise errors.InvalidArgument(f"config file {config_file}: [{section}] must be a table")
+        values = table
+
+    class _Loaded(cls):  # type: ignore[valid-type, misc]
+        @classmethod
+        def settings_customise_sources(
+            cls_,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _TomlSection(settings_cls, values))
+
+    _Loaded.__name__ = cls.__name__
+    try:
+        loaded = _Loaded(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise errors.InvalidArgument(describe_validation_error(exc, section, cls)) from None
+    return cls.model_validate(loaded.model_dump())
+
+
+def describe_validation_error(exc: ValidationError, section: str, cls: type[BaseSettings]) -> str:
+    prefix = cls.model_config.get("env_prefix", "")
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "?"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (see config/binlake.toml for the keys)"
+        given = err.get("input")
+        shown = f" (got {given!r})" if given is not None and err["type"] != "extra_forbidden" else ""
+        lines.append(f"[{section}] {key} / {prefix}{key.upper()}: {msg}{shown}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)

@@ -1,0 +1,158 @@
+"""``binlake ctl``: the operator's view of the cluster (binlogctl's role)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from google.protobuf import json_format
+
+from binlake import errors, tso
+from binlake.client.reader import pull_pump, pull_window
+from binlake.proto import binlog_pb2
+from binlake.registry.client import RegistryClient
+from binlake.registry.model import NodeRecord, NodeState
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _age(ms: int) -> str:
+    if ms <= 0:
+        return "never"
+    seconds = max(0.0, time.time() - ms / 1000)
+    return f"{seconds:.0f}s ago"
+
+
+def pumps_table(nodes: list[NodeRecord]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="Pumps", title_justify="left")
+    for col in ("node", "address", "state", "max commit ts", "safe ts", "GC ts", "pending", "disk used",
+                "disk free", "heartbeat"):
+        table.add_column(col, no_wrap=col in ("node", "address"))
+    for n in nodes:
+        table.add_row(
+            n.node_id, n.addr, n.state.value, tso.format_ts(n.max_commit_ts), tso.format_ts(n.safe_ts),
+            tso.format_ts(n.gc_ts), str(n.pending_txns), _size(n.disk_used_bytes), _size(n.disk_free_bytes),
+            _age(n.updated_at_ms),
+        )
+    return table
+
+
+def run(args: argparse.Namespace, registry: str) -> int:
+    with RegistryClient(registry) as reg:
+        cmd = args.ctl_command
+        if cmd == "pumps":
+            nodes, _ = reg.list_nodes("pump")
+            if args.json:
+                for n in nodes:
+                    row = {**n.__dict__, "state": n.state.value}
+                    print(json.dumps(row))
+                return 0
+            if not nodes:
+                print(f"no pumps registered with {registry}")
+                return 0
+            from rich.console import Console
+
+            Console(width=200).print(pumps_table(nodes))
+            return 0
+        if cmd in ("pause-pump", "offline-pump"):
+            node = reg.get_node(args.node_id)
+            if node.kind != "pump":
+                raise errors.InvalidArgument(f"node {args.node_id} is a {node.kind}, not a pump")
+            target = NodeState.PAUSING if cmd == "pause-pump" else NodeState.CLOSING
+            rec = reg.set_state(args.node_id, target)
+            then = "paused" if target is NodeState.PAUSING else "offline"
+            print(
+                f"pump {rec.node_id}: state {rec.state.value}; it takes no new transactions and reports "
+                f"'{then}' once its pending transactions are finished"
+                + ("; it stays readable until GC passes its data" if then == "offline" else "")
+            )
+            return 0
+        if cmd == "ts":
+            ts = reg.get_ts()
+            print(f"{ts}\t{tso.to_datetime(ts).isoformat()}")
+            return 0
+        if cmd == "dump":
+            return _dump(args, reg)
+    raise errors.InvalidArgument(f"unknown ctl action {args.ctl_command!r}")
+
+
+def _window(args: argparse.Namespace) -> tuple[int, int]:
+    if args.start_ts is not None and args.start is not None:
+        raise errors.InvalidArgument("give the window start once: --start-ts or --start, not both")
+    if args.end_ts is not None and args.end is not None:
+        raise errors.InvalidArgument("give the window end once: --end-ts or --end, not both")
+    start = args.start_ts if args.start_ts is not None else args.start
+    end = args.end_ts if args.end_ts is not None else args.end
+    if start is None or end is None:
+        raise errors.InvalidArgument("a window needs a start (--start-ts or --start) and an end (--end-ts or --end)")
+    if start >= end:
+        raise errors.InvalidArgument(f"window [{start}, {end}) is empty: the start must be before the end")
+    return start, end
+
+
+def binlog_to_json(b: binlog_pb2.Binlog, rows: bool = False) -> dict[str, Any]:
+    """A complete transaction as a JSON-able dict (TiDB binlog's 'print' destination)."""
+    out: dict[str, Any] = {
+        "commit_ts": b.commit_ts,
+        "commit_time": tso.to_datetime(b.commit_ts).isoformat(),
+        "start_ts": b.start_ts,
+    }
+    if b.ddl_query:
+        out["ddl_query"] = b.ddl_query.decode(errors="replace")
+        out["ddl_job_id"] = b.ddl_job_id
+        if b.HasField("ddl_table"):
+            out["ddl_table"] = json_format.MessageToDict(b.ddl_table)
+    value = binlog_pb2.PrewriteValue.FromString(b.prewrite_value)
+    out["schema_version"] = value.schema_version
+    muts = []
+    for m in value.mutations:
+        entry: dict[str, Any] = {
+            "table_id": m.table_id,
+            "inserts": len(m.inserted_rows),
+            "updates": len(m.updated_rows),
+            "deletes": len(m.deleted_rows),
+            "sequence": [binlog_pb2.MutationType.Name(t) for t in m.sequence],
+        }
+        if rows:
+            entry["inserted_rows"] = [json_format.MessageToDict(binlog_pb2.Row.FromString(r))
+                                      for r in m.inserted_rows]
+            entry["updated_rows"] = [json_format.MessageToDict(binlog_pb2.UpdatedRow.FromString(r))
+                                     for r in m.updated_rows]
+            entry["deleted_rows"] = [json_format.MessageToDict(binlog_pb2.Row.FromString(r))
+                                     for r in m.deleted_rows]
+        muts.append(entry)
+    out["mutations"] = muts
+    return out
+
+
+def _dump(args: argparse.Namespace, reg: RegistryClient) -> int:
+    start, end = _window(args)
+    nodes, _ = reg.list_nodes("pump")
+    pumps = {n.node_id: n.addr for n in nodes}
+    if args.pump is not None:
+        if args.pump not in pumps:
+            known = ", ".join(sorted(pumps)) or "none"
+            raise errors.NotFound(f"no pump {args.pump!r} in the registry (known: {known})")
+        stream = pull_pump(pumps[args.pump], start, end, node_id=args.pump, wait=args.wait)
+    else:
+        if not pumps:
+            raise errors.NotFound("no pumps are registered; nothing to dump")
+        stream = pull_window(pumps, start, end, wait=args.wait)
+    count = 0
+    for b in stream:
+        sys.stdout.write(json.dumps(binlog_to_json(b, args.rows)) + "\n")
+        count += 1
+    print(f"{count} transactions in [{start}, {end})", file=sys.stderr)
+    return 0

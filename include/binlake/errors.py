@@ -1,0 +1,54 @@
+"""Domain errors. Transport-free code raises these; ``binlake.rpc`` maps them
+to gRPC status codes in one place, and the CLI prints their message."""
+
+from __future__ import annotations
+
+
+class BinlakeError(Exception):
+    """Base of every error binlake reports to a user."""
+
+    code_name = "UNKNOWN"
+
+
+class InvalidArgument(BinlakeError, ValueError):
+    """The request itself is malformed; retrying it unchanged cannot succeed."""
+
+    code_name = "INVALID_ARGUMENT"
+
+
+class FailedPrecondition(BinlakeError):
+    """The request is well-formed but the system is not in a state to serve it."""
+
+    code_name = "FAILED_PRECONDITION"
+
+
+class NotFound(BinlakeError, LookupError):
+    code_name = "NOT_FOUND"
+
+
+class AlreadyExists(BinlakeError):
+    """The thing was already stored exactly so: a retry that changes nothing."""
+
+    code_name = "ALREADY_EXISTS"
+
+
+class OutOfRange(BinlakeError):
+    """A window reaches below the data a Pump still holds (below its GC ts)."""
+
+    code_name = "OUT_OF_RANGE"
+
+
+class ResourceExhausted(BinlakeError):
+    """Disk nearly full, message too large."""
+
+    code_name = "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(BinlakeError):
+    """A peer cannot be reached or is shutting down; retry elsewhere or later."""
+
+    code_name = "UNAVAILABLE"
+
+
+class DeadlineExceeded(BinlakeError):
+    code_name = "DEADLINE_EXCEEDED"

@@ -1,0 +1,119 @@
+"""Building a SparkSession for binlake: Delta Lake configured, jars local, UTC.
+
+Every Spark entry point (jobs, tests, the Airflow tasks) goes through
+``build_spark`` so that all of them agree on the catalog, the session time zone
+and the Python the executors run. The Delta jars are resolved ahead of time by
+``make setup`` (Maven, from ``jars/pom.xml``) and put on ``spark.jars``: a
+Spark start never downloads anything, so it works offline and is reproducible.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # pyspark is heavy to import; only load it when a session is really built.
+    from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[*]"
+MASTER_ENV = "BINLAKE_SPARK_MASTER"
+JARS_DIR_ENV = "BINLAKE_JARS_DIR"
+
+# include/binlake/lake/spark.py -> parents[3] is the repository root.
+_REPO_ROOT = Path(__file__).resolve().parents[3]
+
+_DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+# Confs that would make Spark resolve artifacts from a repository at start.
+_DOWNLOADING_CONFS = ("spark.jars.packages", "spark.jars.repositories", "spark.jars.ivySettings")
+
+
+def jars_dir() -> Path:
+    """The directory holding the Delta jars: ``$BINLAKE_JARS_DIR``, else ``<repo>/jars/lib``."""
+    env = os.environ.get(JARS_DIR_ENV)
+    return Path(env) if env else _REPO_ROOT / "jars" / "lib"
+
+
+def delta_jars() -> list[Path]:
+    """Every jar in the Delta jars directory, sorted, for ``spark.jars``.
+
+    Raises RuntimeError when the directory has no delta-spark jar, because a
+    session without it only fails later, on the first Delta read or write,
+    with a far less helpful ClassNotFoundException.
+    """
+    directory = jars_dir()
+    jars = sorted(p.resolve() for p in directory.glob("*.jar") if p.is_file()) if directory.is_dir() else []
+    if not any(p.name.startswith("delta-spark_") for p in jars):
+        raise RuntimeError(
+            f"no delta-spark jar in {directory}: run `make setup` to fetch the Delta Lake jars "
+            f"with Maven (or point {JARS_DIR_ENV} at a directory that has them)"
+        )
+    return jars
+
+
+def build_spark(
+    app_name: str = "binlake",
+    master: str | None = None,
+    *,
+    ui: bool = False,
+    shuffle_partitions: int | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Build (or get) the SparkSession binlake uses, with Delta Lake enabled.
+
+    ``master`` defaults to ``$BINLAKE_SPARK_MASTER``, else ``local[*]``.
+    ``extra_conf`` is applied last, so it may override anything set here
+    (e.g. ``spark.pyspark.python`` when executors live on hosts with another
+    layout); a ``spark.jars`` in it is appended to the Delta jars rather than
+    replacing them. Confs that make Spark download packages are refused.
+
+    As with ``SparkSession.builder.getOrCreate``, a session already running in
+    this process is returned as is: static confs such as ``spark.jars`` only
+    take effect when the JVM starts.
+    """
+    extra = dict(extra_conf or {})
+    downloading = [key for key in _DOWNLOADING_CONFS if key in extra]
+    if downloading:
+        raise ValueError(
+            f"{', '.join(downloading)} would make Spark download at start; binlake puts local jars "
+            "on spark.jars instead (add them to jars/pom.xml and run `make setup`)"
+        )
+    # Check the jars before touching pyspark: a missing setup is reported in
+    # milliseconds instead of after a JVM start.
+    jars = [str(p) for p in delta_jars()]
+    if extra.get("spark.jars"):
+        jars.append(extra.pop("spark.jars"))
+
+    # The driver is this interpreter; executors must run the same one (same
+    # minor version, same installed packages, e.g. binlake's data source).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+
+    from pyspark.sql import SparkSession
+
+    conf: dict[str, str] = {
+        "spark.jars": ",".join(jars),
+        **_DELTA_CONF,
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.pyspark.python": sys.executable,
+        # commit_ts and Airflow data intervals are UTC; never depend on the host zone.
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if shuffle_partitions is not None:
+        if shuffle_partitions < 1:
+            raise ValueError(f"shuffle_partitions must be >= 1, got {shuffle_partitions}")
+        conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
+    conf.update(extra)
+
+    builder = SparkSession.builder.appName(app_name).master(
+        master or os.environ.get(MASTER_ENV) or DEFAULT_MASTER
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

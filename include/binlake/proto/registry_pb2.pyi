@@ -1,0 +1,123 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ONLINE: _ClassVar[NodeState]
+    PAUSING: _ClassVar[NodeState]
+    PAUSED: _ClassVar[NodeState]
+    CLOSING: _ClassVar[NodeState]
+    OFFLINE: _ClassVar[NodeState]
+ONLINE: NodeState
+PAUSING: NodeState
+PAUSED: NodeState
+CLOSING: NodeState
+OFFLINE: NodeState
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_id", "kind", "addr", "state", "max_commit_ts", "safe_ts", "gc_ts", "disk_used_bytes", "disk_free_bytes", "load", "online_ts", "offline_ts", "updated_at_ms", "pending_txns", "metrics_addr")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_COMMIT_TS_FIELD_NUMBER: _ClassVar[int]
+    SAFE_TS_FIELD_NUMBER: _ClassVar[int]
+    GC_TS_FIELD_NUMBER: _ClassVar[int]
+    DISK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    ONLINE_TS_FIELD_NUMBER: _ClassVar[int]
+    OFFLINE_TS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_TXNS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDR_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    kind: str
+    addr: str
+    state: NodeState
+    max_commit_ts: int
+    safe_ts: int
+    gc_ts: int
+    disk_used_bytes: int
+    disk_free_bytes: int
+    load: float
+    online_ts: int
+    offline_ts: int
+    updated_at_ms: int
+    pending_txns: int
+    metrics_addr: str
+    def __init__(self, node_id: _Optional[str] = ..., kind: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., max_commit_ts: _Optional[int] = ..., safe_ts: _Optional[int] = ..., gc_ts: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., load: _Optional[float] = ..., online_ts: _Optional[int] = ..., offline_ts: _Optional[int] = ..., updated_at_ms: _Optional[int] = ..., pending_txns: _Optional[int] = ..., metrics_addr: _Optional[str] = ...) -> None: ...
+
+class GetTSReq(_message.Message):
+    __slots__ = ("count",)
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    def __init__(self, count: _Optional[int] = ...) -> None: ...
+
+class GetTSResp(_message.Message):
+    __slots__ = ("first", "count")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    count: int
+    def __init__(self, first: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class GetClusterInfoReq(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetClusterInfoResp(_message.Message):
+    __slots__ = ("cluster_id", "revision")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: int
+    revision: int
+    def __init__(self, cluster_id: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class RegisterNodeReq(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: NodeInfo
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
+
+class HeartbeatReq(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: NodeInfo
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
+
+class SetNodeStateReq(_message.Message):
+    __slots__ = ("node_id", "state")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    state: NodeState
+    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ...) -> None: ...
+
+class GetNodeReq(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class ListNodesReq(_message.Message):
+    __slots__ = ("kind",)
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    def __init__(self, kind: _Optional[str] = ...) -> None: ...
+
+class ListNodesResp(_message.Message):
+    __slots__ = ("nodes", "revision", "cluster_id")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    revision: int
+    cluster_id: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., revision: _Optional[int] = ..., cluster_id: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,112 @@
+"""The ordered index over the value log (LevelDB through plyvel).
+
+Key layout (every ts is a big-endian u64, so byte order is ts order):
+
+``W`` start_ts -> Pointer(prewrite)
+    Invariant: present iff the prewrite is durable in the value log and no commit
+    or rollback for start_ts is stored yet (the transaction is pending).
+``T`` start_ts -> b"C" commit_ts(u64) Pointer(prewrite) | b"R" Pointer(prewrite)
+    Invariant: the transaction's outcome, written in the same batch that deletes
+    its ``W`` key; kept until GC removes the transaction.
+``C`` commit_ts start_ts -> Pointer(prewrite)
+    Invariant: present iff the transaction committed, its commit record is
+    durable, and commit_ts >= gc_ts. Reads of a window scan exactly these keys.
+``R`` start_ts -> b""
+    Invariant: present iff the transaction was rolled back and not yet collected.
+``M`` name -> value: meta, always written in the same batch as the keys it covers:
+    ``Mhead``  (segment u32, offset u64): every value-log record before it is
+               reflected in the index; recovery replays the log from here.
+    ``Mbound`` u64: the largest fake-binlog ts or commit_ts stored (safe-ts bound).
+    ``Mmaxcommit`` u64: the largest real commit_ts stored.
+    ``Mgc``    u64: the GC ts; nothing committed below it is served.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import struct
+
+import plyvel
+
+from binlake.pump.vlog import POINTER, Pointer
+
+U64 = struct.Struct(">Q")
+HEAD = struct.Struct(">IQ")
+
+P_WAIT = b"W"
+P_TXN = b"T"
+P_COMMIT = b"C"
+P_ROLLBACK = b"R"
+META_HEAD = b"Mhead"
+META_BOUND = b"Mbound"
+META_MAX_COMMIT = b"Mmaxcommit"
+META_GC = b"Mgc"
+
+
+def wait_key(start_ts: int) -> bytes:
+    return P_WAIT + U64.pack(start_ts)
+
+
+def txn_key(start_ts: int) -> bytes:
+    return P_TXN + U64.pack(start_ts)
+
+
+def commit_key(commit_ts: int, start_ts: int) -> bytes:
+    return P_COMMIT + U64.pack(commit_ts) + U64.pack(start_ts)
+
+
+def rollback_key(start_ts: int) -> bytes:
+    return P_ROLLBACK + U64.pack(start_ts)
+
+
+def decode_commit_key(key: bytes) -> tuple[int, int]:
+    return U64.unpack_from(key, 1)[0], U64.unpack_from(key, 9)[0]
+
+
+def encode_committed(commit_ts: int, ptr: Pointer) -> bytes:
+    return b"C" + U64.pack(commit_ts) + ptr.pack()
+
+
+def encode_rolled_back(ptr: Pointer) -> bytes:
+    return b"R" + ptr.pack()
+
+
+def decode_txn(value: bytes) -> tuple[str, int, Pointer]:
+    """(outcome "C"/"R", commit_ts or 0, prewrite pointer)."""
+    if value[:1] == b"C":
+        return "C", U64.unpack_from(value, 1)[0], Pointer.unpack(value, 9)
+    return "R", 0, Pointer.unpack(value, 1)
+
+
+class Index:
+    """A thin wrapper: open/close, meta accessors, and prefix scans."""
+
+    def __init__(self, directory: str | pathlib.Path) -> None:
+        self.db = plyvel.DB(str(directory), create_if_missing=True)
+
+    def get_u64(self, key: bytes, default: int = 0) -> int:
+        value = self.db.get(key)
+        return U64.unpack(value)[0] if value else default
+
+    def head(self) -> tuple[int, int] | None:
+        value = self.db.get(META_HEAD)
+        return HEAD.unpack(value) if value else None
+
+    def pending(self) -> list[tuple[int, Pointer]]:
+        return [
+            (U64.unpack_from(k, 1)[0], Pointer.unpack(v))
+            for k, v in self.db.iterator(prefix=P_WAIT)
+        ]
+
+    def commits(self, start_ts: int, end_ts: int):
+        """(commit_ts, start_ts, Pointer) for commit_ts in [start_ts, end_ts), in order."""
+        it = self.db.iterator(start=P_COMMIT + U64.pack(start_ts), stop=P_COMMIT + U64.pack(end_ts))
+        for key, value in it:
+            commit_ts, txn_start = decode_commit_key(key)
+            yield commit_ts, txn_start, Pointer.unpack(value)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+__all__ = ["POINTER", "Index"]

@@ -1,0 +1,305 @@
+"""A running Pump: storage, gRPC server, registry membership and background duties.
+
+Start-up order matters: recover storage, listen (reads are served at once),
+register with the registry (which stamps online_ts), and only then accept
+writes. Background duties: heartbeats (and the operator's state changes they
+carry back), fake binlogs while idle, asking writers about prewrites whose
+commit did not come within the transaction timeout, GC by retention.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import pathlib
+import socket
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+from binlake import errors, rpc, tso
+from binlake.config import PumpSettings
+from binlake.proto import binlog_pb2, pump_pb2_grpc
+from binlake.pump.metrics import PumpMetrics, lag_seconds
+from binlake.pump.server import PumpServicer
+from binlake.pump.service import PumpService
+from binlake.pump.storage import Storage
+from binlake.registry.client import RegistryClient
+from binlake.registry.model import NodeRecord, NodeState
+from binlake.source import txn_status
+
+log = logging.getLogger(__name__)
+
+# data_dir/node_id: the id this data dir was first registered with. Invariant:
+# a data dir always registers under the same id, so its data is never read as
+# another Pump's.
+NODE_ID_FILE = "node_id"
+LOCK_FILE = "LOCK"
+
+
+class PumpNode:
+    def __init__(self, settings: PumpSettings) -> None:
+        self.settings = settings
+        self.data_dir = pathlib.Path(settings.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = self._lock_data_dir()
+        self.storage = Storage(
+            self.data_dir, segment_bytes=settings.segment_bytes, fsync=settings.fsync,
+            max_group_bytes=settings.max_group_bytes,
+        )
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._last_bound = (self.storage.sorter.bound, time.monotonic())
+        self._last_written = (self.storage.stats.binlogs, time.monotonic(), 0.0)
+        self._registry: RegistryClient | None = None
+        self._resolve_warned: set[int] = set()
+        self.metrics_addr = ""
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=settings.grpc_workers, thread_name_prefix="pump-rpc"),
+            options=rpc.message_options(settings.max_binlog_bytes),
+        )
+        host = settings.addr.rpartition(":")[0]
+        port = self._server.add_insecure_port(settings.addr)
+        if port == 0:
+            self.storage.close()
+            raise errors.Unavailable(f"pump cannot listen on {settings.addr} (address in use?)")
+        self.addr = f"{host}:{port}"
+        self.advertise_addr = settings.advertise_addr or self.addr
+        self.node_id = self._node_id(port)
+        self.service = PumpService(
+            self.storage, node_id=self.node_id, max_binlog_bytes=settings.max_binlog_bytes,
+            stop_write_at_free_bytes=settings.stop_write_at_free_bytes,
+            read_batch_txns=settings.read_batch_txns, read_batch_bytes=settings.read_batch_bytes,
+        )
+        self.metrics = PumpMetrics(self._snapshot)
+        pump_pb2_grpc.add_PumpServicer_to_server(PumpServicer(self.service, self.metrics), self._server)
+
+    # ------------------------------------------------------------------ identity
+    def _lock_data_dir(self) -> int:
+        fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise errors.FailedPrecondition(
+                f"data dir {self.data_dir} is in use by another pump (pid {other or '?'}); "
+                "give each pump its own --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def _node_id(self, port: int) -> str:
+        path = self.data_dir / NODE_ID_FILE
+        remembered = path.read_text().strip() if path.exists() else ""
+        wanted = self.settings.node_id
+        if remembered and wanted and remembered != wanted:
+            raise errors.FailedPrecondition(
+                f"data dir {self.data_dir} belongs to pump {remembered!r}, not {wanted!r}; "
+                "use that node id or another data dir"
+            )
+        node_id = wanted or remembered or f"{socket.gethostname()}:{port}"
+        if not remembered:
+            path.write_text(node_id + "\n")
+        return node_id
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, register_timeout_s: float = 30.0) -> PumpNode:
+        self._server.start()
+        log.info("pump %s listening on %s (data dir %s)", self.node_id, self.addr, self.data_dir)
+        if self.settings.metrics_addr:
+            self.metrics_addr = self.metrics.serve(self.settings.metrics_addr)
+            log.info("pump %s metrics on http://%s/metrics", self.node_id, self.metrics_addr)
+        self._registry = RegistryClient(self.settings.registry)
+        self._register(register_timeout_s)
+        # First fake binlog right away so the safe ts is known without waiting.
+        self._fake_binlog()
+        for name, fn, every in (
+            ("heartbeat", self._heartbeat, self.settings.heartbeat_interval_s),
+            ("fake-binlog", self._maybe_fake_binlog, min(self.settings.fake_binlog_interval_s / 2, 1.0)),
+            ("resolve", self._resolve_pending, min(max(self.settings.txn_timeout_s / 4, 0.2), 5.0)),
+            ("gc", self._gc, self.settings.gc_interval_s),
+        ):
+            t = threading.Thread(target=self._loop, args=(name, fn, every), name=f"pump-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def _register(self, timeout_s: float) -> None:
+        assert self._registry is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                cluster_id, _rev = self._registry.cluster_info()
+                rec = self._registry.register(self._record(NodeState.ONLINE))
+                break
+            except errors.Unavailable as exc:
+                if time.monotonic() > deadline:
+                    raise errors.Unavailable(
+                        f"pump {self.node_id} could not register with the registry at "
+                        f"{self.settings.registry} within {timeout_s:g}s: {exc}"
+                    ) from None
+                time.sleep(0.5)
+        self.service.cluster_id = cluster_id
+        self.service.state = rec.state
+        self.service.registered = True
+        log.info(
+            "pump %s registered (online ts %s, cluster %d); accepting writes",
+            self.node_id, tso.format_ts(rec.online_ts), cluster_id,
+        )
+
+    def _loop(self, name: str, fn, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                fn()
+            except errors.BinlakeError as exc:
+                log.warning("pump %s %s: %s", self.node_id, name, exc)
+            except Exception:
+                log.exception("pump %s %s failed", self.node_id, name)
+
+    def stop(self, grace: float = 5.0, *, report_paused: bool = True) -> None:
+        """Graceful shutdown: refuse new writes, let in-flight ones finish, report
+        PAUSED (binlogctl's meaning of a stopped Pump), close storage."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.service.closing = True
+        self._server.stop(grace).wait()
+        for t in self._threads:
+            t.join(timeout=5)
+        if self._registry is not None:
+            if report_paused and self.service.state in (NodeState.ONLINE, NodeState.PAUSING):
+                self.service.state = NodeState.PAUSED
+            try:
+                self._registry.heartbeat(self._record(self.service.state))
+            except errors.BinlakeError as exc:
+                log.warning("pump %s: final heartbeat failed: %s", self.node_id, exc)
+            self._registry.close()
+        self.metrics.close()
+        self.storage.close()
+        os.close(self._lock_fd)
+        log.info("pump %s stopped", self.node_id)
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+    # ------------------------------------------------------------------ duties
+    def _snapshot(self) -> dict[str, float]:
+        st = self.storage
+        return {
+            "binlogs": st.stats.binlogs, "bytes": st.stats.bytes, "fsyncs": st.stats.fsyncs,
+            "groups": st.stats.groups, "safe_ts": st.safe_ts, "safe_ts_lag_s": lag_seconds(st.safe_ts),
+            "max_commit_ts": st.max_commit_ts, "gc_ts": st.gc_ts, "pending": st.pending_count,
+            "storage_bytes": st.storage_bytes(), "disk_free": self.service.disk_free(),
+        }
+
+    def _record(self, state: NodeState) -> NodeRecord:
+        st = self.storage
+        binlogs, at, load = self._last_written
+        now = time.monotonic()
+        if now - at >= 0.5:
+            load = (st.stats.binlogs - binlogs) / (now - at)
+            self._last_written = (st.stats.binlogs, now, load)
+        return NodeRecord(
+            node_id=self.node_id, kind="pump", addr=self.advertise_addr, state=state,
+            max_commit_ts=st.max_commit_ts, safe_ts=st.safe_ts, gc_ts=st.gc_ts,
+            disk_used_bytes=st.storage_bytes(), disk_free_bytes=self.service.disk_free(),
+            load=load, pending_txns=st.pending_count, metrics_addr=self.metrics_addr,
+        )
+
+    def _heartbeat(self) -> None:
+        assert self._registry is not None
+        svc = self.service
+        reported = svc.state
+        # An operator's pause/offline completes once no transaction is pending:
+        # every prewrite this Pump took must get its commit here first.
+        if reported is NodeState.PAUSING and self.storage.pending_count == 0:
+            reported = NodeState.PAUSED
+        elif reported is NodeState.CLOSING and self.storage.pending_count == 0:
+            reported = NodeState.OFFLINE
+        try:
+            rec = self._registry.heartbeat(self._record(reported))
+        except errors.NotFound:
+            log.warning("pump %s is unknown to the registry; registering again", self.node_id)
+            rec = self._registry.register(self._record(NodeState.ONLINE))
+        if rec.state is not svc.state:
+            log.info("pump %s: state %s -> %s", self.node_id, svc.state.value, rec.state.value)
+        svc.state = rec.state
+
+    def _fake_binlog(self) -> None:
+        assert self._registry is not None
+        # Fetch the ts first, then write: any prewrite not yet acknowledged at
+        # this point will get a commit_ts above it (see pump.sorter).
+        ts = self._registry.get_ts()
+        err = self.service.write_internal(binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=ts, commit_ts=ts))
+        if err is not None:
+            raise err
+        self._last_bound = (self.storage.sorter.bound, time.monotonic())
+
+    def _maybe_fake_binlog(self) -> None:
+        bound, at = self._last_bound
+        now = time.monotonic()
+        if self.storage.sorter.bound != bound:
+            self._last_bound = (self.storage.sorter.bound, now)
+        elif now - at >= self.settings.fake_binlog_interval_s:
+            self._fake_binlog()
+
+    def _resolve_pending(self) -> None:
+        assert self._registry is not None
+        for start_ts, prewrite in self.storage.pending_older_than(self.settings.txn_timeout_s):
+            writer_id = prewrite.prewrite_key.decode(errors="replace")
+            try:
+                writer = self._registry.get_node(writer_id)
+                state, commit_ts = txn_status.query_status(writer.addr, start_ts)
+            except errors.BinlakeError as exc:
+                if start_ts not in self._resolve_warned:
+                    self._resolve_warned.add(start_ts)
+                    log.warning(
+                        "pump %s: prewrite %d has waited over %gs for its commit and writer %r cannot "
+                        "answer yet (%s); it holds the safe ts until resolved",
+                        self.node_id, start_ts, self.settings.txn_timeout_s, writer_id, exc,
+                    )
+                continue
+            if state == txn_status.COMMITTED:
+                err = self.service.write_internal(
+                    binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=start_ts, commit_ts=commit_ts)
+                )
+            elif state == txn_status.ROLLED_BACK:
+                err = self.service.write_internal(binlog_pb2.Binlog(tp=binlog_pb2.ROLLBACK, start_ts=start_ts))
+            else:
+                continue
+            self._resolve_warned.discard(start_ts)
+            if err is None:
+                log.info("pump %s: resolved missing commit of %d: %s %s", self.node_id, start_ts, state,
+                         commit_ts or "")
+            elif not isinstance(err, errors.AlreadyExists):
+                log.warning("pump %s: resolution of %d not stored: %s", self.node_id, start_ts, err)
+
+    def _gc(self) -> None:
+        assert self._registry is not None
+        now = self._registry.get_ts()
+        keep_ms = int(self.settings.gc_retention_days * 86_400_000)
+        target = tso.compose(max(0, tso.physical_ms(now) - keep_ms))
+        self.storage.gc(target)
+
+
+def run(settings: PumpSettings) -> None:
+    """Run a Pump until SIGINT/SIGTERM, then shut down gracefully."""
+    import signal
+
+    node = PumpNode(settings).start()
+    done = threading.Event()
+
+    def _handle(signum, _frame) -> None:
+        log.info("pump %s: signal %d, shutting down", node.node_id, signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, _handle)
+    signal.signal(signal.SIGINT, _handle)
+    print(f"pump {node.node_id} listening on {node.addr}", flush=True)
+    done.wait()
+    node.stop()

@@ -1,0 +1,90 @@
+"""The sorter's bookkeeping: which transactions are pending, and the safe ts.
+
+A Pump's *safe ts* S promises: every transaction routed to this Pump with
+commit_ts < S is stored, complete. Two facts give it:
+
+* ``bound``: the largest fake-binlog ts or commit_ts stored. A writer fetches
+  its commit_ts only after its prewrite was acknowledged, so any transaction
+  whose prewrite is not here yet will commit above every ts this Pump has
+  already seen.
+* the oldest pending prewrite: a transaction whose prewrite is here but whose
+  commit is not has commit_ts > start_ts, so the window below its start_ts is
+  unaffected, and the window above it must wait.
+
+So ``safe_ts = min(bound, oldest pending start_ts)``. This module is pure
+bookkeeping (no I/O), driven by the storage's writer thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class Pending:
+    """Pending transactions with O(1) membership and amortised O(log n) oldest."""
+
+    __slots__ = ("_info", "_heap")
+
+    def __init__(self) -> None:
+        # start_ts -> (arrival monotonic time, where the prewrite is stored)
+        self._info: dict[int, tuple[float, Any]] = {}
+        self._heap: list[int] = []
+
+    def add(self, start_ts: int, location: Any, arrived: float) -> None:
+        self._info[start_ts] = (arrived, location)
+        heapq.heappush(self._heap, start_ts)
+
+    def location(self, start_ts: int) -> Any:
+        info = self._info.get(start_ts)
+        return None if info is None else info[1]
+
+    def remove(self, start_ts: int) -> None:
+        self._info.pop(start_ts, None)
+        # Lazy deletion: drop finished entries only when they reach the top.
+        while self._heap and self._heap[0] not in self._info:
+            heapq.heappop(self._heap)
+
+    def __contains__(self, start_ts: int) -> bool:
+        return start_ts in self._info
+
+    def __len__(self) -> int:
+        return len(self._info)
+
+    def oldest(self) -> int | None:
+        return self._heap[0] if self._heap else None
+
+    def older_than(self, age_s: float, now: float) -> list[tuple[int, Any]]:
+        """(start_ts, location) of transactions waiting longer than ``age_s``."""
+        return [(ts, loc) for ts, (arrived, loc) in self._info.items() if now - arrived >= age_s]
+
+
+class SafeTs:
+    """The safe-ts bound and the pending set together."""
+
+    def __init__(self, bound: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.bound = bound
+        self.max_commit_ts = 0
+        self.pending = Pending()
+        self._clock = clock
+
+    def prewrite(self, start_ts: int, location: Any = None) -> None:
+        self.pending.add(start_ts, location, self._clock())
+
+    def commit(self, start_ts: int, commit_ts: int) -> None:
+        self.pending.remove(start_ts)
+        self.bound = max(self.bound, commit_ts)
+        self.max_commit_ts = max(self.max_commit_ts, commit_ts)
+
+    def rollback(self, start_ts: int) -> None:
+        self.pending.remove(start_ts)
+
+    def fake(self, ts: int) -> None:
+        self.bound = max(self.bound, ts)
+
+    @property
+    def safe_ts(self) -> int:
+        oldest = self.pending.oldest()
+        return self.bound if oldest is None else min(self.bound, oldest)

@@ -1,0 +1,271 @@
+"""The value log: append-only segment files of CRC-checked records.
+
+Record layout (little-endian)::
+
+    magic u32 | length u32 | crc32(payload) u32 | payload (length bytes)
+
+Segments are named ``NNNNNNNNNNNN.vlog`` with increasing numbers; only the
+newest is appended to. A record never spans two segments. The log is the
+source of truth: the index can always be rebuilt from it, and after a crash a
+torn tail (a short or corrupt last record) is cut at the last good record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+
+from binlake import errors
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct("<III")
+MAGIC = 0xB1B1A4E1
+POINTER = struct.Struct("<IQI")
+_SUFFIX = ".vlog"
+
+
+class CorruptLog(errors.BinlakeError):
+    """A bad record before the tail: the log was damaged, not merely cut short."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pointer:
+    """Where a record lives: segment number, offset of its header, payload length."""
+
+    segment: int
+    offset: int
+    length: int
+
+    def pack(self) -> bytes:
+        return POINTER.pack(self.segment, self.offset, self.length)
+
+    @classmethod
+    def unpack(cls, data: bytes, offset: int = 0) -> Pointer:
+        return cls(*POINTER.unpack_from(data, offset))
+
+    @property
+    def end(self) -> int:
+        return self.offset + HEADER.size + self.length
+
+
+def encode_record(payload: bytes) -> bytes:
+    return HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
+
+
+class ValueLog:
+    """Segmented append-only log. Appends come from one writer thread; reads
+    (``read``) may come from any thread."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, segment_bytes: int, fsync: bool = True) -> None:
+        if segment_bytes < 4096:
+            raise ValueError("segment_bytes must be >= 4096")
+        self.dir = pathlib.Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self._read_fds: dict[int, int] = {}
+        self._read_lock = threading.Lock()
+        segs = self.segments()
+        self._segment = segs[-1] if segs else 1
+        path = self._path(self._segment)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._offset = os.fstat(self._fd).st_size
+        self._dirty: set[int] = set()
+        # Rolled-over segment fds still owed an fsync; closed by the next sync().
+        self._closing: list[int] = []
+        if not segs:
+            self._sync_dir()
+
+    # -- naming -------------------------------------------------------------
+    def _path(self, segment: int) -> pathlib.Path:
+        return self.dir / f"{segment:012d}{_SUFFIX}"
+
+    def segments(self) -> list[int]:
+        return sorted(int(p.stem) for p in self.dir.glob(f"*{_SUFFIX}") if p.stem.isdigit())
+
+    @property
+    def head(self) -> tuple[int, int]:
+        """The append position: (segment, offset) just past the last record."""
+        return self._segment, self._offset
+
+    def size_bytes(self) -> int:
+        total = 0
+        for seg in self.segments():
+            try:
+                total += self._path(seg).stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+    # -- writing ------------------------------------------------------------
+    def append(self, payloads: list[bytes]) -> list[Pointer]:
+        """Append records (not yet durable: call ``sync``). Rolls to a new segment
+        when a record would cross ``segment_bytes``."""
+        pointers: list[Pointer] = []
+        buf: list[bytes] = []
+        buf_len = 0
+        for payload in payloads:
+            rec_len = HEADER.size + len(payload)
+            if self._offset + buf_len + rec_len > self.segment_bytes and self._offset + buf_len > 0:
+                self._write(buf)
+                buf, buf_len = [], 0
+                self._roll()
+            pointers.append(Pointer(self._segment, self._offset + buf_len, len(payload)))
+            buf.append(HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)))
+            buf.append(payload)
+            buf_len += rec_len
+        if buf:
+            self._write(buf)
+        return pointers
+
+    def _write(self, parts: list[bytes]) -> None:
+        data = b"".join(parts)
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        self._offset += len(data)
+        self._dirty.add(self._fd)
+
+    def _roll(self) -> None:
+        # The old segment is synced with the batch (it stays in _dirty until sync).
+        old_fd = self._fd
+        self._segment += 1
+        self._fd = os.open(self._path(self._segment), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._offset = 0
+        self._sync_dir()
+        if old_fd in self._dirty:
+            self._closing.append(old_fd)
+        else:
+            os.close(old_fd)
+
+    def sync(self) -> int:
+        """Make every appended record durable. Returns the number of fsyncs issued."""
+        n = 0
+        if self.fsync:
+            for fd in list(self._dirty):
+                os.fdatasync(fd)
+                n += 1
+        self._dirty.clear()
+        for fd in self._closing:
+            os.close(fd)
+        self._closing.clear()
+        return n
+
+    def _sync_dir(self) -> None:
+        if not self.fsync:
+            return
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- reading ------------------------------------------------------------
+    def _reader(self, segment: int) -> int:
+        fd = self._read_fds.get(segment)
+        if fd is None:
+            with self._read_lock:
+                fd = self._read_fds.get(segment)
+                if fd is None:
+                    try:
+                        fd = os.open(self._path(segment), os.O_RDONLY)
+                    except FileNotFoundError:
+                        raise errors.OutOfRange(
+                            f"value log segment {segment} was removed by GC"
+                        ) from None
+                    self._read_fds[segment] = fd
+        return fd
+
+    def read(self, ptr: Pointer) -> bytes:
+        """Read and check one record's payload."""
+        data = os.pread(self._reader(ptr.segment), HEADER.size + ptr.length, ptr.offset)
+        if len(data) != HEADER.size + ptr.length:
+            raise CorruptLog(f"record at segment {ptr.segment} offset {ptr.offset} is short")
+        magic, length, crc = HEADER.unpack_from(data)
+        payload = data[HEADER.size :]
+        if magic != MAGIC or length != ptr.length or zlib.crc32(payload) != crc:
+            raise CorruptLog(f"record at segment {ptr.segment} offset {ptr.offset} fails its checksum")
+        return payload
+
+    def scan(self, segment: int, offset: int) -> Iterator[tuple[Pointer, bytes]]:
+        """Yield every good record from (segment, offset) to the end of the log.
+
+        A bad record in the newest segment is a torn tail: the segment is
+        truncated there (and the rest skipped). A bad record in an older
+        segment raises CorruptLog: that is damage, not an interrupted write.
+        """
+        for seg in [s for s in self.segments() if s >= segment]:
+            path = self._path(seg)
+            start = offset if seg == segment else 0
+            is_last = seg == self._segment
+            with path.open("rb") as fh:
+                fh.seek(start)
+                pos = start
+                while True:
+                    header = fh.read(HEADER.size)
+                    if not header:
+                        break
+                    bad = None
+                    if len(header) < HEADER.size:
+                        bad = "short header"
+                    else:
+                        magic, length, crc = HEADER.unpack(header)
+                        if magic != MAGIC:
+                            bad = "bad magic"
+                        else:
+                            payload = fh.read(length)
+                            if len(payload) < length:
+                                bad = "short payload"
+                            elif zlib.crc32(payload) != crc:
+                                bad = "checksum mismatch"
+                    if bad is not None:
+                        if not is_last:
+                            raise CorruptLog(
+                                f"value log segment {path} is damaged at offset {pos} ({bad}); "
+                                "it is not the newest segment, so this is not a torn write"
+                            )
+                        size = path.stat().st_size
+                        log.warning(
+                            "value log: cutting torn tail of %s at offset %d (%s; %d bytes dropped)",
+                            path.name, pos, bad, size - pos,
+                        )
+                        os.ftruncate(self._fd, pos)
+                        if self.fsync:
+                            os.fsync(self._fd)
+                        self._offset = pos
+                        break
+                    yield Pointer(seg, pos, length), payload
+                    pos += HEADER.size + length
+
+    # -- GC -----------------------------------------------------------------
+    def remove_below(self, segment: int) -> list[int]:
+        """Delete every segment numbered below ``segment`` (never the active one)."""
+        removed = []
+        for seg in self.segments():
+            if seg >= segment or seg >= self._segment:
+                break
+            with self._read_lock:
+                fd = self._read_fds.pop(seg, None)
+            if fd is not None:
+                os.close(fd)
+            self._path(seg).unlink(missing_ok=True)
+            removed.append(seg)
+        if removed:
+            self._sync_dir()
+        return removed
+
+    def close(self) -> None:
+        self.sync()
+        os.close(self._fd)
+        with self._read_lock:
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()

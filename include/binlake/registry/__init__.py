@@ -1,0 +1,1 @@
+"""The registry: the placement service (PD's role) - TSO plus node status."""

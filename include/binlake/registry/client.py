@@ -1,0 +1,240 @@
+"""Client of the registry: timestamps (coalesced across threads, as PD's client
+does), node registration, heartbeats, state changes and listings.
+
+Errors come out as ``binlake.errors`` types. Idempotent calls (reads, TSO,
+heartbeats) retry UNAVAILABLE with a short backoff within the client's timeout,
+so a registry restart shows up as a brief stall rather than an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from binlake import errors, rpc
+from binlake.config import MiB
+from binlake.proto import registry_pb2, registry_pb2_grpc
+from binlake.registry.model import NodeRecord, NodeState
+from binlake.tso import MAX_LOGICAL
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_MESSAGE_BYTES = 64 * MiB
+_FIRST_BACKOFF_S = 0.05
+_MAX_BACKOFF_S = 0.5
+# The most timestamps one GetTS may carry (the server's limit).
+_MAX_TS_BATCH = MAX_LOGICAL
+
+
+class _TSWaiter:
+    """One get_ts caller waiting for the dispatcher to hand it a timestamp."""
+
+    __slots__ = ("done", "error", "ts")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ts = 0
+        self.error: errors.BinlakeError | None = None
+
+
+class RegistryClient:
+    """A connection to one registry. Thread-safe; use as a context manager or close()."""
+
+    def __init__(self, addr: str, timeout_s: float = 5.0) -> None:
+        rpc.parse_addr(addr, "registry addr")
+        if timeout_s <= 0:
+            raise errors.InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
+        self._addr = addr
+        self._timeout_s = timeout_s
+        options = [
+            *rpc.message_options(MAX_MESSAGE_BYTES),
+            # gRPC's default reconnect backoff grows to minutes; a registry that
+            # comes back should be found again within our retry window.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ]
+        self._channel = grpc.insecure_channel(addr, options=options)
+        self._stub = registry_pb2_grpc.RegistryStub(self._channel)
+        self._closed = threading.Event()
+        # get_ts coalescing: callers queue here; one dispatcher thread drains the
+        # queue with a single GetTS per round and hands out first + i.
+        self._ts_cond = threading.Condition()
+        self._ts_queue: list[_TSWaiter] = []
+        self._dispatcher: threading.Thread | None = None
+
+    @property
+    def addr(self) -> str:
+        return self._addr
+
+    # -- timestamps ----------------------------------------------------------------
+
+    def get_ts(self) -> int:
+        """One fresh timestamp. Concurrent callers share one RPC: 16 threads asking at
+        once cost about one round trip, which is what lets a client reach tens of
+        thousands of timestamps per second."""
+        waiter = _TSWaiter()
+        with self._ts_cond:
+            if self._closed.is_set():
+                raise self._closed_error()
+            self._ts_queue.append(waiter)
+            if self._dispatcher is None:
+                self._dispatcher = threading.Thread(
+                    target=self._dispatch_ts, name=f"registry-ts-{self._addr}", daemon=True
+                )
+                self._dispatcher.start()
+            self._ts_cond.notify()
+        # The dispatcher's RPC has its own deadline; the slack covers queueing
+        # behind one round that is already in flight.
+        if not waiter.done.wait(2 * self._timeout_s + 1.0):
+            raise errors.DeadlineExceeded(
+                f"registry {self._addr}: no timestamp within {2 * self._timeout_s + 1.0:.1f}s"
+            )
+        if waiter.error is not None:
+            raise _copy_error(waiter.error)
+        return waiter.ts
+
+    def _dispatch_ts(self) -> None:
+        while True:
+            with self._ts_cond:
+                while not self._ts_queue and not self._closed.is_set():
+                    self._ts_cond.wait()
+                if self._closed.is_set():
+                    batch, self._ts_queue = self._ts_queue, []
+                    for waiter in batch:
+                        waiter.error = self._closed_error()
+                        waiter.done.set()
+                    return
+                batch = self._ts_queue[:_MAX_TS_BATCH]
+                del self._ts_queue[:_MAX_TS_BATCH]
+            try:
+                first = self.get_ts_batch(len(batch))
+            except errors.BinlakeError as exc:
+                for waiter in batch:
+                    waiter.error = exc
+                    waiter.done.set()
+                continue
+            except Exception as exc:  # never leave callers hanging
+                log.exception("registry %s: timestamp dispatcher failed", self._addr)
+                failure = errors.BinlakeError(f"registry {self._addr}: timestamp request failed: {exc}")
+                for waiter in batch:
+                    waiter.error = failure
+                    waiter.done.set()
+                continue
+            for i, waiter in enumerate(batch):
+                waiter.ts = first + i
+                waiter.done.set()
+
+    def get_ts_batch(self, count: int) -> int:
+        """Reserve ``count`` consecutive timestamps with one RPC; return the first."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0 or count >= 1 << 32:
+            # The server judges the range; this only keeps protobuf from raising.
+            raise errors.InvalidArgument(f"count must be an integer in [1, {_MAX_TS_BATCH}], got {count!r}")
+        resp = self._call("GetTS", self._stub.GetTS, registry_pb2.GetTSReq(count=count), idempotent=True)
+        return int(resp.first)
+
+    # -- cluster and nodes -------------------------------------------------------------
+
+    def cluster_info(self) -> tuple[int, int]:
+        """(cluster id, revision)."""
+        resp = self._call(
+            "GetClusterInfo", self._stub.GetClusterInfo, registry_pb2.GetClusterInfoReq(), idempotent=True
+        )
+        return int(resp.cluster_id), int(resp.revision)
+
+    def register(self, record: NodeRecord) -> NodeRecord:
+        """Register a node (ONLINE from the returned online_ts). Not retried: a retry
+        would start another online period."""
+        req = registry_pb2.RegisterNodeReq(node=record.to_proto())
+        return NodeRecord.from_proto(self._call("RegisterNode", self._stub.RegisterNode, req, idempotent=False))
+
+    def heartbeat(self, record: NodeRecord) -> NodeRecord:
+        """Report status; the returned record's state is what the node should do."""
+        req = registry_pb2.HeartbeatReq(node=record.to_proto())
+        return NodeRecord.from_proto(self._call("Heartbeat", self._stub.Heartbeat, req, idempotent=True))
+
+    def set_state(self, node_id: str, state: NodeState) -> NodeRecord:
+        """An operator's state change (pausing, closing, or offline for a writer/dead Pump)."""
+        req = registry_pb2.SetNodeStateReq(node_id=node_id, state=NodeState(state).to_proto())
+        return NodeRecord.from_proto(self._call("SetNodeState", self._stub.SetNodeState, req, idempotent=False))
+
+    def get_node(self, node_id: str) -> NodeRecord:
+        req = registry_pb2.GetNodeReq(node_id=node_id)
+        return NodeRecord.from_proto(self._call("GetNode", self._stub.GetNode, req, idempotent=True))
+
+    def list_nodes(self, kind: str | None = None) -> tuple[list[NodeRecord], int]:
+        """Nodes (of ``kind``, or all) sorted by node id, and the registry's revision."""
+        req = registry_pb2.ListNodesReq(kind=kind or "")
+        resp = self._call("ListNodes", self._stub.ListNodes, req, idempotent=True)
+        return [NodeRecord.from_proto(n) for n in resp.nodes], int(resp.revision)
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _call(self, name: str, method: Callable[..., T], request: Any, *, idempotent: bool) -> T:
+        if self._closed.is_set():
+            raise self._closed_error()
+        deadline = time.monotonic() + self._timeout_s
+        backoff = _FIRST_BACKOFF_S
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return method(request, timeout=max(remaining, 0.001))
+            except grpc.RpcError as exc:
+                if self._closed.is_set():
+                    raise self._closed_error() from None
+                code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+                retry = idempotent and code == grpc.StatusCode.UNAVAILABLE
+                if retry and time.monotonic() + backoff < deadline:
+                    log.debug("registry %s: %s unavailable, retrying in %.2fs", self._addr, name, backoff)
+                    # Waiting on the closed event lets close() cut the backoff short.
+                    if self._closed.wait(backoff):
+                        raise self._closed_error() from None
+                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                    continue
+                raise self._error(name, exc) from None
+
+    def _error(self, name: str, exc: grpc.RpcError) -> errors.BinlakeError:
+        code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return rpc.from_rpc_error(exc, f"registry {self._addr} is unreachable")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return rpc.from_rpc_error(exc, f"registry {self._addr} did not answer {name} within {self._timeout_s}s")
+        return rpc.from_rpc_error(exc, f"registry {self._addr}")
+
+    def _closed_error(self) -> errors.Unavailable:
+        return errors.Unavailable(f"registry client for {self._addr} is closed")
+
+    def close(self) -> None:
+        """Fail waiting get_ts callers, stop the dispatcher and close the channel."""
+        with self._ts_cond:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            self._ts_cond.notify_all()
+            dispatcher = self._dispatcher
+        # Closing the channel cancels an in-flight GetTS, so the dispatcher returns promptly.
+        self._channel.close()
+        if dispatcher is not None and dispatcher is not threading.current_thread():
+            dispatcher.join(timeout=self._timeout_s)
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _copy_error(exc: errors.BinlakeError) -> errors.BinlakeError:
+    # One failed GetTS fails many callers; each gets its own exception object so
+    # their tracebacks do not pile onto a shared one across threads.
+    copy = type(exc)(*exc.args)
+    if hasattr(exc, "grpc_code"):
+        copy.grpc_code = exc.grpc_code  # type: ignore[attr-defined]
+    return copy

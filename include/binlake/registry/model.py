@@ -1,0 +1,68 @@
+"""Node records as the registry stores them, and their protobuf conversion."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from binlake.proto import registry_pb2
+
+
+class NodeState(enum.StrEnum):
+    """binlogctl's node states. A Pump is written to only while ONLINE; it is read
+    from in every state until it is OFFLINE and its data is past every window."""
+
+    ONLINE = "online"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    CLOSING = "closing"
+    OFFLINE = "offline"
+
+    def to_proto(self) -> int:
+        return registry_pb2.NodeState.Value(self.name)
+
+    @classmethod
+    def from_proto(cls, value: int) -> NodeState:
+        return cls[registry_pb2.NodeState.Name(value)]
+
+    @classmethod
+    def parse(cls, text: str) -> NodeState:
+        try:
+            return cls(text.lower())
+        except ValueError:
+            raise ValueError(
+                f"unknown node state {text!r}; expected one of {', '.join(s.value for s in cls)}"
+            ) from None
+
+
+KINDS = ("pump", "writer")
+
+
+@dataclasses.dataclass
+class NodeRecord:
+    node_id: str
+    kind: str
+    addr: str
+    state: NodeState = NodeState.ONLINE
+    max_commit_ts: int = 0
+    safe_ts: int = 0
+    gc_ts: int = 0
+    disk_used_bytes: int = 0
+    disk_free_bytes: int = 0
+    load: float = 0.0
+    online_ts: int = 0
+    offline_ts: int = 0
+    updated_at_ms: int = 0
+    pending_txns: int = 0
+    metrics_addr: str = ""
+
+    def to_proto(self) -> registry_pb2.NodeInfo:
+        fields = dataclasses.asdict(self)
+        fields["state"] = self.state.to_proto()
+        return registry_pb2.NodeInfo(**fields)
+
+    @classmethod
+    def from_proto(cls, msg: registry_pb2.NodeInfo) -> NodeRecord:
+        fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(cls)}
+        fields["state"] = NodeState.from_proto(msg.state)
+        return cls(**fields)

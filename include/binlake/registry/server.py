@@ -1,0 +1,247 @@
+"""The registry's gRPC server: a thin servicer over ``RegistryService``, the server
+lifecycle, and ``python -m binlake.registry.server`` to run one."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+
+import grpc
+
+from binlake import config, errors, rpc
+from binlake.proto import registry_pb2, registry_pb2_grpc
+from binlake.registry.model import NodeRecord, NodeState
+from binlake.registry.service import RegistryService
+from binlake.registry.store import RegistryStore, open_store
+
+log = logging.getLogger(__name__)
+
+# Registry messages are small; the limit only needs to hold a large node list.
+MAX_MESSAGE_BYTES = 64 * config.MiB
+GRPC_WORKERS = 16
+
+
+class RegistryServicer(registry_pb2_grpc.RegistryServicer):
+    """Protobuf <-> NodeRecord; every rule lives in RegistryService. Counts calls per
+    method (``calls``) so tests and operators can see how well clients batch."""
+
+    def __init__(self, service: RegistryService) -> None:
+        self._service = service
+        self._calls: collections.Counter[str] = collections.Counter()
+        self._calls_lock = threading.Lock()
+
+    @property
+    def service(self) -> RegistryService:
+        return self._service
+
+    def calls(self) -> dict[str, int]:
+        """RPCs received so far, by method name."""
+        with self._calls_lock:
+            return dict(self._calls)
+
+    def _count(self, method: str) -> None:
+        with self._calls_lock:
+            self._calls[method] += 1
+
+    @rpc.servicer_method
+    def GetTS(self, request: registry_pb2.GetTSReq, context: grpc.ServicerContext) -> registry_pb2.GetTSResp:
+        self._count("GetTS")
+        first = self._service.get_ts(request.count)
+        return registry_pb2.GetTSResp(first=first, count=request.count)
+
+    @rpc.servicer_method
+    def GetClusterInfo(
+        self, request: registry_pb2.GetClusterInfoReq, context: grpc.ServicerContext
+    ) -> registry_pb2.GetClusterInfoResp:
+        self._count("GetClusterInfo")
+        cluster_id, revision = self._service.cluster_info()
+        return registry_pb2.GetClusterInfoResp(cluster_id=cluster_id, revision=revision)
+
+    @rpc.servicer_method
+    def RegisterNode(
+        self, request: registry_pb2.RegisterNodeReq, context: grpc.ServicerContext
+    ) -> registry_pb2.NodeInfo:
+        self._count("RegisterNode")
+        return self._service.register(NodeRecord.from_proto(request.node)).to_proto()
+
+    @rpc.servicer_method
+    def Heartbeat(self, request: registry_pb2.HeartbeatReq, context: grpc.ServicerContext) -> registry_pb2.NodeInfo:
+        self._count("Heartbeat")
+        return self._service.heartbeat(NodeRecord.from_proto(request.node)).to_proto()
+
+    @rpc.servicer_method
+    def SetNodeState(
+        self, request: registry_pb2.SetNodeStateReq, context: grpc.ServicerContext
+    ) -> registry_pb2.NodeInfo:
+        self._count("SetNodeState")
+        state = NodeState.from_proto(request.state)
+        return self._service.set_state(request.node_id, state).to_proto()
+
+    @rpc.servicer_method
+    def GetNode(self, request: registry_pb2.GetNodeReq, context: grpc.ServicerContext) -> registry_pb2.NodeInfo:
+        self._count("GetNode")
+        return self._service.get_node(request.node_id).to_proto()
+
+    @rpc.servicer_method
+    def ListNodes(
+        self, request: registry_pb2.ListNodesReq, context: grpc.ServicerContext
+    ) -> registry_pb2.ListNodesResp:
+        self._count("ListNodes")
+        nodes, revision = self._service.list_nodes(request.kind or None)
+        return registry_pb2.ListNodesResp(
+            nodes=[n.to_proto() for n in nodes],
+            revision=revision,
+            cluster_id=self._service.store.cluster_id(),
+        )
+
+
+class RegistryServer:
+    """Owns the store, the service and the gRPC server for one registry process."""
+
+    def __init__(self, settings: config.RegistrySettings) -> None:
+        self._settings = settings
+        self._store: RegistryStore | None = None
+        self._servicer: RegistryServicer | None = None
+        self._server: grpc.Server | None = None
+        self._addr = ""
+
+    @property
+    def addr(self) -> str:
+        """The bound HOST:PORT (the real port when settings.addr asked for port 0)."""
+        if not self._addr:
+            raise errors.FailedPrecondition("the registry server is not started")
+        return self._addr
+
+    @property
+    def servicer(self) -> RegistryServicer:
+        if self._servicer is None:
+            raise errors.FailedPrecondition("the registry server is not started")
+        return self._servicer
+
+    @property
+    def store(self) -> RegistryStore:
+        if self._store is None:
+            raise errors.FailedPrecondition("the registry server is not started")
+        return self._store
+
+    def start(self) -> RegistryServer:
+        if self._server is not None:
+            raise errors.FailedPrecondition(f"the registry server is already running on {self._addr}")
+        host, _ = rpc.parse_addr(self._settings.addr, "registry addr")
+        store = open_store(self._settings.data_dir)
+        try:
+            service = RegistryService(store, tso_window_ms=self._settings.tso_window_ms)
+            servicer = RegistryServicer(service)
+            options = [
+                *rpc.message_options(MAX_MESSAGE_BYTES),
+                # Without this, a second registry could bind the same port next to
+                # us (gRPC enables SO_REUSEPORT by default) and split the clients.
+                ("grpc.so_reuseport", 0),
+            ]
+            server = grpc.server(
+                ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="registry"),
+                options=options,
+            )
+            registry_pb2_grpc.add_RegistryServicer_to_server(servicer, server)
+            try:
+                port = server.add_insecure_port(self._settings.addr)
+            except RuntimeError as exc:
+                port = 0
+                reason = str(exc)
+            else:
+                reason = "the address is in use or not local"
+            if port == 0:
+                raise errors.Unavailable(f"registry cannot listen on {self._settings.addr}: {reason}")
+            server.start()
+        except BaseException:
+            store.close()
+            raise
+        self._store, self._servicer, self._server = store, servicer, server
+        shown_host = f"[{host}]" if ":" in host else host
+        self._addr = f"{shown_host}:{port}"
+        return self
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Finish in-flight calls (up to ``grace`` seconds), then release the store."""
+        server, store = self._server, self._store
+        self._server = None
+        if server is not None:
+            server.stop(grace).wait()
+        if store is not None:
+            store.close()
+            self._store = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server stops (or ``timeout``); True when it stopped."""
+        server = self._server
+        if server is None:
+            return True
+        # gRPC returns True when the wait timed out, i.e. the server still runs.
+        return not server.wait_for_termination(timeout)
+
+    def __enter__(self) -> RegistryServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def run(settings: config.RegistrySettings) -> None:
+    """Serve until SIGINT or SIGTERM, then stop gracefully. Call from the main thread."""
+    server = RegistryServer(settings).start()
+    cluster_id = server.store.cluster_id()
+    log.info("registry listening on %s (store %s, cluster id %d)", server.addr, server.store.describe(), cluster_id)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("registry got %s; stopping", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # A timed wait keeps the main thread responsive to signals.
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop(grace=5.0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        log.info("registry stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m binlake.registry.server", description=__doc__)
+    parser.add_argument("--config", help="TOML config file ([registry] table)")
+    parser.add_argument("--addr", help="HOST:PORT to listen on (port 0 = any free port)")
+    parser.add_argument("--data-dir", help="directory of the SQLite store")
+    parser.add_argument("--tso-window-ms", type=int, help="TSO high-water mark step persisted ahead of use")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        settings = config.load(
+            config.RegistrySettings,
+            args.config,
+            addr=args.addr,
+            data_dir=args.data_dir,
+            tso_window_ms=args.tso_window_ms,
+        )
+        run(settings)
+    except errors.BinlakeError as exc:
+        print(f"registry: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

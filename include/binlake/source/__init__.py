@@ -1,0 +1,1 @@
+"""Upstream adapters: the writer side of the binlog (TiDB's role)."""

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs everything binlake needs on a fresh machine, into .venv and jars/lib.
+# Idempotent: a second run finds everything in place and returns quickly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade "pip>=24" wheel
+
+echo "[setup] installing Python packages (pinned by constraints.txt)"
+.venv/bin/pip install -q -c constraints.txt -e ".[dev]"
+# The Airflow Spark provider depends on pyspark-client, which ships a subset of
+# pyspark's own files under the same package name; reinstall pyspark last so
+# its full tree wins (both are pinned to the same version).
+want=$(grep -E '^pyspark==' constraints.txt | cut -d= -f3)
+have=$(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)' 2>/dev/null || true)
+if [ "$have" != "$want" ] || ! .venv/bin/python -c 'from pyspark.core.status import SparkExecutorInfo' 2>/dev/null; then
+  .venv/bin/pip install -q --force-reinstall --no-deps "pyspark==$want"
+fi
+
+if ! ls jars/lib/delta-spark_*.jar >/dev/null 2>&1; then
+  echo "[setup] fetching the Delta Lake jars with Maven into jars/lib"
+  command -v mvn >/dev/null || { apt-get update -qq && apt-get install -y -qq maven; }
+  # Spark ships scala-library and antlr4-runtime itself: take only Delta's own jars.
+  (cd jars && mvn -q -B dependency:copy-dependencies -DincludeScope=runtime \
+      -DexcludeGroupIds=org.scala-lang,org.antlr -DoutputDirectory=lib)
+fi
+echo "[setup] done: $(ls jars/lib | tr '\n' ' ')"

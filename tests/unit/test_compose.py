@@ -1,0 +1,132 @@
+"""docker-compose.yaml stays consistent: references resolve, Pumps are distinct, volumes declared.
+
+The structural checks run everywhere (PyYAML only); the full validation by
+``docker compose config`` runs where the docker CLI has the compose plugin.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yaml"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    # safe_load resolves anchors and `<<` merge keys, as compose itself does.
+    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(data, dict) and isinstance(data.get("services"), dict)
+    return data
+
+
+def _depends_on(service: dict[str, Any]) -> list[str]:
+    deps = service.get("depends_on") or []
+    return list(deps) if isinstance(deps, dict | list) else []
+
+
+def _named_volumes(service: dict[str, Any]) -> Iterator[str]:
+    for entry in service.get("volumes") or []:
+        if isinstance(entry, dict):
+            if entry.get("type", "volume") == "volume" and entry.get("source"):
+                yield entry["source"]
+            continue
+        source = str(entry).split(":", 1)[0]
+        # A source without ':' is an anonymous volume; paths are bind mounts.
+        if ":" in str(entry) and not source.startswith((".", "/", "~", "$")):
+            yield source
+
+
+def _flag(command: list[str], name: str) -> str:
+    assert name in command, f"{name} missing from {command}"
+    return command[command.index(name) + 1]
+
+
+def _pumps(compose: dict[str, Any]) -> dict[str, list[str]]:
+    pumps = {}
+    for name, service in compose["services"].items():
+        command = service.get("command")
+        if isinstance(command, list) and command[:2] == ["binlake", "pump"]:
+            pumps[name] = [str(part) for part in command]
+    return pumps
+
+
+def test_depends_on_targets_exist(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    missing = {
+        (name, dep)
+        for name, service in services.items()
+        for dep in _depends_on(service)
+        if dep not in services
+    }
+    assert not missing, f"depends_on names unknown services: {sorted(missing)}"
+
+
+def test_healthy_conditions_have_healthchecks(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, service in services.items():
+        deps = service.get("depends_on")
+        if not isinstance(deps, dict):
+            continue
+        for dep, spec in deps.items():
+            if (spec or {}).get("condition") == "service_healthy":
+                assert "healthcheck" in services[dep], (
+                    f"{name} waits for {dep} to be healthy, which has no healthcheck"
+                )
+
+
+def test_three_distinct_pumps(compose: dict[str, Any]) -> None:
+    pumps = _pumps(compose)
+    assert len(pumps) == 3, sorted(pumps)
+    node_ids = {_flag(cmd, "--node-id") for cmd in pumps.values()}
+    advertised = {_flag(cmd, "--advertise-addr") for cmd in pumps.values()}
+    assert len(node_ids) == 3, node_ids
+    assert len(advertised) == 3, advertised
+    # Clients dial the advertised address, so its host must be a service on the network.
+    for addr in advertised:
+        assert addr.rsplit(":", 1)[0] in compose["services"], addr
+    # Two Pumps sharing a data dir would corrupt each other's value log.
+    data_volumes = [tuple(_named_volumes(compose["services"][name])) for name in pumps]
+    assert len(set(data_volumes)) == 3 and all(data_volumes), data_volumes
+
+
+def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
+    declared = set(compose.get("volumes") or {})
+    used = {(name, vol) for name, service in compose["services"].items() for vol in _named_volumes(service)}
+    undeclared = sorted((name, vol) for name, vol in used if vol not in declared)
+    assert not undeclared, f"volumes used but not declared: {undeclared}"
+
+
+def test_build_reference_is_real(compose: dict[str, Any]) -> None:
+    for name, service in compose["services"].items():
+        build = service.get("build")
+        if build is None:
+            continue
+        context = build if isinstance(build, str) else build.get("context", ".")
+        dockerfile = "Dockerfile" if isinstance(build, str) else build.get("dockerfile", "Dockerfile")
+        assert (REPO_ROOT / context / dockerfile).is_file(), f"{name}: no {dockerfile} in {context}"
+
+
+def test_docker_compose_config() -> None:
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker CLI on this machine")
+    probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip("the docker CLI has no compose plugin (`docker compose version` failed)")
+    result = subprocess.run(
+        [docker, "compose", "-f", str(COMPOSE_FILE), "config", "-q"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
