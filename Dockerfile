@@ -20,9 +20,9 @@ RUN apt-get update \
 WORKDIR /opt/binlake
 COPY . .
 # A checkout's own .venv and jars/lib were made for its host: rebuild both here.
+# psycopg2: the Airflow metadata database in docker-compose.yaml is PostgreSQL.
 RUN rm -rf .venv jars/lib .git \
  && PY=python3 bash scripts/setup.sh \
- # The Airflow metadata database in the compose file is PostgreSQL.
  && .venv/bin/pip install -q "psycopg2-binary>=2.9.10,<3"
 
 FROM base

@@ -132,7 +132,7 @@ def fsync_latency(directory: pathlib.Path, count: int = 300) -> float:
 
 
 def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: float) -> dict[str, float]:
-    procs = min(writers, 4)
+    procs = min(writers, int(os.environ.get("BENCH_CLIENT_PROCS", "1")))
     per = [writers // procs + (1 if i < writers % procs else 0) for i in range(procs)]
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()

@@ -25,6 +25,7 @@ import collections
 import concurrent.futures
 import itertools
 import logging
+import queue
 import random
 import threading
 import time
@@ -60,10 +61,16 @@ class _Item:
 
 
 class PumpConn:
-    """One Pump: a channel, and sender threads that coalesce queued binlogs."""
+    """One Pump: a channel and a long-lived write stream.
 
-    def __init__(self, node_id: str, addr: str, settings: ClientSettings, cluster_id: int = 0,
-                 senders: int = 2) -> None:
+    A sender thread takes everything writers queued, sends it as one batch on
+    the stream without waiting for earlier batches, and a receiver thread
+    matches answers (which come in order) to batches. When the stream breaks,
+    every batch in flight fails with Unavailable and the next send opens a new
+    stream.
+    """
+
+    def __init__(self, node_id: str, addr: str, settings: ClientSettings, cluster_id: int = 0) -> None:
         self.node_id = node_id
         self.addr = addr
         self.settings = settings
@@ -74,12 +81,10 @@ class PumpConn:
         self._queue: collections.deque[_Item] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._senders = [
-            threading.Thread(target=self._send_loop, name=f"pump-client-{node_id}-{i}", daemon=True)
-            for i in range(senders)
-        ]
-        for t in self._senders:
-            t.start()
+        self._stream: _Stream | None = None
+        self._batch_ids = itertools.count(1)
+        self._sender = threading.Thread(target=self._send_loop, name=f"pump-client-{node_id}", daemon=True)
+        self._sender.start()
 
     def send(self, payload: bytes) -> concurrent.futures.Future[None]:
         item = _Item(payload)
@@ -90,6 +95,18 @@ class PumpConn:
             self.inflight += 1
             self._cond.notify()
         return item.future
+
+    def write(self, payload: bytes) -> None:
+        """Send one binlog and wait for its durable acknowledgement."""
+        future = self.send(payload)
+        try:
+            future.result(timeout=self.settings.write_timeout_s)
+        except concurrent.futures.TimeoutError:
+            self.reset(f"no answer within {self.settings.write_timeout_s:g}s")
+            raise errors.DeadlineExceeded(
+                f"pump {self.node_id} ({self.addr}) did not acknowledge a write within "
+                f"{self.settings.write_timeout_s:g}s"
+            ) from None
 
     def _take(self) -> list[_Item] | None:
         with self._cond:
@@ -111,30 +128,25 @@ class PumpConn:
             batch = self._take()
             if batch is None:
                 return
-            try:
-                resp = self.stub.WriteBinlogs(
-                    pump_pb2.WriteBinlogsReq(cluster_id=self.cluster_id, payloads=[i.payload for i in batch]),
-                    timeout=self.settings.write_timeout_s,
-                )
-            except grpc.RpcError as exc:
-                err = rpc.from_rpc_error(exc, f"write to pump {self.node_id} ({self.addr})")
-                for item in batch:
-                    item.future.set_exception(err)
-            except Exception as exc:
-                for item in batch:
-                    item.future.set_exception(errors.Unavailable(f"write to pump {self.node_id}: {exc}"))
-            else:
-                for item, res in zip(batch, resp.results, strict=False):
-                    if res.code == 0 or res.code == _ALREADY_EXISTS:
-                        # ALREADY_EXISTS: a retry of something stored before - done.
-                        item.future.set_result(None)
-                    else:
-                        cls = _RESULT_ERRORS.get(res.code, errors.BinlakeError)
-                        item.future.set_exception(cls(f"pump {self.node_id}: {res.message}"))
-                for item in batch[len(resp.results):]:
-                    item.future.set_exception(errors.Unavailable(f"pump {self.node_id} answered too few results"))
+            req = pump_pb2.WriteBinlogsReq(
+                cluster_id=self.cluster_id, payloads=[i.payload for i in batch], batch_id=next(self._batch_ids)
+            )
             with self._cond:
-                self.inflight -= len(batch)
+                if self._stream is None or self._stream.broken:
+                    self._stream = _Stream(self)
+                self._stream.push(req.batch_id, batch, req)
+
+    def _done(self, n: int) -> None:
+        with self._cond:
+            self.inflight -= n
+
+    def reset(self, why: str) -> None:
+        """Drop the current stream (its batches fail with Unavailable)."""
+        with self._cond:
+            stream = self._stream
+            self._stream = None
+        if stream is not None:
+            stream.cancel(why)
 
     def probe(self, timeout_s: float = 2.0) -> None:
         try:
@@ -150,9 +162,87 @@ class PumpConn:
             self._cond.notify_all()
         for item in pending:
             item.future.set_exception(errors.Unavailable(f"client connection to pump {self.node_id} closed"))
-        for t in self._senders:
-            t.join(timeout=self.settings.write_timeout_s + 1)
+        self._sender.join(timeout=5)
+        self.reset("client closed")
         self.channel.close()
+
+
+class _Stream:
+    """One WriteBinlogStream call and the batches in flight on it."""
+
+    _END = object()
+
+    def __init__(self, conn: PumpConn) -> None:
+        self.conn = conn
+        self.broken = False
+        self._lock = threading.Lock()
+        self._inflight: collections.deque[tuple[int, list[_Item]]] = collections.deque()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = conn.stub.WriteBinlogStream(self._requests())
+        self._receiver = threading.Thread(target=self._receive, name=f"pump-client-{conn.node_id}-rx", daemon=True)
+        self._receiver.start()
+
+    def _requests(self):
+        while True:
+            req = self._outbox.get()
+            if req is self._END:
+                return
+            yield req
+
+    def push(self, batch_id: int, batch: list[_Item], req: pump_pb2.WriteBinlogsReq) -> None:
+        with self._lock:
+            if self.broken:
+                self._fail(batch, errors.Unavailable(f"write stream to pump {self.conn.node_id} broke"))
+                return
+            self._inflight.append((batch_id, batch))
+        self._outbox.put(req)
+
+    def _receive(self) -> None:
+        failure: errors.BinlakeError
+        try:
+            for resp in self._call:
+                with self._lock:
+                    batch_id, batch = self._inflight.popleft()
+                if resp.batch_id != batch_id:
+                    raise errors.Unavailable(f"pump answered batch {resp.batch_id}, expected {batch_id}")
+                self._resolve(batch, resp)
+            failure = errors.Unavailable(f"write stream to pump {self.conn.node_id} ended")
+        except grpc.RpcError as exc:
+            failure = rpc.from_rpc_error(exc, f"write to pump {self.conn.node_id} ({self.conn.addr})")
+            if not isinstance(failure, _RETRYABLE):
+                failure = errors.Unavailable(str(failure))
+        except errors.BinlakeError as exc:
+            failure = exc
+        except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
+            failure = errors.Unavailable(f"write stream to pump {self.conn.node_id} failed: {exc}")
+        with self._lock:
+            self.broken = True
+            stranded = list(self._inflight)
+            self._inflight.clear()
+        self._outbox.put(self._END)
+        for _bid, batch in stranded:
+            self._fail(batch, failure)
+
+    def _resolve(self, batch: list[_Item], resp: pump_pb2.WriteBinlogsResp) -> None:
+        for item, res in zip(batch, resp.results, strict=False):
+            if res.code == 0 or res.code == _ALREADY_EXISTS:
+                # ALREADY_EXISTS: a retry of something stored before - done.
+                item.future.set_result(None)
+            else:
+                cls = _RESULT_ERRORS.get(res.code, errors.BinlakeError)
+                item.future.set_exception(cls(f"pump {self.conn.node_id}: {res.message}"))
+        for item in batch[len(resp.results):]:
+            item.future.set_exception(errors.Unavailable(f"pump {self.conn.node_id} answered too few results"))
+        self.conn._done(len(batch))
+
+    def _fail(self, batch: list[_Item], exc: errors.BinlakeError) -> None:
+        for item in batch:
+            if not item.future.done():
+                item.future.set_exception(exc)
+        self.conn._done(len(batch))
+
+    def cancel(self, why: str) -> None:
+        self._call.cancel()
 
 
 class PumpClient:
@@ -305,7 +395,7 @@ class PumpClient:
                 )
             tried.add(node_id)
             try:
-                self._conn(node_id).send(payload).result()
+                self._conn(node_id).write(payload)
             except _RETRYABLE as exc:
                 self._record_failure(node_id, exc)
                 failures.append(str(exc))
@@ -323,7 +413,7 @@ class PumpClient:
         delay = 0.05
         while True:
             try:
-                self._conn(node_id).send(payload).result()
+                self._conn(node_id).write(payload)
             except (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted) as exc:
                 self._record_failure(node_id, exc)
                 if time.monotonic() + delay > deadline:

@@ -22,12 +22,14 @@ class WriteBinlogResp(_message.Message):
     def __init__(self, errmsg: _Optional[str] = ...) -> None: ...
 
 class WriteBinlogsReq(_message.Message):
-    __slots__ = ("cluster_id", "payloads")
+    __slots__ = ("cluster_id", "payloads", "batch_id")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     payloads: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, cluster_id: _Optional[int] = ..., payloads: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    batch_id: int
+    def __init__(self, cluster_id: _Optional[int] = ..., payloads: _Optional[_Iterable[bytes]] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class WriteResult(_message.Message):
     __slots__ = ("code", "message")
@@ -38,10 +40,12 @@ class WriteResult(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class WriteBinlogsResp(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "batch_id")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[WriteResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[WriteResult, _Mapping]]] = ...) -> None: ...
+    batch_id: int
+    def __init__(self, results: _Optional[_Iterable[_Union[WriteResult, _Mapping]]] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class PullBinlogsReq(_message.Message):
     __slots__ = ("start_ts", "end_ts", "wait", "wait_timeout_ms", "batch_max_txns", "batch_max_bytes")

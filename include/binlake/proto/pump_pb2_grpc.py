@@ -44,6 +44,11 @@ class PumpStub:
                 request_serializer=binlake_dot_proto_dot_pump__pb2.WriteBinlogsReq.SerializeToString,
                 response_deserializer=binlake_dot_proto_dot_pump__pb2.WriteBinlogsResp.FromString,
                 _registered_method=True)
+        self.WriteBinlogStream = channel.stream_stream(
+                '/binlake.pump.Pump/WriteBinlogStream',
+                request_serializer=binlake_dot_proto_dot_pump__pb2.WriteBinlogsReq.SerializeToString,
+                response_deserializer=binlake_dot_proto_dot_pump__pb2.WriteBinlogsResp.FromString,
+                _registered_method=True)
         self.PullBinlogs = channel.unary_stream(
                 '/binlake.pump.Pump/PullBinlogs',
                 request_serializer=binlake_dot_proto_dot_pump__pb2.PullBinlogsReq.SerializeToString,
@@ -74,6 +79,14 @@ class PumpServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteBinlogStream(self, request_iterator, context):
+        """The batched write on a long-lived stream: a client keeps many batches in
+        flight without a call each; responses come back in request order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PullBinlogs(self, request, context):
         """The complete transactions whose commit_ts lies in [start_ts, end_ts), in
         (commit_ts, start_ts) order, in batches.
@@ -99,6 +112,11 @@ def add_PumpServicer_to_server(servicer, server):
             ),
             'WriteBinlogs': grpc.unary_unary_rpc_method_handler(
                     servicer.WriteBinlogs,
+                    request_deserializer=binlake_dot_proto_dot_pump__pb2.WriteBinlogsReq.FromString,
+                    response_serializer=binlake_dot_proto_dot_pump__pb2.WriteBinlogsResp.SerializeToString,
+            ),
+            'WriteBinlogStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.WriteBinlogStream,
                     request_deserializer=binlake_dot_proto_dot_pump__pb2.WriteBinlogsReq.FromString,
                     response_serializer=binlake_dot_proto_dot_pump__pb2.WriteBinlogsResp.SerializeToString,
             ),
@@ -165,6 +183,33 @@ class Pump:
             request,
             target,
             '/binlake.pump.Pump/WriteBinlogs',
+            binlake_dot_proto_dot_pump__pb2.WriteBinlogsReq.SerializeToString,
+            binlake_dot_proto_dot_pump__pb2.WriteBinlogsResp.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteBinlogStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/binlake.pump.Pump/WriteBinlogStream',
             binlake_dot_proto_dot_pump__pb2.WriteBinlogsReq.SerializeToString,
             binlake_dot_proto_dot_pump__pb2.WriteBinlogsResp.FromString,
             options,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 
 import grpc
@@ -16,6 +18,16 @@ _TP_NAMES = {0: "prewrite", 1: "commit", 2: "rollback"}
 
 def _code_name(err: errors.BinlakeError | None) -> str:
     return "OK" if err is None else rpc.status_code(err).name
+
+
+def _response(results: list[errors.BinlakeError | None], batch_id: int) -> pump_pb2.WriteBinlogsResp:
+    out = pump_pb2.WriteBinlogsResp(batch_id=batch_id)
+    for err in results:
+        if err is None:
+            out.results.add()
+        else:
+            out.results.add(code=rpc.status_code(err).value[0], message=str(err))
+    return out
 
 
 class PumpServicer(pump_pb2_grpc.PumpServicer):
@@ -43,13 +55,47 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
         results = self.service.write(list(request.payloads), request.cluster_id)
         self.metrics.latency.observe(time.perf_counter() - started)
         self.metrics.requests.labels("WriteBinlogs", "OK").inc()
-        out = pump_pb2.WriteBinlogsResp()
-        for err in results:
-            if err is None:
-                out.results.add()
-            else:
-                out.results.add(code=rpc.status_code(err).value[0], message=str(err))
-        return out
+        return _response(results, request.batch_id)
+
+    def WriteBinlogStream(self, request_iterator, context: grpc.ServicerContext):  # noqa: N802
+        """Batches arrive on one stream; each is queued for group commit as soon as
+        it is read (a reader thread), and answered in order once durable."""
+        pending: queue.SimpleQueue = queue.SimpleQueue()
+
+        def read_requests() -> None:
+            try:
+                for req in request_iterator:
+                    started = time.perf_counter()
+                    try:
+                        write = self.service.write_async(list(req.payloads), req.cluster_id)
+                    except errors.BinlakeError as exc:
+                        pending.put(exc)
+                        return
+                    pending.put((req.batch_id, started, write))
+            except grpc.RpcError:
+                pass  # the client went away; answer what was queued
+            except Exception as exc:  # noqa: BLE001 - reported to the client below
+                pending.put(exc)
+            finally:
+                pending.put(None)
+
+        threading.Thread(target=read_requests, name="pump-stream-reader", daemon=True).start()
+        while True:
+            item = pending.get()
+            if item is None:
+                return
+            if isinstance(item, errors.BinlakeError):
+                context.abort(rpc.status_code(item), str(item))
+            if isinstance(item, Exception):
+                context.abort(grpc.StatusCode.INTERNAL, f"write stream failed: {item}")
+            batch_id, started, write = item
+            try:
+                results = write.result()
+            except errors.BinlakeError as exc:
+                context.abort(rpc.status_code(exc), str(exc))
+            self.metrics.latency.observe(time.perf_counter() - started)
+            self.metrics.requests.labels("WriteBinlogStream", "OK").inc()
+            yield _response(results, batch_id)
 
     @rpc.servicer_stream
     def PullBinlogs(self, request: pump_pb2.PullBinlogsReq, context: grpc.ServicerContext):

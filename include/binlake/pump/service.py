@@ -5,6 +5,7 @@ resolution, GC)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -20,6 +21,25 @@ from binlake.registry.model import NodeState
 log = logging.getLogger(__name__)
 
 _TYPES = {binlog_pb2.PREWRITE: "prewrite", binlog_pb2.COMMIT: "commit", binlog_pb2.ROLLBACK: "rollback"}
+
+
+class PendingWrite:
+    """A write queued for group commit; ``result()`` waits for its fsync."""
+
+    __slots__ = ("_results", "_slots", "_future")
+
+    def __init__(self, results: list[errors.BinlakeError | None], slots: list[int],
+                 future: concurrent.futures.Future[list[errors.BinlakeError | None]] | None) -> None:
+        self._results = results
+        self._slots = slots
+        self._future = future
+
+    def result(self, timeout: float | None = None) -> list[errors.BinlakeError | None]:
+        if self._future is not None:
+            for slot, res in zip(self._slots, self._future.result(timeout), strict=True):
+                self._results[slot] = res
+            self._future = None
+        return self._results
 
 
 class PumpService:
@@ -127,6 +147,10 @@ class PumpService:
 
     def write(self, payloads: list[bytes], cluster_id: int = 0) -> list[errors.BinlakeError | None]:
         """Store binlogs durably; one result per payload (None = stored)."""
+        return self.write_async(payloads, cluster_id).result()
+
+    def write_async(self, payloads: list[bytes], cluster_id: int = 0) -> PendingWrite:
+        """Check the binlogs and queue the good ones for the next group commit."""
         self._check_cluster(cluster_id)
         results: list[errors.BinlakeError | None] = [None] * len(payloads)
         entries: list[Entry] = []
@@ -153,11 +177,8 @@ class PumpService:
                 continue
             entries.append(entry)
             slots.append(i)
-        if entries:
-            stored = self.storage.write(entries)
-            for slot, res in zip(slots, stored, strict=True):
-                results[slot] = res
-        return results
+        future = self.storage.submit(entries) if entries else None
+        return PendingWrite(results, slots, future)
 
     def write_internal(self, binlog: binlog_pb2.Binlog) -> errors.BinlakeError | None:
         """A binlog the Pump writes itself (fake binlog, resolved outcome)."""

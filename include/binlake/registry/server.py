@@ -197,6 +197,7 @@ def run(settings: config.RegistrySettings) -> None:
     server = RegistryServer(settings).start()
     cluster_id = server.store.cluster_id()
     log.info("registry listening on %s (store %s, cluster id %d)", server.addr, server.store.describe(), cluster_id)
+    print(f"registry listening on {server.addr}", flush=True)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
