@@ -155,6 +155,18 @@ def wait_safe(addr: str, ts: int, timeout: float = 15.0) -> int:
     return wait_until(reached, timeout, what=f"safe ts of {addr} to reach {ts}")
 
 
+def refusal(fn: Callable[[], object]) -> tuple[grpc.StatusCode | None, str]:
+    """Run ``fn``, which must fail; return its status code and message. Takes a raw
+    grpc.RpcError or the domain error binlake's clients turn one into."""
+    try:
+        fn()
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    except errors.BinlakeError as exc:
+        return getattr(exc, "grpc_code", None), str(exc)
+    raise AssertionError(f"{fn} did not fail")
+
+
 def register_writer(reg: RegistryClient, addr: str, writer_id: str = WRITER_ID) -> NodeRecord:
     return reg.register(NodeRecord(node_id=writer_id, kind="writer", addr=addr))
 
@@ -188,27 +200,29 @@ class PumpFactory:
         self.nodes: list[PumpNode] = []
         self._n = 0
 
-    def settings(self, node_id: str | None = None, **overrides: Any) -> config.PumpSettings:
+    def settings(self, name: str | None = None, **overrides: Any) -> config.PumpSettings:
+        """Settings of Pump ``name``: data dir ``base/name``, node id ``name`` (override
+        ``node_id=None`` to let the data dir choose), loopback port 0."""
         self._n += 1
-        node_id = node_id or f"pump{self._n}"
+        name = name or f"pump{self._n}"
         values = {
             **PUMP_DEFAULTS,
             "registry": self.registry_addr,
-            "data_dir": self.base / node_id,
+            "data_dir": self.base / name,
             "addr": "127.0.0.1:0",
-            "node_id": node_id,
+            "node_id": name,
             **overrides,
         }
         return config.load(config.PumpSettings, **values)
 
-    def create(self, node_id: str | None = None, **overrides: Any) -> PumpNode:
+    def create(self, name: str | None = None, **overrides: Any) -> PumpNode:
         """A PumpNode that is built (storage open, port bound) but not started."""
-        node = PumpNode(self.settings(node_id, **overrides))
+        node = PumpNode(self.settings(name, **overrides))
         self.nodes.append(node)
         return node
 
-    def start(self, node_id: str | None = None, **overrides: Any) -> PumpNode:
-        return self.create(node_id, **overrides).start(register_timeout_s=10)
+    def start(self, name: str | None = None, **overrides: Any) -> PumpNode:
+        return self.create(name, **overrides).start(register_timeout_s=10)
 
     def stop_all(self) -> None:
         for node in reversed(self.nodes):

@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--writers", default="1,4,16", help="comma-separated writer counts (default 1,4,16)")
     b.add_argument("--sizes", default="1024,65536", help="comma-separated transaction sizes in bytes")
     b.add_argument("--dir", help="scratch directory on the disk to measure (default: a temp dir under bench/)")
+    b.add_argument("--client-procs", type=_positive_int, default=1,
+                   help="writer threads are spread over this many client processes (default 1)")
+    b.add_argument("--no-tso-per-txn", dest="tso_per_txn", action="store_false",
+                   help="skip the extra case that fetches two TSOs per transaction from the registry")
     return parser
 
 

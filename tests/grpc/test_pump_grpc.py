@@ -25,6 +25,7 @@ from pumpkit import (
     prewrite,
     pull,
     pump_stub,
+    refusal,
     row_start_ts,
     run_cli,
     status,
@@ -45,13 +46,7 @@ def pump(pump_factory: PumpFactory) -> PumpNode:
 def expect(fn: Callable[[], object], code: grpc.StatusCode, *words: str) -> str:
     """``fn`` fails with status ``code`` (a raw RpcError, or the domain error the
     reader turns it into) and a message naming every word in ``words``."""
-    with pytest.raises((grpc.RpcError, errors.BinlakeError)) as info:
-        fn()
-    err = info.value
-    if isinstance(err, grpc.RpcError):
-        got, message = err.code(), err.details()
-    else:
-        got, message = getattr(err, "grpc_code", None), str(err)
+    got, message = refusal(fn)
     assert got == code, message
     for word in words:
         assert word in message, (word, message)

@@ -110,7 +110,13 @@ class PumpConn:
 
     def _take(self) -> list[_Item] | None:
         with self._cond:
-            while not self._queue:
+            # Keep at most `max_inflight_batches` batches on the wire: while they
+            # are out, new binlogs pile up and leave together as one message, so
+            # batches grow with load instead of every binlog costing a message.
+            while not self._queue or (
+                self._stream is not None and not self._stream.broken
+                and self._stream.inflight_batches >= self.settings.max_inflight_batches
+            ):
                 if self._closed:
                     return None
                 self._cond.wait()
@@ -139,6 +145,7 @@ class PumpConn:
     def _done(self, n: int) -> None:
         with self._cond:
             self.inflight -= n
+            self._cond.notify_all()
 
     def reset(self, why: str) -> None:
         """Drop the current stream (its batches fail with Unavailable)."""
@@ -189,6 +196,10 @@ class _Stream:
                 return
             yield req
 
+    @property
+    def inflight_batches(self) -> int:
+        return len(self._inflight)
+
     def push(self, batch_id: int, batch: list[_Item], req: pump_pb2.WriteBinlogsReq) -> None:
         with self._lock:
             if self.broken:
@@ -222,6 +233,8 @@ class _Stream:
         self._outbox.put(self._END)
         for _bid, batch in stranded:
             self._fail(batch, failure)
+        with self.conn._cond:
+            self.conn._cond.notify_all()
 
     def _resolve(self, batch: list[_Item], resp: pump_pb2.WriteBinlogsResp) -> None:
         for item, res in zip(batch, resp.results, strict=False):
