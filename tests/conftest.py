@@ -10,10 +10,11 @@ import pathlib
 from collections.abc import Iterator
 
 import pytest
+from pumpkit import Processes, PumpFactory, Upstream, register_writer, start_registry
+
 from binlake.registry.client import RegistryClient
 from binlake.registry.server import RegistryServer
 from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
-from pumpkit import Processes, PumpFactory, Upstream, register_writer, start_registry
 
 
 @pytest.fixture

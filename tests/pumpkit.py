@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
+
 from binlake import config, errors, tso
 from binlake.client.reader import pull_pump
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc

@@ -5,22 +5,18 @@ reads and their refusals, Status, metrics, and `binlake ctl` errors."""
 from __future__ import annotations
 
 import json
+import pathlib
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
 
 import grpc
 import pytest
-from binlake import errors, tso
-from binlake.proto import binlog_pb2, pump_pb2
-from binlake.pump.node import PumpNode
-from binlake.pump.service import PumpService
-from binlake.pump.storage import Storage
-from binlake.registry.client import RegistryClient
-from binlake.registry.server import RegistryServer
 from pumpkit import (
     PumpFactory,
     commit,
+    free_port,
     now_ts,
     prewrite,
     pull,
@@ -28,10 +24,21 @@ from pumpkit import (
     refusal,
     row_start_ts,
     run_cli,
+    start_registry,
     status,
+    try_status,
     wait_safe,
+    wait_until,
     write_one,
 )
+
+from binlake import errors, tso
+from binlake.proto import binlog_pb2, pump_pb2
+from binlake.pump.node import PumpNode
+from binlake.pump.service import PumpService
+from binlake.pump.storage import Storage
+from binlake.registry.client import RegistryClient
+from binlake.registry.server import RegistryServer
 
 MAX_BINLOG = 4096
 
@@ -407,3 +414,37 @@ def test_ctl_pumps_json_and_dump(registry: RegistryServer, pump: PumpNode, reg: 
     res = run_cli("ctl", "dump", "--registry", registry.addr, "--start-ts", str(start),
                   "--end-ts", str(now_ts(3_600_000)))
     assert res.returncode == 2 and "safe ts" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_pump_takes_writes_only_once_registered(tmp_path: pathlib.Path) -> None:
+    """A pump whose registry is not up yet serves Status but refuses prewrites
+    (UNAVAILABLE, retry shortly); once the registry appears it registers and accepts them."""
+    reg_addr = f"127.0.0.1:{free_port()}"
+    factory = PumpFactory(reg_addr, tmp_path / "pumps")
+    node = factory.create("early")
+    started: list[object] = []
+    thread = threading.Thread(target=lambda: started.append(node.start(register_timeout_s=30)))
+    thread.start()
+    registry: RegistryServer | None = None
+    try:
+        st = wait_until(lambda: try_status(node.addr), timeout=10, what="the pump to listen")
+        assert st.accepting_writes is False and st.node_id == "early"
+        code, message = refusal(lambda: write_one(node.addr, prewrite(now_ts())))
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert "not registered yet" in message and "retry shortly" in message
+        registry = start_registry(tmp_path / "registry", addr=reg_addr)
+        thread.join(timeout=20)
+        assert started == [node]
+        with RegistryClient(reg_addr) as reg:
+            rec = reg.get_node("early")
+            assert rec.state.value == "online" and rec.online_ts > 0
+            start = reg.get_ts()
+            assert start > rec.online_ts  # anything it takes commits after it came online
+            write_one(node.addr, prewrite(start))
+            write_one(node.addr, commit(start, reg.get_ts()))
+        assert status(node.addr).accepting_writes
+    finally:
+        thread.join(timeout=30)
+        factory.stop_all()
+        if registry is not None:
+            registry.stop(grace=0.5)

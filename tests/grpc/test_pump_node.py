@@ -7,11 +7,6 @@ import time
 
 import grpc
 import pytest
-from binlake import errors
-from binlake.pump.node import PumpNode
-from binlake.registry.client import RegistryClient
-from binlake.registry.model import NodeState
-from binlake.registry.server import RegistryServer
 from pumpkit import (
     PumpFactory,
     Upstream,
@@ -27,6 +22,12 @@ from pumpkit import (
     wait_until,
     write_one,
 )
+
+from binlake import errors
+from binlake.pump.node import PumpNode
+from binlake.registry.client import RegistryClient
+from binlake.registry.model import NodeState
+from binlake.registry.server import RegistryServer
 
 
 def test_fake_binlogs_advance_safe_ts_while_idle(pump_factory: PumpFactory) -> None:
@@ -104,8 +105,9 @@ def test_missing_commit_running_keeps_waiting(
     wait_until(lambda: status(node.addr).pending_txns == 1, timeout=10, what="resolution")
     assert status(node.addr).safe_ts == ghost
     # The ghost writer registers late and answers: then everything moves on.
-    from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
     from pumpkit import register_writer
+
+    from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 
     ghost_provider = MemoryStatusProvider()
     ghost_server = TxnStatusServer(ghost_provider).start()
@@ -210,9 +212,13 @@ def test_restart_on_same_data_dir(pump_factory: PumpFactory, reg: RegistryClient
     got = [(b.start_ts, b.commit_ts) for b in pull(again.addr, start, commit2 + 1)]
     assert got == [(start, commit_ts), (pending, commit2)]
     again.stop()
-    # A different node id on this data dir is refused.
+    # A different node id on this data dir is refused...
     with pytest.raises(errors.FailedPrecondition, match="belongs to pump 'p1'"):
         PumpNode(pump_factory.settings("p1", node_id="someone-else"))
+    # ...and the refusal leaves the data dir free for the right one.
+    third = pump_factory.start("p1")
+    assert status(third.addr).pending_txns == 0
+    assert len(pull(third.addr, start, commit2 + 1)) == 2
 
 
 def test_two_pumps_on_one_data_dir(pump_factory: PumpFactory) -> None:

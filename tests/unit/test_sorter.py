@@ -22,11 +22,11 @@ def test_safe_ts_is_min_of_bound_and_oldest_pending() -> None:
     assert s.safe_ts == 100  # the bound is lower than the pending start
     s.fake(150)
     assert s.safe_ts == 120  # now the pending prewrite holds it
-    s.prewrite(130)
+    s.prewrite(130)  # arrives when the bound is 150: it will commit above 150
     assert s.safe_ts == 120
     s.commit(120, 160)
     assert (s.bound, s.max_commit_ts) == (160, 160)
-    assert s.safe_ts == 130  # next oldest pending
+    assert s.safe_ts == 150  # next pending: its floor is the bound it arrived under
     s.rollback(130)
     assert s.safe_ts == 160  # nothing pending: the bound
     s.fake(140)  # an older fake binlog never moves the bound back
@@ -40,8 +40,21 @@ def test_safe_ts_is_min_of_bound_and_oldest_pending() -> None:
 def test_initial_bound() -> None:
     s = SafeTs(bound=42)
     assert s.safe_ts == 42
-    s.prewrite(10)
+    s.prewrite(10, recovered=True)  # found at start-up: only its start_ts is known
     assert s.safe_ts == 10
+
+
+def test_late_prewrite_never_moves_the_safe_ts_back() -> None:
+    s = SafeTs()
+    s.fake(1000)
+    assert s.safe_ts == 1000
+    # A prewrite with an old start_ts arriving now commits above 1000.
+    s.prewrite(10)
+    assert s.safe_ts == 1000
+    s.fake(2000)
+    assert s.safe_ts == 1000  # it still holds the safe ts at its floor
+    s.commit(10, 1500)
+    assert s.safe_ts == 2000
 
 
 def test_pending_lazy_deletion() -> None:
@@ -58,7 +71,7 @@ def test_pending_lazy_deletion() -> None:
     # Removing the top pops it and every already-removed entry under it.
     p.remove(10)
     assert p.oldest() == 30
-    assert sorted(p._heap) == [30, 40]
+    assert sorted(start for _floor, start in p._heap) == [30, 40]
     # Removing something unknown is harmless.
     p.remove(999)
     assert len(p) == 2 and p.oldest() == 30

@@ -7,6 +7,7 @@ import pathlib
 import zlib
 
 import pytest
+
 from binlake import errors
 from binlake.pump.vlog import HEADER, MAGIC, CorruptLog, Pointer, ValueLog, encode_record
 
@@ -217,6 +218,42 @@ def test_remove_below_never_removes_active_segment(vdir: pathlib.Path) -> None:
     (p,) = log.append([b"still appending"])
     log.sync()
     assert p.segment == 3 and log.read(p) == b"still appending"
+    log.close()
+
+
+def test_roll_makes_old_segment_durable_before_the_next_exists(
+    vdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torn record may only ever sit in the newest segment (anything else is
+    reported as damage), so the old segment is fsynced before the new one is
+    created. The real calls run; they are only recorded, in order."""
+    import binlake.pump.vlog as vlog_mod
+
+    log = ValueLog(vdir, segment_bytes=SEG)
+    events: list[tuple[str, object]] = []
+    fd_paths: dict[int, str] = {}
+    real_open, real_fdatasync = os.open, os.fdatasync
+
+    def spy_open(path, flags, *args):
+        fd = real_open(path, flags, *args)
+        fd_paths[fd] = pathlib.Path(path).name
+        events.append(("open", pathlib.Path(path).name))
+        return fd
+
+    def spy_fdatasync(fd):
+        events.append(("fdatasync", fd_paths.get(fd, fd)))
+        return real_fdatasync(fd)
+
+    fd_paths[log._fd] = "000000000001.vlog"
+    monkeypatch.setattr(vlog_mod.os, "open", spy_open)
+    monkeypatch.setattr(vlog_mod.os, "fdatasync", spy_fdatasync)
+    ptrs = log.append([payload(i) for i in range(6)])  # crosses into segment 2 in one batch
+    assert [p.segment for p in ptrs] == [1, 1, 1, 1, 2, 2]
+    assert events.index(("fdatasync", "000000000001.vlog")) < events.index(("open", "000000000002.vlog"))
+    assert log.sync() == 2  # the rolled-over segment's fsync is counted too
+    assert events[-1] == ("fdatasync", "000000000002.vlog")
+    monkeypatch.undo()
+    assert [log.read(p) for p in ptrs] == [payload(i) for i in range(6)]
     log.close()
 
 

@@ -224,7 +224,7 @@ class _Stream:
                 failure = errors.Unavailable(str(failure))
         except errors.BinlakeError as exc:
             failure = exc
-        except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
+        except Exception as exc:
             failure = errors.Unavailable(f"write stream to pump {self.conn.node_id} failed: {exc}")
         with self._lock:
             self.broken = True

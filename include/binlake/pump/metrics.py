@@ -46,9 +46,8 @@ class PumpMetrics:
         self.requests = Counter(
             "binlake_pump_write_requests", "Write RPCs by outcome.", ["method", "code"], registry=self.registry
         )
-        self.binlogs = Counter(
-            "binlake_pump_write_binlogs", "Binlogs received by type and outcome.", ["tp", "code"],
-            registry=self.registry,
+        self.refusals = Counter(
+            "binlake_pump_write_refusals", "Binlogs refused, by status code.", ["code"], registry=self.registry,
         )
         self.latency = Histogram(
             "binlake_pump_write_latency_seconds", "Write RPC latency (receipt to durable ack).",

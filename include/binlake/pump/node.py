@@ -46,36 +46,46 @@ class PumpNode:
         self.data_dir = pathlib.Path(settings.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._lock_data_dir()
-        self.storage = Storage(
-            self.data_dir, segment_bytes=settings.segment_bytes, fsync=settings.fsync,
-            max_group_bytes=settings.max_group_bytes,
-        )
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._last_bound = (self.storage.sorter.bound, time.monotonic())
-        self._last_written = (self.storage.stats.binlogs, time.monotonic(), 0.0)
-        self._registry: RegistryClient | None = None
-        self._resolve_warned: set[int] = set()
-        self.metrics_addr = ""
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=settings.grpc_workers, thread_name_prefix="pump-rpc"),
-            options=rpc.message_options(settings.max_binlog_bytes),
-        )
-        host = settings.addr.rpartition(":")[0]
-        port = self._server.add_insecure_port(settings.addr)
-        if port == 0:
-            self.storage.close()
-            raise errors.Unavailable(f"pump cannot listen on {settings.addr} (address in use?)")
-        self.addr = f"{host}:{port}"
-        self.advertise_addr = settings.advertise_addr or self.addr
-        self.node_id = self._node_id(port)
-        self.service = PumpService(
-            self.storage, node_id=self.node_id, max_binlog_bytes=settings.max_binlog_bytes,
-            stop_write_at_free_bytes=settings.stop_write_at_free_bytes,
-            read_batch_txns=settings.read_batch_txns, read_batch_bytes=settings.read_batch_bytes,
-        )
-        self.metrics = PumpMetrics(self._snapshot)
-        pump_pb2_grpc.add_PumpServicer_to_server(PumpServicer(self.service, self.metrics), self._server)
+        # A refused start (node id, port, storage) must not keep the data dir locked,
+        # the storage open or the port bound: release whatever was taken, then re-raise.
+        try:
+            self.storage = Storage(
+                self.data_dir, segment_bytes=settings.segment_bytes, fsync=settings.fsync,
+                max_group_bytes=settings.max_group_bytes,
+            )
+            self._stop = threading.Event()
+            self._threads: list[threading.Thread] = []
+            self._last_bound = (self.storage.sorter.bound, time.monotonic())
+            self._last_written = (self.storage.stats.binlogs, time.monotonic(), 0.0)
+            self._registry: RegistryClient | None = None
+            self._resolve_warned: set[int] = set()
+            self.metrics_addr = ""
+            self._server = grpc.server(
+                futures.ThreadPoolExecutor(max_workers=settings.grpc_workers, thread_name_prefix="pump-rpc"),
+                options=rpc.message_options(settings.max_binlog_bytes),
+            )
+            host = settings.addr.rpartition(":")[0]
+            port = self._server.add_insecure_port(settings.addr)
+            if port == 0:
+                self.storage.close()
+                raise errors.Unavailable(f"pump cannot listen on {settings.addr} (address in use?)")
+            self.addr = f"{host}:{port}"
+            self.advertise_addr = settings.advertise_addr or self.addr
+            self.node_id = self._node_id(port)
+            self.service = PumpService(
+                self.storage, node_id=self.node_id, max_binlog_bytes=settings.max_binlog_bytes,
+                stop_write_at_free_bytes=settings.stop_write_at_free_bytes,
+                read_batch_txns=settings.read_batch_txns, read_batch_bytes=settings.read_batch_bytes,
+            )
+            self.metrics = PumpMetrics(self._snapshot)
+            pump_pb2_grpc.add_PumpServicer_to_server(PumpServicer(self.service, self.metrics), self._server)
+        except BaseException:
+            if getattr(self, "_server", None) is not None:
+                self._server.stop(None)
+            if getattr(self, "storage", None) is not None:
+                self.storage.close()
+            os.close(self._lock_fd)
+            raise
 
     # ------------------------------------------------------------------ identity
     def _lock_data_dir(self) -> int:
@@ -115,7 +125,11 @@ class PumpNode:
             self.metrics_addr = self.metrics.serve(self.settings.metrics_addr)
             log.info("pump %s metrics on http://%s/metrics", self.node_id, self.metrics_addr)
         self._registry = RegistryClient(self.settings.registry)
-        self._register(register_timeout_s)
+        try:
+            self._register(register_timeout_s)
+        except BaseException:
+            self.stop(grace=0, report_paused=False)
+            raise
         # First fake binlog right away so the safe ts is known without waiting.
         self._fake_binlog()
         for name, fn, every in (

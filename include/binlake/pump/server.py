@@ -13,8 +13,6 @@ from binlake.proto import pump_pb2, pump_pb2_grpc
 from binlake.pump.metrics import PumpMetrics
 from binlake.pump.service import PumpService
 
-_TP_NAMES = {0: "prewrite", 1: "commit", 2: "rollback"}
-
 
 def _code_name(err: errors.BinlakeError | None) -> str:
     return "OK" if err is None else rpc.status_code(err).name
@@ -34,6 +32,11 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
     def __init__(self, service: PumpService, metrics: PumpMetrics) -> None:
         self.service = service
         self.metrics = metrics
+
+    def _count_refusals(self, results: list[errors.BinlakeError | None]) -> None:
+        for err in results:
+            if err is not None:
+                self.metrics.refusals.labels(_code_name(err)).inc()
 
     @rpc.servicer_method
     def WriteBinlog(self, request: pump_pb2.WriteBinlogReq, context: grpc.ServicerContext):
@@ -55,9 +58,10 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
         results = self.service.write(list(request.payloads), request.cluster_id)
         self.metrics.latency.observe(time.perf_counter() - started)
         self.metrics.requests.labels("WriteBinlogs", "OK").inc()
+        self._count_refusals(results)
         return _response(results, request.batch_id)
 
-    def WriteBinlogStream(self, request_iterator, context: grpc.ServicerContext):  # noqa: N802
+    def WriteBinlogStream(self, request_iterator, context: grpc.ServicerContext):
         """Batches arrive on one stream; each is queued for group commit as soon as
         it is read (a reader thread), and answered in order once durable."""
         pending: queue.SimpleQueue = queue.SimpleQueue()
@@ -74,14 +78,21 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
                     pending.put((req.batch_id, started, write))
             except grpc.RpcError:
                 pass  # the client went away; answer what was queued
-            except Exception as exc:  # noqa: BLE001 - reported to the client below
+            except Exception as exc:
                 pending.put(exc)
             finally:
                 pending.put(None)
 
         threading.Thread(target=read_requests, name="pump-stream-reader", daemon=True).start()
         while True:
-            item = pending.get()
+            try:
+                item = pending.get(timeout=0.2)
+            except queue.Empty:
+                if self.service.closing:
+                    # Shutting down: end idle streams so a graceful stop need
+                    # not wait out its grace period; clients reconnect elsewhere.
+                    context.abort(grpc.StatusCode.UNAVAILABLE, f"pump {self.service.node_id} is shutting down")
+                continue
             if item is None:
                 return
             if isinstance(item, errors.BinlakeError):
@@ -95,6 +106,7 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
                 context.abort(rpc.status_code(exc), str(exc))
             self.metrics.latency.observe(time.perf_counter() - started)
             self.metrics.requests.labels("WriteBinlogStream", "OK").inc()
+            self._count_refusals(results)
             yield _response(results, batch_id)
 
     @rpc.servicer_stream

@@ -11,8 +11,14 @@ commit_ts < S is stored, complete. Two facts give it:
   commit is not has commit_ts > start_ts, so the window below its start_ts is
   unaffected, and the window above it must wait.
 
-So ``safe_ts = min(bound, oldest pending start_ts)``. This module is pure
-bookkeeping (no I/O), driven by the storage's writer thread.
+So ``safe_ts = min(bound, oldest pending floor)``, where a pending
+transaction's *floor* is ``max(start_ts, bound when its prewrite was stored)``:
+its writer fetches commit_ts after the prewrite's acknowledgement, so the
+commit lands above every ts the Pump had seen by then. The floor keeps the safe
+ts from moving backwards when a prewrite with an old start_ts arrives late.
+After a restart the bound at arrival is unknown and the floor is start_ts
+(conservative). This module is pure bookkeeping (no I/O), driven by the
+storage's writer thread.
 """
 
 from __future__ import annotations
@@ -31,11 +37,12 @@ class Pending:
     def __init__(self) -> None:
         # start_ts -> (arrival monotonic time, where the prewrite is stored)
         self._info: dict[int, tuple[float, Any]] = {}
-        self._heap: list[int] = []
+        # (floor, start_ts); see the module docstring for the floor.
+        self._heap: list[tuple[int, int]] = []
 
-    def add(self, start_ts: int, location: Any, arrived: float) -> None:
+    def add(self, start_ts: int, location: Any, arrived: float, floor: int = 0) -> None:
         self._info[start_ts] = (arrived, location)
-        heapq.heappush(self._heap, start_ts)
+        heapq.heappush(self._heap, (max(start_ts, floor), start_ts))
 
     def location(self, start_ts: int) -> Any:
         info = self._info.get(start_ts)
@@ -44,7 +51,7 @@ class Pending:
     def remove(self, start_ts: int) -> None:
         self._info.pop(start_ts, None)
         # Lazy deletion: drop finished entries only when they reach the top.
-        while self._heap and self._heap[0] not in self._info:
+        while self._heap and self._heap[0][1] not in self._info:
             heapq.heappop(self._heap)
 
     def __contains__(self, start_ts: int) -> bool:
@@ -54,7 +61,8 @@ class Pending:
         return len(self._info)
 
     def oldest(self) -> int | None:
-        return self._heap[0] if self._heap else None
+        """The lowest floor among pending transactions (None when none is pending)."""
+        return self._heap[0][0] if self._heap else None
 
     def older_than(self, age_s: float, now: float) -> list[tuple[int, Any]]:
         """(start_ts, location) of transactions waiting longer than ``age_s``."""
@@ -70,8 +78,9 @@ class SafeTs:
         self.pending = Pending()
         self._clock = clock
 
-    def prewrite(self, start_ts: int, location: Any = None) -> None:
-        self.pending.add(start_ts, location, self._clock())
+    def prewrite(self, start_ts: int, location: Any = None, *, recovered: bool = False) -> None:
+        # A prewrite found in the index at start-up: when it arrived is unknown.
+        self.pending.add(start_ts, location, self._clock(), floor=0 if recovered else self.bound)
 
     def commit(self, start_ts: int, commit_ts: int) -> None:
         self.pending.remove(start_ts)

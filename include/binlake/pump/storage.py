@@ -126,7 +126,7 @@ class Storage:
     def _recover(self) -> None:
         self._head: tuple[int, int] | None = None
         for start_ts, ptr in self.index.pending():
-            self.sorter.prewrite(start_ts, ptr)
+            self.sorter.prewrite(start_ts, ptr, recovered=True)
         head = self.index.head() or (self.vlog.segments()[0] if self.vlog.segments() else 1, 0)
         replayed = 0
         wb = self.index.db.write_batch()

@@ -78,8 +78,8 @@ class ValueLog:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self._offset = os.fstat(self._fd).st_size
         self._dirty: set[int] = set()
-        # Rolled-over segment fds still owed an fsync; closed by the next sync().
-        self._closing: list[int] = []
+        # fsyncs of rolled-over segments, reported by the next sync().
+        self._roll_fsyncs = 0
         if not segs:
             self._sync_dir()
 
@@ -135,28 +135,30 @@ class ValueLog:
         self._dirty.add(self._fd)
 
     def _roll(self) -> None:
-        # The old segment is synced with the batch (it stays in _dirty until sync).
+        # The old segment is made durable before a newer segment exists: recovery
+        # treats a bad record in any segment but the newest as damage (CorruptLog),
+        # so a power loss must never leave a torn record in a segment that has a
+        # successor on disk.
         old_fd = self._fd
+        if self.fsync and old_fd in self._dirty:
+            os.fdatasync(old_fd)
+            self._roll_fsyncs += 1
+        self._dirty.discard(old_fd)
+        os.close(old_fd)
         self._segment += 1
         self._fd = os.open(self._path(self._segment), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self._offset = 0
         self._sync_dir()
-        if old_fd in self._dirty:
-            self._closing.append(old_fd)
-        else:
-            os.close(old_fd)
 
     def sync(self) -> int:
-        """Make every appended record durable. Returns the number of fsyncs issued."""
-        n = 0
+        """Make every appended record durable. Returns the number of fsyncs issued
+        (counting those of segments rolled over since the last sync)."""
+        n, self._roll_fsyncs = self._roll_fsyncs, 0
         if self.fsync:
             for fd in list(self._dirty):
                 os.fdatasync(fd)
                 n += 1
         self._dirty.clear()
-        for fd in self._closing:
-            os.close(fd)
-        self._closing.clear()
         return n
 
     def _sync_dir(self) -> None:

@@ -1,0 +1,217 @@
+"""SQL for the upstream databases binlake writes through: SQLite, PostgreSQL,
+MySQL/MariaDB. Column types per dialect, a SQLAlchemy ``Table`` for a
+``TableInfo``, and the text of each DDL statement.
+
+Type choices keep every value the codec accepts: SQLite stores decimals and
+unsigned 64-bit integers as text (its numbers are 64-bit signed or doubles),
+PostgreSQL stores uint as NUMERIC(20,0), MySQL key strings as VARCHAR(n).
+"""
+
+from __future__ import annotations
+
+import decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql
+from sqlalchemy.engine import Engine
+
+from binlake import errors
+from binlake.proto import binlog_pb2
+from binlake.source.schema import ColumnDef, column_def
+
+
+class _DecimalText(sa.types.TypeDecorator):
+    """Exact decimals in SQLite (stored as text)."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else str(decimal.Decimal(value))
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else decimal.Decimal(value)
+
+
+class _UintText(sa.types.TypeDecorator):
+    """Unsigned 64-bit integers in SQLite (stored as text: SQLite integers are signed)."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else str(int(value))
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else int(value)
+
+
+class _UintNumeric(sa.types.TypeDecorator):
+    """Unsigned 64-bit integers in PostgreSQL (NUMERIC(20,0))."""
+
+    impl = sa.Numeric(20, 0)
+    cache_ok = True
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else int(value)
+
+
+class _JsonText(sa.types.TypeDecorator):
+    """JSON kept as canonical text where the driver hands back text (SQLite, MariaDB)."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+
+def sa_type(col: ColumnDef, dialect: str, keyed: bool = False) -> sa.types.TypeEngine:
+    t = col.type
+    if t == "int":
+        return sa.BigInteger()
+    if t == "uint":
+        if dialect == "mysql":
+            return mysql.BIGINT(unsigned=True)
+        if dialect == "postgresql":
+            return _UintNumeric()
+        return _UintText()
+    if t == "bool":
+        return sa.Boolean(create_constraint=False)
+    if t == "float":
+        return sa.Double() if dialect != "postgresql" else postgresql.DOUBLE_PRECISION()
+    if t == "decimal":
+        if dialect == "sqlite":
+            return _DecimalText()
+        return sa.Numeric(col.precision, col.scale, asdecimal=True)
+    if t == "string":
+        if dialect == "mysql":
+            if col.length:
+                return sa.String(col.length, collation="utf8mb4_bin")
+            return mysql.LONGTEXT(collation="utf8mb4_bin")
+        return sa.String(col.length) if col.length else sa.Text()
+    if t == "bytes":
+        if dialect == "mysql":
+            return mysql.VARBINARY(col.length) if col.length else mysql.LONGBLOB()
+        return sa.LargeBinary()
+    if t == "date":
+        return sa.Date()
+    if t == "datetime":
+        if dialect == "mysql":
+            return mysql.DATETIME(fsp=6)
+        if dialect == "postgresql":
+            return postgresql.TIMESTAMP(precision=6)
+        return sa.DateTime()
+    if t == "time":
+        if dialect == "mysql":
+            return mysql.TIME(fsp=6)
+        if dialect == "postgresql":
+            return postgresql.TIME(precision=6)
+        return sa.Time()
+    if t == "json":
+        if dialect == "postgresql":
+            return postgresql.JSONB()
+        return sa.JSON()
+    raise errors.InvalidArgument(f"column {col.name}: unknown type {t}")
+
+
+def sa_table(info: binlog_pb2.TableInfo, dialect: str, metadata: sa.MetaData | None = None) -> sa.Table:
+    """A SQLAlchemy Table for ``info`` (for DML and CREATE TABLE)."""
+    md = metadata or sa.MetaData()
+    pk = set(info.primary_key)
+    cols = []
+    for ci in info.columns:
+        cd = column_def(ci)
+        cols.append(sa.Column(ci.name, sa_type(cd, dialect), primary_key=ci.id in pk,
+                              nullable=ci.nullable, autoincrement=False))
+    kwargs: dict[str, Any] = {}
+    if dialect == "mysql":
+        kwargs = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+    # Unique keys are created as separate unique indexes (see create_table_sql):
+    # that is the one form every dialect can later drop by name.
+    return sa.Table(info.name, md, *cols, **kwargs)
+
+
+def _q(engine: Engine, name: str) -> str:
+    return engine.dialect.identifier_preparer.quote(name)
+
+
+def create_table_sql(engine: Engine, info: binlog_pb2.TableInfo) -> list[str]:
+    from sqlalchemy.schema import CreateTable
+
+    stmts = [str(CreateTable(sa_table(info, engine.dialect.name)).compile(dialect=engine.dialect)).strip()]
+    by_id = {c.id: c.name for c in info.columns}
+    for k in info.unique_keys:
+        stmts += add_unique_key_sql(engine, info.name, k.name, [by_id[i] for i in k.column_ids])
+    return stmts
+
+
+def _type_sql(engine: Engine, col: ColumnDef) -> str:
+    return sa_type(col, engine.dialect.name).compile(dialect=engine.dialect)
+
+
+def add_column_sql(engine: Engine, table: str, col: ColumnDef) -> list[str]:
+    return [f"ALTER TABLE {_q(engine, table)} ADD COLUMN {_q(engine, col.name)} {_type_sql(engine, col)} NULL"]
+
+
+def drop_column_sql(engine: Engine, table: str, col: str) -> list[str]:
+    return [f"ALTER TABLE {_q(engine, table)} DROP COLUMN {_q(engine, col)}"]
+
+
+def rename_column_sql(engine: Engine, table: str, old: str, new: str) -> list[str]:
+    return [f"ALTER TABLE {_q(engine, table)} RENAME COLUMN {_q(engine, old)} TO {_q(engine, new)}"]
+
+
+def change_column_type_sql(engine: Engine, table: str, col: ColumnDef) -> list[str]:
+    d = engine.dialect.name
+    t, c = _q(engine, table), _q(engine, col.name)
+    ty = _type_sql(engine, col)
+    if d == "postgresql":
+        using = f"{c}::text::{ty}" if col.type == "string" else f"{c}::{ty}"
+        if col.type == "string":
+            using = f"{c}::text"
+        stmts = [f"ALTER TABLE {t} ALTER COLUMN {c} TYPE {ty} USING {using}"]
+        stmts.append(f"ALTER TABLE {t} ALTER COLUMN {c} {'DROP' if col.nullable else 'SET'} NOT NULL")
+        return stmts
+    if d == "mysql":
+        return [f"ALTER TABLE {t} MODIFY COLUMN {c} {ty} {'NULL' if col.nullable else 'NOT NULL'}"]
+    # SQLite keeps any value in any column; the declared type only guides
+    # conversion, which binlake does from the table definition. Rewrite the
+    # stored values so they read back as the new type.
+    if col.type == "string":
+        return [f"UPDATE {t} SET {c} = CAST({c} AS TEXT) WHERE {c} IS NOT NULL"]
+    if col.type in ("float",):
+        return [f"UPDATE {t} SET {c} = CAST({c} AS REAL) WHERE {c} IS NOT NULL"]
+    if col.type == "decimal":
+        return [f"UPDATE {t} SET {c} = CAST({c} AS TEXT) WHERE {c} IS NOT NULL"]
+    if col.type == "datetime":
+        return [f"UPDATE {t} SET {c} = {c} || ' 00:00:00.000000' WHERE {c} IS NOT NULL AND length({c}) = 10"]
+    return [f"UPDATE {t} SET {c} = {c} WHERE 0"]
+
+
+def add_unique_key_sql(engine: Engine, table: str, name: str, cols: list[str]) -> list[str]:
+    collist = ", ".join(_q(engine, c) for c in cols)
+    return [f"CREATE UNIQUE INDEX {_q(engine, name)} ON {_q(engine, table)} ({collist})"]
+
+
+def drop_unique_key_sql(engine: Engine, table: str, name: str) -> list[str]:
+    if engine.dialect.name == "mysql":
+        return [f"DROP INDEX {_q(engine, name)} ON {_q(engine, table)}"]
+    return [f"DROP INDEX {_q(engine, name)}"]
+
+
+def rename_table_sql(engine: Engine, old: str, new: str) -> list[str]:
+    return [f"ALTER TABLE {_q(engine, old)} RENAME TO {_q(engine, new)}"]
+
+
+def truncate_table_sql(engine: Engine, table: str) -> list[str]:
+    if engine.dialect.name == "sqlite":
+        return [f"DELETE FROM {_q(engine, table)}"]
+    return [f"TRUNCATE TABLE {_q(engine, table)}"]
+
+
+def drop_table_sql(engine: Engine, table: str) -> list[str]:
+    return [f"DROP TABLE {_q(engine, table)}"]
+
+
+def transactional_ddl(engine: Engine) -> bool:
+    """PostgreSQL and SQLite run DDL inside a transaction; MySQL/MariaDB commit it at once."""
+    return engine.dialect.name in ("postgresql", "sqlite")
