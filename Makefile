@@ -27,6 +27,7 @@ proto-check: setup
 
 bench: setup
 	$(BIN)/binlake bench pump
+	$(BIN)/binlake bench writer
 
 lint: setup
 	$(BIN)/ruff check include tests dags plugins jobs scripts bench

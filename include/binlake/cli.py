@@ -41,6 +41,33 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _int_arg(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
 def _ts_arg(text: str) -> int:
     try:
         value = int(text)
@@ -162,6 +189,77 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--pump", help="read only this Pump")
     c.add_argument("--wait", action="store_true", help="wait for the safe ts to reach the window end")
     c.add_argument("--rows", action="store_true", help="include decoded rows, not only counts")
+    c = csub.add_parser(
+        "checksum", help="row count and order-independent checksum of every table of a database",
+        formatter_class=fmt,
+        description=(
+            "Read every row of every table (or --tables) of a SQLAlchemy URL and print its row count and a\n"
+            "checksum that is equal exactly when the rows are equal, whatever the database (SQLite,\n"
+            "PostgreSQL, MySQL/MariaDB) or the order rows were written in. binlake's own _binlake_* tables\n"
+            "are skipped. Needs no registry."
+        ),
+        epilog=(
+            "Examples:\n"
+            "  binlake ctl checksum sqlite:///data/upstream.db\n"
+            "  binlake ctl checksum postgresql+psycopg2://u:p@db/app --tables accounts,sbtest1 --json\n"
+            "  binlake ctl checksum sqlite:///restored.db --schema-from sqlite:///data/upstream.db\n"
+        ),
+    )
+    c.add_argument("url", help="SQLAlchemy URL of the database")
+    c.add_argument("--tables", help="comma-separated table names (default: every table)")
+    c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    c.add_argument("--schema-from", metavar="URL",
+                   help="type columns by binlake's table definitions in this database (e.g. the upstream)")
+    c.add_argument("--include-internal", action="store_true", help="also checksum binlake's _binlake_* tables")
+
+    # -- workload
+    p = sub.add_parser(
+        "workload", help="drive an upstream database with a realistic, reproducible transaction mix",
+        formatter_class=fmt,
+        description=(
+            "Run transactions against an upstream SQL database through binlake's writer (TxnWriter), which\n"
+            "sends every transaction's binlogs to the Pumps. The transactions are a pure function of\n"
+            "(--profile, --tables, --txns, --seed, sizes): the same seed gives the same transactions, and with\n"
+            "--clients 1 the same final data. The setup (CREATE TABLE, initial rows) runs first, so use a\n"
+            "fresh database.\n\n"
+            "Profiles:\n"
+            "  oltp   sysbench-like tables sbtest1..K: point/range updates, inserts, deletes, primary-key\n"
+            "         changes, unique-key swaps, delete+re-insert, NULLs in a unique column, ~64 KiB rows,\n"
+            "         and one large transaction (--large-txn-rows rows) every --large-txn-every\n"
+            "  bank   transfers between --accounts accounts; the sum of balances never changes\n"
+            "  ddl    oltp with schema changes every ~--ddl-every transactions (add/rename/retype/drop\n"
+            "         column, add/drop unique key, rename/truncate/create/drop table)\n"
+            "  mixed  bank + oltp + ddl"
+        ),
+        epilog=(
+            "Examples:\n"
+            "  binlake workload --registry 127.0.0.1:8230 --upstream sqlite:///data/upstream.db\n"
+            "  binlake workload --upstream sqlite:///data/up.db --profile mixed --txns 5000 --clients 8 --seed 7\n"
+            "  binlake workload --upstream postgresql+psycopg2://u:p@db/app --profile bank --rate 200\n"
+        ),
+    )
+    _add_registry(p)
+    p.add_argument("--upstream", default=os.environ.get("BINLAKE_UPSTREAM"),
+                   help="SQLAlchemy URL of the upstream database (default: $BINLAKE_UPSTREAM)")
+    p.add_argument("--profile", choices=["oltp", "bank", "ddl", "mixed"], default="oltp",
+                   help="transaction mix (default oltp)")
+    p.add_argument("--tables", type=_positive_int, default=4, help="oltp tables sbtest1..K (default 4)")
+    p.add_argument("--txns", type=_positive_int, default=10_000,
+                   help="workload transactions after the setup (default 10000)")
+    p.add_argument("--clients", type=_positive_int, default=8, help="concurrent client threads (default 8)")
+    p.add_argument("--seed", type=_int_arg, default=1, help="random seed of the plan (default 1)")
+    p.add_argument("--rate", type=_positive_float, help="at most this many transactions/s overall (default: no limit)")
+    p.add_argument("--table-rows", type=_non_negative_int, default=1000,
+                   help="initial rows per oltp table (default 1000)")
+    p.add_argument("--accounts", type=_positive_int, default=100, help="bank accounts (default 100)")
+    p.add_argument("--large-txn-rows", type=_positive_int, default=10_000,
+                   help="rows of a large transaction (default 10000)")
+    p.add_argument("--large-txn-every", type=_non_negative_int, default=500,
+                   help="one large transaction every this many (default 500; 0 = none)")
+    p.add_argument("--ddl-every", type=_positive_int, default=50,
+                   help="about this many transactions between DDLs (profiles ddl, mixed; default 50)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
     # -- bench
     bench = sub.add_parser("bench", help="benchmarks (results go to bench/RESULTS.md)", formatter_class=fmt)
@@ -178,6 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="writer threads are spread over this many client processes (default 1)")
     b.add_argument("--no-tso-per-txn", dest="tso_per_txn", action="store_false",
                    help="skip the extra case that fetches two TSOs per transaction from the registry")
+    b = bsub.add_parser(
+        "writer", help="TxnWriter throughput with binlog vs the same transactions without", formatter_class=fmt,
+        epilog="Example:\n  binlake bench writer --seconds 5 --clients 1,8\n",
+    )
+    b.add_argument("--seconds", type=float, default=5.0, help="measure each case this long (default 5)")
+    b.add_argument("--clients", default="1,8", help="comma-separated client counts (default 1,8)")
     return parser
 
 
@@ -226,14 +330,27 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         if args.ctl_command is None:
             parser.parse_args(["ctl", "--help"])
+        if args.ctl_command == "checksum":
+            return ctl.run(args, None)  # reads a database, not the cluster
         return ctl.run(args, _registry_addr(args))
-    if args.command == "bench":
-        if args.bench_command != "pump":
-            parser.parse_args(["bench", "--help"])
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
-        import pump_bench  # bench/pump_bench.py
+    if args.command == "workload":
+        from binlake.source import workload
 
-        return pump_bench.main(args)
+        if not args.upstream:
+            raise errors.InvalidArgument(
+                "workload needs --upstream URL (a SQLAlchemy URL such as sqlite:///data/upstream.db), "
+                "or $BINLAKE_UPSTREAM"
+            )
+        if args.accounts < 2:
+            raise errors.InvalidArgument(f"--accounts must be at least 2 (a transfer needs two), got {args.accounts}")
+        return workload.command(args, _registry_addr(args))
+    if args.command == "bench":
+        if args.bench_command not in ("pump", "writer"):
+            parser.parse_args(["bench", "--help"])
+        # The benchmarks live in the repository's bench/ folder, beside their results.
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+        module = __import__(f"{args.bench_command}_bench")
+        return module.main(args)
     parser.error(f"unknown command {args.command}")
     return EXIT_USER
 

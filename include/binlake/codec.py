@@ -16,7 +16,7 @@ bytes      bytes                                  bytes_value (NUL bytes kept)
 date       datetime.date                          date_micros (days * 86400e6)
 datetime   datetime.datetime (naive = UTC)        datetime_micros since epoch
 time       datetime.time (or timedelta < 1 day)   time_micros since midnight
-json       any JSON value (or JSON text)          json_value, canonical text
+json       a JSON document; a str is JSON text     json_value, canonical text
 (any)      None                                   is_null
 =========  =====================================  ==============================
 

@@ -49,7 +49,11 @@ def pumps_table(nodes: list[NodeRecord]) -> Any:
     return table
 
 
-def run(args: argparse.Namespace, registry: str) -> int:
+def run(args: argparse.Namespace, registry: str | None) -> int:
+    if args.ctl_command == "checksum":
+        return _checksum(args)  # a database read: no registry involved
+    if registry is None:
+        raise errors.InvalidArgument(f"ctl {args.ctl_command} needs --registry HOST:PORT")
     with RegistryClient(registry) as reg:
         cmd = args.ctl_command
         if cmd == "pumps":
@@ -155,4 +159,32 @@ def _dump(args: argparse.Namespace, reg: RegistryClient) -> int:
         sys.stdout.write(json.dumps(binlog_to_json(b, args.rows)) + "\n")
         count += 1
     print(f"{count} transactions in [{start}, {end})", file=sys.stderr)
+    return 0
+
+
+def _checksum(args: argparse.Namespace) -> int:
+    from binlake import oracle
+
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else None
+    if args.tables is not None and not tables:
+        raise errors.InvalidArgument("--tables needs at least one table name (comma-separated)")
+    schema = oracle.load_schema(args.schema_from) if args.schema_from else None
+    sums = oracle.checksum(args.url, tables, include_internal=args.include_internal, schema=schema)
+    if args.json:
+        for name, (rows, digest) in sums.items():
+            print(json.dumps({"table": name, "rows": rows, "checksum": digest}))
+        return 0
+    if not sums:
+        print("no tables")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Checksums", title_justify="left")
+    table.add_column("table", no_wrap=True)
+    table.add_column("rows", justify="right")
+    table.add_column("checksum", no_wrap=True)
+    for name, (rows, digest) in sums.items():
+        table.add_row(name, str(rows), digest)
+    Console(width=200).print(table)
     return 0

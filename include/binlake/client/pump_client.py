@@ -286,6 +286,8 @@ class PumpClient:
         self._own_registry = False
         self.cluster_id = 0
         self._registry_warned = False
+        self._async: concurrent.futures.ThreadPoolExecutor | None = None
+        self._async_pending: set[concurrent.futures.Future[None]] = set()
         if self._static:
             for node_id, addr in (pumps or {}).items():
                 rpc.parse_addr(addr, f"pump {node_id} address")
@@ -443,6 +445,33 @@ class PumpClient:
 
     write_rollback = write_commit
 
+    def write_commit_async(self, binlog: binlog_pb2.Binlog, node_id: str) -> concurrent.futures.Future[None]:
+        """``write_commit`` in the background (TiDB does not make a transaction wait
+        for its commit binlog either): the upstream already committed, and if
+        this never lands the Pump resolves the transaction through the writer's
+        status service. ``flush()`` waits for every one still going."""
+        with self._lock:
+            if self._async is None:
+                self._async = concurrent.futures.ThreadPoolExecutor(max_workers=16,
+                                                                    thread_name_prefix="pump-client-commit")
+            future = self._async.submit(self.write_commit, binlog, node_id)
+            self._async_pending.add(future)
+        future.add_done_callback(self._async_done)
+        return future
+
+    def _async_done(self, future: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            self._async_pending.discard(future)
+        exc = future.exception()
+        if exc is not None:
+            log.warning("pump client: background commit binlog failed: %s", exc)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait for every background commit binlog to finish (acknowledged or given up)."""
+        with self._lock:
+            pending = list(self._async_pending)
+        concurrent.futures.wait(pending, timeout=timeout)
+
     def _check_size(self, payload: bytes, start_ts: int) -> None:
         if len(payload) > self.settings.max_binlog_bytes:
             raise errors.InvalidArgument(
@@ -472,6 +501,9 @@ class PumpClient:
             log.info("pump client: pump %s answered a probe; available again", node_id)
 
     def close(self) -> None:
+        self.flush(timeout=self.settings.commit_retry_s + 1)
+        if self._async is not None:
+            self._async.shutdown(wait=False)
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)

@@ -34,14 +34,16 @@ _MAX_TS_BATCH = MAX_LOGICAL
 
 
 class _TSWaiter:
-    """One get_ts caller waiting for the dispatcher to hand it a timestamp."""
+    """One get_ts caller waiting for a round's leader to hand it a timestamp."""
 
-    __slots__ = ("done", "error", "ts")
+    __slots__ = ("done", "error", "promoted", "ts")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.ts = 0
         self.error: errors.BinlakeError | None = None
+        # Set (with done) when this caller is to lead the next round.
+        self.promoted = False
 
 
 class RegistryClient:
@@ -64,11 +66,12 @@ class RegistryClient:
         self._channel = grpc.insecure_channel(addr, options=options)
         self._stub = registry_pb2_grpc.RegistryStub(self._channel)
         self._closed = threading.Event()
-        # get_ts coalescing: callers queue here; one dispatcher thread drains the
+        # get_ts coalescing: callers queue here; the round's leader drains the
         # queue with a single GetTS per round and hands out first + i.
         self._ts_cond = threading.Condition()
         self._ts_queue: list[_TSWaiter] = []
-        self._dispatcher: threading.Thread | None = None
+        # True while some caller leads a round (see get_ts).
+        self._ts_leading = False
 
     @property
     def addr(self) -> str:
@@ -77,60 +80,70 @@ class RegistryClient:
     # -- timestamps ----------------------------------------------------------------
 
     def get_ts(self) -> int:
-        """One fresh timestamp. Concurrent callers share one RPC: 16 threads asking at
-        once cost about one round trip, which is what lets a client reach tens of
-        thousands of timestamps per second."""
+        """One fresh timestamp. Concurrent callers share one RPC (PD's batching):
+        the first caller leads a round - one GetTS for everyone queued - and hands
+        the lead to a waiting caller, so a lone caller pays no thread hand-off and
+        16 callers at once cost about one round trip."""
         waiter = _TSWaiter()
         with self._ts_cond:
             if self._closed.is_set():
                 raise self._closed_error()
             self._ts_queue.append(waiter)
-            if self._dispatcher is None:
-                self._dispatcher = threading.Thread(
-                    target=self._dispatch_ts, name=f"registry-ts-{self._addr}", daemon=True
-                )
-                self._dispatcher.start()
-            self._ts_cond.notify()
-        # The dispatcher's RPC has its own deadline; the slack covers queueing
-        # behind one round that is already in flight.
-        if not waiter.done.wait(2 * self._timeout_s + 1.0):
-            raise errors.DeadlineExceeded(
-                f"registry {self._addr}: no timestamp within {2 * self._timeout_s + 1.0:.1f}s"
-            )
+            lead = not self._ts_leading
+            if lead:
+                self._ts_leading = True
+        if lead:
+            self._lead_round()
+        deadline = 2 * self._timeout_s + 1.0
+        while True:
+            if not waiter.done.wait(deadline):
+                with self._ts_cond:
+                    if waiter in self._ts_queue:
+                        self._ts_queue.remove(waiter)
+                    if waiter.promoted:
+                        self._pass_lead()
+                raise errors.DeadlineExceeded(f"registry {self._addr}: no timestamp within {deadline:.1f}s")
+            if waiter.promoted:
+                # Our turn to lead the next round (which includes us).
+                waiter.promoted = False
+                waiter.done.clear()
+                self._lead_round()
+                continue
+            break
         if waiter.error is not None:
             raise _copy_error(waiter.error)
         return waiter.ts
 
-    def _dispatch_ts(self) -> None:
-        while True:
-            with self._ts_cond:
-                while not self._ts_queue and not self._closed.is_set():
-                    self._ts_cond.wait()
-                if self._closed.is_set():
-                    batch, self._ts_queue = self._ts_queue, []
-                    for waiter in batch:
-                        waiter.error = self._closed_error()
-                        waiter.done.set()
-                    return
-                batch = self._ts_queue[:_MAX_TS_BATCH]
-                del self._ts_queue[:_MAX_TS_BATCH]
+    def _lead_round(self) -> None:
+        with self._ts_cond:
+            batch = self._ts_queue[:_MAX_TS_BATCH]
+            del self._ts_queue[:_MAX_TS_BATCH]
+        if batch:
             try:
                 first = self.get_ts_batch(len(batch))
             except errors.BinlakeError as exc:
-                for waiter in batch:
-                    waiter.error = exc
-                    waiter.done.set()
-                continue
+                for w in batch:
+                    w.error = exc
             except Exception as exc:  # never leave callers hanging
-                log.exception("registry %s: timestamp dispatcher failed", self._addr)
-                failure = errors.BinlakeError(f"registry {self._addr}: timestamp request failed: {exc}")
-                for waiter in batch:
-                    waiter.error = failure
-                    waiter.done.set()
-                continue
-            for i, waiter in enumerate(batch):
-                waiter.ts = first + i
-                waiter.done.set()
+                log.exception("registry %s: timestamp request failed", self._addr)
+                for w in batch:
+                    w.error = errors.BinlakeError(f"registry {self._addr}: timestamp request failed: {exc}")
+            else:
+                for i, w in enumerate(batch):
+                    w.ts = first + i
+        with self._ts_cond:
+            self._pass_lead()
+        for w in batch:
+            w.done.set()
+
+    def _pass_lead(self) -> None:
+        """Hand the lead to the next queued caller, or give it up (holding _ts_cond)."""
+        if self._ts_queue and not self._closed.is_set():
+            nxt = self._ts_queue[0]
+            nxt.promoted = True
+            nxt.done.set()
+        else:
+            self._ts_leading = False
 
     def get_ts_batch(self, count: int) -> int:
         """Reserve ``count`` consecutive timestamps with one RPC; return the first."""
@@ -212,17 +225,17 @@ class RegistryClient:
         return errors.Unavailable(f"registry client for {self._addr} is closed")
 
     def close(self) -> None:
-        """Fail waiting get_ts callers, stop the dispatcher and close the channel."""
+        """Fail waiting get_ts callers and close the channel."""
         with self._ts_cond:
             if self._closed.is_set():
                 return
             self._closed.set()
-            self._ts_cond.notify_all()
-            dispatcher = self._dispatcher
-        # Closing the channel cancels an in-flight GetTS, so the dispatcher returns promptly.
+            queued, self._ts_queue = self._ts_queue, []
+        for w in queued:
+            w.error = self._closed_error()
+            w.done.set()
+        # Closing the channel cancels an in-flight GetTS, so its leader returns promptly.
         self._channel.close()
-        if dispatcher is not None and dispatcher is not threading.current_thread():
-            dispatcher.join(timeout=self._timeout_s)
 
     def __enter__(self) -> RegistryClient:
         return self

@@ -107,9 +107,12 @@ def sa_type(col: ColumnDef, dialect: str, keyed: bool = False) -> sa.types.TypeE
             return postgresql.TIME(precision=6)
         return sa.Time()
     if t == "json":
+        # none_as_null: Python None is SQL NULL, as the codec has it (is_null). The
+        # default would store a JSON 'null' document, so `col IS NULL` in the
+        # upstream would disagree with the binlog and with every restored target.
         if dialect == "postgresql":
-            return postgresql.JSONB()
-        return sa.JSON()
+            return postgresql.JSONB(none_as_null=True)
+        return sa.JSON(none_as_null=True)
     raise errors.InvalidArgument(f"column {col.name}: unknown type {t}")
 
 
@@ -160,7 +163,10 @@ def rename_column_sql(engine: Engine, table: str, old: str, new: str) -> list[st
     return [f"ALTER TABLE {_q(engine, table)} RENAME COLUMN {_q(engine, old)} TO {_q(engine, new)}"]
 
 
-def change_column_type_sql(engine: Engine, table: str, col: ColumnDef) -> list[str]:
+def change_column_type_sql(engine: Engine, table: str, col: ColumnDef,
+                           info: binlog_pb2.TableInfo | None = None) -> list[str]:
+    """The column's new type; ``info`` is the table's definition after the change
+    (SQLite needs all of it to rebuild the table)."""
     d = engine.dialect.name
     t, c = _q(engine, table), _q(engine, col.name)
     ty = _type_sql(engine, col)
@@ -173,18 +179,47 @@ def change_column_type_sql(engine: Engine, table: str, col: ColumnDef) -> list[s
         return stmts
     if d == "mysql":
         return [f"ALTER TABLE {t} MODIFY COLUMN {c} {ty} {'NULL' if col.nullable else 'NOT NULL'}"]
-    # SQLite keeps any value in any column; the declared type only guides
-    # conversion, which binlake does from the table definition. Rewrite the
-    # stored values so they read back as the new type.
-    if col.type == "string":
-        return [f"UPDATE {t} SET {c} = CAST({c} AS TEXT) WHERE {c} IS NOT NULL"]
-    if col.type in ("float",):
-        return [f"UPDATE {t} SET {c} = CAST({c} AS REAL) WHERE {c} IS NOT NULL"]
-    if col.type == "decimal":
-        return [f"UPDATE {t} SET {c} = CAST({c} AS TEXT) WHERE {c} IS NOT NULL"]
-    if col.type == "datetime":
-        return [f"UPDATE {t} SET {c} = {c} || ' 00:00:00.000000' WHERE {c} IS NOT NULL AND length({c}) = 10"]
-    return [f"UPDATE {t} SET {c} = {c} WHERE 0"]
+    if info is None:
+        raise errors.InvalidArgument("changing a column type in SQLite needs the table's new definition")
+    return _sqlite_rebuild(engine, info, col)
+
+
+def _sqlite_rebuild(engine: Engine, info: binlog_pb2.TableInfo, col: ColumnDef) -> list[str]:
+    """SQLite cannot change a column's declared type, and the declared type decides
+    how SQLite stores a value (its affinity): text '1.2345' put in a column declared
+    BIGINT becomes the REAL 1.2345 (15 digits kept), and an int cast to text turns
+    back into an int. So rebuild the table with the new declaration, converting the
+    column on the copy (SQLite's documented way to alter a table), inside the DDL's
+    transaction."""
+    t = _q(engine, info.name)
+    tmp_name = f"_binlake_rebuild_{info.name}"[:63]
+    tmp_info = binlog_pb2.TableInfo()
+    tmp_info.CopyFrom(info)
+    tmp_info.name = tmp_name
+    del tmp_info.unique_keys[:]  # index names are per database: create them after the swap
+    tmp = _q(engine, tmp_name)
+    c = _q(engine, col.name)
+    if col.type in ("string", "decimal"):
+        conv = f"CAST({c} AS TEXT)"
+    elif col.type == "float":
+        conv = f"CAST({c} AS REAL)"
+    elif col.type == "int":
+        conv = f"CAST({c} AS INTEGER)"
+    elif col.type == "datetime":
+        # A date kept as 'YYYY-MM-DD' reads back as a datetime once it has a time part.
+        conv = f"CASE WHEN length({c}) = 10 THEN {c} || ' 00:00:00.000000' ELSE {c} END"
+    else:
+        conv = c
+    names = [_q(engine, ci.name) for ci in info.columns]
+    select = ", ".join(f"{conv} AS {n}" if ci.name == col.name else n for ci, n in zip(info.columns, names, strict=True))
+    stmts = create_table_sql(engine, tmp_info)
+    stmts.append(f"INSERT INTO {tmp} ({', '.join(names)}) SELECT {select} FROM {t}")
+    stmts.append(f"DROP TABLE {t}")
+    stmts.append(f"ALTER TABLE {tmp} RENAME TO {t}")
+    by_id = {ci.id: ci.name for ci in info.columns}
+    for k in info.unique_keys:
+        stmts += add_unique_key_sql(engine, info.name, k.name, [by_id[i] for i in k.column_ids])
+    return stmts
 
 
 def add_unique_key_sql(engine: Engine, table: str, name: str, cols: list[str]) -> list[str]:

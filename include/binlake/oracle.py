@@ -1,0 +1,210 @@
+"""The checksum oracle: one number per table that is equal exactly when two
+databases hold the same rows, computed the same way on SQLite, PostgreSQL and
+MySQL/MariaDB.
+
+Each value is normalised to a canonical text by its type (so a decimal 1.50
+read from PostgreSQL equals 1.5 read from SQLite), each row is hashed over its
+column names and values (blake2b, 8 bytes), and the row hashes are combined
+order-independently (their sum mod 2^64 and their XOR), so insertion order and
+physical layout never matter. Rows are streamed, never loaded all at once.
+
+Where the database has binlake's ``_binlake_schema`` (an upstream written by
+TxnWriter), column types come from binlake's own table definitions, so values
+stored as text (SQLite decimals) read back typed; otherwise from reflection.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import hashlib
+import json
+import struct
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from binlake import codec, errors
+from binlake.proto import binlog_pb2
+
+INTERNAL_PREFIX = "_binlake_"
+_SCHEMA_TABLE = "_binlake_schema"
+_MASK = (1 << 64) - 1
+_NULL = b"\x00"  # a NULL is one tag byte; a value is another tag plus its framed text
+_VALUE = b"\x01"
+_BATCH = 2000
+
+
+def canonical(value: Any, json_column: bool = False) -> str | None:
+    """The canonical text of one value (None for SQL NULL)."""
+    if value is None:
+        return None
+    if json_column:
+        # Drivers hand JSON columns back parsed; a Python str is a JSON string.
+        if isinstance(value, str):
+            return codec.canonical_json(json.dumps(value))
+        return codec.canonical_json(value)
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, decimal.Decimal):
+        if value.is_zero():
+            return "0"
+        return format(value.normalize(), "f")
+    if isinstance(value, float):
+        return repr(float(value))
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dt.datetime):
+        return value.isoformat(sep="T", timespec="microseconds")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, dt.time):
+        return value.isoformat(timespec="microseconds")
+    if isinstance(value, dt.timedelta):
+        # MySQL's TIME arrives as a timedelta; inside one day it is a time of day.
+        if dt.timedelta(0) <= value < dt.timedelta(days=1):
+            return (dt.datetime.min + value).time().isoformat(timespec="microseconds")
+        return str(value)
+    if isinstance(value, (dict, list)):
+        return codec.canonical_json(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return str(value)
+
+
+def _frame(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+def row_hash(row: Mapping[str, Any], json_columns: Iterable[str] = ()) -> int:
+    """The 64-bit hash of one row: column names sorted, name = canonical value."""
+    js = set(json_columns)
+    h = hashlib.blake2b(digest_size=8)
+    for name in sorted(row):
+        h.update(_frame(name.encode()))
+        text = canonical(row[name], name in js)
+        if text is None:
+            h.update(_NULL)
+        else:
+            h.update(_VALUE + _frame(text.encode()))
+    return int.from_bytes(h.digest(), "big")
+
+
+class _Acc:
+    def __init__(self) -> None:
+        self.rows = 0
+        self.total = 0
+        self.xor = 0
+
+    def add(self, h: int) -> None:
+        self.rows += 1
+        self.total = (self.total + h) & _MASK
+        self.xor ^= h
+
+    def hex(self) -> str:
+        return f"{self.total:016x}{self.xor:016x}"
+
+
+def load_schema(url: str) -> dict[str, binlog_pb2.TableInfo]:
+    """binlake's current table definitions in ``url`` (empty if it has none)."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            return _binlake_tables(conn)
+    except sa.exc.OperationalError as exc:
+        raise errors.Unavailable(f"cannot read {_show(engine)}: {_first_line(exc)}") from None
+    finally:
+        engine.dispose()
+
+
+def _binlake_tables(conn: Connection) -> dict[str, binlog_pb2.TableInfo]:
+    if not sa.inspect(conn).has_table(_SCHEMA_TABLE):
+        return {}
+    t = sa.table(_SCHEMA_TABLE, sa.column("info"), sa.column("dropped"))
+    out: dict[str, binlog_pb2.TableInfo] = {}
+    for info_bytes, dropped in conn.execute(sa.select(t.c.info, t.c.dropped)):
+        if dropped:
+            continue
+        info = binlog_pb2.TableInfo.FromString(bytes(info_bytes))
+        out[info.name] = info
+    return out
+
+
+def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal: bool = False,
+             schema: Mapping[str, binlog_pb2.TableInfo] | None = None) -> dict[str, tuple[int, str]]:
+    """``{table: (row_count, checksum_hex)}`` for every table of ``url`` (or the
+    named ones). binlake's own ``_binlake_*`` tables are skipped unless named or
+    ``include_internal``. ``schema`` gives binlake table definitions to type the
+    columns by (default: the database's own ``_binlake_schema``, if any)."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name in ("postgresql", "mysql"):
+                # One snapshot for every table, so the checksums belong to one moment.
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            names = sa.inspect(conn).get_table_names()
+            if tables:
+                missing = [t for t in tables if t not in names]
+                if missing:
+                    shown = ", ".join(sorted(n for n in names if not n.startswith(INTERNAL_PREFIX))) or "none"
+                    raise errors.NotFound(f"no table(s) {', '.join(missing)} in {_show(engine)} (tables: {shown})")
+                wanted = list(dict.fromkeys(tables))
+            else:
+                wanted = [n for n in names if include_internal or not n.startswith(INTERNAL_PREFIX)]
+            defs = dict(schema) if schema is not None else _binlake_tables(conn)
+            return {name: _table_checksum(conn, name, defs.get(name)) for name in sorted(wanted)}
+    except sa.exc.OperationalError as exc:
+        raise errors.Unavailable(f"cannot read {_show(engine)}: {_first_line(exc)}") from None
+    finally:
+        engine.dispose()
+
+
+def _table_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> tuple[int, str]:
+    table = _typed_table(conn, name, info)
+    if table is None:
+        table = sa.Table(name, sa.MetaData(), autoload_with=conn)
+    json_cols = [c.name for c in table.columns if isinstance(c.type, sa.JSON)]
+    acc = _Acc()
+    result = conn.execution_options(yield_per=_BATCH).execute(sa.select(table))
+    for row in result:
+        acc.add(row_hash(row._mapping, json_cols))
+    return acc.rows, acc.hex()
+
+
+def _typed_table(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> sa.Table | None:
+    """binlake's Table for ``info`` if the stored table has exactly its columns."""
+    if info is None:
+        return None
+    from binlake.source import dialect as dl
+
+    stored = {c["name"] for c in sa.inspect(conn).get_columns(name)}
+    if stored != {c.name for c in info.columns}:
+        return None
+    renamed = binlog_pb2.TableInfo()
+    renamed.CopyFrom(info)
+    renamed.name = name
+    return dl.sa_table(renamed, conn.dialect.name)
+
+
+def _engine(url: str) -> sa.Engine:
+    try:
+        return sa.create_engine(url)
+    except (ImportError, sa.exc.ArgumentError) as exc:
+        raise errors.InvalidArgument(f"cannot use database URL {url!r}: {exc}") from None
+
+
+def _show(engine: sa.Engine) -> str:
+    return engine.url.render_as_string(hide_password=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return lines[0] if lines else type(orig).__name__

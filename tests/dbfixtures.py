@@ -1,0 +1,72 @@
+"""Upstream database fixtures: throwaway PostgreSQL and MariaDB servers, and a
+fresh upstream database per test on SQLite, PostgreSQL and MariaDB.
+
+A test module imports the fixtures it uses (pytest registers fixtures found in
+a test module's namespace), the same way suites import ``pumpkit``:
+
+    from dbfixtures import mariadb_server, postgres_server, upstream_url  # noqa: F401
+
+The servers are session-scoped (one start per run, about a second each) and
+started only when a test asks for them. Without the server binaries (a
+developer machine without ``apt-get install postgresql mariadb-server``) the
+PostgreSQL/MariaDB cases skip with the reason; CI installs them (``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from binlake.devdb import LocalMariaDB, LocalPostgres
+
+UPSTREAMS = ("sqlite", "postgresql", "mariadb")
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
+    if not LocalPostgres.available():
+        pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql); CI always has them")
+    made = None
+    if os.geteuid() == 0:
+        # As root the server runs as the `postgres` user, who cannot enter
+        # pytest's 0700 base temp dir: use a traversable dir of our own.
+        made = pathlib.Path(tempfile.mkdtemp(prefix="binlake-test-pg-"))
+        made.chmod(0o755)
+        root = made
+    else:
+        root = tmp_path_factory.mktemp("postgres")
+    server = LocalPostgres(root).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def mariadb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
+    if not LocalMariaDB.available():
+        pytest.skip("MariaDB server binaries not installed (apt-get install mariadb-server); CI always has them")
+    server = LocalMariaDB(tmp_path_factory.mktemp("mariadb")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=UPSTREAMS)
+def upstream_url(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
+    """A SQLAlchemy URL of an empty upstream database, new for each test."""
+    kind = request.param
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'upstream.db'}"
+    # Looked up lazily, so a SQLite-only run never starts (or skips on) a server.
+    server = request.getfixturevalue("postgres_server" if kind == "postgresql" else "mariadb_server")
+    return server.create_database(f"up_{uuid.uuid4().hex[:16]}")
