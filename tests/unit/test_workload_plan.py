@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from binlake import errors
 from binlake.source import workload as wl
@@ -63,12 +64,14 @@ def _apply_transfers(balances: dict[int, Decimal], txns: list[wl.LogicalTxn], to
         for op in ltx.ops:
             if not isinstance(op, wl.Transfer):
                 continue
-            assert op.src != op.dst
-            assert op.src in balances and op.dst in balances
-            assert op.amount > 0
-            amount = min(op.amount, balances[op.src])  # the rule Transfer.apply follows
-            balances[op.src] -= amount
-            balances[op.dst] += amount
+            assert 1 <= len(op.legs) <= 3
+            for src, dst, amount in op.legs:
+                assert src != dst
+                assert src in balances and dst in balances
+                assert amount > 0
+                moved = min(amount, balances[src])  # the rule Transfer.apply follows
+                balances[src] -= moved
+                balances[dst] += moved
         # The invariant at every commit.
         assert sum(balances.values()) == total
         assert min(balances.values()) >= 0
@@ -252,6 +255,10 @@ class _FakeTxn:
         return {"id": key["id"], "balance": Decimal("10.00"), "pad": f"p{key['id']}"}
 
 
+class _Deadlock(Exception):
+    pgcode = "40P01"  # PostgreSQL's deadlock_detected
+
+
 class _FakeRegistry:
     def __init__(self) -> None:
         self.ts = 100
@@ -266,7 +273,7 @@ class _FakeWriter:
 
     dialect = "sqlite"
 
-    def __init__(self, fail_every: int = 0) -> None:
+    def __init__(self, fail_every: int = 0, deadlock_every: int = 0) -> None:
         self.registry = _FakeRegistry()
         self.lock = threading.Lock()
         self.dml = 0
@@ -275,6 +282,7 @@ class _FakeWriter:
         self.ddl_log: list[tuple[str, str]] = []
         self.count = 0
         self.fail_every = fail_every
+        self.deadlock_every = deadlock_every
 
     def tables(self) -> list[Any]:
         return []
@@ -286,11 +294,14 @@ class _FakeWriter:
             self.overlaps += self.ddl
             self.count += 1
             fail = self.fail_every and self.count % self.fail_every == 0
+            deadlock = self.deadlock_every and self.count % self.deadlock_every == 0
         try:
             txn = _FakeTxn(self)
             yield txn
             if fail:
                 raise errors.FailedPrecondition("upstream refused the change: UNIQUE constraint failed")
+            if deadlock:
+                raise sa.exc.OperationalError("UPDATE accounts ...", None, _Deadlock("deadlock detected"))
             txn.info = object() if txn.changes else None
         finally:
             with self.lock:
@@ -339,6 +350,16 @@ def test_run_counts_refused_transactions_and_throttles() -> None:
     assert elapsed >= (len(plan) - 10) / 200.0  # the token bucket holds ~200 txn/s
     text = wl.format_summary(summary)
     assert "errors" in text and "UNIQUE" in text
+
+
+def test_run_retries_deadlock_victims() -> None:
+    plan = wl.plan("bank", 1, 90, 4, **SMALL)
+    writer = _FakeWriter(deadlock_every=3)  # a retry is the next call: it succeeds
+    summary = wl.run(writer, plan, clients=4, progress=False)
+    assert summary.errors == 0
+    assert summary.retries == writer.count // 3 > 0
+    assert summary.done == len(plan)
+    assert "deadlock retries" in wl.format_summary(summary)
 
 
 def test_run_refuses_an_upstream_that_has_the_tables() -> None:

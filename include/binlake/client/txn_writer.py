@@ -202,6 +202,11 @@ class TxnWriter:
             kwargs["pool_size"] = 16
             kwargs["max_overflow"] = 16
             kwargs["pool_pre_ping"] = True
+            if url.get_driver_name() == "psycopg":
+                # psycopg 3 prepares repeated statements per connection; after a
+                # column type change those plans fail ("cached plan must not
+                # change result type") on every other pooled connection.
+                kwargs["connect_args"] = {"prepare_threshold": None}
         try:
             self.engine = sa.create_engine(url, **kwargs)
         except (ImportError, sa.exc.ArgumentError) as exc:

@@ -334,40 +334,47 @@ class Reinsert:
 
 @dataclasses.dataclass(frozen=True)
 class Transfer:
-    """Move up to ``amount`` from account ``src`` to ``dst`` (never below zero):
-    the sum of balances is the same before and after."""
+    """Money moves between accounts: each leg ``(src, dst, amount)`` moves up to
+    ``amount`` (never below zero), in order. The sum of balances is the same
+    before and after."""
 
     table: str
-    src: int
-    dst: int
-    amount: Decimal
+    legs: tuple[tuple[int, int, Decimal], ...]
 
     def columns(self) -> tuple[str, ...]:
         return ("id", "balance")
 
     def apply(self, txn: _Txn, n: _Counts) -> None:
-        a = txn.get(self.table, {"id": self.src})
-        b = txn.get(self.table, {"id": self.dst})
-        if a is None or b is None:
+        keys = sorted({k for src, dst, _ in self.legs for k in (src, dst)})
+        rows = {k: txn.get(self.table, {"id": k}) for k in keys}
+        if any(r is None for r in rows.values()):
             return
-        amount = min(self.amount, Decimal(a["balance"]))
-        if amount <= 0:
-            return
-        legs = sorted(((self.src, -amount, a), (self.dst, amount, b)), key=lambda leg: leg[0])
+        balance = {k: Decimal(r["balance"]) for k, r in rows.items() if r is not None}
+        delta = dict.fromkeys(keys, Decimal(0))
+        for src, dst, amount in self.legs:
+            moved = min(amount, balance[src])
+            if moved <= 0:
+                continue
+            balance[src] -= moved
+            balance[dst] += moved
+            delta[src] -= moved
+            delta[dst] += moved
+        # One update per account, in key order: concurrent transfers lock rows in
+        # the same order and cannot deadlock each other.
+        changed = [k for k in keys if delta[k] != 0]
         if txn.writer.dialect == "sqlite":
             # SQLite transactions run one at a time (TxnWriter serialises them),
             # so the balances just read are current; its arithmetic on decimals
             # stored as text would go through floats, so compute here.
-            for key, delta, row in legs:
-                n.updates += txn.update(self.table, {"id": key}, {"balance": Decimal(row["balance"]) + delta})
+            for k in changed:
+                n.updates += txn.update(self.table, {"id": k}, {"balance": balance[k]})
         else:
-            # Elsewhere another transaction may have changed the balances since
-            # the read: let the database add under its row lock (exact NUMERIC),
-            # in key order so two transfers cannot deadlock.
+            # Elsewhere another transaction may have changed a balance since the
+            # read: let the database add under its row lock (exact NUMERIC).
             t = txn.writer.sa_table(self.table)
-            for key, delta, _row in legs:
-                n.updates += txn.update_where(self.table, lambda tb, k=key: tb.c.id == k,
-                                              {"balance": t.c.balance + delta})
+            for k in changed:
+                n.updates += txn.update_where(self.table, lambda tb, k=k: tb.c.id == k,
+                                              {"balance": t.c.balance + delta[k]})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -598,15 +605,13 @@ class _Planner:
                 self._oltp_txn()
 
     def _transfer(self) -> None:
-        legs = 1 if self.rng.random() < 0.85 else 2
-        ops = []
-        for _ in range(legs):
+        legs = []
+        for _ in range(1 if self.rng.random() < 0.85 else self.rng.randint(2, 3)):
             src = self.rng.randint(1, self.accounts)
             dst = self.rng.randint(1, self.accounts - 1)
             dst += dst >= src  # any account but src
-            amount = Decimal(self.rng.randint(1, 20_000)).scaleb(-2)
-            ops.append(Transfer(BANK_TABLE, src, dst, amount))
-        self._emit("transfer", *ops)
+            legs.append((src, dst, Decimal(self.rng.randint(1, 20_000)).scaleb(-2)))
+        self._emit("transfer", Transfer(BANK_TABLE, tuple(legs)))
 
     def _large(self) -> None:
         self.large_count += 1
@@ -688,9 +693,9 @@ class _Planner:
             else:
                 self._emit("wide update", WideUpdate(t.name, t.ids.choice(rng), self._seed(), wide, size))
         else:  # sysbench's write transaction: index update, non-index update, delete, insert
-            a = t.ids.choice(rng)
-            b = t.ids.choice(rng)
-            gone = t.ids.choice(rng)
+            # Rows touched in key order, as the sysbench statements' keys are
+            # random anyway: concurrent ones then lock in one order.
+            a, b, gone = sorted(t.ids.choice(rng) for _ in range(3))
             t.ids.remove(gone)
             new = t.fresh_id()
             t.ids.add(new)
@@ -809,6 +814,7 @@ class Summary:
     empty: int = 0
     ddls: int = 0
     errors: int = 0
+    retries: int = 0  # deadlock victims run again
     inserts: int = 0
     updates: int = 0
     deletes: int = 0
@@ -843,7 +849,7 @@ def format_summary(s: Summary, title: str = "workload") -> str:
         f"  no changes    {s.empty} (rows already gone: nothing to write, no binlog)",
         f"  row changes   {s.inserts + s.updates + s.deletes} "
         f"(insert {s.inserts}, update {s.updates}, delete {s.deletes})",
-        f"  errors        {s.errors}",
+        f"  errors        {s.errors}" + (f" ({s.retries} deadlock retries)" if s.retries else ""),
     ]
     lines += [f"    {m}" for m in s.error_messages]
     if s.start_ts:
@@ -913,6 +919,20 @@ class _Dispenser:
             self._cond.notify_all()
 
 
+_RETRIES = 5
+# PostgreSQL SQLSTATEs and MySQL/MariaDB error numbers of "rolled back, try again".
+_PG_RETRY = {"40001", "40P01"}
+_MYSQL_RETRY = {1205, 1213}
+
+
+def _retryable(exc: sa.exc.DBAPIError) -> bool:
+    orig = exc.orig
+    if getattr(orig, "pgcode", None) in _PG_RETRY or getattr(orig, "sqlstate", None) in _PG_RETRY:
+        return True
+    args = getattr(orig, "args", ())
+    return bool(args) and args[0] in _MYSQL_RETRY
+
+
 def _first_line(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip().splitlines()
@@ -950,20 +970,37 @@ class _Runner:
             finally:
                 self.dispenser.done(ltx)
 
+    def _attempt(self, ltx: LogicalTxn, counts: _Counts) -> bool:
+        """Run ``ltx`` once; True if it wrote a binlog."""
+        if ltx.is_ddl:
+            for op in ltx.ops:
+                assert isinstance(op, DDL)
+                op.apply_ddl(self.writer)
+            return True
+        with self.writer.transaction() as txn:
+            for op in ltx.ops:
+                assert not isinstance(op, DDL)
+                op.apply(txn, counts)
+        return txn.info is not None
+
     def _one(self, ltx: LogicalTxn) -> None:
-        counts = _Counts()
+        attempt = 0
         try:
-            if ltx.is_ddl:
-                for op in ltx.ops:
-                    assert isinstance(op, DDL)
-                    op.apply_ddl(self.writer)
-                wrote = True
-            else:
-                with self.writer.transaction() as txn:
-                    for op in ltx.ops:
-                        assert not isinstance(op, DDL)
-                        op.apply(txn, counts)
-                wrote = txn.info is not None
+            while True:
+                counts = _Counts()
+                try:
+                    wrote = self._attempt(ltx, counts)
+                    break
+                except sa.exc.DBAPIError as exc:
+                    # A deadlock victim or serialization failure was rolled back
+                    # whole (with its rollback binlog): run it again, as an
+                    # application would.
+                    if not _retryable(exc) or attempt >= _RETRIES or self.stop.is_set():
+                        raise
+                    attempt += 1
+                    with self.lock:
+                        self.summary.retries += 1
+                    time.sleep(0.005 * attempt)
         except (errors.BinlakeError, sa.exc.SQLAlchemyError) as exc:
             message = str(exc) if isinstance(exc, errors.BinlakeError) else _first_line(exc)
             with self.lock:
@@ -1031,8 +1068,7 @@ def run(writer: Any, txns: Sequence[LogicalTxn], clients: int = 8, rate: float |
             t.start()
         try:
             while runner.alive():
-                for t in runner.threads:
-                    t.join(0.1)
+                time.sleep(0.1)  # (a sleep, not a join: Ctrl-C reaches the main thread at once)
                 if bar is not None and task is not None:
                     elapsed = max(time.monotonic() - started, 1e-9)
                     bar.update(task, completed=s.done, tps=f"{s.transactions / elapsed:.1f}")
@@ -1043,8 +1079,7 @@ def run(writer: Any, txns: Sequence[LogicalTxn], clients: int = 8, rate: float |
             try:
                 # Let the transactions in flight commit or roll back.
                 while runner.alive():
-                    for t in runner.threads:
-                        t.join(0.1)
+                    time.sleep(0.05)
             except KeyboardInterrupt:
                 pass  # a second Ctrl-C: stop waiting (the client threads are daemons)
     finally:
