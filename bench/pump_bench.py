@@ -18,13 +18,12 @@ import multiprocessing as mp
 import os
 import pathlib
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
 import time
 
-import grpc
+from benchkit import percentile, run_threads
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -61,10 +60,9 @@ def _worker(registry: str, threads: int, size: int, seconds: float, tso_mode: st
                                                          sequence=[bp.INSERT])]).SerializeToString()
     latencies: list[float] = []
     counts = [0] * threads
-    stop = threading.Event()
     lock = threading.Lock()
 
-    def run(i: int) -> None:
+    def run(i: int, stop: threading.Event) -> None:
         local: list[float] = []
         while not stop.is_set():
             start_ts = reg.get_ts()
@@ -81,27 +79,10 @@ def _worker(registry: str, threads: int, size: int, seconds: float, tso_mode: st
         with lock:
             latencies.extend(local)
 
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    t_start = time.perf_counter()
-    for t in ts:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in ts:
-        t.join()
-    elapsed = time.perf_counter() - t_start
+    elapsed = run_threads(threads, seconds, run)
     client.close()
     registry_client.close()
     out.put((sum(counts), elapsed, latencies))
-
-
-def _pump_stats(addr: str) -> tuple[int, int]:
-    """(fsyncs, binlogs) from the Pump's Prometheus-free Status path: read its metrics via storage stats."""
-    from binlake.proto import pump_pb2, pump_pb2_grpc
-
-    with grpc.insecure_channel(addr) as ch:
-        st = pump_pb2_grpc.PumpStub(ch).Status(pump_pb2.StatusReq(), timeout=5)
-    return st.storage_bytes, st.pending_txns
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -172,8 +153,8 @@ def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: 
     stored = after["binlake_pump_bytes_stored_total"] - before["binlake_pump_bytes_stored_total"]
     return {
         "tso": tso_mode, "procs": procs, "writers": writers, "size": size, "txn_s": txns / elapsed, "mb_s": stored / elapsed / 1e6,
-        "p50_ms": statistics.median(lat) * 1000 if lat else 0.0,
-        "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1000 if lat else 0.0,
+        "p50_ms": percentile(lat, 0.5) * 1000,
+        "p99_ms": percentile(lat, 0.99) * 1000,
         "fsync_s": fsyncs / elapsed, "binlogs_per_fsync": (2 * txns / fsyncs) if fsyncs else 0.0,
     }
 

@@ -16,7 +16,6 @@ import argparse
 import itertools
 import pathlib
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -24,6 +23,7 @@ import time
 from collections.abc import Callable
 
 import sqlalchemy as sa
+from benchkit import percentile, run_threads
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ROWS = 1000
@@ -48,10 +48,9 @@ def _plain_setup(url: str) -> sa.Engine:
 
 def _measure(clients: int, seconds: float, one_txn: Callable[[int, int], None]) -> tuple[float, float, float]:
     """Run ``one_txn(client, n)`` from ``clients`` threads for ``seconds``: (txn/s, p50 ms, p99 ms)."""
-    stop = threading.Event()
     lat: list[list[float]] = [[] for _ in range(clients)]
 
-    def loop(c: int) -> None:
+    def loop(c: int, stop: threading.Event) -> None:
         n = 0
         while not stop.is_set():
             t0 = time.perf_counter()
@@ -59,17 +58,9 @@ def _measure(clients: int, seconds: float, one_txn: Callable[[int, int], None]) 
             lat[c].append(time.perf_counter() - t0)
             n += 1
 
-    threads = [threading.Thread(target=loop, args=(c,)) for c in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = run_threads(clients, seconds, loop)
     allv = sorted(x for xs in lat for x in xs)
-    return len(allv) / elapsed, statistics.median(allv) * 1000, allv[int(len(allv) * 0.99) - 1] * 1000
+    return len(allv) / elapsed, percentile(allv, 0.5) * 1000, percentile(allv, 0.99) * 1000
 
 
 def run_db(name: str, url_plain: str, url_binlog: str, registry: str, clients_list: list[int],

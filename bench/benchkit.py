@@ -1,0 +1,29 @@
+"""What the benchmarks share: run N looping threads for a fixed time, percentiles."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+def run_threads(count: int, seconds: float, loop: Callable[[int, threading.Event], None]) -> float:
+    """Start ``loop(i, stop)`` in ``count`` threads, set ``stop`` after ``seconds``,
+    join them, and return the elapsed wall time."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=loop, args=(i, stop)) for i in range(count)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of an ascending list (0.0 when empty)."""
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, max(0, int(len(sorted_values) * q) - 1))]
