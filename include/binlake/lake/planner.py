@@ -1,0 +1,81 @@
+"""Window planning: which Pumps a commit_ts window must be read from, and
+whether they are ready for it.
+
+A Pump must be read for ``[start_ts, end_ts)`` unless it went offline before
+``start_ts`` (an offline Pump took no transaction after its offline_ts). Every
+other registered Pump may hold transactions of the window, so every one of
+them must be reachable, have a safe ts >= end_ts (nothing of the window still
+to arrive) and a GC ts <= start_ts (nothing of the window collected).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from binlake import errors, tso
+from binlake.registry.client import RegistryClient
+from binlake.registry.model import NodeRecord, NodeState
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowPlan:
+    start_ts: int
+    end_ts: int
+    pumps: tuple[NodeRecord, ...]
+
+    @property
+    def addrs(self) -> dict[str, str]:
+        return {p.node_id: p.addr for p in self.pumps}
+
+    def waiting_for(self) -> list[NodeRecord]:
+        """Pumps whose (last reported) safe ts is still below the window end."""
+        return [p for p in self.pumps if p.safe_ts < self.end_ts]
+
+
+def check_window(start_ts: int, end_ts: int) -> None:
+    for name, v in (("start_ts", start_ts), ("end_ts", end_ts)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise errors.InvalidArgument(f"{name} must be an integer TSO, got {v!r}")
+        if not 0 <= v <= tso.MAX_TS:
+            raise errors.InvalidArgument(f"{name} must be a TSO in [0, 2^63), got {v}")
+    if start_ts >= end_ts:
+        raise errors.InvalidArgument(f"window [{start_ts}, {end_ts}) is empty: start must be before end")
+
+
+def pumps_for_window(nodes: list[NodeRecord], start_ts: int, end_ts: int) -> list[NodeRecord]:
+    return sorted(
+        (n for n in nodes if n.kind == "pump"
+         and not (n.state is NodeState.OFFLINE and 0 < n.offline_ts < start_ts)),
+        key=lambda n: n.node_id,
+    )
+
+
+def plan_window(registry: str | RegistryClient, start_ts: int, end_ts: int,
+                pumps: list[str] | None = None) -> WindowPlan:
+    """The Pumps to read for the window (optionally restricted to ``pumps`` ids).
+    Refuses (OutOfRange) when a Pump has collected garbage above the window start."""
+    check_window(start_ts, end_ts)
+    own = not isinstance(registry, RegistryClient)
+    reg = RegistryClient(registry) if own else registry
+    try:
+        nodes, _rev = reg.list_nodes("pump")
+    finally:
+        if own:
+            reg.close()
+    chosen = pumps_for_window(nodes, start_ts, end_ts)
+    if pumps is not None:
+        known = {n.node_id for n in chosen}
+        unknown = [p for p in pumps if p not in known]
+        if unknown:
+            raise errors.NotFound(
+                f"pump(s) {', '.join(unknown)} not registered (or offline before the window); "
+                f"known: {', '.join(sorted(known)) or 'none'}"
+            )
+        chosen = [n for n in chosen if n.node_id in pumps]
+    for n in chosen:
+        if n.gc_ts > start_ts:
+            raise errors.OutOfRange(
+                f"window [{start_ts}, {end_ts}) starts below pump {n.node_id}'s GC ts {tso.format_ts(n.gc_ts)}: "
+                "its binlogs before that were removed after their retention"
+            )
+    return WindowPlan(start_ts, end_ts, tuple(chosen))
