@@ -176,7 +176,10 @@ def describe_validation_error(exc: ValidationError, section: str, cls: type[Base
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (see config/binlake.toml for the keys)"
+        elif err["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
         given = err.get("input")
-        shown = f" (got {given!r})" if given is not None and err["type"] != "extra_forbidden" else ""
+        # Our own validators already quote the value; pydantic's messages do not.
+        shown = f" (got {given!r})" if given is not None and err["type"] not in ("extra_forbidden", "value_error") else ""
         lines.append(f"[{section}] {key} / {prefix}{key.upper()}: {msg}{shown}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
