@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.binlake-setup
 
-.PHONY: setup test demo proto proto-check bench lint clean
+.PHONY: setup test demo up proto proto-check bench lint clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,11 @@ test: setup
 demo: setup
 	$(BIN)/python scripts/demo.py
 
+# The always-on stack on this machine (registry, three Pumps, Airflow with this
+# project's dags/ and plugins/), in the foreground; Ctrl-C stops it. State in ./data.
+up: setup
+	$(BIN)/binlake up
+
 proto: setup
 	$(BIN)/python scripts/gen_proto.py
 
@@ -28,6 +33,7 @@ proto-check: setup
 bench: setup
 	$(BIN)/binlake bench pump
 	$(BIN)/binlake bench writer
+	$(BIN)/binlake bench ingest
 
 lint: setup
 	$(BIN)/ruff check include tests dags plugins jobs scripts bench

@@ -103,6 +103,64 @@ def _registry_addr(args: argparse.Namespace) -> str:
     return addr
 
 
+# -- up (the always-on stack of `make up`; implementation in binlake.stack) -------------
+
+_UP_DESCRIPTION = """\
+Run the always-on stack on this machine, in the foreground: the registry, N Pumps on fixed
+loopback ports (data under DATA_DIR), and Airflow with SQLite metadata in DATA_DIR/airflow
+(API server + UI, scheduler, DAG processor, triggerer) running this project's dags/ and
+plugins/, so binlake_ingest ingests every window into DATA_DIR/lake. Prints where everything
+is; Ctrl-C stops Airflow, then the Pumps, then the registry. Starting it again finds the
+same cluster, lake and Airflow state, and the ingest DAG catches up on the windows missed."""
+
+
+def _add_up_parser(sub: argparse._SubParsersAction, fmt: type[argparse.HelpFormatter]) -> None:
+    from binlake import stack
+
+    p = sub.add_parser(
+        "up", help="run registry, Pumps and Airflow on this machine (make up)", formatter_class=fmt,
+        description=_UP_DESCRIPTION,
+        epilog=(
+            "Examples:\n"
+            "  binlake up                                   # UI on http://127.0.0.1:8080\n"
+            "  binlake up --pumps 2 --airflow-port 8081 --data-dir /tmp/binlake\n"
+            "  binlake up --no-airflow                      # only the registry and the Pumps\n"
+            "  binlake up --pump-args='--gc-retention-days 1 --fake-binlog-interval-s 1'\n"
+        ),
+    )
+    p.add_argument("--data-dir", default="data", help="root of all state and logs (default ./data)")
+    p.add_argument("--pumps", type=_positive_int, default=3, help="number of Pumps (default 3)")
+    p.add_argument("--registry-addr", default=stack.DEFAULT_REGISTRY_ADDR,
+                   help=f"registry HOST:PORT (default {stack.DEFAULT_REGISTRY_ADDR}; port 0 = a free port)")
+    p.add_argument("--pump-port-base", type=_non_negative_int, default=stack.DEFAULT_PUMP_PORT_BASE,
+                   help="Pump i listens on BASE+10*(i-1), metrics on the next port (default 8250: "
+                        "8250/8251, 8260/8261, ...; 0 = free ports)")
+    p.add_argument("--pump-args", default="",
+                   help="extra `binlake pump` flags for every Pump, one string (use --pump-args='...')")
+    p.add_argument("--no-airflow", dest="airflow", action="store_false", help="start only the registry and Pumps")
+    p.add_argument("--airflow-port", type=_positive_int, default=stack.DEFAULT_AIRFLOW_PORT,
+                   help="port of the Airflow API server and UI on 127.0.0.1 (default 8080)")
+    p.add_argument("--dags-folder", default=str(stack.PROJECT_ROOT / "dags"), help="Airflow DAGs (default ./dags)")
+    p.add_argument("--plugins-folder", default=str(stack.PROJECT_ROOT / "plugins"),
+                   help="Airflow plugins (default ./plugins)")
+    p.add_argument("--ready-timeout-s", type=_positive_float, default=180.0,
+                   help="give up if a service is not ready after this long (default 180)")
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from binlake import stack
+
+    cfg = stack.StackConfig(
+        data_dir=pathlib.Path(args.data_dir), pumps=args.pumps, registry_addr=args.registry_addr,
+        pump_port_base=args.pump_port_base, pump_args=stack.parse_pump_args(args.pump_args),
+        airflow=args.airflow, airflow_port=args.airflow_port, dags_folder=pathlib.Path(args.dags_folder),
+        plugins_folder=pathlib.Path(args.plugins_folder), ready_timeout_s=args.ready_timeout_s,
+    )
+    return stack.Stack(cfg).run()
+
+# -- end of up ----------------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
@@ -150,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gc-retention-days", type=float, help="keep binlogs this many days (default 7)")
     p.add_argument("--max-binlog-bytes", type=_positive_int, help="largest binlog accepted (default 1 GiB)")
     p.add_argument("--stop-write-at-free-bytes", type=int, help="refuse writes below this free disk (default 1 GiB)")
+
+    # -- up
+    _add_up_parser(sub, fmt)
 
     # -- ctl
     ctl = sub.add_parser("ctl", help="operate the cluster (binlogctl)", formatter_class=fmt,
@@ -261,6 +322,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
+    # -- ingest
+    p = sub.add_parser(
+        "ingest", help="ingest a commit_ts window from every Pump into the Delta lake", formatter_class=fmt,
+        description=(
+            "Read the complete transactions of [start, end) from every Pump that may hold them, decode their\n"
+            "row changes with the schema history, and write them to the lake's Delta tables: changes\n"
+            "(partitioned by commit date), ddl_history and windows. Runs Spark in this process (the same job\n"
+            "as jobs/ingest.py under spark-submit). Re-running a window replaces exactly its rows; a window\n"
+            "overlapping an ingested one with other bounds is refused. Every Pump must be reachable, have a\n"
+            "safe ts at or above the window end and a GC ts at or below its start."
+        ),
+        epilog=(
+            "Examples:\n"
+            "  binlake ingest --start 2026-11-21T08:00 --end 2026-11-21T08:05 --lake data/lake\n"
+            "  binlake ingest --start-ts 470614378216685568 --end-ts 470614456854364160 --lake data/lake \\\n"
+            "                 --registry 127.0.0.1:8230 --pumps pump1,pump2 --json\n"
+        ),
+    )
+    _add_registry(p)
+    p.add_argument("--start-ts", type=_ts_arg, help="window start (inclusive), a TSO")
+    p.add_argument("--end-ts", type=_ts_arg, help="window end (exclusive), a TSO")
+    p.add_argument("--start", type=_datetime_arg, help="window start as an ISO datetime (UTC unless offset given)")
+    p.add_argument("--end", type=_datetime_arg, help="window end as an ISO datetime")
+    p.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE"),
+                   help="lake directory or URI (default: $BINLAKE_LAKE)")
+    p.add_argument("--pumps", help="comma-separated Pump ids to read (default: every Pump that may hold the window)")
+    p.add_argument("--master", help="Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
+
+    # -- lake
+    lake = sub.add_parser("lake", help="inspect the Delta lake (windows, changes)", formatter_class=fmt,
+                          description="Inspect the lake's Delta tables without a registry or Pumps.")
+    lsub = lake.add_subparsers(dest="lake_command", metavar="WHAT")
+    c = lsub.add_parser("windows", help="table of ingested windows, with the gaps between them", formatter_class=fmt,
+                        epilog="Example:\n  binlake lake windows --lake data/lake\n")
+    c.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE"), help="lake directory or URI (default: $BINLAKE_LAKE)")
+    c.add_argument("--master", help="Spark master (default local[*])")
+    c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    c = lsub.add_parser(
+        "changes", help="row changes of one table, in commit order", formatter_class=fmt,
+        epilog=(
+            "Examples:\n"
+            "  binlake lake changes --lake data/lake --table sbtest1 --limit 20\n"
+            "  binlake lake changes --lake data/lake --table main.accounts --from-ts 470614378216685568 --json\n"
+        ),
+    )
+    c.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE"), help="lake directory or URI (default: $BINLAKE_LAKE)")
+    c.add_argument("--table", required=True, help="TABLE or DB.TABLE (the name when the change was made)")
+    c.add_argument("--from-ts", type=_ts_arg, help="only changes with commit_ts >= this TSO")
+    c.add_argument("--to-ts", type=_ts_arg, help="only changes with commit_ts < this TSO")
+    c.add_argument("--limit", type=_positive_int, default=50, help="at most this many changes (default 50)")
+    c.add_argument("--master", help="Spark master (default local[*])")
+    c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+
     # -- bench
     bench = sub.add_parser("bench", help="benchmarks (results go to bench/RESULTS.md)", formatter_class=fmt)
     bsub = bench.add_subparsers(dest="bench_command", metavar="WHICH")
@@ -282,6 +397,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--seconds", type=float, default=5.0, help="measure each case this long (default 5)")
     b.add_argument("--clients", default="1,8", help="comma-separated client counts (default 1,8)")
+    b = bsub.add_parser(
+        "ingest", help="row changes/s from three Pumps into Delta vs Parquet->Delta", formatter_class=fmt,
+        epilog="Example:\n  binlake bench ingest --rows 1000000 --runs 2\n",
+    )
+    b.add_argument("--rows", type=_positive_int, default=1_000_000, help="row changes to ingest (default 1000000)")
+    b.add_argument("--rows-per-txn", type=_positive_int, default=2000, help="row changes per transaction (default 2000)")
+    b.add_argument("--runs", type=_positive_int, default=2, help="runs of each case; the best is reported (default 2)")
+    b.add_argument("--master", help="Spark master (default local[*])")
+    b.add_argument("--dir", help="scratch directory (default: a temp dir under bench/)")
     return parser
 
 
@@ -325,6 +449,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         node.run(settings)
         return 0
+    if args.command == "up":
+        return _run_up(args)
     if args.command == "ctl":
         from binlake import ctl
 
@@ -344,8 +470,22 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.accounts < 2:
             raise errors.InvalidArgument(f"--accounts must be at least 2 (a transfer needs two), got {args.accounts}")
         return workload.command(args, _registry_addr(args))
+    if args.command == "ingest":
+        from binlake.lake import commands
+
+        if not args.lake:
+            raise errors.InvalidArgument("ingest needs --lake PATH (the lake directory or URI), or $BINLAKE_LAKE")
+        return commands.ingest(args, _registry_addr(args))
+    if args.command == "lake":
+        from binlake.lake import commands
+
+        if args.lake_command is None:
+            parser.parse_args(["lake", "--help"])
+        if not args.lake:
+            raise errors.InvalidArgument(f"lake {args.lake_command} needs --lake PATH, or $BINLAKE_LAKE")
+        return commands.windows(args) if args.lake_command == "windows" else commands.changes(args)
     if args.command == "bench":
-        if args.bench_command not in ("pump", "writer"):
+        if args.bench_command not in ("pump", "writer", "ingest"):
             parser.parse_args(["bench", "--help"])
         # The benchmarks live in the repository's bench/ folder, beside their results.
         sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))

@@ -68,7 +68,8 @@ def build_spark(
 ) -> SparkSession:
     """Build (or get) the SparkSession binlake uses, with Delta Lake enabled.
 
-    ``master`` defaults to ``$BINLAKE_SPARK_MASTER``, else ``local[*]``.
+    ``master`` defaults to ``$BINLAKE_SPARK_MASTER``, else spark-submit's
+    ``--master`` when running under spark-submit, else ``local[*]``.
     ``extra_conf`` is applied last, so it may override anything set here
     (e.g. ``spark.pyspark.python`` when executors live on hosts with another
     layout); a ``spark.jars`` in it is appended to the Delta jars rather than
@@ -111,9 +112,12 @@ def build_spark(
         conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
     conf.update(extra)
 
-    builder = SparkSession.builder.appName(app_name).master(
-        master or os.environ.get(MASTER_ENV) or DEFAULT_MASTER
-    )
+    builder = SparkSession.builder.appName(app_name)
+    chosen = master or os.environ.get(MASTER_ENV)
+    # Under spark-submit the JVM launched this Python (PYSPARK_GATEWAY_PORT is
+    # set) with the --master it was given: keep that unless told otherwise.
+    if chosen is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = builder.master(chosen or DEFAULT_MASTER)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

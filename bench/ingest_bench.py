@@ -1,0 +1,352 @@
+"""Ingest benchmark: row changes/s from three Pumps into the Delta change table,
+against the same rows written by the same Spark session from a local Parquet
+file to Delta (the limit of Spark + Delta on this machine).
+
+Setup: a registry and three Pumps as processes. ROWS row changes (70 %
+inserts, 20 % updates with before and after images - each changing one column,
+``k`` or ``c``, as sysbench's index and non-index updates -, 10 % deletes) of one
+sysbench-like table are written straight to the Pumps with the Pump API in
+transactions of ROWS_PER_TXN rows, round-robin over the Pumps (no SQL: the
+upstream is not what is measured). Then, RUNS times each, alternating:
+
+* ingest: ``ingest_window`` of the whole window into a fresh lake (plan, scan,
+  read + decode in the data source, Delta write, counts, windows row);
+* baseline: the rows that ingest wrote, exported once to a local Parquet file,
+  read and written to a fresh Delta table with the same partitioning.
+
+Reported: the best run of each, row changes/s, the ratio ingest/baseline, and
+peak memory sampled every 50 ms during the ingest runs: the driver's Python
+process RSS and the whole process tree's (driver Python + JVM + Python
+workers).
+
+Run: ``binlake bench ingest`` (or ``make bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import decimal
+import pathlib
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+POOL = 4096  # distinct row bodies; every row still gets its own primary key
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(tag: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field: tag byte, length, payload."""
+    return bytes([tag]) + _varint(len(payload)) + payload
+
+
+def bench_table() -> Any:
+    from binlake.source.schema import ColumnDef, new_table
+
+    cols = [ColumnDef("id", "int", False), ColumnDef("k", "int", False), ColumnDef("c", "string", False, length=120),
+            ColumnDef("pad", "string", True, length=60), ColumnDef("price", "decimal", False, precision=12, scale=2),
+            ColumnDef("ts", "datetime", False), ColumnDef("note", "string", True), ColumnDef("doc", "json", True)]
+    return new_table(100, "bench", "sbtest", cols, ["id"], None, 1)
+
+
+class RowFactory:
+    """Serialized Rows with a given primary key, fast: a pool of encoded row
+    bodies (every column but ``id``) with the ``id`` column prepended.
+    A Row is a sequence of length-delimited Column entries, so concatenation
+    of entries is a valid Row."""
+
+    def __init__(self, table: Any, seed: int) -> None:
+        from binlake import codec
+
+        rng = random.Random(seed)
+        alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 é漢"
+        self.bodies: list[bytes] = []
+        # The same bodies with one column changed: sysbench's index update (k) and
+        # non-index update (c), as an OLTP update changes a column or two, not the row.
+        self.bodies_k: list[bytes] = []
+        self.bodies_c: list[bytes] = []
+        body_cols = [c for c in table.columns if c.name != "id"]
+        for _ in range(POOL):
+            values = {
+                "k": rng.randrange(10**9), "c": "".join(rng.choices(alphabet, k=rng.randint(60, 120))),
+                "pad": None if rng.random() < 0.2 else "".join(rng.choices(alphabet, k=40)),
+                "price": decimal.Decimal(rng.randrange(10**10)).scaleb(-2),
+                "ts": dt.datetime(2020, 1, 1) + dt.timedelta(microseconds=rng.randrange(10**15)),
+                "note": None if rng.random() < 0.5 else "".join(rng.choices(alphabet, k=rng.randint(0, 40))),
+                "doc": None if rng.random() < 0.3 else {"n": rng.randrange(1000), "tags": ["a", "b"][: rng.randint(0, 2)]},
+            }
+            for pool, changed in ((self.bodies, {}), (self.bodies_k, {"k": values["k"] + 1}),
+                                  (self.bodies_c, {"c": values["c"][::-1]})):
+                row = {**values, **changed}
+                pool.append(b"".join(
+                    _field(0x0A, codec_column(c.id, codec.encode_value(row[c.name], c.type, c.name)))
+                    for c in body_cols))
+        self.id_col = table.columns[0].id
+
+    def row(self, key: int, variant: int, bodies: list[bytes] | None = None) -> bytes:
+        from binlake.proto import binlog_pb2
+
+        id_entry = _field(0x0A, codec_column(self.id_col, binlog_pb2.Datum(int_value=key)))
+        return id_entry + (bodies or self.bodies)[variant % POOL]
+
+    def update(self, key: int, variant: int, column: str) -> bytes:
+        """An UpdatedRow of ``key`` changing one column (``k`` or ``c``)."""
+        new = self.bodies_k if column == "k" else self.bodies_c
+        return _field(0x0A, self.row(key, variant)) + _field(0x12, self.row(key, variant, new))
+
+
+def codec_column(col_id: int, datum: Any) -> bytes:
+    from binlake.proto import binlog_pb2
+
+    return binlog_pb2.Column(id=col_id, value=datum).SerializeToString()
+
+
+def produce(cluster: Any, rows: int, rows_per_txn: int, seed: int = 1) -> dict[str, Any]:
+    """Write ``rows`` row changes to the cluster's Pumps; return the window and counts."""
+    import grpc
+
+    from binlake import rpc
+    from binlake.config import GiB
+    from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
+    from binlake.registry.client import RegistryClient
+
+    table = bench_table()
+    factory = RowFactory(table, seed)
+    pumps = sorted(cluster.pump_addrs)
+    reg = RegistryClient(cluster.registry_addr)
+    channels = {p: grpc.insecure_channel(cluster.pump_addrs[p], options=rpc.client_options(GiB)) for p in pumps}
+    stubs = {p: pump_pb2_grpc.PumpStub(ch) for p, ch in channels.items()}
+
+    def write(pump: str, binlog: Any) -> None:
+        stubs[pump].WriteBinlog(pump_pb2.WriteBinlogReq(payload=binlog.SerializeToString()), timeout=60)
+
+    def txn(pump: str, value: Any, ddl: tuple[str, Any] | None = None) -> tuple[int, int]:
+        start = reg.get_ts()
+        pre = binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=start, prewrite_key=b"bench-writer",
+                                prewrite_value=value.SerializeToString())
+        if ddl is not None:
+            pre.ddl_query = ddl[0].encode()
+            pre.ddl_table.CopyFrom(ddl[1])
+        write(pump, pre)
+        commit = reg.get_ts()
+        write(pump, binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=start, commit_ts=commit))
+        return start, commit
+
+    counts = {"insert": 0, "update": 0, "delete": 0}
+    first, _ = txn(pumps[0], binlog_pb2.PrewriteValue(schema_version=1), ("CREATE TABLE bench.sbtest (...)", table))
+    rng = random.Random(seed)
+    live: list[int] = []
+    next_key = 1
+    plans: list[tuple[str, Any]] = []
+    done = 0
+    n = 0
+    while done < rows:
+        size = min(rows_per_txn, rows - done)
+        m = binlog_pb2.TableMutation(table_id=table.table_id)
+        for _ in range(size):
+            r = rng.random()
+            if r < 0.7 or len(live) < 100:
+                m.inserted_rows.append(factory.row(next_key, rng.randrange(POOL)))
+                m.sequence.append(binlog_pb2.INSERT)
+                live.append(next_key)
+                next_key += 1
+                counts["insert"] += 1
+            elif r < 0.9:
+                key = live[rng.randrange(len(live))]
+                m.updated_rows.append(factory.update(key, rng.randrange(POOL), "k" if rng.random() < 0.5 else "c"))
+                m.sequence.append(binlog_pb2.UPDATE)
+                counts["update"] += 1
+            else:
+                i = rng.randrange(len(live))
+                key = live[i]
+                live[i] = live[-1]
+                live.pop()
+                m.deleted_rows.append(factory.row(key, rng.randrange(POOL)))
+                m.sequence.append(binlog_pb2.DELETE_ROW)
+                counts["delete"] += 1
+        plans.append((pumps[n % len(pumps)], binlog_pb2.PrewriteValue(schema_version=1, mutations=[m])))
+        done += size
+        n += 1
+
+    last = [0]
+
+    def writer(pump: str) -> None:
+        for p, value in plans:
+            if p == pump:
+                _, commit = txn(pump, value)
+                last[0] = max(last[0], commit)
+
+    threads = [threading.Thread(target=writer, args=(p,)) for p in pumps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    end = reg.get_ts()
+    reg.close()
+    for ch in channels.values():
+        ch.close()
+    return {"start_ts": first, "end_ts": end, "txns": len(plans) + 1, "counts": counts}
+
+
+class PeakRSS:
+    """Samples the RSS of this process and of its whole process tree."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        self.interval_s = interval_s
+        self.driver = 0
+        self.tree = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.is_set():
+            try:
+                own = me.memory_info().rss
+                total = own
+                for child in me.children(recursive=True):
+                    try:
+                        total += child.memory_info().rss
+                    except psutil.Error:
+                        pass
+            except psutil.Error:
+                own = total = 0
+            self.driver = max(self.driver, own)
+            self.tree = max(self.tree, total)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> PeakRSS:
+        try:
+            import psutil  # noqa: F401
+        except ImportError:
+            return self  # no sampling without psutil; the caller falls back to getrusage
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if not self.driver:
+            import resource
+
+            self.driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def main(args: argparse.Namespace | None = None) -> int:
+    if args is None:
+        parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("--rows", type=int, default=1_000_000)
+        parser.add_argument("--rows-per-txn", type=int, default=2000)
+        parser.add_argument("--runs", type=int, default=2)
+        parser.add_argument("--master", default=None)
+        parser.add_argument("--dir", default=None)
+        args = parser.parse_args()
+    if args.rows < 1 or args.rows_per_txn < 1 or args.runs < 1:
+        print("bench ingest: --rows, --rows-per-txn and --runs must be positive", file=sys.stderr)
+        return 2
+    from binlake.devcluster import DevCluster
+    from binlake.lake.ingest import ingest_window
+    from binlake.lake.spark import build_spark
+
+    base = pathlib.Path(args.dir) if args.dir else ROOT / "bench"
+    base.mkdir(parents=True, exist_ok=True)
+    root = pathlib.Path(tempfile.mkdtemp(prefix="ingest-bench-", dir=base))
+    cluster = DevCluster(root / "cluster", pumps=3,
+                         pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.5"])
+    try:
+        cluster.start()
+        t0 = time.perf_counter()
+        made = produce(cluster, args.rows, args.rows_per_txn)
+        print(f"  wrote {args.rows:,} row changes in {made['txns']} transactions to 3 pumps in "
+              f"{time.perf_counter() - t0:.1f}s ({made['counts']})", flush=True)
+        _wait_safe(cluster, made["end_ts"])
+        spark = build_spark("binlake-bench-ingest", args.master,
+                            extra_conf={"spark.ui.showConsoleProgress": "false"})
+        spark.sparkContext.setLogLevel("ERROR")
+        ingest_s: list[float] = []
+        base_s: list[float] = []
+        peaks: list[PeakRSS] = []
+        parquet = root / "rows.parquet"
+        for run in range(args.runs):
+            lake = root / f"lake{run}"
+            with PeakRSS() as peak:
+                t0 = time.perf_counter()
+                result = ingest_window(spark, str(lake), cluster.registry_addr, made["start_ts"], made["end_ts"])
+                ingest_s.append(time.perf_counter() - t0)
+            peaks.append(peak)
+            if result.rows != args.rows:
+                print(f"bench ingest: the lake holds {result.rows} row changes, expected {args.rows}", file=sys.stderr)
+                return 1
+            print(f"  ingest run {run + 1}: {ingest_s[-1]:.1f}s, {args.rows / ingest_s[-1]:,.0f} row changes/s, "
+                  f"peak RSS driver {_mib(peak.driver)}, process tree {_mib(peak.tree)}", flush=True)
+            if run == 0:
+                spark.read.format("delta").load(str(lake / "changes")).write.parquet(str(parquet))
+            out = root / f"baseline{run}"
+            t0 = time.perf_counter()
+            spark.read.parquet(str(parquet)).write.format("delta").partitionBy("commit_date").save(str(out))
+            base_s.append(time.perf_counter() - t0)
+            print(f"  baseline run {run + 1}: {base_s[-1]:.1f}s, {args.rows / base_s[-1]:,.0f} rows/s", flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+            if run:
+                shutil.rmtree(lake, ignore_errors=True)
+        size = sum(f.stat().st_size for f in (root / "lake0" / "changes").rglob("*.parquet"))
+        spark.stop()
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    best_i, best_b = min(ingest_s), min(base_s)
+    rate_i, rate_b = args.rows / best_i, args.rows / best_b
+    peak_driver = max(p.driver for p in peaks)
+    peak_tree = max(p.tree for p in peaks)
+    print()
+    print("| row changes | pumps | txns | ingest s | row changes/s | Parquet->Delta s | rows/s | ratio | "
+          "peak RSS driver | peak RSS tree | changes on disk |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.rows:,} | 3 | {made['txns']} | {best_i:.1f} | {rate_i:,.0f} | {best_b:.1f} | {rate_b:,.0f} | "
+          f"{rate_i / rate_b:.2f} | {_mib(peak_driver)} | {_mib(peak_tree)} | {_mib(size)} |")
+    return 0
+
+
+def _wait_safe(cluster: Any, ts: int, timeout: float = 60.0) -> None:
+    import grpc
+
+    from binlake.proto import pump_pb2, pump_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    for addr in cluster.pump_addrs.values():
+        with grpc.insecure_channel(addr) as ch:
+            stub = pump_pb2_grpc.PumpStub(ch)
+            while stub.Status(pump_pb2.StatusReq(), timeout=5).safe_ts < ts:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"pump at {addr} did not pass ts {ts} within {timeout:g}s")
+                time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "include"))
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""
+### binlake_ingest: Pump windows -> the Delta change table
+
+Every run ingests one commit_ts window: its data interval `[start, end)` is
+the window `[tso(start), tso(end))`.
+
+1. **plan** — asks the registry which Pumps may hold the window (every Pump
+   not offline before it). A window below a Pump's GC ts fails here, naming the
+   Pump and its GC ts (its binlogs were removed after their retention).
+2. **wait** — deferrable: until every planned Pump (and any that joined since)
+   reports a safe ts >= the window end. The triggerer polls the registry; no
+   worker slot is held.
+3. **ingest** — `spark-submit jobs/ingest.py` through the `spark_default`
+   connection (`local[*]` on one machine; point it at a cluster master
+   elsewhere), or **ingest_inprocess** — the same job inside the task, when the
+   setting `binlake_ingest_mode` is `inprocess`.
+4. **publish** — emits an event of the Asset `binlake://lake/changes` whose
+   extra holds the window, the Pumps and their safe ts.
+
+Ingesting a window replaces exactly that window, so retries, re-runs and
+backfills in any order give the same tables:
+`airflow backfill create --dag-id binlake_ingest --from-date 2026-11-20T00:00 --to-date 2026-11-21T00:00`.
+
+Settings, read when tasks run (Airflow Variable, else environment, else default):
+`binlake_registry` / `BINLAKE_REGISTRY` (127.0.0.1:8230), `binlake_lake` /
+`BINLAKE_LAKE_DIR` (data/lake), `binlake_ingest_mode` / `BINLAKE_INGEST_MODE`
+(spark-submit), `binlake_spark_python`, `binlake_spark_master`,
+`binlake_safe_ts_poll_s`. The schedule (`BINLAKE_INGEST_SCHEDULE`: `5m`, `1h`
+or a cron expression; default every 5 minutes) and the start date
+(`BINLAKE_INGEST_START_DATE`) are read from the environment when the file is
+parsed, because they shape the DAG itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import dag, get_current_context, task
+from binlake_airflow import config, ingest_tasks
+from binlake_airflow.assets import LAKE_CHANGES
+from binlake_airflow.operators import WaitForSafeTsOperator
+
+
+def _plan_value(key: str) -> str:
+    # spark-submit takes strings on its command line, so these are rendered
+    # templates rather than XComArgs (which would resolve to ints and lists).
+    return "{{ ti.xcom_pull(task_ids='plan', key='" + key + "') }}"
+
+
+@dag(
+    dag_id="binlake_ingest",
+    doc_md=__doc__,
+    schedule=config.ingest_timetable(),
+    start_date=config.ingest_start_date(),
+    # Every interval since the start date is a window to ingest, including the
+    # ones missed while Airflow was down.
+    catchup=True,
+    # Windows are independent (each replaces only itself), so a few may run at
+    # once when catching up; more would only queue Spark jobs on one machine.
+    max_active_runs=4,
+    default_args={
+        "retries": 3,
+        "retry_delay": dt.timedelta(seconds=30),
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": dt.timedelta(minutes=10),
+    },
+    tags=["binlake", "ingest"],
+)
+def binlake_ingest() -> None:
+    @task(multiple_outputs=True)
+    def plan(data_interval_start: dt.datetime | None = None,
+             data_interval_end: dt.datetime | None = None) -> dict[str, Any]:
+        return ingest_tasks.plan(data_interval_start, data_interval_end)
+
+    window = plan()
+
+    wait = WaitForSafeTsOperator(
+        task_id="wait",
+        registry=window["registry"],
+        start_ts=window["start_ts"],
+        end_ts=window["end_ts"],
+        pumps=window["pumps"],
+    )
+
+    @task.branch
+    def choose_ingest(mode: str) -> str:
+        return ingest_tasks.choose_ingest(mode)
+
+    ingest = SparkSubmitOperator(
+        task_id=ingest_tasks.SPARK_SUBMIT_TASK,
+        conn_id="spark_default",
+        application=str(config.INGEST_JOB),
+        name="binlake-ingest-{{ ts_nodash }}",
+        application_args=[
+            "--start-ts", _plan_value("start_ts"),
+            "--end-ts", _plan_value("end_ts"),
+            "--lake", _plan_value("lake"),
+            "--registry", _plan_value("registry"),
+        ],
+        # The Delta jars must be on the driver's classpath when its JVM starts,
+        # which under spark-submit is before the job's Python runs.
+        jars=_plan_value("jars"),
+        conf={
+            "spark.pyspark.python": _plan_value("python"),
+            "spark.pyspark.driver.python": _plan_value("python"),
+        },
+        # Each ingest is a Spark application; on one machine two at a time is plenty.
+        max_active_tis_per_dag=2,
+    )
+
+    @task(task_id=ingest_tasks.INPROCESS_TASK, multiple_outputs=False, max_active_tis_per_dag=2)
+    def ingest_inprocess(planned: dict[str, Any]) -> dict[str, Any]:
+        return ingest_tasks.ingest_inprocess(planned)
+
+    # One of the two ingest tasks is skipped by the branch; publish runs after the other.
+    @task(outlets=[LAKE_CHANGES], trigger_rule="none_failed_min_one_success", multiple_outputs=False)
+    def publish(planned: dict[str, Any], waited: dict[str, Any]) -> dict[str, Any]:
+        context = get_current_context()
+        ingested = context["ti"].xcom_pull(task_ids=ingest_tasks.INPROCESS_TASK)
+        extra = ingest_tasks.asset_extra(planned, waited, ingested)
+        context["outlet_events"][LAKE_CHANGES].extra = extra
+        return extra
+
+    chosen = choose_ingest(window["mode"])
+    inprocess = ingest_inprocess(window)
+    wait >> chosen >> [ingest, inprocess]
+    [ingest, inprocess] >> publish(window, wait.output)
+
+
+binlake_ingest()

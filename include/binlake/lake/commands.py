@@ -1,0 +1,210 @@
+"""``binlake ingest`` and ``binlake lake ...``: the lake from the command line.
+
+Each command builds the one SparkSession (``lake.spark.build_spark``) in this
+process. Spark's own console output is turned down so that a refused window
+prints one clear line (the CLI's ``binlake <cmd>: error: ...``), not a JVM
+stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from typing import Any
+
+from binlake import errors, tso
+
+# Delta rebuilds a table's state with 50 tasks by default, which dominates the
+# small tables an ingest reads (windows, ddl_history) on a few cores.
+LAKE_CONF = {"spark.databricks.delta.snapshotPartitions": "4", "spark.ui.showConsoleProgress": "false"}
+
+
+def window_args(args: argparse.Namespace) -> tuple[int, int]:
+    """The window of ``--start-ts/--end-ts`` or ``--start/--end`` (exactly one form each)."""
+    if args.start_ts is not None and args.start is not None:
+        raise errors.InvalidArgument("give the window start once: --start-ts or --start, not both")
+    if args.end_ts is not None and args.end is not None:
+        raise errors.InvalidArgument("give the window end once: --end-ts or --end, not both")
+    start = args.start_ts if args.start_ts is not None else args.start
+    end = args.end_ts if args.end_ts is not None else args.end
+    if start is None or end is None:
+        raise errors.InvalidArgument("a window needs a start (--start-ts or --start) and an end (--end-ts or --end)")
+    if start >= end:
+        raise errors.InvalidArgument(f"window [{start}, {end}) is empty: the start must be before the end")
+    return start, end
+
+
+def pump_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    pumps = [p.strip() for p in text.split(",") if p.strip()]
+    if not pumps:
+        raise errors.InvalidArgument("--pumps needs at least one pump id (comma-separated)")
+    return pumps
+
+
+def session(master: str | None = None, quiet: bool = True) -> Any:
+    from binlake.lake.spark import build_spark
+
+    spark = build_spark("binlake-cli", master, extra_conf=LAKE_CONF)
+    if quiet:
+        # Failures reach the user as one line from binlake; Spark's task logs would bury it.
+        spark.sparkContext.setLogLevel("FATAL")
+    return spark
+
+
+def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
+    from binlake.lake.source import binlake_error
+
+    err = binlake_error(exc)
+    if err is not None:
+        return err
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return errors.FailedPrecondition(f"{what}: {first[:500]}")
+
+
+# ---------------------------------------------------------------- binlake ingest
+def ingest(args: argparse.Namespace, registry: str) -> int:
+    from binlake.lake.ingest import check_lake, ingest_window
+    from binlake.lake.source import plan_read
+
+    start, end = window_args(args)
+    check_lake(args.lake)
+    pumps = pump_list(args.pumps)
+    # Refuse an unservable window in a second, before a JVM starts (ingest checks again).
+    plan_read(registry, start, end, pumps)
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    began = time.monotonic()
+    with console.status(f"ingest [{start}, {end})", spinner="dots") as status:
+        def progress(message: str) -> None:
+            status.update(f"[{time.monotonic() - began:5.1f}s] {message}")
+            if not args.json:
+                console.log(message, highlight=False)
+
+        status.update("starting Spark")
+        spark = session(args.master, quiet=args.log_level != "DEBUG")
+        try:
+            result = ingest_window(spark, args.lake, registry, start, end, pumps, progress)
+        except errors.BinlakeError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise errors.InvalidArgument(str(exc)) from None
+        except Exception as exc:  # a Spark/Delta failure: its first line, not a JVM trace
+            raise _spark_error(exc, f"ingest [{start}, {end})") from None
+    if args.json:
+        print(json.dumps(result.to_dict(), sort_keys=True))
+    else:
+        print(result.summary())
+    return 0
+
+
+# ---------------------------------------------------------------- binlake lake windows / changes
+def _fmt_ts(ts: int) -> str:
+    return tso.to_datetime(ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if ts > 0 else "-"
+
+
+def windows(args: argparse.Namespace) -> int:
+    from binlake.lake.ingest import check_lake, read_windows, uncovered
+
+    check_lake(args.lake)
+    spark = session(args.master)
+    try:
+        rows = read_windows(spark, args.lake)
+    except Exception as exc:
+        raise _spark_error(exc, f"reading the windows of {args.lake}") from None
+    if args.json:
+        for r in rows:
+            print(json.dumps(r, default=str, sort_keys=True))
+        return 0
+    if not rows:
+        print(f"no windows ingested in {args.lake}")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Windows of {args.lake}", title_justify="left")
+    for col in ("start (UTC)", "end (UTC)", "start_ts", "end_ts", "txns", "rows", "DDL", "pumps", "status",
+                "ingested at"):
+        table.add_column(col, justify="right" if col in ("txns", "rows", "DDL") else "left", no_wrap=True)
+    for r in rows:
+        table.add_row(_fmt_ts(r["start_ts"]), _fmt_ts(r["end_ts"]), str(r["start_ts"]), str(r["end_ts"]),
+                      str(r["txns"]), str(r["rows"]), str(r["ddls"]), ",".join(r["pumps"]), r["status"],
+                      str(r["ingested_at"])[:19])
+    console = Console(width=220)
+    console.print(table)
+    first, last = rows[0]["start_ts"], max(r["end_ts"] for r in rows)
+    gaps = uncovered(rows, first, last)
+    if gaps:
+        console.print("gaps (not ingested): " + ", ".join(f"[{a}, {b}) {_fmt_ts(a)} .. {_fmt_ts(b)}" for a, b in gaps))
+    return 0
+
+
+def changes(args: argparse.Namespace) -> int:
+    from pyspark.sql import functions as F
+
+    from binlake.lake.ingest import CHANGES, check_lake, is_delta, table_path
+
+    check_lake(args.lake)
+    if not args.table or not args.table.strip():
+        raise errors.InvalidArgument("--table needs a table name (TABLE or DB.TABLE)")
+    db, _, tbl = args.table.strip().rpartition(".")
+    if args.from_ts is not None and args.to_ts is not None and args.from_ts >= args.to_ts:
+        raise errors.InvalidArgument(f"--from-ts {args.from_ts} must be below --to-ts {args.to_ts}")
+    spark = session(args.master)
+    path = table_path(args.lake, CHANGES)
+    if not is_delta(spark, path):
+        raise errors.NotFound(f"no change table at {path}: nothing was ingested into {args.lake}")
+    df = spark.read.format("delta").load(path).where(F.col("tbl") == tbl)
+    if db:
+        df = df.where(F.col("db") == db)
+    if args.from_ts is not None:
+        df = df.where(F.col("commit_ts") >= args.from_ts)
+    if args.to_ts is not None:
+        df = df.where(F.col("commit_ts") < args.to_ts)
+    try:
+        rows = df.orderBy("commit_ts", "seq").limit(args.limit).collect()
+    except Exception as exc:
+        raise _spark_error(exc, f"reading changes of {args.table}") from None
+    if args.json:
+        for r in rows:
+            print(json.dumps(r.asDict(), default=_json_default, ensure_ascii=False))
+        return 0
+    if not rows:
+        print(f"no changes of {args.table} in {args.lake}" + _range_text(args))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Changes of {args.table}" + _range_text(args), title_justify="left")
+    for col in ("commit (UTC)", "commit_ts", "seq", "op", "keys", "before", "after"):
+        table.add_column(col, overflow="fold" if col in ("before", "after") else "ellipsis")
+    for r in rows:
+        table.add_row(_fmt_ts(r["commit_ts"]), str(r["commit_ts"]), str(r["seq"]), r["op"], r["keys"],
+                      _short(r["before"]), _short(r["after"]))
+    Console(width=220).print(table)
+    if len(rows) == args.limit:
+        print(f"(first {args.limit}; use --limit or --from-ts/--to-ts for more)", file=sys.stderr)
+    return 0
+
+
+def _range_text(args: argparse.Namespace) -> str:
+    if args.from_ts is None and args.to_ts is None:
+        return ""
+    return f" in [{args.from_ts if args.from_ts is not None else '-inf'}, {args.to_ts if args.to_ts is not None else '+inf'})"
+
+
+def _short(image: str | None, limit: int = 300) -> str:
+    if image is None:
+        return "-"
+    return image if len(image) <= limit else image[:limit] + "…"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    return str(value)

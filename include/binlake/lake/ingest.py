@@ -1,0 +1,436 @@
+"""Ingest one commit_ts window from every Pump into the Delta lake.
+
+``ingest_window(spark, lake, registry, start_ts, end_ts)`` writes three Delta
+tables under ``lake``:
+
+``changes``      one row per row change (``decode.CHANGE_COLUMNS``), partitioned
+                 by ``commit_date``
+``ddl_history``  one row per DDL (``decode.DDL_COLUMNS``)
+``windows``      one row per ingested window: ``start_ts, end_ts, pumps,
+                 rows_per_pump, rows_per_table_op ('db.tbl:op' -> count), txns,
+                 rows, ddls, status ('done'), ingested_at``
+
+Idempotence: the window's rows replace exactly what ``changes`` and
+``ddl_history`` hold with ``start_ts <= commit_ts < end_ts`` (Delta
+``replaceWhere``), and its ``windows`` row replaces the one with the same
+bounds. A window that overlaps an ingested one without the same bounds is
+refused. The ``windows`` row is written last, so a failed ingest leaves no
+row claiming the window is done.
+
+Schema history: rows are decoded with the table definitions in force when
+their transaction committed. Those come from ``ddl_history`` (DDLs with
+``commit_ts < start_ts``), the window's own DDLs (the scan finds them on every
+Pump before any row is decoded) and the DDLs of the ranges ``ddl_history`` is
+not complete for, read directly from the Pumps:
+
+* the first ingest into an empty lake reads every DDL the Pumps hold below its
+  window and adds them to ``ddl_history`` (by start_ts, never twice): from then
+  on ``ddl_history`` holds every DDL below the lake's first window;
+* a later ingest reads only the gaps between that first window and its own
+  start that no ingested window covers (a backfill out of order, or a window
+  still running in parallel).
+
+So windows can be ingested (and re-ingested) in any order and decode the same
+way, and every order leaves the same ``ddl_history``, as long as the Pumps
+still hold the DDLs of the gaps. When neither the lake nor the Pumps hold a
+table's definition (its DDL is below every Pump's GC ts and in no ingested
+window), the ingest fails naming the table id and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from binlake import errors, rpc, tso
+from binlake.lake import decode
+from binlake.lake import source as lake_source
+from binlake.lake.planner import check_window, pumps_for_window
+from binlake.registry.client import RegistryClient
+
+CHANGES = "changes"
+DDL_HISTORY = "ddl_history"
+WINDOWS = "windows"
+WINDOWS_DDL = ("start_ts long, end_ts long, pumps array<string>, rows_per_pump map<string,long>, "
+               "rows_per_table_op map<string,long>, txns long, rows long, ddls long, status string, "
+               "ingested_at timestamp")
+# Partitions of about this many row changes at least: smaller ones cost more
+# in task overhead than they win in balance.
+MIN_ROWS_PER_PARTITION = 20_000
+_CONCURRENT_RETRIES = 3
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestResult:
+    """What an ingest wrote for ``[start_ts, end_ts)``."""
+
+    lake: str
+    start_ts: int
+    end_ts: int
+    pumps: tuple[str, ...]
+    txns: int
+    rows: int
+    ddls: int
+    duplicates: int  # transactions two Pumps held, written once
+    rows_per_pump: dict[str, int]
+    rows_per_table_op: dict[str, int]
+    replaced: bool  # the window had been ingested before (and was replaced)
+    elapsed_s: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["pumps"] = list(self.pumps)
+        out["rows_per_s"] = round(self.rows_per_s, 1)
+        return out
+
+    def summary(self) -> str:
+        lines = [
+            f"window [{self.start_ts}, {self.end_ts})  {_dt(self.start_ts)} .. {_dt(self.end_ts)}"
+            + ("  (replaced)" if self.replaced else ""),
+            f"  pumps         {', '.join(self.pumps)}",
+            f"  transactions  {self.txns} ({self.ddls} DDL, {self.duplicates} duplicate copies dropped)",
+            f"  row changes   {self.rows} in {self.elapsed_s:.1f}s ({self.rows_per_s:,.0f}/s)",
+        ]
+        lines += [f"    {pump:<20} {n}" for pump, n in sorted(self.rows_per_pump.items())]
+        lines += [f"    {key:<40} {n}" for key, n in sorted(self.rows_per_table_op.items())]
+        return "\n".join(lines)
+
+
+def _dt(ts: int) -> str:
+    return tso.to_datetime(ts).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if ts > 0 else "-"
+
+
+def table_path(lake: str, name: str) -> str:
+    """The location of one lake table (``lake`` may be a local path or a URI)."""
+    check_lake(lake)
+    if name not in (CHANGES, DDL_HISTORY, WINDOWS):
+        raise ValueError(f"unknown lake table {name!r}; expected {CHANGES}, {DDL_HISTORY} or {WINDOWS}")
+    base = lake if "://" in lake else os.path.abspath(lake)
+    return f"{base.rstrip('/')}/{name}"
+
+
+def check_lake(lake: Any) -> str:
+    if not isinstance(lake, str) or not lake.strip():
+        raise errors.InvalidArgument(f"lake must be a path or URI of the lake directory, got {lake!r}")
+    return lake
+
+
+def is_delta(spark: Any, path: str) -> bool:
+    """Whether ``path`` holds a Delta table: its log directory exists (a file-system
+    check, cheaper than loading the table's state as DeltaTable.isDeltaTable does)."""
+    jvm = spark.sparkContext._jvm
+    log = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log")
+    fs = log.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return bool(fs.exists(log))
+
+
+def read_windows(spark: Any, lake: str) -> list[dict[str, Any]]:
+    """Every ``windows`` row, by start_ts (empty when nothing was ingested yet)."""
+    path = table_path(lake, WINDOWS)
+    if not is_delta(spark, path):
+        return []
+    rows = spark.read.format("delta").load(path).orderBy("start_ts", "end_ts").collect()
+    return [r.asDict(recursive=True) for r in rows]
+
+
+def check_overlap(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> bool:
+    """True when ``[start_ts, end_ts)`` was ingested with these exact bounds;
+    FailedPrecondition when it overlaps an ingested window differently."""
+    same = False
+    for w in windows:
+        s, e = int(w["start_ts"]), int(w["end_ts"])
+        if (s, e) == (start_ts, end_ts):
+            same = True
+        elif s < end_ts and start_ts < e:
+            raise errors.FailedPrecondition(
+                f"window [{start_ts}, {end_ts}) ({_dt(start_ts)} .. {_dt(end_ts)}) overlaps the ingested window "
+                f"[{s}, {e}) ({_dt(s)} .. {_dt(e)}) without the same bounds: re-ingest exactly that window, or "
+                "choose a window that does not overlap it")
+    return same
+
+
+def uncovered(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> list[tuple[int, int]]:
+    """The parts of ``[start_ts, end_ts)`` no ingested window covers."""
+    gaps: list[tuple[int, int]] = []
+    cursor = start_ts
+    for s, e in sorted((int(w["start_ts"]), int(w["end_ts"])) for w in windows):
+        if e <= cursor:
+            continue
+        if s >= end_ts:
+            break
+        if s > cursor:
+            gaps.append((cursor, s))
+        cursor = max(cursor, e)
+    if cursor < end_ts:
+        gaps.append((cursor, end_ts))
+    return gaps
+
+
+def load_history(spark: Any, lake: str, before_ts: int) -> decode.SchemaHistory:
+    """The definitions ``ddl_history`` holds from DDLs committed before ``before_ts``."""
+    return _load_ddl_history(spark, lake, before_ts, before_ts)[0]
+
+
+def _load_ddl_history(spark: Any, lake: str, start_ts: int, end_ts: int) -> tuple[decode.SchemaHistory, int]:
+    """(definitions from DDLs before ``start_ts``, DDL rows already in ``[start_ts, end_ts)``)."""
+    path = table_path(lake, DDL_HISTORY)
+    if not is_delta(spark, path):
+        return decode.SchemaHistory(), 0
+    rows = (spark.read.format("delta").load(path).where(f"commit_ts < {int(end_ts)}")
+            .select("commit_ts", "table_info").collect())
+    before = [r for r in rows if r["commit_ts"] < start_ts]
+    return decode.SchemaHistory.from_rows(before), len(rows) - len(before)
+
+
+def _history_from_pumps(registry: str, gaps: list[tuple[int, int]]) -> tuple[list[Any], list[str]]:
+    """DDLs in the uncovered ranges, read from every Pump that may hold them, plus
+    notes on ranges a Pump cannot serve any more (below its GC ts)."""
+    from binlake.lake.planner import WindowPlan
+
+    with RegistryClient(registry) as reg:
+        nodes, _ = reg.list_nodes("pump")
+    ranges: list[tuple[str, int, int]] = []
+    addrs: dict[str, str] = {}
+    lost: list[str] = []
+    for lo, hi in gaps:
+        chosen = pumps_for_window(nodes, lo, hi)
+        # Each Pump's own GC ts (the registry's is as old as its last heartbeat).
+        plan = WindowPlan(lo, hi, tuple(chosen))
+        statuses = lake_source.pump_statuses(plan)
+        for node in chosen:
+            gc_ts = statuses[node.node_id].gc_ts
+            if gc_ts > lo:
+                lost.append(f"pump {node.node_id} no longer holds [{lo}, {min(hi, gc_ts)}) "
+                            f"(GC ts {tso.format_ts(gc_ts)})")
+            if max(lo, gc_ts) < hi:
+                ranges.append((node.node_id, max(lo, gc_ts), hi))
+                addrs[node.node_id] = node.addr
+    return lake_source.scan_ddls(addrs, ranges), lost
+
+
+def _missing_table(exc: decode.UnknownTableError, start_ts: int, end_ts: int,
+                   lost: list[str], used: tuple[int, int]) -> errors.BinlakeError:
+    hint = ("its DDL is in no ingested window and the Pumps no longer hold it (below their GC ts)" if lost else
+            "its DDL is in no ingested window and on no Pump")
+    detail = f"; {'; '.join(lost)}" if lost else ""
+    return errors.FailedPrecondition(
+        f"window [{start_ts}, {end_ts}): rows of table id {exc.table_id} (committed from {tso.format_ts(used[0])}) "
+        f"cannot be decoded: {exc} - {hint}{detail}")
+
+
+def _retry_concurrent(what: str, fn: Callable[[], Any]) -> Any:
+    """Run a Delta write again when a concurrent writer committed first (another
+    window's ingest touching the same table): the write is idempotent."""
+    for attempt in range(1, _CONCURRENT_RETRIES + 1):
+        try:
+            return fn()
+        except Exception as exc:  # Delta raises py4j-wrapped Concurrent*Exception
+            # ConcurrentAppendException, ProtocolChangedException ("... changed by a concurrent
+            # update", e.g. two first ingests creating the table), MetadataChangedException, ...
+            if "concurrent" not in (type(exc).__name__ + str(exc)[:2000]).lower() or attempt == _CONCURRENT_RETRIES:
+                raise
+            time.sleep(0.5 * attempt)
+    return None
+
+
+def _validate(spark: Any, lake: str, registry: str, start_ts: int, end_ts: int,
+              pumps: Sequence[str] | None) -> list[str] | None:
+    if spark is None or not hasattr(spark, "read"):
+        raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
+    check_lake(lake)
+    if not isinstance(registry, str):
+        raise errors.InvalidArgument(f"registry must be HOST:PORT, got {registry!r}")
+    rpc.parse_addr(registry, "registry")
+    check_window(start_ts, end_ts)
+    if pumps is None:
+        return None
+    if isinstance(pumps, str) or not all(isinstance(p, str) and p for p in pumps):
+        raise errors.InvalidArgument(f"pumps must be a list of pump ids, got {pumps!r}")
+    if not pumps:
+        raise errors.InvalidArgument("pumps, when given, must name at least one pump")
+    return list(pumps)
+
+
+def ingest_window(
+    spark: Any,
+    lake: str,
+    registry: str,
+    start_ts: int,
+    end_ts: int,
+    pumps: Sequence[str] | None = None,
+    progress: Progress | None = None,
+    *,
+    partitions: int | None = None,
+) -> IngestResult:
+    """Read ``[start_ts, end_ts)`` from every Pump (or ``pumps``) and write it to the lake.
+
+    ``progress`` receives a short message at every step. ``partitions`` is the
+    number of input partitions to aim for (default: twice Spark's default
+    parallelism, but never under ``MIN_ROWS_PER_PARTITION`` rows each).
+    Raises binlake errors with a message naming the window (and the Pump, for
+    unreachable Pumps, windows above a safe ts or below a GC ts).
+    """
+    pump_list = _validate(spark, lake, registry, start_ts, end_ts, pumps)
+    if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
+        raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
+    say = progress or (lambda _msg: None)
+    started = time.monotonic()
+    window = f"[{start_ts}, {end_ts})"
+
+    say(f"planning {window}: pumps from the registry, each checked")
+    plan = lake_source.plan_read(registry, start_ts, end_ts, pump_list)
+    pump_ids = tuple(p.node_id for p in plan.pumps)
+
+    say("checking the windows ledger")
+    windows = read_windows(spark, lake)
+    replaced = check_overlap(windows, start_ts, end_ts)
+
+    say("loading the schema history")
+    history, ddls_already = _load_ddl_history(spark, lake, start_ts, end_ts)
+    done = [w for w in windows if w.get("status") == "done"]
+    # ddl_history is complete below the lake's first window (the first ingest made
+    # it so) and inside every ingested window; only the rest is read from the Pumps.
+    first = min((int(w["start_ts"]) for w in done), default=None)
+    gaps = [(0, start_ts)] if first is None else uncovered(done, first, start_ts) if first < start_ts else []
+    lost: list[str] = []
+    base: list[Any] = []
+    if gaps:
+        what = "below the window" if first is None else "between ingested windows"
+        say(f"reading the DDLs of {len(gaps)} range(s) {what} that no ingested window covers, from the pumps")
+        ddls, lost = _history_from_pumps(registry, gaps)
+        for ddl in ddls:
+            history.apply(ddl)
+        if first is None:
+            base = ddls
+
+    say(f"scanning {window} on {len(pump_ids)} pump(s): DDLs, duplicates, partition bounds")
+    target = partitions or 2 * max(1, int(spark.sparkContext.defaultParallelism))
+    index = lake_source.index_window(plan.addrs, start_ts, end_ts, partitions=target,
+                                     min_rows_per_partition=MIN_ROWS_PER_PARTITION)
+    for _pump, ddl in index.ddls:
+        history.apply(ddl)
+    for table_id, (lo, hi) in sorted(index.tables.items()):
+        for at in (lo, hi):
+            try:
+                history.table(table_id, at)
+            except decode.UnknownTableError as exc:
+                raise _missing_table(exc, start_ts, end_ts, lost, (lo, hi)) from None
+    per_table_op = _table_op_counts(index, history)
+
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    lake_source.register(spark)
+    changes_path = table_path(lake, CHANGES)
+    say(f"reading and writing {index.total_rows} row changes of {index.total_txns} transactions")
+    reader = (spark.read.format(lake_source.FORMAT)
+              .option("registry", registry).option("start_ts", str(start_ts)).option("end_ts", str(end_ts))
+              .option("pumps", ",".join(pump_ids))
+              .option("schema_history", history.snapshot(start_ts).to_json())
+              .option("window_index", index.to_json()))
+    observed: list[Any] = []
+
+    def write_changes() -> None:
+        # Counted while written (no second pass): checked against the scan below.
+        observed[:] = [Observation(f"binlake-ingest-{start_ts}-{end_ts}")]
+        df = reader.load().observe(observed[0], F.count(F.lit(1)).alias("rows"))
+        _replace(df, changes_path, _window_predicate(start_ts, end_ts), ["commit_date"])
+
+    spark.sparkContext.setJobDescription(f"binlake ingest {window}")
+    try:
+        _retry_concurrent(CHANGES, write_changes)
+        ddl_path = table_path(lake, DDL_HISTORY)
+        if base:
+            say(f"adding the {len(base)} DDL(s) below the lake's first window to ddl_history")
+            _retry_concurrent(DDL_HISTORY, lambda: _merge_ddls(spark, ddl_path, base))
+        if index.ddls or ddls_already:  # nothing to replace and nothing new: skip a Delta commit
+            say(f"writing {len(index.ddls)} DDL(s) to ddl_history")
+            ddl_df = _ddl_frame(spark, [t for _pump, t in index.ddls])
+            _retry_concurrent(DDL_HISTORY, lambda: _replace(ddl_df, ddl_path,
+                                                            f"commit_ts >= {start_ts} AND commit_ts < {end_ts}"))
+    except Exception as exc:
+        err = lake_source.binlake_error(exc)
+        if err is not None:
+            raise type(err)(f"ingest {window}: {err}") from None
+        raise
+    finally:
+        spark.sparkContext.setJobDescription(None)
+    rows = int(observed[0].get["rows"]) if observed else -1
+    if rows != index.total_rows:
+        raise errors.FailedPrecondition(
+            f"ingest {window}: wrote {rows} row changes but the pumps' scan counted {index.total_rows}; "
+            "the window is not recorded as done - run it again")
+    per_pump = {pump: index.rows.get(pump, 0) for pump in pump_ids}
+
+    say("recording the window")
+    row = (start_ts, end_ts, list(pump_ids), per_pump, per_table_op, index.total_txns, rows, len(index.ddls),
+           "done", dt.datetime.now(dt.UTC).replace(tzinfo=None))
+    windows_df = spark.createDataFrame([row], WINDOWS_DDL)
+    _retry_concurrent(WINDOWS, lambda: _replace(windows_df, table_path(lake, WINDOWS),
+                                                f"start_ts = {start_ts} AND end_ts = {end_ts}"))
+    return IngestResult(
+        lake=lake, start_ts=start_ts, end_ts=end_ts, pumps=pump_ids, txns=index.total_txns, rows=rows,
+        ddls=len(index.ddls), duplicates=index.duplicates, rows_per_pump=per_pump,
+        rows_per_table_op=per_table_op, replaced=replaced, elapsed_s=time.monotonic() - started,
+    )
+
+
+def _ddl_frame(spark: Any, txns: list[Any]) -> Any:
+    rows = [decode.ddl_row(t) for t in txns]
+    return spark.createDataFrame([tuple(r[n] for n, _ in decode.DDL_COLUMNS) for r in rows], decode.DDL_HISTORY_DDL)
+
+
+def _merge_ddls(spark: Any, path: str, txns: list[Any]) -> None:
+    """Add DDL rows ``ddl_history`` does not hold yet (matched by start_ts), so the
+    history below the first window is written once whatever the order of ingests."""
+    df = _ddl_frame(spark, txns)
+    if not is_delta(spark, path):
+        try:
+            df.write.format("delta").mode("errorifexists").save(path)
+            return
+        except Exception as exc:  # created meanwhile by a concurrent first ingest: merge instead
+            if "already exists" not in str(exc).lower():
+                raise
+    from delta.tables import DeltaTable
+
+    (DeltaTable.forPath(spark, path).alias("t").merge(df.alias("s"), "t.start_ts = s.start_ts")
+     .whenNotMatchedInsertAll().execute())
+
+
+def _window_predicate(start_ts: int, end_ts: int) -> str:
+    # The partition column bounds the files Delta must consider (and the
+    # conflicts it checks against concurrent ingests of other dates).
+    first = decode.commit_date(start_ts).isoformat()
+    last = decode.commit_date(end_ts - 1).isoformat()
+    return (f"commit_date >= DATE'{first}' AND commit_date <= DATE'{last}' "
+            f"AND commit_ts >= {start_ts} AND commit_ts < {end_ts}")
+
+
+def _replace(df: Any, path: str, where: str, partition_by: list[str] | None = None) -> None:
+    writer = df.write.format("delta").mode("overwrite").option("replaceWhere", where)
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    writer.save(path)
+
+
+def _table_op_counts(index: lake_source.WindowIndex, history: decode.SchemaHistory) -> dict[str, int]:
+    """'db.tbl:op' -> row changes, naming each table as it was named when its
+    transaction committed (a table renamed inside the window counts under both names)."""
+    out: dict[str, int] = {}
+    for commit_ts, table_id, ins, upd, dele in index.mutations:
+        info = history.table(table_id, commit_ts)
+        for op, n in (("insert", ins), ("update", upd), ("delete", dele)):
+            if n:
+                key = f"{info.db}.{info.name}:{op}"
+                out[key] = out.get(key, 0) + n
+    return out

@@ -1,0 +1,438 @@
+"""``binlake up``: the always-on stack on one machine, in the foreground.
+
+What runs (each a child process with its own log under ``<data>/logs``):
+
+- the registry (``<data>/registry``) and N Pumps (``<data>/pump1..N``) on fixed
+  loopback ports, so a restart finds the same cluster with the same data;
+- Airflow with SQLite metadata in ``<data>/airflow``: API server (UI), scheduler,
+  DAG processor and triggerer (what ``airflow standalone`` runs), pointed at this
+  project's ``dags/`` and ``plugins/``, with the ``binlake_*`` settings of the
+  DAGs in their environment.
+
+Ctrl-C (or SIGTERM) stops everything in order: Airflow first (so no task
+starts against a Pump that is going away), then the Pumps (they flush and
+report "paused"), then the registry. A second Ctrl-C kills what is left.
+If any child exits on its own, the stack stops and says which one, with its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import os
+import pathlib
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from binlake import errors, rpc
+
+# include/binlake/stack.py -> parents[2] is the project root (dags/, plugins/, jobs/).
+PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+DEFAULT_REGISTRY_ADDR = "127.0.0.1:8230"
+DEFAULT_PUMP_PORT_BASE = 8250
+DEFAULT_AIRFLOW_PORT = 8080
+AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+# Airflow's state file of this stack: the ingest DAG's start date is fixed on the
+# first `binlake up`, so later restarts catch up on the windows they missed.
+STATE_FILE = "binlake-up.json"
+
+
+@dataclasses.dataclass
+class StackConfig:
+    data_dir: pathlib.Path
+    pumps: int = 3
+    registry_addr: str = DEFAULT_REGISTRY_ADDR
+    # Pump i (1-based) listens on base + 10*(i-1) and serves metrics on the port
+    # after it (8250/8251, 8260/8261, ...); 0 = free ports.
+    pump_port_base: int = DEFAULT_PUMP_PORT_BASE
+    pump_args: list[str] = dataclasses.field(default_factory=list)
+    airflow: bool = True
+    airflow_port: int = DEFAULT_AIRFLOW_PORT
+    dags_folder: pathlib.Path = PROJECT_ROOT / "dags"
+    plugins_folder: pathlib.Path = PROJECT_ROOT / "plugins"
+    ready_timeout_s: float = 180.0
+
+
+class Child:
+    """A child process in its own session (so Ctrl-C reaches only `binlake up`,
+    which stops children in order), logging to a file."""
+
+    def __init__(self, name: str, args: Sequence[str], log_path: pathlib.Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.args = list(args)
+        self.log_path = log_path
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} binlake up: {shlex.join(self.args)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        """Signal the child's whole process group: Airflow components run workers
+        (uvicorn, executor slots, task processes) under them."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> bool:
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+
+def _check_port_free(addr: str, what: str) -> None:
+    host, port = rpc.parse_addr(addr, what)
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        # As the servers themselves bind: connections of a previous run still in
+        # TIME_WAIT must not count as "in use"; a listener still does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise errors.FailedPrecondition(
+                f"{what} {addr} is not free ({exc.strerror}): is another `binlake up` (or a Pump) running? "
+                "Stop it, or choose other ports (see `binlake up --help`)"
+            ) from None
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Stack:
+    """The processes of `binlake up`; ``run()`` is the whole command."""
+
+    def __init__(self, cfg: StackConfig, out: TextIO | None = None) -> None:
+        self.cfg = cfg
+        self.out = out or sys.stdout
+        self.data = cfg.data_dir.resolve()
+        self.logs = self.data / "logs"
+        host, port = rpc.parse_addr(cfg.registry_addr, "--registry-addr")
+        self.registry_addr = f"{host}:{port or _free_port(host)}"
+        self.pump_addrs: dict[str, tuple[str, str]] = {}
+        for i in range(1, cfg.pumps + 1):
+            if cfg.pump_port_base:
+                port = cfg.pump_port_base + 10 * (i - 1)
+                self.pump_addrs[f"pump{i}"] = (f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}")
+            else:
+                self.pump_addrs[f"pump{i}"] = (f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}")
+        self.airflow_home = self.data / "airflow"
+        self.lake = self.data / "lake"
+        self.children: list[Child] = []
+        self.stop_requested = threading.Event()
+        self.force = threading.Event()
+
+    # ------------------------------------------------------------------ the command
+
+    def run(self) -> int:
+        """Start everything, wait for Ctrl-C, stop everything; the exit status."""
+        self._install_signal_handlers()
+        try:
+            self._preflight()
+            self._start_binlake()
+            if self.cfg.airflow and not self.stop_requested.is_set():
+                self._start_airflow()
+            if self.stop_requested.is_set():
+                return 0
+            self._banner()
+            return self._watch()
+        finally:
+            self.stop()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, _frame: object) -> None:
+            if self.stop_requested.is_set():
+                self.force.set()  # second Ctrl-C: stop waiting politely
+            self.stop_requested.set()
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _preflight(self) -> None:
+        _check_port_free(self.registry_addr, "registry address")
+        for node_id, (addr, metrics) in self.pump_addrs.items():
+            _check_port_free(addr, f"{node_id} address")
+            _check_port_free(metrics, f"{node_id} metrics address")
+        if self.cfg.airflow:
+            _check_port_free(f"127.0.0.1:{self.cfg.airflow_port}", "Airflow API server port")
+            for what, folder in (("dags", self.cfg.dags_folder), ("plugins", self.cfg.plugins_folder)):
+                if not folder.is_dir():
+                    raise errors.FailedPrecondition(
+                        f"{what} folder {folder} does not exist: run `binlake up` from a binlake checkout "
+                        f"or pass --{what}-folder"
+                    )
+        self.data.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ binlake
+
+    def _binlake(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "binlake.cli", *args]
+
+    def _start_binlake(self) -> None:
+        from binlake.registry.client import RegistryClient
+
+        registry = Child("registry", self._binlake("registry", "--data-dir", str(self.data / "registry"),
+                                                   "--addr", self.registry_addr), self.logs / "registry.log")
+        self._spawn(registry)
+        self.say(f"binlake up: registry on {self.registry_addr} (data {self.data / 'registry'})")
+        with RegistryClient(self.registry_addr, timeout_s=2.0) as reg:
+            self._wait_for(lambda: reg.cluster_info() is not None, "the registry", [registry])
+            pumps = []
+            for node_id, (addr, metrics) in self.pump_addrs.items():
+                child = Child(node_id, self._binlake(
+                    "pump", "--registry", self.registry_addr, "--data-dir", str(self.data / node_id),
+                    "--addr", addr, "--node-id", node_id, "--metrics-addr", metrics, *self.cfg.pump_args,
+                ), self.logs / f"{node_id}.log")
+                self._spawn(child)
+                pumps.append(child)
+
+            def pumps_online() -> bool:
+                nodes, _ = reg.list_nodes("pump")
+                up = {n.node_id for n in nodes if n.state == "online" and n.safe_ts > 0}
+                return set(self.pump_addrs) <= up
+
+            self._wait_for(pumps_online, f"{len(pumps)} pumps to come online", pumps)
+        for node_id, (addr, metrics) in self.pump_addrs.items():
+            self.say(f"binlake up: {node_id} on {addr} (metrics http://{metrics}/metrics, data {self.data / node_id})")
+
+    def _spawn(self, child: Child) -> None:
+        self.children.append(child)
+        child.start()
+
+    def _wait_for(self, check: Callable[[], bool], what: str, children: Sequence[Child]) -> None:
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        last: Exception | None = None
+        while not self.stop_requested.is_set():
+            for child in children:
+                if not child.alive:
+                    raise errors.Unavailable(
+                        f"{child.name} exited with status {child.returncode} while waiting for {what}; "
+                        f"see {child.log_path}"
+                    )
+            try:
+                if check():
+                    return
+            except errors.BinlakeError as exc:
+                last = exc
+            if time.monotonic() > deadline:
+                logs = ", ".join(str(c.log_path) for c in children)
+                raise errors.DeadlineExceeded(
+                    f"timed out after {self.cfg.ready_timeout_s:g}s waiting for {what} ({last or 'not ready'}); "
+                    f"see {logs}"
+                )
+            self.stop_requested.wait(0.2)
+
+    # ------------------------------------------------------------------ Airflow
+
+    def airflow_env(self) -> dict[str, str]:
+        """The environment of every Airflow component (and of `airflow` commands run by hand)."""
+        env = dict(os.environ)
+        bin_dir = str(pathlib.Path(sys.executable).parent)
+        env.update({
+            # spark-submit and airflow live next to this interpreter (the venv).
+            "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
+            "AIRFLOW_HOME": str(self.airflow_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.cfg.dags_folder.resolve()),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.cfg.plugins_folder.resolve()),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            # The stack is always on: its DAGs run as soon as they are parsed.
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            # One machine, loopback only: the UI needs no login (as `airflow standalone`
+            # with all-admins); never expose this port beyond the machine.
+            "AIRFLOW__CORE__AUTH_MANAGER":
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.cfg.airflow_port),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.cfg.airflow_port}/execution/",
+            # binlake settings of the DAGs (Airflow Variables of the same names override them).
+            "BINLAKE_REGISTRY": self.registry_addr,
+            "BINLAKE_LAKE_DIR": str(self.lake),
+            "BINLAKE_INGEST_START_DATE": self._ingest_start_date(),
+        })
+        return env
+
+    def _ingest_start_date(self) -> str:
+        """The ingest DAG's start date: an explicit BINLAKE_INGEST_START_DATE, else the
+        time of this stack's first `binlake up` (kept in its state file)."""
+        explicit = os.environ.get("BINLAKE_INGEST_START_DATE", "").strip()
+        if explicit:
+            return explicit
+        path = self.airflow_home / STATE_FILE
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+            return str(json.loads(path.read_text())["ingest_start_date"])
+        now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+        # Aligned to 5 minutes, so the default schedule's windows are round.
+        start = now - dt.timedelta(minutes=now.minute % 5)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"ingest_start_date": start.isoformat()}, indent=2) + "\n")
+        return start.isoformat()
+
+    def _write_env_file(self, env: dict[str, str]) -> pathlib.Path:
+        """``<data>/airflow/env.sh``: source it to point the `airflow` CLI (backfill,
+        dags test, variables) at this stack from another shell."""
+        keys = sorted(k for k in env if k.startswith(("AIRFLOW_HOME", "AIRFLOW__", "BINLAKE_")))
+        bin_dir = str(pathlib.Path(sys.executable).parent)
+        lines = ["# written by `binlake up`: the environment of this stack's Airflow components",
+                 f"export PATH={shlex.quote(bin_dir)}:\"$PATH\""]
+        lines += [f"export {k}={shlex.quote(env[k])}" for k in keys]
+        path = self.airflow_home / "env.sh"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def _airflow(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "airflow", *args]
+
+    def _run_airflow_command(self, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        log = self.logs / "airflow-setup.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        # Its own session: a Ctrl-C during setup reaches only `binlake up`, which
+        # lets the command finish and then stops the stack.
+        done = subprocess.run(self._airflow(*args), env=env, capture_output=True, text=True, timeout=600,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+        with log.open("a") as f:
+            f.write(f"\n==== airflow {' '.join(args)} (exit {done.returncode})\n{done.stdout}{done.stderr}")
+        return done
+
+    def _start_airflow(self) -> None:
+        env = self.airflow_env()
+        self.airflow_home.mkdir(parents=True, exist_ok=True)
+        self.lake.mkdir(parents=True, exist_ok=True)
+        self.say(f"binlake up: preparing Airflow metadata in {self.airflow_home} (SQLite)")
+        done = self._run_airflow_command(env, "db", "migrate")
+        if done.returncode != 0:
+            raise errors.FailedPrecondition(
+                f"`airflow db migrate` failed (exit {done.returncode}); see {self.logs / 'airflow-setup.log'}"
+            )
+        # spark_default -> local[*], created once in the metadata DB (not through an
+        # AIRFLOW_CONN_ variable) so it can be pointed at a cluster master from the UI.
+        done = self._run_airflow_command(env, "connections", "add", "spark_default", "--conn-type", "spark",
+                                         "--conn-host", "local[*]",
+                                         "--conn-description", "binlake ingest: Spark master for spark-submit")
+        if done.returncode != 0 and "already exists" not in done.stdout + done.stderr:
+            raise errors.FailedPrecondition(
+                f"could not create the spark_default connection; see {self.logs / 'airflow-setup.log'}"
+            )
+        self._write_env_file(env)
+        children = []
+        for component in AIRFLOW_COMPONENTS:
+            args = ["api-server", "--host", "127.0.0.1", "--port", str(self.cfg.airflow_port)] \
+                if component == "api-server" else [component]
+            child = Child(f"airflow {component}", self._airflow(*args), self.logs / f"airflow-{component}.log",
+                          env=env)
+            self._spawn(child)
+            children.append(child)
+        self.say(f"binlake up: starting Airflow ({', '.join(AIRFLOW_COMPONENTS)}); logs in {self.logs}")
+        self._wait_for(self._airflow_healthy, "Airflow to become healthy", children)
+
+    def _airflow_healthy(self) -> bool:
+        url = f"http://127.0.0.1:{self.cfg.airflow_port}/api/v2/monitor/health"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                health = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+        return all((health.get(p) or {}).get("status") == "healthy" for p in parts)
+
+    # ------------------------------------------------------------------ running
+
+    def _banner(self) -> None:
+        lines = ["", "binlake up: the stack is running", f"  registry     {self.registry_addr}"]
+        for node_id, (addr, metrics) in self.pump_addrs.items():
+            lines.append(f"  {node_id:<12} {addr}  (metrics http://{metrics}/metrics)")
+        lines.append(f"  data         {self.data}  (logs in {self.logs})")
+        if self.cfg.airflow:
+            env = self.airflow_env()
+            lines += [
+                f"  lake         {self.lake}",
+                f"  Airflow UI   http://127.0.0.1:{self.cfg.airflow_port}  (local admin, no login; loopback only)",
+                f"  DAG          binlake_ingest, catching up from {env['BINLAKE_INGEST_START_DATE']}",
+                "  Airflow CLI  in another shell:",
+                f"               . {self.airflow_home / 'env.sh'}",
+                "               airflow backfill create --dag-id binlake_ingest --from-date ... --to-date ...",
+            ]
+        else:
+            lines.append("  Airflow      not started (--no-airflow)")
+        lines += [f"  binlake ctl pumps --registry {self.registry_addr}", "",
+                  "Press Ctrl-C to stop everything (Airflow, then the Pumps, then the registry).", ""]
+        self.say("\n".join(lines))
+
+    def _watch(self) -> int:
+        while not self.stop_requested.wait(1.0):
+            for child in self.children:
+                if not child.alive:
+                    self.say(f"binlake up: {child.name} exited with status {child.returncode}; "
+                             f"see {child.log_path}. Stopping the stack.")
+                    return 1
+        return 0
+
+    def stop(self) -> None:
+        """Stop children in reverse start order: Airflow, then Pumps, then the registry."""
+        running = [c for c in self.children if c.alive]
+        if not running:
+            return
+        self.say("binlake up: stopping ...")
+        airflow = [c for c in running if c.name.startswith("airflow ")]
+        pumps = [c for c in running if c.name.startswith("pump")]
+        registry = [c for c in running if c.name == "registry"]
+        for group, grace in ((airflow, 30.0), (pumps, 20.0), (registry, 10.0)):
+            for child in group:
+                child.signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for child in group:
+                while not child.wait(0.2):
+                    if self.force.is_set() or time.monotonic() > deadline:
+                        self.say(f"binlake up: {child.name} did not stop in time; killing it")
+                        child.signal(signal.SIGKILL)
+                        child.wait(5.0)
+                        break
+            for child in group:
+                # Leftover grandchildren (e.g. a task's spark-submit) go with their group.
+                child.signal(signal.SIGKILL)
+        self.say("binlake up: stopped")
+
+
+def parse_pump_args(text: str | None) -> list[str]:
+    return shlex.split(text) if text else []

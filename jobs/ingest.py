@@ -1,0 +1,66 @@
+"""spark-submit entry point: ingest one commit_ts window into the Delta lake.
+
+    spark-submit jobs/ingest.py --start-ts A --end-ts B --lake PATH --registry HOST:PORT [--pumps p1,p2]
+
+Argument parsing, one SparkSession (``binlake.lake.spark.build_spark``), one
+call to ``binlake.lake.ingest.ingest_window``; the result is printed as one
+JSON line (last line of stdout). A refused window (Pump unreachable, window
+above a safe ts or below a GC ts, overlapping window) exits with status 2 and
+its message on stderr; anything else exits non-zero with Spark's error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _ts(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TSO (an integer), got {text!r}") from None
+    if not 0 <= value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"a TSO must be in [0, 2^63), got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="jobs/ingest.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--start-ts", type=_ts, required=True, help="window start (inclusive), a TSO")
+    parser.add_argument("--end-ts", type=_ts, required=True, help="window end (exclusive), a TSO")
+    parser.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE"), required="BINLAKE_LAKE" not in os.environ,
+                        help="lake directory or URI (default: $BINLAKE_LAKE)")
+    parser.add_argument("--registry", default=os.environ.get("BINLAKE_REGISTRY", "127.0.0.1:8230"),
+                        help="registry HOST:PORT (default: $BINLAKE_REGISTRY, else 127.0.0.1:8230)")
+    parser.add_argument("--pumps", help="comma-separated Pump ids (default: every Pump that may hold the window)")
+    parser.add_argument("--master", help="Spark master (default: spark-submit's, $BINLAKE_SPARK_MASTER or local[*])")
+    args = parser.parse_args(argv)
+    if args.start_ts >= args.end_ts:
+        parser.error(f"window [{args.start_ts}, {args.end_ts}) is empty: --start-ts must be below --end-ts")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from binlake import errors
+    from binlake.lake.commands import LAKE_CONF, pump_list
+    from binlake.lake.ingest import ingest_window
+    from binlake.lake.spark import build_spark
+
+    try:
+        spark = build_spark("binlake-ingest", args.master, extra_conf=LAKE_CONF)
+        result = ingest_window(spark, args.lake, args.registry, args.start_ts, args.end_ts, pump_list(args.pumps),
+                               progress=lambda message: print(message, file=sys.stderr, flush=True))
+    except errors.BinlakeError as exc:
+        print(f"ingest: error: {exc}", file=sys.stderr)
+        return 2
+    print(result.summary(), file=sys.stderr)
+    print(json.dumps(result.to_dict(), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

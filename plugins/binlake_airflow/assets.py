@@ -1,0 +1,17 @@
+"""The Assets binlake's DAGs produce and consume.
+
+Defined once here so the producer (``binlake_ingest``) and its consumers
+(``binlake_apply`` and friends) cannot drift apart on a URI. The URI names the
+change table logically rather than by its storage path: the lake's location
+is a run-time setting (``binlake_lake``), and an Asset is part of the parsed
+DAG, which must not depend on run-time settings. The asset events carry the
+concrete path and window in their ``extra``.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Asset
+
+# The Delta change table: one asset event per ingested window, whose extra holds
+# {"start_ts", "end_ts", "start", "end", "pumps", "safe_ts", "lake", "table", "mode", ...}.
+LAKE_CHANGES = Asset(name="binlake_changes", uri="binlake://lake/changes", group="binlake")

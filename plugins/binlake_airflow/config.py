@@ -1,0 +1,212 @@
+"""Where binlake's Airflow tasks find the registry, the lake and Spark.
+
+Run-time settings are resolved when a task runs, never when a DAG file is
+parsed: the DAG processor parses every file every few seconds, and a
+Variable read there is a metadata-database (or secrets-backend) round trip
+per parse. Each run-time setting is looked up in this order:
+
+1. the Airflow Variable (``binlake_registry``, ``binlake_lake``, ...), which
+   also covers ``AIRFLOW_VAR_BINLAKE_*`` environment variables and any
+   secrets backend, so an operator can change it in the UI;
+2. the ``BINLAKE_*`` environment variable of the worker (``binlake up`` and
+   ``docker-compose.yaml`` set these for their whole stack);
+3. the default for one machine.
+
+Relative lake paths are resolved against the project root (the directory
+holding ``dags/`` and ``plugins/``), not the working directory: Airflow
+starts task processes from wherever the scheduler or worker was started.
+
+Two settings are read at parse time, because they shape the DAG itself
+rather than one run: the ingest schedule and its start date. They come from
+the environment only (``BINLAKE_INGEST_SCHEDULE``,
+``BINLAKE_INGEST_START_DATE``); reading the environment is free, whereas an
+Airflow Variable there would cost a database query on every parse. Changing
+them means restarting the DAG processor with the new environment.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# plugins/binlake_airflow/config.py -> parents[2] is the project root.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The spark-submit entry point of the ingest (a path only: nothing is read here).
+INGEST_JOB = PROJECT_ROOT / "jobs" / "ingest.py"
+
+DEFAULT_REGISTRY = "127.0.0.1:8230"
+DEFAULT_LAKE_DIR = "data/lake"
+DEFAULT_SCHEDULE = "5m"
+# A fixed start date, as Airflow requires for stable serialized DAGs. Catchup
+# starts here unless BINLAKE_INGEST_START_DATE moves it (``binlake up`` sets it
+# to the day the stack first came up, so a new stack does not replay months
+# of empty windows).
+DEFAULT_START_DATE = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+# How often the wait step asks the registry for the Pumps' safe ts. Pumps
+# report every ~2 s and idle Pumps move their safe ts every ~3 s, so polling
+# much faster than this buys nothing.
+DEFAULT_POLL_INTERVAL_S = 5.0
+
+SPARK_SUBMIT = "spark-submit"
+INPROCESS = "inprocess"
+INGEST_MODES = (SPARK_SUBMIT, INPROCESS)
+
+SCHEDULE_ENV = "BINLAKE_INGEST_SCHEDULE"
+START_DATE_ENV = "BINLAKE_INGEST_START_DATE"
+
+
+class ConfigError(ValueError):
+    """A binlake setting has a value binlake cannot use; the message names the setting."""
+
+
+# --------------------------------------------------------------------------- run time
+
+
+def _variable(key: str) -> str | None:
+    # Imported here so that importing this module (at parse time) never touches
+    # Variables, and so the module stays importable where only the Task SDK is.
+    from airflow.sdk import Variable
+
+    value: Any = Variable.get(key, default=None)
+    if value is None:
+        return None
+    text = str(value).strip()
+    return text or None
+
+
+def setting(variable: str, env: Sequence[str], default: str | None) -> str | None:
+    """The first of: Airflow Variable ``variable``, env vars ``env`` in order, ``default``."""
+    value = _variable(variable)
+    if value is not None:
+        return value
+    for name in env:
+        text = os.environ.get(name, "").strip()
+        if text:
+            return text
+    return default
+
+
+def registry_addr() -> str:
+    """The registry's HOST:PORT (Variable ``binlake_registry``, env ``BINLAKE_REGISTRY``)."""
+    from binlake import errors
+    from binlake.rpc import parse_addr
+
+    # BINLAKE_CLIENT_REGISTRY is what docker-compose.yaml gives every client.
+    addr = setting("binlake_registry", ("BINLAKE_REGISTRY", "BINLAKE_CLIENT_REGISTRY"), DEFAULT_REGISTRY)
+    assert addr is not None
+    try:
+        parse_addr(addr, "registry address")
+    except errors.InvalidArgument as exc:
+        raise ConfigError(f"{exc} (from Variable binlake_registry or env BINLAKE_REGISTRY)") from None
+    return addr
+
+
+def lake_dir() -> str:
+    """The lake's root (Variable ``binlake_lake``, env ``BINLAKE_LAKE_DIR``), absolute.
+
+    URIs (``s3a://...``, ``file:/...``) are returned unchanged for Spark to resolve.
+    """
+    lake = setting("binlake_lake", ("BINLAKE_LAKE_DIR",), DEFAULT_LAKE_DIR)
+    assert lake is not None
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", lake):
+        return lake
+    path = Path(lake).expanduser()
+    return str(path if path.is_absolute() else PROJECT_ROOT / path)
+
+
+def ingest_mode() -> str:
+    """``spark-submit`` (default) or ``inprocess`` (Variable ``binlake_ingest_mode``,
+    env ``BINLAKE_INGEST_MODE``). In-process runs the ingest inside the Airflow
+    task's own interpreter, for machines without a spark-submit on PATH."""
+    mode = (setting("binlake_ingest_mode", ("BINLAKE_INGEST_MODE",), SPARK_SUBMIT) or SPARK_SUBMIT).lower()
+    if mode not in INGEST_MODES:
+        raise ConfigError(
+            f"binlake_ingest_mode must be one of {', '.join(INGEST_MODES)}, got {mode!r} "
+            "(from Variable binlake_ingest_mode or env BINLAKE_INGEST_MODE)"
+        )
+    return mode
+
+
+def spark_master() -> str | None:
+    """The master of in-process ingests (Variable ``binlake_spark_master``, env
+    ``BINLAKE_SPARK_MASTER``); None lets ``binlake.lake.spark`` pick ``local[*]``.
+    spark-submit ingests take their master from the ``spark_default`` connection."""
+    return setting("binlake_spark_master", ("BINLAKE_SPARK_MASTER",), None)
+
+
+def spark_python() -> str:
+    """The Python the Spark driver and executors run (Variable ``binlake_spark_python``,
+    env ``BINLAKE_SPARK_PYTHON``); by default the worker's own interpreter, the
+    one binlake is installed in. spark-submit would otherwise pick whatever
+    ``python3`` is first on PATH."""
+    return setting("binlake_spark_python", ("BINLAKE_SPARK_PYTHON",), None) or sys.executable
+
+
+def poll_interval_s() -> float:
+    """Seconds between safe-ts polls of the wait step (env ``BINLAKE_SAFE_TS_POLL_S``)."""
+    text = setting("binlake_safe_ts_poll_s", ("BINLAKE_SAFE_TS_POLL_S",), None)
+    if text is None:
+        return DEFAULT_POLL_INTERVAL_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise ConfigError(f"binlake_safe_ts_poll_s must be a number of seconds in (0, 3600], got {text!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- parse time
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def ingest_timetable(text: str | None = None) -> Any:
+    """The ingest DAG's timetable from ``BINLAKE_INGEST_SCHEDULE`` (default ``5m``).
+
+    A duration (``30s``, ``5m``, ``1h``) gives contiguous intervals of that
+    length aligned to the start date; a cron expression (``*/5 * * * *``) or
+    preset (``@hourly``) gives contiguous intervals between its fire times, in
+    UTC. Either way every data interval is a real window ``[start, end)``: a
+    plain cron string would give Airflow 3's default CronTriggerTimetable,
+    whose runs have empty intervals, i.e. nothing to ingest.
+    """
+    from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable
+
+    raw = text if text is not None else os.environ.get(SCHEDULE_ENV, "")
+    spec = raw.strip() or DEFAULT_SCHEDULE
+    match = _DURATION.match(spec)
+    if match:
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+        if seconds < 1:
+            raise ConfigError(f"{SCHEDULE_ENV}={spec!r}: an ingest interval must be at least 1s")
+        return DeltaDataIntervalTimetable(dt.timedelta(seconds=seconds))
+    timetable = CronDataIntervalTimetable(spec, timezone="UTC")
+    try:
+        timetable.validate()
+    except Exception as exc:  # croniter's own error types vary between versions
+        raise ConfigError(
+            f"{SCHEDULE_ENV}={spec!r} is neither a duration (30s, 5m, 1h) nor a cron expression: {exc}"
+        ) from None
+    return timetable
+
+
+def ingest_start_date(text: str | None = None) -> dt.datetime:
+    """The ingest DAG's start date: ``BINLAKE_INGEST_START_DATE`` (ISO-8601, UTC unless
+    an offset is given) or the fixed default."""
+    raw = (text if text is not None else os.environ.get(START_DATE_ENV, "")).strip()
+    if not raw:
+        return DEFAULT_START_DATE
+    try:
+        moment = dt.datetime.fromisoformat(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{START_DATE_ENV}={raw!r} is not an ISO-8601 datetime such as 2026-11-21T08:00:00"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)

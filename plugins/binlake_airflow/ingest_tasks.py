@@ -1,0 +1,175 @@
+"""The bodies of the ``binlake_ingest`` tasks, kept out of the DAG file.
+
+The DAG file only wires tasks together; what each task does lives here, where
+it can be imported and tested without parsing a DAG. Everything heavy
+(gRPC, pyspark, the lake) is imported inside the functions, so importing this
+module at parse time costs nothing.
+
+Errors are sorted by whether a retry can help: a window below a Pump's GC ts,
+a bad setting or a missing Delta jar fail the task at once
+(``AirflowFailException``); an unreachable registry or Pump raises an
+ordinary error, which the DAG's retries with exponential backoff absorb.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from binlake_airflow import config
+
+log = logging.getLogger(__name__)
+
+# Task ids the DAG uses for the two ingest flavours (the branch returns one).
+SPARK_SUBMIT_TASK = "ingest"
+INPROCESS_TASK = "ingest_inprocess"
+
+
+def window_ts(start: dt.datetime, end: dt.datetime) -> tuple[int, int]:
+    """The commit_ts window ``[tso(start), tso(end))`` of a data interval."""
+    from binlake import tso
+
+    return tso.from_datetime(start), tso.from_datetime(end)
+
+
+def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime | None) -> dict[str, Any]:
+    """Map the data interval to a ts window and choose the Pumps to read.
+
+    Returns the window, the Pumps, and the run's settings (registry, lake,
+    mode, Spark jars and Python), so every later task and every retry of this
+    run uses the same ones.
+    """
+    from binlake import errors, tso
+    from binlake.lake import planner
+
+    if data_interval_start is None or data_interval_end is None:
+        raise AirflowFailException(
+            "this run has no data interval, so there is no window to ingest; trigger it with a logical "
+            "date or use `airflow backfill create`"
+        )
+    start_ts, end_ts = window_ts(data_interval_start, data_interval_end)
+    interval = f"{data_interval_start.isoformat()} .. {data_interval_end.isoformat()}"
+    try:
+        registry = config.registry_addr()
+        lake = config.lake_dir()
+        mode = config.ingest_mode()
+    except config.ConfigError as exc:
+        raise AirflowFailException(str(exc)) from None
+    try:
+        wp = planner.plan_window(registry, start_ts, end_ts)
+    except errors.OutOfRange as exc:
+        # Below a Pump's GC ts the binlogs are gone: no retry can bring them back.
+        raise AirflowFailException(f"cannot ingest {interval}: {exc}") from None
+    except (errors.InvalidArgument, errors.NotFound) as exc:
+        raise AirflowFailException(f"cannot ingest {interval}: {exc}") from None
+    except errors.BinlakeError as exc:
+        raise AirflowException(f"cannot plan {interval} with registry {registry}: {exc}") from None
+    if not wp.pumps:
+        # Retryable: Pumps register when they start.
+        raise AirflowException(
+            f"no Pump is registered in registry {registry}, so no window can be read; "
+            "start the Pumps (`binlake up`) or point binlake_registry at the right registry"
+        )
+    result: dict[str, Any] = {
+        "start_ts": start_ts,
+        "end_ts": end_ts,
+        "start": data_interval_start.isoformat(),
+        "end": data_interval_end.isoformat(),
+        "pumps": [p.node_id for p in wp.pumps],
+        "registry": registry,
+        "lake": lake,
+        "mode": mode,
+        "jars": "",
+        "python": "",
+    }
+    if mode == config.SPARK_SUBMIT:
+        from binlake.lake.spark import delta_jars
+
+        try:
+            result["jars"] = ",".join(str(p) for p in delta_jars())
+        except RuntimeError as exc:
+            raise AirflowFailException(str(exc)) from None
+        result["python"] = config.spark_python()
+    waiting = [p.node_id for p in wp.waiting_for()]
+    log.info(
+        "window [%s, %s) = %s; pumps %s%s; lake %s; ingest by %s",
+        tso.format_ts(start_ts), tso.format_ts(end_ts), interval, ", ".join(result["pumps"]),
+        f" (waiting for {', '.join(waiting)})" if waiting else "", lake, mode,
+    )
+    return result
+
+
+def choose_ingest(mode: str) -> str:
+    """The task id of the ingest flavour this run uses."""
+    return INPROCESS_TASK if mode == config.INPROCESS else SPARK_SUBMIT_TASK
+
+
+def ingest_inprocess(window: Mapping[str, Any]) -> dict[str, Any]:
+    """Run the ingest of the planned window inside this task's interpreter."""
+    from pyspark.sql import SparkSession
+
+    from binlake import errors
+    from binlake.lake.ingest import ingest_window
+    from binlake.lake.spark import build_spark
+
+    # A session that already runs here (dag.test in a test process) is reused
+    # and left running; one this task starts is stopped with it.
+    owned = SparkSession.getActiveSession() is None
+    spark = build_spark(f"binlake-ingest-{window['start_ts']}-{window['end_ts']}", master=config.spark_master())
+    try:
+        # No pump list: the ingest asks the registry again, so a Pump that joined
+        # during the wait is read too (the wait step waited for it).
+        result = ingest_window(spark, window["lake"], window["registry"], int(window["start_ts"]),
+                               int(window["end_ts"]), progress=lambda msg: log.info("ingest: %s", msg))
+    except errors.OutOfRange as exc:
+        raise AirflowFailException(str(exc)) from None
+    finally:
+        if owned:
+            spark.stop()
+    summary = summarize(result)
+    log.info("ingested window [%s, %s): %s", window["start_ts"], window["end_ts"], summary)
+    return summary
+
+
+def summarize(result: Any) -> dict[str, Any]:
+    """An ingest result as plain JSON (for XCom and the asset event's extra)."""
+    if result is None:
+        return {}
+    if hasattr(result, "to_dict"):
+        data: Any = result.to_dict()
+    elif dataclasses.is_dataclass(result) and not isinstance(result, type):
+        data = dataclasses.asdict(result)
+    elif isinstance(result, Mapping):
+        data = dict(result)
+    else:
+        data = {"result": str(result)}
+    # A JSON round trip turns tuples, datetimes and the like into plain values.
+    return json.loads(json.dumps(data, default=str))
+
+
+def asset_extra(window: Mapping[str, Any], waited: Mapping[str, Any] | None,
+                ingested: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The extra of the change table's asset event for one ingested window."""
+    extra: dict[str, Any] = {
+        "start_ts": int(window["start_ts"]),
+        "end_ts": int(window["end_ts"]),
+        "start": window["start"],
+        "end": window["end"],
+        "pumps": list(window["pumps"]),
+        "lake": window["lake"],
+        "table": f"{str(window['lake']).rstrip('/')}/changes",
+        "mode": window["mode"],
+    }
+    if waited:
+        extra["safe_ts"] = dict(waited.get("safe_ts") or {})
+        # Pumps that joined during the wait were read too.
+        extra["pumps"] = sorted(set(extra["pumps"]) | set(waited.get("pumps") or []))
+    if ingested:
+        extra["ingest"] = dict(ingested)
+    return extra

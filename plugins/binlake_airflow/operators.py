@@ -1,0 +1,122 @@
+"""``WaitForSafeTsOperator``: the deferrable wait before a window is ingested.
+
+It looks at the registry once from the worker; a window that is already
+closed (every backfill and catch-up window, most scheduled ones) finishes
+right there, without a trip through the triggerer. Otherwise it defers to
+``SafeTsTrigger`` and gives its worker slot back while it waits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from binlake_airflow.triggers import ERROR, GC_PASSED, READY, SafeTsTrigger, check_safe_ts, describe_waiting
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class WaitForSafeTsOperator(BaseOperator):
+    """Wait until every Pump of window ``[start_ts, end_ts)`` has a safe ts >= ``end_ts``.
+
+    :param registry: registry HOST:PORT (templated)
+    :param start_ts: window start, a TSO (templated; an XComArg resolves to the int)
+    :param end_ts: window end (exclusive), a TSO (templated)
+    :param pumps: node ids of the Pumps planned for the window (templated; a list,
+        or a comma-separated string)
+    :param poll_interval: seconds between registry polls; None reads the
+        ``binlake_safe_ts_poll_s`` setting when the task runs
+    :param wait_timeout: give up (and let the task retry) after this long deferred
+
+    Returns (XCom) ``{"safe_ts": {pump: ts}, "pumps": [...], "deferred": bool}``.
+    Fails without retrying when a Pump's GC ts passed the window start (the
+    binlogs are gone; retrying cannot help), and with a retryable error when a
+    planned Pump is no longer registered.
+    """
+
+    template_fields: Sequence[str] = ("registry", "start_ts", "end_ts", "pumps")
+    ui_color = "#e8f4fd"
+
+    def __init__(
+        self,
+        *,
+        registry: str,
+        start_ts: int | str,
+        end_ts: int | str,
+        pumps: Sequence[str] | str,
+        poll_interval: float | None = None,
+        wait_timeout: dt.timedelta = dt.timedelta(hours=1),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.registry = registry
+        self.start_ts = start_ts
+        self.end_ts = end_ts
+        self.pumps = pumps
+        self.poll_interval = poll_interval
+        self.wait_timeout = wait_timeout
+
+    def _window(self) -> tuple[int, int, list[str]]:
+        try:
+            start_ts, end_ts = int(self.start_ts), int(self.end_ts)
+        except (TypeError, ValueError):
+            raise AirflowFailException(
+                f"start_ts/end_ts must be integer TSOs, got {self.start_ts!r} and {self.end_ts!r}"
+            ) from None
+        if start_ts >= end_ts:
+            raise AirflowFailException(f"window [{start_ts}, {end_ts}) is empty")
+        pumps = self.pumps
+        if isinstance(pumps, str):
+            pumps = [p.strip() for p in pumps.split(",") if p.strip()]
+        return start_ts, end_ts, list(pumps)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from binlake import errors, tso
+        from binlake.registry.client import RegistryClient
+        from binlake_airflow import config
+
+        start_ts, end_ts, pumps = self._window()
+        poll = self.poll_interval if self.poll_interval is not None else config.poll_interval_s()
+        window = f"[{tso.format_ts(start_ts)}, {tso.format_ts(end_ts)})"
+        try:
+            with RegistryClient(self.registry) as client:
+                nodes, _revision = client.list_nodes("pump")
+        except errors.BinlakeError as exc:
+            # The trigger keeps polling through a registry outage; no need to fail here.
+            self.log.warning("registry %s: %s; deferring to the triggerer", self.registry, exc)
+        else:
+            check = check_safe_ts(nodes, pumps, start_ts, end_ts)
+            if check.error is not None or check.ready:
+                return self._finish(check.payload(start_ts, end_ts), deferred=False)
+            self.log.info("window %s: %s", window, describe_waiting(check, nodes, end_ts))
+        self.log.info("window %s: deferring; polling registry %s every %.1fs", window, self.registry, poll)
+        self.defer(
+            trigger=SafeTsTrigger(registry=self.registry, start_ts=start_ts, end_ts=end_ts, pumps=pumps,
+                                  poll_interval=poll),
+            method_name="execute_complete",
+            timeout=self.wait_timeout,
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resumed by the trigger's event."""
+        if not event:
+            raise AirflowException("the safe-ts trigger ended without an event")
+        return self._finish(event, deferred=True)
+
+    def _finish(self, event: dict[str, Any], *, deferred: bool) -> dict[str, Any]:
+        status = event.get("status")
+        if status == ERROR:
+            message = str(event.get("message") or "the window cannot be ingested")
+            if event.get("kind") == GC_PASSED:
+                raise AirflowFailException(message)
+            raise AirflowException(message)
+        if status != READY:
+            raise AirflowException(f"unexpected event from the safe-ts trigger: {event!r}")
+        safe_ts = {str(k): int(v) for k, v in (event.get("safe_ts") or {}).items()}
+        self.log.info("every pump's safe ts reached the window end: %s", safe_ts)
+        return {"safe_ts": safe_ts, "pumps": sorted(safe_ts), "deferred": deferred}

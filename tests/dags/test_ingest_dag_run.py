@@ -1,0 +1,286 @@
+"""Real runs of ``binlake_ingest``: ``dag.test`` against a migrated SQLite metadata
+database, a registry and two Pumps as processes, and an upstream written by
+TxnWriter. The runs go through every task (plan, the deferrable wait with its
+trigger run inline, the ingest, publish) and the test reads the Delta change
+table back with Spark.
+
+- in-process ingest of a window whose end is still ahead when the run starts
+  (so the wait really defers until the Pumps' safe ts passes it);
+- the same window again through spark-submit (the SparkSubmitOperator with a
+  ``spark_default`` connection at ``local[2]``): the table is unchanged;
+- a window below a Pump's GC ts fails in plan, naming the Pump and its GC ts,
+  without retrying.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pumpkit import now_ts
+from pyspark.sql import SparkSession
+
+from binlake import tso
+from binlake.client.txn_writer import TxnWriter
+from binlake.devcluster import DevCluster
+from binlake.registry.client import RegistryClient
+from binlake.registry.model import NodeRecord
+from binlake.registry.server import RegistryServer
+from binlake.source.schema import ColumnDef as C
+
+pytestmark = pytest.mark.timeout(600)
+
+DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
+VENV_BIN = str(pathlib.Path(sys.executable).parent)
+
+
+@dataclasses.dataclass
+class Written:
+    """The upstream transactions of the test and the change rows they must give."""
+
+    expected: list[tuple[int, int, str, str, dict[str, Any]]]  # commit_ts, seq, tbl, op, key
+    after: dict[tuple[int, int], dict[str, Any] | None]  # (commit_ts, seq) -> after image
+    last_commit_ts: int
+    # The end of the 5-minute window the runs ingest (set by the first run).
+    logical_date: dt.datetime | None = None
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    root = tmp_path_factory.mktemp("cluster")
+    with pytest.MonkeyPatch.context() as mp:
+        # Pumps report their safe ts to the registry this often; the wait step
+        # sees it through the registry.
+        mp.setenv("BINLAKE_PUMP_HEARTBEAT_INTERVAL_S", "0.3")
+        cluster = DevCluster(root, pumps=2,
+                             pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"])
+        cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def written(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Written:
+    url = f"sqlite:///{tmp_path_factory.mktemp('upstream') / 'app.db'}"
+    expected: list[tuple[int, int, str, str, dict[str, Any]]] = []
+    after: dict[tuple[int, int], dict[str, Any] | None] = {}
+    with TxnWriter(url, registry=cluster.registry_addr, sync_commit_binlog=True) as w:
+        w.create_table("items", [C("id", "int", nullable=False), C("name", "string", length=32), C("qty", "int")],
+                       ["id"])
+        txns: list[list[tuple[str, dict[str, Any], dict[str, Any] | None]]] = [
+            [("insert", {"id": i}, {"id": i, "name": f"item{i}", "qty": i * 10}) for i in (1, 2, 3)],
+            [("update", {"id": 2}, {"id": 2, "name": "item2", "qty": 25})],
+            [("delete", {"id": 3}, None), ("insert", {"id": 4}, {"id": 4, "name": None, "qty": 0})],
+            [("update", {"id": 1}, {"id": 1, "name": "first", "qty": 10})],
+        ]
+        for changes in txns:
+            with w.transaction() as txn:
+                for op, key, row in changes:
+                    if op == "insert":
+                        txn.insert("items", row)
+                    elif op == "update":
+                        txn.update("items", key, {k: v for k, v in row.items() if k != "id"})
+                    else:
+                        txn.delete("items", key)
+            info = txn.info
+            assert info is not None
+            for seq, (op, key, row) in enumerate(changes):
+                expected.append((info.commit_ts, seq, "items", op, key))
+                after[(info.commit_ts, seq)] = row
+        w.flush()
+    return Written(expected=expected, after=after, last_commit_ts=max(c[0] for c in expected))
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    from binlake.lake.spark import build_spark
+
+    # Built before the runs, so the in-process ingest reuses it (as tests/spark
+    # does: one JVM per test session); stopped only if this module started it.
+    owned = SparkSession.getActiveSession() is None
+    session = build_spark("binlake-dag-tests", "local[2]", shuffle_partitions=2,
+                          extra_conf={"spark.databricks.delta.snapshotPartitions": "2"})
+    yield session
+    if owned:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("lake")
+
+
+@pytest.fixture
+def ingest_dag(airflow_db: pathlib.Path) -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS))
+    assert not bag.import_errors, bag.import_errors
+    return bag.dags["binlake_ingest"]
+
+
+@dataclasses.dataclass
+class Run:
+    state: str
+    tasks: dict[str, str]  # task id -> state
+    xcoms: dict[str, Any]  # task id -> return value
+    seconds: float
+
+
+def _run(dag: Any, logical_date: dt.datetime) -> Run:
+    """dag.test for one logical date, and what it left in the metadata DB."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    started = time.monotonic()
+    dr = dag.test(logical_date=logical_date)
+    took = time.monotonic() - started
+    with create_session() as session:
+        tis = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag.dag_id,
+                                                         TaskInstance.run_id == dr.run_id)).all()
+        states = {ti.task_id: str(ti.state) if ti.state else "none" for ti in tis}
+        xcoms = {x.task_id: x.value for x in session.scalars(
+            select(XComModel).where(XComModel.dag_id == dag.dag_id, XComModel.run_id == dr.run_id,
+                                    XComModel.key == "return_value"))}
+    xcoms = {k: json.loads(v) if isinstance(v, str) else v for k, v in xcoms.items()}
+    return Run(str(dr.state), states, xcoms, took)
+
+
+def _asset_events() -> list[dict[str, Any]]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetModel.uri == "binlake://lake/changes").order_by(AssetEvent.id)
+        ).all()
+        return [dict(e.extra) for e in rows]
+
+
+def _changes(spark: SparkSession, lake: pathlib.Path, start_ts: int, end_ts: int) -> list[tuple]:
+    df = spark.read.format("delta").load(str(lake / "changes"))
+    rows = df.where(f"commit_ts >= {start_ts} AND commit_ts < {end_ts}").collect()
+    return sorted((r.commit_ts, r.seq, r.tbl, r.op, r.keys, r.after, r.pump) for r in rows)
+
+
+def _window_rows(spark: SparkSession, lake: pathlib.Path) -> list[tuple[int, int, int, str]]:
+    rows = spark.read.format("delta").load(str(lake / "windows")).collect()
+    return sorted((r.start_ts, r.end_ts, r.rows, r.status) for r in rows)
+
+
+def _settings(mp: pytest.MonkeyPatch, cluster: DevCluster, lake: pathlib.Path, mode: str) -> None:
+    mp.setenv("BINLAKE_REGISTRY", cluster.registry_addr)
+    mp.setenv("BINLAKE_LAKE_DIR", str(lake))
+    mp.setenv("BINLAKE_INGEST_MODE", mode)
+    mp.setenv("BINLAKE_SPARK_MASTER", "local[2]")
+    mp.setenv("BINLAKE_SAFE_TS_POLL_S", "0.2")
+
+
+def test_dag_run_ingests_the_window_in_process(
+    spark: SparkSession, ingest_dag: Any, cluster: DevCluster, written: Written, lake: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _settings(monkeypatch, cluster, lake, "inprocess")
+    # The window [end - 5 min, end) holds every commit and ends ~10 s from now:
+    # still ahead of the Pumps' safe ts when the wait step starts (dag.test
+    # spends a few seconds starting its in-process API first), so it defers.
+    now = dt.datetime.now(dt.UTC)
+    written.logical_date = now.replace(microsecond=0) + dt.timedelta(seconds=10)
+    end_ts = tso.from_datetime(written.logical_date)
+    start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
+    assert start_ts < written.expected[0][0] and written.last_commit_ts < now_ts() < end_ts
+
+    run = _run(ingest_dag, written.logical_date)
+    assert run.state == "success", run.tasks
+    assert run.tasks == {"plan": "success", "wait": "success", "choose_ingest": "success",
+                         "ingest": "skipped", "ingest_inprocess": "success", "publish": "success"}
+    # The wait went through the triggerer (run inline by dag.test) and resumed.
+    assert run.xcoms["wait"]["deferred"] is True
+    assert min(run.xcoms["wait"]["safe_ts"].values()) >= end_ts
+
+    rows = _changes(spark, lake, start_ts, end_ts)
+    assert [(c, s, t, o, json.loads(k)) for c, s, t, o, k, _a, _p in rows] == written.expected
+    for c, s, _t, _o, _k, after, pump in rows:
+        assert (json.loads(after) if after is not None else None) == written.after[(c, s)]
+        assert pump in ("pump1", "pump2")
+    assert _window_rows(spark, lake) == [(start_ts, end_ts, len(written.expected), "done")]
+
+    (event,) = _asset_events()
+    assert (event["start_ts"], event["end_ts"]) == (start_ts, end_ts)
+    assert event["start"].startswith((written.logical_date - dt.timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S"))
+    assert event["pumps"] == ["pump1", "pump2"]
+    assert set(event["safe_ts"]) == {"pump1", "pump2"} and min(event["safe_ts"].values()) >= end_ts
+    assert event["mode"] == "inprocess" and event["lake"] == str(lake)
+    assert event["ingest"]["rows"] == len(written.expected)
+
+
+def test_dag_run_through_spark_submit_replaces_the_window(
+    ingest_dag: Any, cluster: DevCluster, written: Written, spark: SparkSession, lake: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert written.logical_date is not None, "runs after the in-process test"
+    _settings(monkeypatch, cluster, lake, "spark-submit")
+    # spark_default as `binlake up` creates it (local master), and spark-submit from the venv.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("PATH", VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    end_ts = tso.from_datetime(written.logical_date)
+    start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
+    before = _changes(spark, lake, start_ts, end_ts)
+    assert before, "runs after the in-process test"
+
+    run = _run(ingest_dag, written.logical_date)
+    assert run.state == "success", run.tasks
+    assert run.tasks["ingest"] == "success" and run.tasks["ingest_inprocess"] == "skipped"
+    # A past window: the wait finds it closed at once, without deferring.
+    assert run.xcoms["wait"]["deferred"] is False
+    # The same window again: replaced, not appended.
+    assert _changes(spark, lake, start_ts, end_ts) == before
+    assert _window_rows(spark, lake) == [(start_ts, end_ts, len(written.expected), "done")]
+    event = _asset_events()[-1]
+    assert (event["start_ts"], event["end_ts"], event["mode"]) == (start_ts, end_ts, "spark-submit")
+    assert "ingest" not in event
+
+
+def test_window_below_a_pumps_gc_ts_fails_with_its_message(
+    ingest_dag: Any, registry: RegistryServer, reg: RegistryClient, lake: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+    from binlake_airflow import ingest_tasks
+
+    # A registry whose Pump has collected everything before a minute ago.
+    gc_ts = now_ts(-60_000)
+    stored = reg.register(NodeRecord(node_id="pump7", kind="pump", addr="127.0.0.1:9"))
+    reg.heartbeat(dataclasses.replace(stored, safe_ts=now_ts(), gc_ts=gc_ts))
+    monkeypatch.setenv("BINLAKE_REGISTRY", registry.addr)
+    monkeypatch.setenv("BINLAKE_LAKE_DIR", str(lake))
+    monkeypatch.setenv("BINLAKE_INGEST_MODE", "inprocess")
+    end = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=1)
+
+    run = _run(ingest_dag, end)
+    assert run.state == "failed"
+    # Failed for good at the first try: no retry can bring collected binlogs back.
+    assert run.tasks["plan"] == "failed"
+    assert {run.tasks[t] for t in ("wait", "choose_ingest", "ingest", "ingest_inprocess", "publish")} == {
+        "upstream_failed"}
+    assert run.seconds < 60
+
+    with pytest.raises(AirflowFailException) as failed:
+        ingest_tasks.plan(end - dt.timedelta(minutes=5), end)
+    message = str(failed.value)
+    assert "pump pump7's GC ts" in message and tso.format_ts(gc_ts) in message
+    assert "removed after their retention" in message

@@ -1,0 +1,214 @@
+"""``binlake up`` (and ``make up``): the always-on stack starts, reports where it
+is, and Ctrl-C stops all of it.
+
+The stack runs as a real ``binlake up`` child process on free ports; the tests
+talk to it the way a user would (registry, Pumps, Airflow's REST API), then
+send SIGINT as a terminal's Ctrl-C does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pumpkit import free_port
+
+from binlake import cli
+from binlake.registry.client import RegistryClient
+
+BINLAKE = [sys.executable, "-m", "binlake.cli"]
+PUMP_ARGS = "--pump-args=--stop-write-at-free-bytes 0 --fake-binlog-interval-s 0.5"
+
+
+def test_up_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["up", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--data-dir", "--pumps", "--no-airflow", "--airflow-port", "--registry-addr", "--pump-port-base"):
+        assert flag in out
+    assert "Ctrl-C" in out and "binlake up --no-airflow" in out
+
+
+class Up:
+    """A `binlake up` child whose stdout is collected line by line."""
+
+    def __init__(self, args: list[str], cwd: pathlib.Path) -> None:
+        self.lines: list[str] = []
+        # A clean slate: no Airflow or binlake settings of the test session (tests/dags
+        # pins some for its own Airflow) may leak into the stack.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "BINLAKE_"))}
+        self.proc = subprocess.Popen([*BINLAKE, "up", *args], cwd=cwd, stdout=subprocess.PIPE, env=env,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if self.proc.poll() is not None:
+                time.sleep(0.2)  # let the reader drain
+                raise AssertionError(f"binlake up exited ({self.proc.returncode}):\n{self.output}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} after {timeout:g}s:\n{self.output}")
+            time.sleep(0.1)
+
+    def ctrl_c(self, timeout: float = 90.0) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        # Only if a test failed half-way: the whole group of this child.
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def binlake_up(args: list[str], cwd: pathlib.Path) -> Iterator[Up]:
+    up = Up(args, cwd)
+    try:
+        yield up
+    finally:
+        up.kill()
+
+
+def _port_open(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    with contextlib.closing(socket.socket()) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, int(port))) == 0
+
+
+def test_up_without_airflow_starts_and_stops_the_cluster(tmp_path: pathlib.Path) -> None:
+    registry = f"127.0.0.1:{free_port()}"
+    with binlake_up(["--no-airflow", "--data-dir", "state", "--registry-addr", registry,
+                     "--pump-port-base", "0", PUMP_ARGS], tmp_path) as up:
+        up.wait_for("Press Ctrl-C", timeout=60)
+        assert f"registry     {registry}" in up.output
+        assert "Airflow      not started (--no-airflow)" in up.output
+        with RegistryClient(registry) as reg:
+            nodes, _ = reg.list_nodes("pump")
+        assert sorted(n.node_id for n in nodes) == ["pump1", "pump2", "pump3"]
+        assert all(n.state == "online" and n.safe_ts > 0 for n in nodes)
+        pumps = [n.addr for n in nodes]
+        assert all(_port_open(a) for a in pumps)
+
+        assert up.ctrl_c() == 0
+        assert "binlake up: stopped" in up.output
+    assert not _port_open(registry)
+    assert not any(_port_open(a) for a in pumps)
+    state = tmp_path / "state"
+    assert {p.name for p in state.iterdir()} >= {"registry", "pump1", "pump2", "pump3", "logs"}
+    assert (state / "logs" / "pump1.log").stat().st_size > 0
+
+
+def test_up_refuses_a_busy_port(tmp_path: pathlib.Path) -> None:
+    with contextlib.closing(socket.socket()) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        addr = f"127.0.0.1:{busy.getsockname()[1]}"
+        done = subprocess.run([*BINLAKE, "up", "--no-airflow", "--data-dir", "state", "--registry-addr", addr],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    # Nothing was started: the refusal comes before any child process.
+    assert not (tmp_path / "state").exists()
+    assert done.returncode == 2
+    assert f"registry address {addr} is not free" in done.stderr
+    assert "another `binlake up`" in done.stderr
+
+
+def _wait_states(get: Any, until: str, timeout: float) -> list[str]:
+    """The states the probe run's wait task goes through, up to ``until`` (or a final state)."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        tis = {t["task_id"]: t["state"] for t in
+               get("/dags/binlake_ingest/dagRuns/probe/taskInstances")["task_instances"]}
+        state = tis.get("wait")
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        if state in (until, "success", "failed", "upstream_failed"):
+            return seen
+        time.sleep(0.3)
+    raise AssertionError(f"the wait task did not reach {until} in {timeout:g}s: {seen}")
+
+
+@pytest.mark.slow
+def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
+    """The whole stack: Airflow comes up healthy with binlake_ingest parsed and
+    unpaused, the spark_default connection points at local[*], a run's wait step
+    defers to the real triggerer and resumes, and Ctrl-C stops it all."""
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api/v2"
+    with binlake_up(["--data-dir", "state", "--registry-addr", f"127.0.0.1:{free_port()}", "--pumps", "2",
+                     "--pump-port-base", "0", "--airflow-port", str(port), PUMP_ARGS], tmp_path) as up:
+        up.wait_for("Press Ctrl-C", timeout=240)
+        assert f"Airflow UI   http://127.0.0.1:{port}" in up.output
+
+        def get(path: str) -> dict:
+            with urllib.request.urlopen(f"{api}{path}", timeout=10) as resp:
+                return json.loads(resp.read())
+
+        def post(path: str, body: dict) -> dict:
+            req = urllib.request.Request(f"{api}{path}", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return json.loads(resp.read())
+
+        deadline = time.monotonic() + 120
+        while True:
+            dags = {d["dag_id"]: d for d in get("/dags")["dags"]}
+            if "binlake_ingest" in dags or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert get("/importErrors")["total_entries"] == 0
+        assert dags["binlake_ingest"]["is_paused"] is False
+        conn = get("/connections/spark_default")
+        assert (conn["conn_type"], conn["host"]) == ("spark", "local[*]")
+        env_sh = (tmp_path / "state" / "airflow" / "env.sh").read_text()
+        assert "export AIRFLOW_HOME=" in env_sh and "BINLAKE_REGISTRY" in env_sh
+
+        # A manual run whose window ends just after pump2 is frozen (SIGSTOP: no
+        # heartbeats, its safe ts stays below the window end): the wait step must
+        # defer to the triggerer, and finish once pump2 runs again.
+        found = subprocess.run(["pgrep", "-f", "--", f"--data-dir {tmp_path / 'state' / 'pump2'}"],
+                               capture_output=True, text=True)
+        (pump2,) = (int(p) for p in found.stdout.split())
+        os.kill(pump2, signal.SIGSTOP)
+        try:
+            end = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(seconds=2)
+            post("/dags/binlake_ingest/dagRuns", {"dag_run_id": "probe", "logical_date": end.isoformat()})
+            seen = _wait_states(get, "deferred", timeout=120)
+        finally:
+            os.kill(pump2, signal.SIGCONT)
+        seen += _wait_states(get, "success", timeout=60)
+        assert seen[-1] == "success" and "deferred" in seen, seen
+
+        assert up.ctrl_c(timeout=120) == 0
+    assert not _port_open(f"127.0.0.1:{port}")

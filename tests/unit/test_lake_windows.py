@@ -1,0 +1,195 @@
+"""The lake's pure helpers: window coverage and overlap rules, partition cuts,
+the data source's options, and binlake errors recovered from Spark failures."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from binlake import errors, tso
+from binlake.lake import commands, decode, ingest
+from binlake.lake import source as ls
+from binlake.proto import binlog_pb2
+from binlake.source import schema as sc
+from binlake.source.schema import ColumnDef, new_table
+
+DAY = tso.compose(86_400_000)
+
+
+def w(s: int, e: int) -> dict[str, int]:
+    return {"start_ts": s, "end_ts": e}
+
+
+def test_uncovered_ranges() -> None:
+    assert ingest.uncovered([], 0, 100) == [(0, 100)]
+    assert ingest.uncovered([w(10, 20), w(30, 40)], 0, 100) == [(0, 10), (20, 30), (40, 100)]
+    assert ingest.uncovered([w(30, 40), w(0, 30)], 0, 35) == []
+    assert ingest.uncovered([w(0, 50)], 10, 20) == []
+    assert ingest.uncovered([w(60, 70)], 0, 50) == [(0, 50)]
+
+
+def test_overlap_rules() -> None:
+    windows = [w(10, 20), w(20, 30)]
+    assert ingest.check_overlap(windows, 10, 20) is True  # the same bounds: replaced
+    assert ingest.check_overlap(windows, 30, 40) is False  # adjacent: fine
+    assert ingest.check_overlap(windows, 0, 10) is False
+    with pytest.raises(errors.FailedPrecondition, match=r"overlaps the ingested window \[10, 20\)"):
+        ingest.check_overlap(windows, 15, 20)
+    with pytest.raises(errors.FailedPrecondition, match=r"\[20, 30\)"):
+        ingest.check_overlap(windows, 25, 45)
+
+
+def test_partition_cuts_fall_between_transactions() -> None:
+    txns = [(100, 1, 50), (100, 2, 50), (110, 3, 50), (120, 4, 50), (130, 5, 50)]
+    assert ls._splits(txns, set(), 100) == [110, 130]
+    # Two transactions sharing a commit_ts are never cut apart.
+    assert ls._splits([(100, 1, 100), (100, 2, 100), (105, 3, 1)], set(), 100) == [105]
+    assert ls._splits(txns, {2}, 100) == [120]  # skipped copies do not count
+
+
+def test_window_index_travels_as_json() -> None:
+    info = new_table(100, "app", "t", [ColumnDef("id", "int", False)], ["id"], None, 1)
+    ddl = binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=5, commit_ts=9, ddl_query=b"CREATE TABLE t",
+                            ddl_table=info)
+    index = ls.WindowIndex(1, 100, ddls=[("pump1", ddl)], skip={"pump2": [7]}, splits={"pump1": [50]})
+    back = ls.WindowIndex.from_json(index.to_json())
+    assert (back.start_ts, back.end_ts, back.ddls, back.skip, back.splits) == (1, 100, [("pump1", ddl)],
+                                                                                {"pump2": [7]}, {"pump1": [50]})
+    with pytest.raises(errors.InvalidArgument, match="window_index"):
+        ls.WindowIndex.from_json('{"start_ts": 1}')
+
+
+def test_table_op_counts_name_tables_as_they_were_then() -> None:
+    v1 = new_table(100, "app", "t", [ColumnDef("id", "int", False)], ["id"], None, 1)
+    history = decode.SchemaHistory.from_tables([v1], commit_ts=1)
+    history.add(50, sc.rename_table(v1, "t2", 2))
+    index = ls.WindowIndex(1, 100, mutations=[(10, 100, 2, 1, 0), (60, 100, 0, 0, 3), (70, 100, 1, 0, 0)])
+    assert ingest._table_op_counts(index, history) == {
+        "app.t:insert": 2, "app.t:update": 1, "app.t2:delete": 3, "app.t2:insert": 1}
+
+
+OPTS = {"registry": "127.0.0.1:8230", "start_ts": "10", "end_ts": "20"}
+
+
+def test_read_options() -> None:
+    o = ls.ReadOptions.parse({**OPTS, "pumps": "pump1, pump2", "Kind": "ddl", "sub_window": "5"})
+    assert (o.start_ts, o.end_ts, o.pumps, o.kind, o.sub_window) == (10, 20, ["pump1", "pump2"], "ddl", 5)
+    assert ls.ReadOptions.parse(OPTS).kind == "changes"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"start_ts": "1", "end_ts": "2"}, "'registry'"),
+    ({**OPTS, "registry": "nohost"}, "HOST:PORT"),
+    ({**OPTS, "end_ts": ""}, "'end_ts' .* is required"),
+    ({**OPTS, "start_ts": "abc"}, "'start_ts' must be an integer"),
+    ({**OPTS, "end_ts": "10"}, "is empty"),
+    ({**OPTS, "end_ts": str(1 << 64)}, r"\[0, 2\^63\)"),
+    ({**OPTS, "kind": "rows"}, "'kind' must be one of changes, ddl"),
+    ({**OPTS, "sub_window": "-3"}, "'sub_window' must be a positive"),
+    ({**OPTS, "pumps": " , "}, "lists no pump"),
+    ({**OPTS, "colour": "red"}, "unknown option"),
+])
+def test_bad_read_options_are_named(options: dict[str, str], message: str) -> None:
+    with pytest.raises(errors.InvalidArgument, match=message):
+        ls.ReadOptions.parse(options)
+
+
+def test_binlake_errors_are_recovered_from_spark_messages() -> None:
+    text = ("org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+            '  File "x.py", line 1, in read\n'
+            "binlake.errors.OutOfRange: window [1, 2) starts below pump pump1's GC ts 5\n\n  at org.apache...")
+    err = ls.binlake_error(RuntimeError(text))
+    assert isinstance(err, errors.OutOfRange) and str(err) == "window [1, 2) starts below pump pump1's GC ts 5"
+    err = ls.binlake_error(RuntimeError("binlake.lake.decode.UnknownTableError: table id 7 has no definition"))
+    assert isinstance(err, errors.FailedPrecondition) and "table id 7" in str(err)
+    assert ls.binlake_error(RuntimeError("java.lang.OutOfMemoryError")) is None
+
+
+def test_window_predicate_bounds_the_partitions() -> None:
+    start = tso.compose(1_795_000_000_000)
+    where = ingest._window_predicate(start, start + DAY)
+    assert where == ("commit_date >= DATE'2026-11-18' AND commit_date <= DATE'2026-11-19' "
+                     f"AND commit_ts >= {start} AND commit_ts < {start + DAY}")
+
+
+def test_lake_paths_and_argument_checks(tmp_path: object) -> None:
+    assert ingest.table_path("s3a://bucket/lake/", "changes") == "s3a://bucket/lake/changes"
+    assert ingest.table_path("/data/lake", "windows") == "/data/lake/windows"
+    with pytest.raises(ValueError, match="unknown lake table"):
+        ingest.table_path("/data/lake", "snapshots")
+    with pytest.raises(errors.InvalidArgument, match="lake must be"):
+        ingest.check_lake("  ")
+    with pytest.raises(TypeError, match="SparkSession"):
+        ingest.ingest_window(None, "/tmp/lake", "127.0.0.1:1", 1, 2)
+    with pytest.raises(errors.InvalidArgument, match="empty"):
+        ingest.ingest_window(argparse.Namespace(read=1), "/tmp/lake", "127.0.0.1:1", 2, 2)
+    with pytest.raises(errors.InvalidArgument, match="pumps must be a list"):
+        ingest.ingest_window(argparse.Namespace(read=1), "/tmp/lake", "127.0.0.1:1", 1, 2, pumps="pump1")
+
+
+def test_cli_window_arguments() -> None:
+    def ns(**kw: object) -> argparse.Namespace:
+        return argparse.Namespace(**{"start_ts": None, "end_ts": None, "start": None, "end": None, **kw})
+
+    assert commands.window_args(ns(start_ts=1, end=5)) == (1, 5)
+    with pytest.raises(errors.InvalidArgument, match="once"):
+        commands.window_args(ns(start_ts=1, start=2, end_ts=5))
+    with pytest.raises(errors.InvalidArgument, match="needs a start"):
+        commands.window_args(ns(end_ts=5))
+    with pytest.raises(errors.InvalidArgument, match="empty"):
+        commands.window_args(ns(start_ts=5, end_ts=5))
+    assert commands.pump_list(" a, b ,") == ["a", "b"] and commands.pump_list(None) is None
+    with pytest.raises(errors.InvalidArgument, match="at least one"):
+        commands.pump_list(",")
+
+
+def test_pump_reads_resume_after_a_transient_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from binlake.client import reader
+
+    txns = [binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=s, commit_ts=c)
+            for s, c in ((5, 10), (18, 20), (19, 20), (25, 30))]
+    calls: list[int] = []
+
+    def flaky(addr: str, lo: int, hi: int, node_id: str = "") -> object:
+        calls.append(lo)
+        for t in txns:
+            if lo <= t.commit_ts < hi:
+                if len(calls) == 1 and t.commit_ts == 30:
+                    raise errors.Unavailable(f"reading from pump {node_id}: connection reset")
+                yield t
+
+    monkeypatch.setattr(reader, "pull_pump", flaky)
+    monkeypatch.setattr(ls.time, "sleep", lambda _s: None)
+    got = [(t.commit_ts, t.start_ts) for t in ls.pull_resumable("pump1", "127.0.0.1:1", 0, 100)]
+    assert got == [(10, 5), (20, 18), (20, 19), (30, 25)]
+    assert calls == [0, 20]  # resumed at the last commit_ts handed out, its transactions skipped
+
+    def refused(addr: str, lo: int, hi: int, node_id: str = "") -> object:
+        calls.append(lo)
+        raise errors.FailedPrecondition("window end is above pump pump1's safe ts")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(reader, "pull_pump", refused)
+    calls.clear()
+    with pytest.raises(errors.FailedPrecondition):
+        list(ls.pull_resumable("pump1", "127.0.0.1:1", 0, 100))
+    assert calls == [0]  # a refusal is not retried
+
+    def down(addr: str, lo: int, hi: int, node_id: str = "") -> object:
+        raise errors.Unavailable("pump pump1 unreachable")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(reader, "pull_pump", down)
+    with pytest.raises(errors.Unavailable, match="unreachable"):
+        list(ls.pull_resumable("pump1", "127.0.0.1:1", 0, 100))
+
+
+def test_unreachable_pump_is_named() -> None:
+    from binlake.lake.planner import WindowPlan
+    from binlake.registry.model import NodeRecord
+
+    port = __import__("pumpkit").free_port()
+    plan = WindowPlan(10, 20, (NodeRecord("pump7", "pump", f"127.0.0.1:{port}"),))
+    with pytest.raises(errors.Unavailable, match=rf"pump pump7 at 127.0.0.1:{port} is unreachable .*\[10, 20\)"):
+        ls.check_pumps(plan, timeout_s=2.0)
