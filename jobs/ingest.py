@@ -31,8 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="jobs/ingest.py", description=__doc__.splitlines()[0])
     parser.add_argument("--start-ts", type=_ts, required=True, help="window start (inclusive), a TSO")
     parser.add_argument("--end-ts", type=_ts, required=True, help="window end (exclusive), a TSO")
-    parser.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE"), required="BINLAKE_LAKE" not in os.environ,
-                        help="lake directory or URI (default: $BINLAKE_LAKE)")
+    parser.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"), required="BINLAKE_LAKE_DIR" not in os.environ,
+                        help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
     parser.add_argument("--registry", default=os.environ.get("BINLAKE_REGISTRY", "127.0.0.1:8230"),
                         help="registry HOST:PORT (default: $BINLAKE_REGISTRY, else 127.0.0.1:8230)")
     parser.add_argument("--pumps", help="comma-separated Pump ids (default: every Pump that may hold the window)")

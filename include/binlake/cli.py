@@ -345,8 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--end-ts", type=_ts_arg, help="window end (exclusive), a TSO")
     p.add_argument("--start", type=_datetime_arg, help="window start as an ISO datetime (UTC unless offset given)")
     p.add_argument("--end", type=_datetime_arg, help="window end as an ISO datetime")
-    p.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE"),
-                   help="lake directory or URI (default: $BINLAKE_LAKE)")
+    p.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"),
+                   help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
     p.add_argument("--pumps", help="comma-separated Pump ids to read (default: every Pump that may hold the window)")
     p.add_argument("--master", help="Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
@@ -357,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     lsub = lake.add_subparsers(dest="lake_command", metavar="WHAT")
     c = lsub.add_parser("windows", help="table of ingested windows, with the gaps between them", formatter_class=fmt,
                         epilog="Example:\n  binlake lake windows --lake data/lake\n")
-    c.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE"), help="lake directory or URI (default: $BINLAKE_LAKE)")
+    c.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"), help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
     c.add_argument("--master", help="Spark master (default local[*])")
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     c = lsub.add_parser(
@@ -368,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  binlake lake changes --lake data/lake --table main.accounts --from-ts 470614378216685568 --json\n"
         ),
     )
-    c.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE"), help="lake directory or URI (default: $BINLAKE_LAKE)")
+    c.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"), help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
     c.add_argument("--table", required=True, help="TABLE or DB.TABLE (the name when the change was made)")
     c.add_argument("--from-ts", type=_ts_arg, help="only changes with commit_ts >= this TSO")
     c.add_argument("--to-ts", type=_ts_arg, help="only changes with commit_ts < this TSO")
@@ -474,7 +474,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from binlake.lake import commands
 
         if not args.lake:
-            raise errors.InvalidArgument("ingest needs --lake PATH (the lake directory or URI), or $BINLAKE_LAKE")
+            raise errors.InvalidArgument("ingest needs --lake PATH (the lake directory or URI), or $BINLAKE_LAKE_DIR")
         return commands.ingest(args, _registry_addr(args))
     if args.command == "lake":
         from binlake.lake import commands
@@ -482,7 +482,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.lake_command is None:
             parser.parse_args(["lake", "--help"])
         if not args.lake:
-            raise errors.InvalidArgument(f"lake {args.lake_command} needs --lake PATH, or $BINLAKE_LAKE")
+            raise errors.InvalidArgument(f"lake {args.lake_command} needs --lake PATH, or $BINLAKE_LAKE_DIR")
         return commands.windows(args) if args.lake_command == "windows" else commands.changes(args)
     if args.command == "bench":
         if args.bench_command not in ("pump", "writer", "ingest"):
