@@ -95,6 +95,14 @@ def _add_registry(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_window(p: argparse.ArgumentParser) -> None:
+    """A commit_ts window as TSOs or datetimes (``lake.commands.window_args`` reads it)."""
+    p.add_argument("--start-ts", type=_ts_arg, help="window start (inclusive), a TSO")
+    p.add_argument("--end-ts", type=_ts_arg, help="window end (exclusive), a TSO")
+    p.add_argument("--start", type=_datetime_arg, help="window start as an ISO datetime (UTC unless offset given)")
+    p.add_argument("--end", type=_datetime_arg, help="window end as an ISO datetime")
+
+
 def _registry_addr(args: argparse.Namespace) -> str:
     from binlake.rpc import parse_addr
 
@@ -243,10 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     _add_registry(c)
-    c.add_argument("--start-ts", type=_ts_arg, help="window start (inclusive), a TSO")
-    c.add_argument("--end-ts", type=_ts_arg, help="window end (exclusive), a TSO")
-    c.add_argument("--start", type=_datetime_arg, help="window start as an ISO datetime (UTC unless offset given)")
-    c.add_argument("--end", type=_datetime_arg, help="window end as an ISO datetime")
+    _add_window(c)
     c.add_argument("--pump", help="read only this Pump")
     c.add_argument("--wait", action="store_true", help="wait for the safe ts to reach the window end")
     c.add_argument("--rows", action="store_true", help="include decoded rows, not only counts")
@@ -341,10 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     _add_registry(p)
-    p.add_argument("--start-ts", type=_ts_arg, help="window start (inclusive), a TSO")
-    p.add_argument("--end-ts", type=_ts_arg, help="window end (exclusive), a TSO")
-    p.add_argument("--start", type=_datetime_arg, help="window start as an ISO datetime (UTC unless offset given)")
-    p.add_argument("--end", type=_datetime_arg, help="window end as an ISO datetime")
+    _add_window(p)
     p.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"),
                    help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
     p.add_argument("--pumps", help="comma-separated Pump ids to read (default: every Pump that may hold the window)")

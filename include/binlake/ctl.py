@@ -12,6 +12,7 @@ from google.protobuf import json_format
 
 from binlake import errors, tso
 from binlake.client.reader import pull_pump, pull_window
+from binlake.lake.commands import window_args
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord, NodeState
@@ -92,20 +93,6 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
     raise errors.InvalidArgument(f"unknown ctl action {args.ctl_command!r}")
 
 
-def _window(args: argparse.Namespace) -> tuple[int, int]:
-    if args.start_ts is not None and args.start is not None:
-        raise errors.InvalidArgument("give the window start once: --start-ts or --start, not both")
-    if args.end_ts is not None and args.end is not None:
-        raise errors.InvalidArgument("give the window end once: --end-ts or --end, not both")
-    start = args.start_ts if args.start_ts is not None else args.start
-    end = args.end_ts if args.end_ts is not None else args.end
-    if start is None or end is None:
-        raise errors.InvalidArgument("a window needs a start (--start-ts or --start) and an end (--end-ts or --end)")
-    if start >= end:
-        raise errors.InvalidArgument(f"window [{start}, {end}) is empty: the start must be before the end")
-    return start, end
-
-
 def binlog_to_json(b: binlog_pb2.Binlog, rows: bool = False) -> dict[str, Any]:
     """A complete transaction as a JSON-able dict (TiDB binlog's 'print' destination)."""
     out: dict[str, Any] = {
@@ -142,7 +129,7 @@ def binlog_to_json(b: binlog_pb2.Binlog, rows: bool = False) -> dict[str, Any]:
 
 
 def _dump(args: argparse.Namespace, reg: RegistryClient) -> int:
-    start, end = _window(args)
+    start, end = window_args(args)
     nodes, _ = reg.list_nodes("pump")
     pumps = {n.node_id: n.addr for n in nodes}
     if args.pump is not None:
