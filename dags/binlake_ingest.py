@@ -12,7 +12,8 @@ the window `[tso(start), tso(end))`.
    worker slot is held.
 3. **ingest** — `spark-submit jobs/ingest.py` through the `spark_default`
    connection (`local[*]` on one machine; point it at a cluster master
-   elsewhere), or **ingest_inprocess** — the same job inside the task, when the
+   elsewhere); a window no retry can ingest (below a GC ts, overlapping an
+   ingested window with other bounds) fails at once, anything else retries — or **ingest_inprocess** — the same job inside the task, when the
    setting `binlake_ingest_mode` is `inprocess`.
 4. **publish** — emits an event of the Asset `binlake://lake/changes` whose
    extra holds the window, the Pumps and their safe ts.
@@ -36,11 +37,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import dag, get_current_context, task
 from binlake_airflow import config, ingest_tasks
 from binlake_airflow.assets import LAKE_CHANGES
-from binlake_airflow.operators import WaitForSafeTsOperator
+from binlake_airflow.operators import IngestSubmitOperator, WaitForSafeTsOperator
 
 
 def _plan_value(key: str) -> str:
@@ -88,7 +88,7 @@ def binlake_ingest() -> None:
     def choose_ingest(mode: str) -> str:
         return ingest_tasks.choose_ingest(mode)
 
-    ingest = SparkSubmitOperator(
+    ingest = IngestSubmitOperator(
         task_id=ingest_tasks.SPARK_SUBMIT_TASK,
         conn_id="spark_default",
         application=str(config.INGEST_JOB),

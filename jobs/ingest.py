@@ -4,9 +4,11 @@
 
 Argument parsing, one SparkSession (``binlake.lake.spark.build_spark``), one
 call to ``binlake.lake.ingest.ingest_window``; the result is printed as one
-JSON line (last line of stdout). A refused window (Pump unreachable, window
-above a safe ts or below a GC ts, overlapping window) exits with status 2 and
-its message on stderr; anything else exits non-zero with Spark's error.
+JSON line (last line of stdout). A refused window exits with its message on
+stderr and status 3 when no retry can help (below a Pump's GC ts, overlapping
+an ingested window with other bounds, a bad argument) or 2 when a retry may
+(a Pump unreachable, a safe ts still below the window end); anything else
+exits non-zero with Spark's error. Airflow's ingest task fails at once on 3.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         result = ingest_window(spark, args.lake, args.registry, args.start_ts, args.end_ts, pump_list(args.pumps),
                                progress=lambda message: print(message, file=sys.stderr, flush=True))
     except errors.BinlakeError as exc:
-        print(f"ingest: error: {exc}", file=sys.stderr)
-        return 2
+        final = errors.is_final(exc)
+        print(f"ingest: error{' (retrying cannot help)' if final else ''}: {exc}", file=sys.stderr)
+        return errors.EXIT_FINAL if final else errors.EXIT_RETRYABLE
     print(result.summary(), file=sys.stderr)
     print(json.dumps(result.to_dict(), sort_keys=True))
     return 0

@@ -22,6 +22,11 @@ class FailedPrecondition(BinlakeError):
     code_name = "FAILED_PRECONDITION"
 
 
+class Conflict(FailedPrecondition):
+    """The request contradicts what is stored (a window overlapping an ingested
+    one with other bounds): retrying it unchanged cannot succeed."""
+
+
 class NotFound(BinlakeError, LookupError):
     code_name = "NOT_FOUND"
 
@@ -52,3 +57,19 @@ class Unavailable(BinlakeError):
 
 class DeadlineExceeded(BinlakeError):
     code_name = "DEADLINE_EXCEEDED"
+
+
+# Errors no retry can fix: the request itself is wrong, contradicts the lake,
+# or needs binlogs that are gone. Schedulers fail such a task at once instead
+# of retrying it (``is_final``); batch entry points exit with EXIT_FINAL.
+FINAL: tuple[type[BinlakeError], ...] = (InvalidArgument, OutOfRange, Conflict)
+# Exit statuses of batch entry points (jobs/*.py) for errors they report:
+# EXIT_RETRYABLE for a refusal that may pass later (a Pump down, a safe ts not
+# there yet), EXIT_FINAL for one of FINAL.
+EXIT_RETRYABLE = 2
+EXIT_FINAL = 3
+
+
+def is_final(exc: BaseException) -> bool:
+    """Whether retrying the request that raised ``exc`` unchanged cannot succeed."""
+    return isinstance(exc, FINAL)

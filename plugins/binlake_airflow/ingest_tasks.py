@@ -6,8 +6,9 @@ it can be imported and tested without parsing a DAG. Everything heavy
 module at parse time costs nothing.
 
 Errors are sorted by whether a retry can help: a window below a Pump's GC ts,
-a bad setting or a missing Delta jar fail the task at once
-(``AirflowFailException``); an unreachable registry or Pump raises an
+one overlapping an ingested window with other bounds, a bad setting or a
+missing Delta jar fail the task at once (``AirflowFailException``;
+``binlake.errors.is_final``); an unreachable registry or Pump raises an
 ordinary error, which the DAG's retries with exponential backoff absorb.
 """
 
@@ -127,8 +128,11 @@ def ingest_inprocess(window: Mapping[str, Any]) -> dict[str, Any]:
         # during the wait is read too (the wait step waited for it).
         result = ingest_window(spark, window["lake"], window["registry"], int(window["start_ts"]),
                                int(window["end_ts"]), progress=lambda msg: log.info("ingest: %s", msg))
-    except errors.OutOfRange as exc:
-        raise AirflowFailException(str(exc)) from None
+    except errors.BinlakeError as exc:
+        if errors.is_final(exc):  # below a GC ts, overlapping another window: no retry can help
+            raise AirflowFailException(str(exc)) from None
+        # A Pump down or restarting, a safe ts not there yet: the DAG's retries absorb it.
+        raise AirflowException(f"ingest failed, will retry: {exc}") from None
     finally:
         if owned:
             spark.stop()

@@ -1,17 +1,25 @@
-"""``WaitForSafeTsOperator``: the deferrable wait before a window is ingested.
+"""The ingest DAG's own operators.
+
+``WaitForSafeTsOperator``: the deferrable wait before a window is ingested.
 
 It looks at the registry once from the worker; a window that is already
 closed (every backfill and catch-up window, most scheduled ones) finishes
 right there, without a trip through the triggerer. Otherwise it defers to
 ``SafeTsTrigger`` and gives its worker slot back while it waits.
+
+``IngestSubmitOperator``: the Spark provider's ``SparkSubmitOperator`` for
+``jobs/ingest.py``, which fails the task without retrying when the job exits
+with ``binlake.errors.EXIT_FINAL`` (a window no retry can ingest).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -120,3 +128,36 @@ class WaitForSafeTsOperator(BaseOperator):
         safe_ts = {str(k): int(v) for k, v in (event.get("safe_ts") or {}).items()}
         self.log.info("every pump's safe ts reached the window end: %s", safe_ts)
         return {"safe_ts": safe_ts, "pumps": sorted(safe_ts), "deferred": deferred}
+
+
+# binlake.errors.EXIT_FINAL, spelled here so this module imports nothing of
+# binlake at parse time (a test checks the two agree).
+EXIT_FINAL = 3
+_ERROR_CODE = re.compile(r"Error code is: (\d+)")
+
+
+class IngestSubmitOperator(SparkSubmitOperator):
+    """``SparkSubmitOperator`` running ``jobs/ingest.py``: when the job exits with
+    ``EXIT_FINAL`` (below a Pump's GC ts, overlapping an ingested window with other
+    bounds, a bad argument) the task fails at once instead of spending its retries."""
+
+    def execute(self, context: Context) -> None:
+        try:
+            super().execute(context)
+        except AirflowFailException:
+            raise
+        except AirflowException as exc:
+            if self._exit_code(exc) == EXIT_FINAL:
+                raise AirflowFailException(
+                    f"the ingest job refused the window and retrying cannot help (see its error above): {exc}"
+                ) from None
+            raise
+
+    def _exit_code(self, exc: BaseException) -> int | None:
+        # The hook keeps the finished spark-submit process; its message names the code too.
+        process = getattr(self._hook, "_submit_sp", None)
+        code = getattr(process, "returncode", None)
+        if isinstance(code, int):
+            return code
+        match = _ERROR_CODE.search(str(exc))
+        return int(match.group(1)) if match else None

@@ -139,7 +139,15 @@ def test_ingest_dag_shape(dagbag: Any) -> None:
     assert tasks["publish"].trigger_rule == "none_failed_min_one_success"
     assert [a.uri for a in tasks["publish"].outlets] == ["binlake://lake/changes"]
     spark = tasks["ingest"]
-    assert type(spark).__name__ == "SparkSubmitOperator"
+    assert type(spark).__name__ == "IngestSubmitOperator"
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from binlake_airflow import operators
+
+    from binlake import errors
+
+    assert isinstance(spark, SparkSubmitOperator)
+    # The operator spells the job's "no retry can help" exit status itself (no binlake import at parse time).
+    assert operators.EXIT_FINAL == errors.EXIT_FINAL
     assert spark._conn_id == "spark_default"
     assert pathlib.Path(spark.application) == config.INGEST_JOB
     assert spark.application_args[:2] == ["--start-ts", "{{ ti.xcom_pull(task_ids='plan', key='start_ts') }}"]

@@ -8,6 +8,11 @@ table back with Spark.
   (so the wait really defers until the Pumps' safe ts passes it);
 - the same window again through spark-submit (the SparkSubmitOperator with a
   ``spark_default`` connection at ``local[2]``): the table is unchanged;
+- a Pump killed (kill -9) while the in-process ingest reads the window: the
+  try fails naming the Pump, Airflow retries it once the Pump is back, and the
+  window holds exactly what it held;
+- a window overlapping the ingested one with other bounds fails at once
+  through spark-submit (the job's EXIT_FINAL), without spending retries;
 - a window below a Pump's GC ts fails in plan, naming the Pump and its GC ts,
   without retrying.
 """
@@ -17,9 +22,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import logging
 import os
 import pathlib
+import re
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -135,6 +143,7 @@ class Run:
     tasks: dict[str, str]  # task id -> state
     xcoms: dict[str, Any]  # task id -> return value
     seconds: float
+    run_id: str = ""
 
 
 def _run(dag: Any, logical_date: dt.datetime) -> Run:
@@ -155,7 +164,7 @@ def _run(dag: Any, logical_date: dt.datetime) -> Run:
             select(XComModel).where(XComModel.dag_id == dag.dag_id, XComModel.run_id == dr.run_id,
                                     XComModel.key == "return_value"))}
     xcoms = {k: json.loads(v) if isinstance(v, str) else v for k, v in xcoms.items()}
-    return Run(str(dr.state), states, xcoms, took)
+    return Run(str(dr.state), states, xcoms, took, dr.run_id)
 
 
 def _asset_events() -> list[dict[str, Any]]:
@@ -253,6 +262,99 @@ def test_dag_run_through_spark_submit_replaces_the_window(
     event = _asset_events()[-1]
     assert (event["start_ts"], event["end_ts"], event["mode"]) == (start_ts, end_ts, "spark-submit")
     assert "ingest" not in event
+
+
+class _KillPumpWhenReading(logging.Handler):
+    """Kills a Pump (kill -9) the moment the ingest task logs that it starts reading
+    the window, and starts it again ``down_s`` later, from another thread."""
+
+    def __init__(self, cluster: DevCluster, pump: str, down_s: float) -> None:
+        super().__init__()
+        self.cluster, self.pump, self.down_s = cluster, pump, down_s
+        self.killed = threading.Event()
+        self.back = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.killed.is_set() or "ingest: reading and writing" not in record.getMessage():
+            return
+        self.cluster.kill9(self.pump)
+        self.killed.set()
+
+        def restart() -> None:
+            time.sleep(self.down_s)
+            self.cluster.restart(self.pump)
+            self.back.set()
+
+        threading.Thread(target=restart, daemon=True).start()
+
+
+def test_pump_killed_during_ingest_fails_the_try_and_the_retry_succeeds(
+    ingest_dag: Any, cluster: DevCluster, written: Written, spark: SparkSession, lake: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from airflow.models.taskinstancehistory import TaskInstanceHistory
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    assert written.logical_date is not None, "runs after the in-process test"
+    _settings(monkeypatch, cluster, lake, "inprocess")
+    end_ts = tso.from_datetime(written.logical_date)
+    start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
+    before = _changes(spark, lake, start_ts, end_ts)
+    assert before, "runs after the in-process test"
+    # The DAG's first retry comes 15-30 s after a failure (30 s, exponential
+    # backoff); a shorter one keeps the test short and changes nothing else.
+    task = ingest_dag.task_dict["ingest_inprocess"]
+    monkeypatch.setattr(task, "retry_delay", dt.timedelta(seconds=15))
+    monkeypatch.setattr(task, "retry_exponential_backoff", 0)
+    # pump2 stays down longer than a reader resumes a broken stream (about 3.5 s),
+    # so the try fails; it is back well before the retry.
+    killer = _KillPumpWhenReading(cluster, "pump2", down_s=6.0)
+    logger = logging.getLogger("binlake_airflow.ingest_tasks")
+    logger.addHandler(killer)
+    try:
+        with caplog.at_level(logging.INFO):
+            run = _run(ingest_dag, written.logical_date)
+    finally:
+        logger.removeHandler(killer)
+        assert killer.back.wait(60), "pump2 did not come back"
+    assert killer.killed.is_set()
+    assert run.state == "success", run.tasks
+    assert run.tasks["ingest_inprocess"] == "success"
+    with create_session() as session:
+        tries = session.scalars(select(TaskInstanceHistory).where(
+            TaskInstanceHistory.dag_id == "binlake_ingest", TaskInstanceHistory.task_id == "ingest_inprocess",
+            TaskInstanceHistory.run_id == run.run_id)).all()
+        failed_tries = [str(t.state) for t in tries]
+    # The first try failed (and was retried), naming the Pump it could not read.
+    assert failed_tries and all(s in ("up_for_retry", "failed") for s in failed_tries), failed_tries
+    # (the task's failure is logged through Airflow's structlog, to stdout)
+    messages = capsys.readouterr().out + "\n".join(r.getMessage() for r in caplog.records)
+    assert re.search(r"ingest failed, will retry: .*pump pump2 at 127\.0\.0\.1:\d+ is unreachable", messages), \
+        messages[-3000:]
+    # Nothing lost, nothing twice: the window holds what it held.
+    assert _changes(spark, lake, start_ts, end_ts) == before
+    assert _window_rows(spark, lake) == [(start_ts, end_ts, len(written.expected), "done")]
+
+
+def test_overlapping_window_fails_without_retrying(
+    ingest_dag: Any, cluster: DevCluster, written: Written, spark: SparkSession, lake: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert written.logical_date is not None, "runs after the in-process test"
+    _settings(monkeypatch, cluster, lake, "spark-submit")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("PATH", VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    end_ts = tso.from_datetime(written.logical_date)
+    start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
+    before = _changes(spark, lake, start_ts, end_ts)
+    # A manual run a minute earlier: its window overlaps the ingested one with other bounds.
+    run = _run(ingest_dag, written.logical_date - dt.timedelta(minutes=1))
+    assert run.state == "failed"
+    # spark-submit exited with EXIT_FINAL: failed at the first try, no retries spent.
+    assert run.tasks["ingest"] == "failed" and run.tasks["publish"] == "upstream_failed"
+    assert _changes(spark, lake, start_ts, end_ts) == before
+    assert _window_rows(spark, lake) == [(start_ts, end_ts, len(written.expected), "done")]
 
 
 def test_window_below_a_pumps_gc_ts_fails_with_its_message(

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import pathlib
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +24,7 @@ import pytest
 from pumpkit import commit, prewrite, wait_until, write_one
 from pyspark.sql import SparkSession
 
-from binlake import errors, oracle, tso
+from binlake import errors, failpoint, oracle, tso
 from binlake.client.reader import pull_window
 from binlake.client.txn_writer import TxnWriter
 from binlake.devcluster import DevCluster
@@ -214,12 +217,47 @@ def test_reingest_and_out_of_order_backfill_leave_identical_tables(
         table_rows(spark, lake_a, "windows", drop=("ingested_at",))
 
 
+def test_ingest_killed_half_way_leaves_no_window_and_a_rerun_repairs_it(
+    spark: SparkSession, cluster: DevCluster, upstream: dict[str, Any], lake_in_order: dict[str, Any],
+    tmp_path: pathlib.Path,
+) -> None:
+    """``binlake ingest`` killed (as by kill -9) after the window's change and DDL rows
+    are in Delta but before its ``windows`` row: the ledger does not claim the
+    window, and running it again leaves what one clean run leaves."""
+    lake = str(tmp_path / "lake")
+    w1, w2, _ = upstream["windows"]
+    ingest.ingest_window(spark, lake, cluster.registry_addr, *w1)
+    env = {**os.environ, failpoint.ENV: "ingest-before-ledger:exit"}
+    crashed = subprocess.run(
+        [sys.executable, "-m", "binlake.cli", "--log-level", "WARNING", "ingest", "--registry", cluster.registry_addr,
+         "--start-ts", str(w2[0]), "--end-ts", str(w2[1]), "--lake", lake, "--master", "local[1]"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    # Its rows reached the change table, but the ledger only knows the first window ...
+    assert spark.read.format("delta").load(ingest.table_path(lake, "changes")).where(
+        f"commit_ts >= {w2[0]} AND commit_ts < {w2[1]}").count() == lake_in_order["results"][1].rows
+    assert [(w["start_ts"], w["end_ts"]) for w in ingest.read_windows(spark, lake)] == [w1]
+    assert ingest.uncovered(ingest.read_windows(spark, lake), w1[0], w2[1]) == [w2]
+    # ... and a re-run replaces the half-written window: the same rows, once.
+    again = ingest.ingest_window(spark, lake, cluster.registry_addr, *w2)
+    assert again.rows == lake_in_order["results"][1].rows and not again.replaced
+    where = f"commit_ts < {w2[1]}"
+    for name in ("changes", "ddl_history"):
+        got = spark.read.format("delta").load(ingest.table_path(lake, name)).where(where)
+        want = spark.read.format("delta").load(ingest.table_path(lake_in_order["lake"], name)).where(where)
+        assert sorted(map(tuple, got.collect()), key=repr) == sorted(map(tuple, want.collect()), key=repr), name
+    assert [(w["start_ts"], w["end_ts"], w["rows"]) for w in ingest.read_windows(spark, lake)] == [
+        (r.start_ts, r.end_ts, r.rows) for r in lake_in_order["results"][:2]]
+
+
 def test_overlapping_window_is_refused(
     spark: SparkSession, cluster: DevCluster, upstream: dict[str, Any], lake_in_order: dict[str, Any]
 ) -> None:
     (a, b), (_, c), _ = upstream["windows"]
-    with pytest.raises(errors.FailedPrecondition, match=rf"overlaps the ingested window \[{a}, {b}\)"):
+    with pytest.raises(errors.Conflict, match=rf"overlaps the ingested window \[{a}, {b}\)") as refused:
         ingest.ingest_window(spark, lake_in_order["lake"], cluster.registry_addr, a + 1, c)
+    # No retry can change that: schedulers fail the task at once.
+    assert errors.is_final(refused.value)
 
 
 # ---------------------------------------------------------------- duplicates and refusals
@@ -344,6 +382,12 @@ def test_cli_and_job_entry_points(spark: SparkSession, cluster: DevCluster, upst
     assert job.main(["--start-ts", str(a), "--end-ts", str(b), "--lake", lake, "--registry", cluster.registry_addr]) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again["replaced"] and again["rows"] == result["rows"]
+    # Exit 3: no retry can help (Airflow fails the task at once) ...
     assert job.main(["--start-ts", str(a + 1), "--end-ts", str(c), "--lake", lake,
+                     "--registry", cluster.registry_addr]) == 3
+    assert "(retrying cannot help): " in capsys.readouterr().err
+    # ... exit 2: a retry may (the window's end is above the Pumps' safe ts).
+    ahead = tso.compose(int(time.time() * 1000) + 3_600_000)
+    assert job.main(["--start-ts", str(c), "--end-ts", str(ahead), "--lake", lake,
                      "--registry", cluster.registry_addr]) == 2
-    assert "overlaps" in capsys.readouterr().err
+    assert "safe ts" in capsys.readouterr().err

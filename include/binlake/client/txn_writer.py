@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -39,7 +38,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from binlake import codec, errors
+from binlake import codec, errors, failpoint
 from binlake.client.pump_client import PumpClient
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
@@ -62,7 +61,7 @@ SCHEMA_TABLE = "_binlake_schema"
 # _binlake_meta: writer_id, next_table_id, schema_version (text values).
 META_TABLE = "_binlake_meta"
 
-FAILPOINT_ENV = "BINLAKE_FAILPOINT"
+FAILPOINT_ENV = failpoint.ENV
 
 _md = sa.MetaData()
 _status = sa.Table(STATUS_TABLE, _md, sa.Column("start_ts", sa.BigInteger, primary_key=True, autoincrement=False),
@@ -115,24 +114,6 @@ class _RWLock:
             with self._cond:
                 self._writer = False
                 self._cond.notify_all()
-
-
-class _Failpoint(Exception):
-    pass
-
-
-def _failpoint(name: str) -> None:
-    """Test hook: ``BINLAKE_FAILPOINT=after-db-commit:exit`` kills the process there
-    (``:raise`` raises instead)."""
-    spec = os.environ.get(FAILPOINT_ENV, "")
-    if not spec:
-        return
-    point, _, action = spec.partition(":")
-    if point != name:
-        return
-    if action == "exit":
-        os._exit(137)
-    raise _Failpoint(f"failpoint {name}")
 
 
 class SQLStatusProvider:
@@ -372,7 +353,7 @@ class TxnWriter:
                 before_commit()
             commit_ts = self.registry.get_ts()
             conn.execute(_status.insert().values(start_ts=start_ts, commit_ts=commit_ts))
-            _failpoint("before-db-commit")
+            failpoint.hit("before-db-commit")
             conn.commit()
         except BaseException:
             try:
@@ -380,7 +361,7 @@ class TxnWriter:
             finally:
                 self._send_rollback(start_ts, pump)
             raise
-        _failpoint("after-db-commit")
+        failpoint.hit("after-db-commit")
         commit = binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=start_ts, commit_ts=commit_ts)
         if self.sync_commit_binlog:
             try:

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from binlake import errors, rpc, tso
+from binlake import errors, failpoint, rpc, tso
 from binlake.lake import decode
 from binlake.lake import source as lake_source
 from binlake.lake.planner import check_window, pumps_for_window
@@ -145,14 +145,14 @@ def read_windows(spark: Any, lake: str) -> list[dict[str, Any]]:
 
 def check_overlap(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> bool:
     """True when ``[start_ts, end_ts)`` was ingested with these exact bounds;
-    FailedPrecondition when it overlaps an ingested window differently."""
+    ``errors.Conflict`` when it overlaps an ingested window differently."""
     same = False
     for w in windows:
         s, e = int(w["start_ts"]), int(w["end_ts"])
         if (s, e) == (start_ts, end_ts):
             same = True
         elif s < end_ts and start_ts < e:
-            raise errors.FailedPrecondition(
+            raise errors.Conflict(
                 f"window [{start_ts}, {end_ts}) ({_dt(start_ts)} .. {_dt(end_ts)}) overlaps the ingested window "
                 f"[{s}, {e}) ({_dt(s)} .. {_dt(e)}) without the same bounds: re-ingest exactly that window, or "
                 "choose a window that does not overlap it")
@@ -372,6 +372,7 @@ def ingest_window(
             "the window is not recorded as done - run it again")
     per_pump = {pump: index.rows.get(pump, 0) for pump in pump_ids}
 
+    failpoint.hit("ingest-before-ledger")
     say("recording the window")
     row = (start_ts, end_ts, list(pump_ids), per_pump, per_table_op, index.total_txns, rows, len(index.ddls),
            "done", dt.datetime.now(dt.UTC).replace(tzinfo=None))
