@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from pyspark.sql import functions as F
 
-    from binlake.lake.commands import LAKE_CONF
-    from binlake.lake.spark import build_spark
+    from binlake.lake.spark import LAKE_CONF, build_spark
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="image-type-", dir=ROOT / "bench"))
     try:

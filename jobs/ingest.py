@@ -48,9 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from binlake import errors
-    from binlake.lake.commands import LAKE_CONF, pump_list
+    from binlake.lake.commands import pump_list
     from binlake.lake.ingest import ingest_window
-    from binlake.lake.spark import build_spark
+    from binlake.lake.spark import LAKE_CONF, build_spark
 
     try:
         spark = build_spark("binlake-ingest", args.master, extra_conf=LAKE_CONF)

@@ -12,17 +12,27 @@ sysbench-like OLTP, DDL interleaved) runs through TxnWriter against a SQLite
 upstream; every transaction is read back from the Pumps in commit_ts order and
 replayed into an empty database from the binlogs alone; the replica's
 per-table checksums equal the upstream's, and the bank's total never moved.
+
+Act 3 - the lake: the ``binlake_ingest`` DAG runs (``airflow dags test``
+against a real SQLite metadata database, one run per 10-second data interval)
+over every window act 2's workload spans; each run plans the window, waits for
+the Pumps' safe ts, ingests it with Spark into the Delta change table and
+publishes the asset. The demo prints the ``windows`` ledger and checks that
+the change table holds exactly the workload's row changes and DDLs, with no
+gap between windows, and that running a window again changes nothing.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 from rich.console import Console
 
@@ -40,6 +50,10 @@ from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 WRITERS = 8
 RUN_SECONDS = 6.0
 KILL_AT = 2.0
+# Act 3's ingest interval: the DAG's data intervals are this long, aligned to its start date.
+WINDOW_S = 10
+DAGS = pathlib.Path(__file__).resolve().parents[1] / "dags"
+PLUGINS = pathlib.Path(__file__).resolve().parents[1] / "plugins"
 
 
 def say(msg: str) -> None:
@@ -69,8 +83,9 @@ def main() -> int:
         cluster.start()
         say(f"registry at {cluster.registry_addr}; pumps " + ", ".join(f"{k}@{v}" for k, v in cluster.pump_addrs.items()))
         rc = run(cluster)
-        rc2 = act2(cluster, root)
-        return rc or rc2
+        rc2, summary = act2(cluster, root)
+        rc3 = act3(cluster, root, summary)
+        return rc or rc2 or rc3
     except errors.BinlakeError as exc:
         say(f"FAILED: {exc}")
         return 1
@@ -222,7 +237,7 @@ def replay(binlogs: list[bp.Binlog], url: str) -> dict[str, int]:
     return counts
 
 
-def act2(cluster: DevCluster, root: pathlib.Path) -> int:
+def act2(cluster: DevCluster, root: pathlib.Path) -> tuple[int, Any]:
     from binlake import oracle
     from binlake.client.txn_writer import TxnWriter
     from binlake.source import workload
@@ -232,6 +247,9 @@ def act2(cluster: DevCluster, root: pathlib.Path) -> int:
     replica = f"sqlite:///{root}/replica.db"
     txns = workload.plan("mixed", tables=2, txns=2500, seed=2026, large_txn_rows=2000, large_txn_every=800,
                          table_rows=300, accounts=50)
+    # Act 3 ingests whole 10-second windows: start on a window boundary, so
+    # act 1's transactions (a table no DDL ever defined) fall in none of them.
+    time.sleep(WINDOW_S - time.time() % WINDOW_S + 0.05)
     say(f"act 2: workload 'mixed' (bank + oltp + DDL), {len(txns)} planned transactions, seed 2026, "
         f"4 clients -> SQLite upstream {upstream}")
     with TxnWriter(upstream, registry=cluster.registry_addr) as writer:
@@ -260,8 +278,178 @@ def act2(cluster: DevCluster, root: pathlib.Path) -> int:
     print()
     print("VERDICT (act 2):", "PASS - the binlogs in the Pumps rebuild the upstream exactly (checksums equal)"
           if ok else "FAIL")
+    return (0 if ok else 1), summary
+
+
+def _airflow_env(cluster: DevCluster, root: pathlib.Path) -> dict[str, str]:
+    home = root / "airflow"
+    return {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        # The DAG's shape (read when the file is parsed) and its settings (read by its tasks).
+        "BINLAKE_INGEST_SCHEDULE": f"{WINDOW_S}s",
+        "BINLAKE_INGEST_START_DATE": "2026-01-01T00:00:00",
+        "BINLAKE_REGISTRY": cluster.registry_addr,
+        "BINLAKE_LAKE_DIR": str(root / "lake"),
+        "BINLAKE_INGEST_MODE": "inprocess",
+        "BINLAKE_SPARK_MASTER": "local[2]",
+        "BINLAKE_SAFE_TS_POLL_S": "0.5",
+    }
+
+
+def act3(cluster: DevCluster, root: pathlib.Path, summary: Any) -> int:
+    import datetime as dt
+    import subprocess
+
+    print()
+    env = _airflow_env(cluster, root)
+    home = pathlib.Path(env["AIRFLOW_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    say(f"act 3: the binlake_ingest DAG over act 2's windows; Airflow metadata (SQLite) in {home}")
+    done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode != 0:
+        print(done.stdout[-3000:], done.stderr[-3000:])
+        say("FAILED: airflow db migrate")
+        return 1
+    first = tso.to_datetime(summary.start_ts).timestamp() // WINDOW_S * WINDOW_S
+    last = -(-tso.to_datetime(summary.end_ts).timestamp() // WINDOW_S) * WINDOW_S
+    ends = [dt.datetime.fromtimestamp(t, dt.UTC) for t in range(int(first) + WINDOW_S, int(last) + 1, WINDOW_S)]
+    # The runs happen in a child process: Airflow reads its configuration from the
+    # environment when first imported, and its logs and Spark's go to a file there.
+    results = home / "runs.jsonl"
+    log = home / "dag-runs.log"
+    spec = {"ends": [e.isoformat() for e in ends], "lake": env["BINLAKE_LAKE_DIR"], "registry": cluster.registry_addr,
+            "results": str(results), "since_ts": summary.start_ts}
+    say(f"{len(ends)} windows of {WINDOW_S}s cover the workload; one DAG run each (dag.test against that "
+        f"metadata DB; Airflow and Spark logs in {log})")
+    with log.open("w") as out:
+        child = subprocess.Popen([sys.executable, __file__, "--dag-runs", json.dumps(spec)], env=env,
+                                 stdout=out, stderr=subprocess.STDOUT)
+        report: dict[str, Any] = {}
+        seen = 0
+        while True:
+            finished = child.poll() is not None
+            lines = results.read_text().splitlines() if results.exists() else []
+            for line in lines[seen:]:
+                item = json.loads(line)
+                if "report" in item:
+                    report = item["report"]
+                else:
+                    say(f"  run {item['run']}/{len(ends)}: window [{item['start']}, {item['end']}) -> "
+                        f"{item['state']} in {item['seconds']:.0f}s")
+            seen = len(lines)
+            if finished:
+                break
+            time.sleep(0.5)
+    if child.returncode != 0 or not report:
+        print("\n".join(log.read_text().splitlines()[-40:]))
+        say(f"FAILED: the DAG runs (exit {child.returncode}); see {log}")
+        return 1
+    return _act3_verdict(report, summary, len(ends))
+
+
+def _act3_verdict(report: dict[str, Any], summary: Any, planned: int) -> int:
+    print()
+    print(f"  {'window (UTC)':<19} {'txns':>5} {'DDLs':>4} {'rows':>6} {'insert':>7} {'update':>7} {'delete':>7}  tables")
+    ops = {"insert": 0, "update": 0, "delete": 0}
+    for w in report["windows"]:
+        per_op = {op: sum(n for k, n in w["rows_per_table_op"].items() if k.endswith(":" + op)) for op in ops}
+        tables = len({k.rsplit(":", 1)[0] for k in w["rows_per_table_op"]})
+        print(f"  {w['start']}-{w['end']}   {w['txns']:>5} {w['ddls']:>4} {w['rows']:>6} {per_op['insert']:>7} "
+              f"{per_op['update']:>7} {per_op['delete']:>7}  {tables}")
+        for op in ops:
+            ops[op] += per_op[op]
+    windows = report["windows"]
+    bounds = [(w["start_ts"], w["end_ts"]) for w in windows]
+    contiguous = len(bounds) == planned and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    made = summary.inserts + summary.updates + summary.deletes
+    again = report["again"]
+    print()
+    print(f"  DAG runs succeeded               :  {report['succeeded']} of {planned}")
+    print(f"  windows in the ledger            :  {len(windows)}, {'contiguous (no gap, no overlap)' if contiguous else 'NOT CONTIGUOUS'}")
+    print(f"  row changes in the change table  :  {report['changes']} (inserts {ops['insert']}, updates "
+          f"{ops['update']}, deletes {ops['delete']})")
+    print(f"  row changes the workload made    :  {made} (inserts {summary.inserts}, updates {summary.updates}, "
+          f"deletes {summary.deletes})")
+    print(f"  DDLs in ddl_history / workload   :  {report['ddls']} / {summary.ddls}")
+    print(f"  window {again['start']}-{again['end']} run again :  {again['rows']} rows, replaced; its rows "
+          f"{'unchanged' if again['unchanged'] else 'CHANGED'}; the table holds {again['changes_after']} rows")
+    ok = (report["succeeded"] == planned and contiguous
+          and ops == {"insert": summary.inserts, "update": summary.updates, "delete": summary.deletes}
+          and report["changes"] == again["changes_after"] == made and report["ddls"] == summary.ddls
+          and again["unchanged"] and again["replaced"])
+    print()
+    print("VERDICT (act 3):", "PASS - the ingest DAG put exactly the workload's row changes and DDLs into the "
+          "Delta change table, window by window; running a window again changed nothing" if ok else "FAIL")
     return 0 if ok else 1
 
 
+def dag_runs(spec: dict[str, Any]) -> int:
+    """Act 3's child: one ``dag.test`` of binlake_ingest per window end, then what
+    the lake holds. Writes JSON lines to ``spec['results']`` as it goes."""
+    import datetime as dt
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    from binlake.lake import ingest
+    from binlake.lake.spark import LAKE_CONF, build_spark
+
+    results = pathlib.Path(spec["results"])
+
+    def emit(item: dict[str, Any]) -> None:
+        with results.open("a") as f:
+            f.write(json.dumps(item) + "\n")
+
+    # Started before the runs, so every in-process ingest reuses this JVM.
+    spark = build_spark("binlake-demo", "local[2]", shuffle_partitions=2, extra_conf=LAKE_CONF)
+    bag = DagBag(dag_folder=str(DAGS))
+    if bag.import_errors:
+        print(bag.import_errors)
+        return 1
+    dag = bag.dags["binlake_ingest"]
+    succeeded = 0
+    for i, end_text in enumerate(spec["ends"], 1):
+        end = dt.datetime.fromisoformat(end_text)
+        t0 = time.monotonic()
+        run = dag.test(logical_date=end)
+        state = str(run.state)
+        succeeded += state == "success"
+        emit({"run": i, "start": f"{end - dt.timedelta(seconds=WINDOW_S):%H:%M:%S}", "end": f"{end:%H:%M:%S}",
+              "state": state, "seconds": time.monotonic() - t0})
+    lake = spec["lake"]
+
+    def hm(ts: int) -> str:
+        return f"{tso.to_datetime(ts):%H:%M:%S}"
+
+    windows = [{"start_ts": w["start_ts"], "end_ts": w["end_ts"], "start": hm(w["start_ts"]), "end": hm(w["end_ts"]),
+                "txns": w["txns"], "ddls": w["ddls"], "rows": w["rows"],
+                "rows_per_table_op": dict(w["rows_per_table_op"])} for w in ingest.read_windows(spark, lake)]
+
+    def changes() -> Any:
+        return spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES))
+
+    in_lake = changes().count()
+    ddls = spark.read.format("delta").load(ingest.table_path(lake, ingest.DDL_HISTORY)).where(
+        f"commit_ts >= {int(spec['since_ts'])}").count()
+    # Idempotence: the middle window again; its rows must come out the same.
+    mid = windows[len(windows) // 2]
+    where = f"commit_ts >= {mid['start_ts']} AND commit_ts < {mid['end_ts']}"
+    before = sorted(map(tuple, changes().where(where).collect()))
+    again = ingest.ingest_window(spark, lake, spec["registry"], mid["start_ts"], mid["end_ts"])
+    after = sorted(map(tuple, changes().where(where).collect()))
+    emit({"report": {"succeeded": succeeded, "windows": windows, "changes": in_lake, "ddls": ddls,
+                     "again": {"start": mid["start"], "end": mid["end"], "rows": again.rows, "replaced": again.replaced,
+                               "unchanged": before == after, "changes_after": changes().count()}}})
+    spark.stop()
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--dag-runs":
+        sys.exit(dag_runs(json.loads(sys.argv[2])))
     sys.exit(main())

@@ -117,12 +117,13 @@ def ingest_inprocess(window: Mapping[str, Any]) -> dict[str, Any]:
 
     from binlake import errors
     from binlake.lake.ingest import ingest_window
-    from binlake.lake.spark import build_spark
+    from binlake.lake.spark import LAKE_CONF, build_spark
 
     # A session that already runs here (dag.test in a test process) is reused
     # and left running; one this task starts is stopped with it.
     owned = SparkSession.getActiveSession() is None
-    spark = build_spark(f"binlake-ingest-{window['start_ts']}-{window['end_ts']}", master=config.spark_master())
+    spark = build_spark(f"binlake-ingest-{window['start_ts']}-{window['end_ts']}", master=config.spark_master(),
+                        extra_conf=LAKE_CONF)
     try:
         # No pump list: the ingest asks the registry again, so a Pump that joined
         # during the wait is read too (the wait step waited for it).

@@ -16,10 +16,7 @@ import time
 from typing import Any
 
 from binlake import errors, tso
-
-# Delta rebuilds a table's state with 50 tasks by default, which dominates the
-# small tables an ingest reads (windows, ddl_history) on a few cores.
-LAKE_CONF = {"spark.databricks.delta.snapshotPartitions": "4", "spark.ui.showConsoleProgress": "false"}
+from binlake.lake.spark import LAKE_CONF
 
 
 def window_args(args: argparse.Namespace) -> tuple[int, int]:

@@ -58,6 +58,13 @@ def delta_jars() -> list[Path]:
     return jars
 
 
+# What every binlake entry point that reads or writes the lake adds (CLI, jobs,
+# Airflow tasks): Delta rebuilds a table's state with 50 tasks by default, which
+# dominates the small tables an ingest reads (windows, ddl_history) on a few
+# cores; the console progress bar would interleave with binlake's own progress.
+LAKE_CONF = {"spark.databricks.delta.snapshotPartitions": "4", "spark.ui.showConsoleProgress": "false"}
+
+
 def build_spark(
     app_name: str = "binlake",
     master: str | None = None,
