@@ -20,7 +20,12 @@ the window `[tso(start), tso(end))`.
 
 Ingesting a window replaces exactly that window, so retries, re-runs and
 backfills in any order give the same tables:
-`airflow backfill create --dag-id binlake_ingest --from-date 2026-11-20T00:00 --to-date 2026-11-21T00:00`.
+`airflow backfill create --dag-id binlake_ingest --from-date 2026-11-20T00:00 --to-date 2026-11-21T00:00`
+(`--run-backwards` and `--max-active-runs` work too). The DAG must be
+unpaused for the scheduler to start backfill runs. With a duration schedule
+(`5m`) a backfill's windows start exactly at `--from-date`: give a date on
+the schedule's grid (whole multiples of the interval after the start date),
+or its windows overlap the scheduled ones with other bounds and fail at once.
 
 Settings, read when tasks run (Airflow Variable, else environment, else default):
 `binlake_registry` / `BINLAKE_REGISTRY` (127.0.0.1:8230), `binlake_lake` /

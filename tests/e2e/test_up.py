@@ -16,21 +16,16 @@ import pathlib
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pumpkit import free_port
+from upkit import BINLAKE, PUMP_ARGS, binlake_up, port_open
 
 from binlake import cli
 from binlake.registry.client import RegistryClient
-
-BINLAKE = [sys.executable, "-m", "binlake.cli"]
-PUMP_ARGS = "--pump-args=--stop-write-at-free-bytes 0 --fake-binlog-interval-s 0.5"
 
 
 def test_up_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,69 +36,6 @@ def test_up_help(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in ("--data-dir", "--pumps", "--no-airflow", "--airflow-port", "--registry-addr", "--pump-port-base"):
         assert flag in out
     assert "Ctrl-C" in out and "binlake up --no-airflow" in out
-
-
-class Up:
-    """A `binlake up` child whose stdout is collected line by line."""
-
-    def __init__(self, args: list[str], cwd: pathlib.Path) -> None:
-        self.lines: list[str] = []
-        # A clean slate: no Airflow or binlake settings of the test session (tests/dags
-        # pins some for its own Airflow) may leak into the stack.
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "BINLAKE_"))}
-        self.proc = subprocess.Popen([*BINLAKE, "up", *args], cwd=cwd, stdout=subprocess.PIPE, env=env,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_for(self, text: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output:
-            if self.proc.poll() is not None:
-                time.sleep(0.2)  # let the reader drain
-                raise AssertionError(f"binlake up exited ({self.proc.returncode}):\n{self.output}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {text!r} after {timeout:g}s:\n{self.output}")
-            time.sleep(0.1)
-
-    def ctrl_c(self, timeout: float = 90.0) -> int:
-        self.proc.send_signal(signal.SIGINT)
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        # Only if a test failed half-way: the whole group of this child.
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def binlake_up(args: list[str], cwd: pathlib.Path) -> Iterator[Up]:
-    up = Up(args, cwd)
-    try:
-        yield up
-    finally:
-        up.kill()
-
-
-def _port_open(addr: str) -> bool:
-    host, _, port = addr.rpartition(":")
-    with contextlib.closing(socket.socket()) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, int(port))) == 0
 
 
 def test_up_without_airflow_starts_and_stops_the_cluster(tmp_path: pathlib.Path) -> None:
@@ -118,12 +50,12 @@ def test_up_without_airflow_starts_and_stops_the_cluster(tmp_path: pathlib.Path)
         assert sorted(n.node_id for n in nodes) == ["pump1", "pump2", "pump3"]
         assert all(n.state == "online" and n.safe_ts > 0 for n in nodes)
         pumps = [n.addr for n in nodes]
-        assert all(_port_open(a) for a in pumps)
+        assert all(port_open(a) for a in pumps)
 
         assert up.ctrl_c() == 0
         assert "binlake up: stopped" in up.output
-    assert not _port_open(registry)
-    assert not any(_port_open(a) for a in pumps)
+    assert not port_open(registry)
+    assert not any(port_open(a) for a in pumps)
     state = tmp_path / "state"
     assert {p.name for p in state.iterdir()} >= {"registry", "pump1", "pump2", "pump3", "logs"}
     assert (state / "logs" / "pump1.log").stat().st_size > 0
@@ -211,4 +143,4 @@ def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
         assert seen[-1] == "success" and "deferred" in seen, seen
 
         assert up.ctrl_c(timeout=120) == 0
-    assert not _port_open(f"127.0.0.1:{port}")
+    assert not port_open(f"127.0.0.1:{port}")
