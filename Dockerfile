@@ -13,9 +13,10 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
  && rm -rf /var/lib/apt/lists/*
 
+# gcc builds binlake's C image decoder (binlake.lake._imagec) during setup.
 FROM base AS build
 RUN apt-get update \
- && apt-get install -y --no-install-recommends maven \
+ && apt-get install -y --no-install-recommends maven gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/binlake
 COPY . .

@@ -20,6 +20,13 @@ process RSS and the whole process tree's (driver Python + JVM + Python
 workers).
 
 Run: ``binlake bench ingest`` (or ``make bench``).
+
+``--decode-only`` measures just the decoding step instead (no Pumps, no Spark):
+CPU time of ``ChangeDecoder.add`` per row change on the same rows, with the
+pure-Python path and with the native extension (``binlake.lake._imagec``),
+alone and followed by the Arrow batch the data source builds. CPU time
+(``time.process_time``), best of ``--runs``, so other load on the machine
+matters less than for wall-clock figures.
 """
 
 from __future__ import annotations
@@ -118,6 +125,47 @@ def codec_column(col_id: int, datum: Any) -> bytes:
     return binlog_pb2.Column(id=col_id, value=datum).SerializeToString()
 
 
+def workload(table: Any, factory: RowFactory, rows: int, rows_per_txn: int,
+             seed: int = 1) -> tuple[list[Any], dict[str, int]]:
+    """The benchmark's transactions as PrewriteValues (one TableMutation each) and
+    the count of each kind of row change."""
+    from binlake.proto import binlog_pb2
+
+    counts = {"insert": 0, "update": 0, "delete": 0}
+    rng = random.Random(seed)
+    live: list[int] = []
+    next_key = 1
+    values: list[Any] = []
+    done = 0
+    while done < rows:
+        size = min(rows_per_txn, rows - done)
+        m = binlog_pb2.TableMutation(table_id=table.table_id)
+        for _ in range(size):
+            r = rng.random()
+            if r < 0.7 or len(live) < 100:
+                m.inserted_rows.append(factory.row(next_key, rng.randrange(POOL)))
+                m.sequence.append(binlog_pb2.INSERT)
+                live.append(next_key)
+                next_key += 1
+                counts["insert"] += 1
+            elif r < 0.9:
+                key = live[rng.randrange(len(live))]
+                m.updated_rows.append(factory.update(key, rng.randrange(POOL), "k" if rng.random() < 0.5 else "c"))
+                m.sequence.append(binlog_pb2.UPDATE)
+                counts["update"] += 1
+            else:
+                i = rng.randrange(len(live))
+                key = live[i]
+                live[i] = live[-1]
+                live.pop()
+                m.deleted_rows.append(factory.row(key, rng.randrange(POOL)))
+                m.sequence.append(binlog_pb2.DELETE_ROW)
+                counts["delete"] += 1
+        values.append(binlog_pb2.PrewriteValue(schema_version=1, mutations=[m]))
+        done += size
+    return values, counts
+
+
 def produce(cluster: Any, rows: int, rows_per_txn: int, seed: int = 1) -> dict[str, Any]:
     """Write ``rows`` row changes to the cluster's Pumps; return the window and counts."""
     import grpc
@@ -149,41 +197,9 @@ def produce(cluster: Any, rows: int, rows_per_txn: int, seed: int = 1) -> dict[s
         write(pump, binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=start, commit_ts=commit))
         return start, commit
 
-    counts = {"insert": 0, "update": 0, "delete": 0}
     first, _ = txn(pumps[0], binlog_pb2.PrewriteValue(schema_version=1), ("CREATE TABLE bench.sbtest (...)", table))
-    rng = random.Random(seed)
-    live: list[int] = []
-    next_key = 1
-    plans: list[tuple[str, Any]] = []
-    done = 0
-    n = 0
-    while done < rows:
-        size = min(rows_per_txn, rows - done)
-        m = binlog_pb2.TableMutation(table_id=table.table_id)
-        for _ in range(size):
-            r = rng.random()
-            if r < 0.7 or len(live) < 100:
-                m.inserted_rows.append(factory.row(next_key, rng.randrange(POOL)))
-                m.sequence.append(binlog_pb2.INSERT)
-                live.append(next_key)
-                next_key += 1
-                counts["insert"] += 1
-            elif r < 0.9:
-                key = live[rng.randrange(len(live))]
-                m.updated_rows.append(factory.update(key, rng.randrange(POOL), "k" if rng.random() < 0.5 else "c"))
-                m.sequence.append(binlog_pb2.UPDATE)
-                counts["update"] += 1
-            else:
-                i = rng.randrange(len(live))
-                key = live[i]
-                live[i] = live[-1]
-                live.pop()
-                m.deleted_rows.append(factory.row(key, rng.randrange(POOL)))
-                m.sequence.append(binlog_pb2.DELETE_ROW)
-                counts["delete"] += 1
-        plans.append((pumps[n % len(pumps)], binlog_pb2.PrewriteValue(schema_version=1, mutations=[m])))
-        done += size
-        n += 1
+    values, counts = workload(table, factory, rows, rows_per_txn, seed)
+    plans = [(pumps[n % len(pumps)], value) for n, value in enumerate(values)]
 
     last = [0]
 
@@ -253,6 +269,74 @@ class PeakRSS:
             self.driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def decode_only(args: argparse.Namespace) -> int:
+    """``--decode-only``: CPU µs per row change of ChangeDecoder.add (and of add +
+    the Arrow batch), Python path vs native, on the benchmark's own rows."""
+    from binlake.lake import decode
+    from binlake.lake.source import BATCH_ROWS, changes_batch
+    from binlake.proto import binlog_pb2
+    from binlake.tso import compose
+
+    table = bench_table()
+    values, counts = workload(table, RowFactory(table, 1), args.rows, args.rows_per_txn)
+    base = compose(1_795_000_000_000)
+    txns = [binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=base + 2 * i, commit_ts=base + 2 * i + 1,
+                              prewrite_value=v.SerializeToString()) for i, v in enumerate(values)]
+    del values
+    history = decode.SchemaHistory.from_tables([table])
+    modes = [("python", False)]
+    if decode.native_available():
+        modes.append(("native", True))
+    else:
+        print(f"  the native decoder is not built ({decode.native_import_error()}): Python path only",
+              file=sys.stderr)
+
+    # The two paths must agree before their speed means anything (a sample of transactions).
+    sample = txns[: max(1, 20_000 // args.rows_per_txn)]
+    outputs = []
+    for _, native in modes:
+        decoder = decode.ChangeDecoder(history, "pump1", native=native)
+        for txn in sample:
+            decoder.add(txn)
+        outputs.append(decoder.take())
+    if any(out != outputs[0] for out in outputs):
+        print("bench ingest --decode-only: the native and Python paths disagree", file=sys.stderr)
+        return 1
+
+    def run(native: bool, arrow: bool) -> float:
+        decoder = decode.ChangeDecoder(history, "pump1", native=native)
+        t0 = time.process_time()
+        for txn in txns:
+            decoder.add(txn)
+            if len(decoder) >= BATCH_ROWS:
+                cols = decoder.take()
+                if arrow:
+                    changes_batch(cols)
+        cols = decoder.take()
+        if arrow and cols["seq"]:
+            changes_batch(cols)
+        return time.process_time() - t0
+
+    best: dict[tuple[str, bool], float] = {}
+    for r in range(args.runs):
+        for name, native in modes:
+            for arrow in (False, True):
+                cpu = run(native, arrow)
+                best[name, arrow] = min(best.get((name, arrow), cpu), cpu)
+                print(f"  run {r + 1} {name:6s} {'decode + Arrow' if arrow else 'decode':14s} "
+                      f"{cpu:6.2f} s CPU, {cpu / args.rows * 1e6:5.2f} µs/row change", flush=True)
+    print()
+    print(f"{args.rows:,} row changes ({counts}), {len(txns)} transactions; CPU time, best of {args.runs}")
+    print()
+    print("| path | decode CPU s | decode µs/row change | decode + Arrow batch µs/row change | speed-up (decode) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, _ in modes:
+        cpu = best[name, False]
+        print(f"| {name} | {cpu:.2f} | {cpu / args.rows * 1e6:.2f} | {best[name, True] / args.rows * 1e6:.2f} | "
+              f"{best['python', False] / cpu:.1f}x |")
+    return 0
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
@@ -265,10 +349,13 @@ def main(args: argparse.Namespace | None = None) -> int:
         parser.add_argument("--runs", type=int, default=2)
         parser.add_argument("--master", default=None)
         parser.add_argument("--dir", default=None)
+        parser.add_argument("--decode-only", action="store_true")
         args = parser.parse_args()
     if args.rows < 1 or args.rows_per_txn < 1 or args.runs < 1:
         print("bench ingest: --rows, --rows-per-txn and --runs must be positive", file=sys.stderr)
         return 2
+    if getattr(args, "decode_only", False):
+        return decode_only(args)
     from binlake.devcluster import DevCluster
     from binlake.lake.ingest import ingest_window
     from binlake.lake.spark import build_spark

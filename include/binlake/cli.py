@@ -408,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--runs", type=_positive_int, default=2, help="runs of each case; the best is reported (default 2)")
     b.add_argument("--master", help="Spark master (default local[*])")
     b.add_argument("--dir", help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--decode-only", action="store_true",
+                   help="only the decoding step: CPU µs per row change, Python path vs native (no Pumps, no Spark)")
     return parser
 
 

@@ -53,6 +53,15 @@ read back as integers. Bytes carry a tag rather than a bare string so a
 reader never mistakes them for text. ``image_values`` reads an image back to
 the exact Python values ``binlake.codec`` produces, given the definition.
 
+Native decoding: the step serialized row -> image JSON runs in the C extension
+``binlake.lake._imagec`` when it is built (``pip install -e .`` builds it), which
+returns exactly the text of the pure-Python path below, or hands the row back to
+it (anything unusual: garbled bytes, invalid UTF-8, NaN, dates beyond year
+9999), so results and errors never depend on whether it is there. Without the
+extension everything runs in Python; ``BINLAKE_NATIVE_DECODE=0`` in the
+environment forces the Python path (a diagnostic switch, read when a
+``ChangeDecoder`` is made).
+
 DDL rows (the ``ddl_history`` table, ``DDL_COLUMNS``)::
 
     commit_ts long, start_ts long, schema_version long, db string, tbl string,
@@ -69,6 +78,7 @@ import datetime as dt
 import decimal
 import json
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -77,6 +87,13 @@ from google.protobuf.message import DecodeError
 
 from binlake import codec, errors, tso
 from binlake.proto import binlog_pb2
+
+try:  # the native image decoder; optional: without it the pure-Python path does everything
+    from binlake.lake import _imagec
+    _IMAGEC_ERROR = ""
+except ImportError as _exc:  # not built (no C compiler when installed), or built for another Python
+    _imagec = None
+    _IMAGEC_ERROR = str(_exc)
 
 CHANGE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("commit_ts", "long"), ("start_ts", "long"), ("seq", "int"), ("commit_date", "date"),
@@ -99,6 +116,24 @@ _EPOCH_DATE = _EPOCH.date()
 _DAY_US = 86_400_000_000
 # The C-accelerated JSON string quoting, without \\u escapes for non-ASCII.
 _quote = json.encoder.encode_basestring  # type: ignore[attr-defined]
+NATIVE_DECODE_ENV = "BINLAKE_NATIVE_DECODE"
+
+
+def native_available() -> bool:
+    """Whether the native image decoder (``binlake.lake._imagec``) was built and imports
+    (``native_import_error()`` says why not)."""
+    return _imagec is not None
+
+
+def native_import_error() -> str:
+    """Why ``binlake.lake._imagec`` did not import ("" when it did)."""
+    return _IMAGEC_ERROR
+
+
+def native_enabled() -> bool:
+    """Whether a ChangeDecoder uses the native decoder by default: it is built and
+    ``BINLAKE_NATIVE_DECODE`` is not ``0``."""
+    return _imagec is not None and os.environ.get(NATIVE_DECODE_ENV, "").strip() != "0"
 
 
 class UnknownTableError(errors.FailedPrecondition):
@@ -443,9 +478,9 @@ def _datum_bytes_json(b: bytes, col_type: int) -> str:
 class _TablePlan:
     """What decoding one table definition needs, computed once per definition."""
 
-    __slots__ = ("info", "db", "tbl", "version", "cols", "key_idx")
+    __slots__ = ("info", "db", "tbl", "version", "cols", "key_idx", "native")
 
-    def __init__(self, info: binlog_pb2.TableInfo) -> None:
+    def __init__(self, info: binlog_pb2.TableInfo, native: bool = False) -> None:
         self.info = info
         self.db = info.db
         self.tbl = info.name
@@ -455,6 +490,61 @@ class _TablePlan:
         self.cols = [(c.id, _quote(c.name) + ":", c.type) for c in ordered]
         pk = set(info.primary_key)
         self.key_idx = [i for i, c in enumerate(ordered) if c.id in pk]
+        # The same plan in C (same columns, order and prefixes, so the same text). A
+        # definition it refuses (a column id twice) is decoded in Python.
+        self.native: Any = None
+        if native and _imagec is not None and len({c[0] for c in self.cols}) == len(self.cols):
+            try:
+                self.native = _imagec.Plan(self.cols, self.key_idx)
+            except (ValueError, OverflowError, TypeError):
+                self.native = None
+
+    def mutation(self, sequence: Iterable[int], inserted: Any, updated: Any,
+                 deleted: Any) -> tuple[list[str], list[str], list[str | None], list[str | None]]:
+        """(ops, keys, befores, afters) of one TableMutation's rows, in sequence order:
+        natively when this plan has a native twin (which hands any row it does not
+        decode exactly back to ``images`` / ``update_images``), else in Python.
+        Raises what decoding the bytes raises (the caller wraps it)."""
+        if self.native is not None:
+            return self.native.mutation(sequence, inserted, updated, deleted, self)
+        return self.mutation_py(sequence, inserted, updated, deleted)
+
+    def mutation_py(self, sequence: Iterable[int], inserted: Any, updated: Any,
+                    deleted: Any) -> tuple[list[str], list[str], list[str | None], list[str | None]]:
+        """``mutation`` in pure Python (the reference the native path must equal)."""
+        ins = upd = dele = 0
+        ops: list[str] = []
+        keys: list[str] = []
+        befores: list[str | None] = []
+        afters: list[str | None] = []
+        for kind in sequence:
+            if kind == binlog_pb2.INSERT:
+                after, key = self.images(inserted[ins])
+                ins += 1
+                ops.append("insert")
+                befores.append(None)
+                afters.append(after)
+            elif kind == binlog_pb2.UPDATE:
+                before, after, key = self.update_images(updated[upd])
+                upd += 1
+                ops.append("update")
+                befores.append(before)
+                afters.append(after)
+            elif kind == binlog_pb2.DELETE_ROW:
+                before, key = self.images(deleted[dele])
+                dele += 1
+                ops.append("delete")
+                befores.append(before)
+                afters.append(None)
+            else:
+                self.unknown_kind(kind)  # raises
+            keys.append(key)
+        return ops, keys, befores, afters
+
+    @staticmethod
+    def unknown_kind(kind: int) -> None:
+        """Raises the error of a sequence entry that is no MutationType (both paths)."""
+        raise CorruptBinlogError(f"unknown mutation type {kind}")
 
     def images(self, row: bytes | Any) -> tuple[str, str]:
         """(full image JSON, key image JSON) of a serialized Row (or a parsed flat row).
@@ -551,13 +641,19 @@ class ChangeDecoder:
     transactions over few tables pays the per-definition work once.
     """
 
-    def __init__(self, history: SchemaHistory, pump: str = "") -> None:
+    def __init__(self, history: SchemaHistory, pump: str = "", native: bool | None = None) -> None:
+        """``native``: decode rows with the C extension (None: ``native_enabled()``;
+        True without the extension built is an error)."""
         if not isinstance(history, SchemaHistory):
             raise TypeError(f"history must be a SchemaHistory, got {type(history).__name__}")
         if not isinstance(pump, str):
             raise TypeError(f"pump must be a str, got {type(pump).__name__}")
+        if native and _imagec is None:
+            raise errors.FailedPrecondition(
+                "the native decoder binlake.lake._imagec is not built (reinstall with a C compiler: make setup)")
         self.history = history
         self.pump = pump
+        self.native = native_enabled() if native is None else bool(native)
         self._plans: dict[int, _TablePlan] = {}  # keyed by id() of the TableInfo the history holds
         self.columns: dict[str, list[Any]] = {name: [] for name, _ in CHANGE_COLUMNS}
 
@@ -574,7 +670,7 @@ class ChangeDecoder:
         info = self.history.table(table_id, commit_ts)
         plan = self._plans.get(id(info))
         if plan is None or plan.info is not info:
-            plan = _TablePlan(info)
+            plan = _TablePlan(info, self.native)
             self._plans[id(info)] = plan
         return plan
 
@@ -593,31 +689,9 @@ class ChangeDecoder:
                 raise CorruptBinlogError(
                     f"transaction start_ts {start_ts}, table id {m.table_id}: sequence lists {len(m.sequence)} "
                     f"changes but the mutation holds {n_ins + n_upd + n_del}")
-            ins = upd = dele = 0
-            ops, keys, befores, afters = [], [], [], []
             try:
-                for kind in m.sequence:
-                    if kind == binlog_pb2.INSERT:
-                        after, key = plan.images(m.inserted_rows[ins])
-                        ins += 1
-                        ops.append("insert")
-                        befores.append(None)
-                        afters.append(after)
-                    elif kind == binlog_pb2.UPDATE:
-                        before, after, key = plan.update_images(m.updated_rows[upd])
-                        upd += 1
-                        ops.append("update")
-                        befores.append(before)
-                        afters.append(after)
-                    elif kind == binlog_pb2.DELETE_ROW:
-                        before, key = plan.images(m.deleted_rows[dele])
-                        dele += 1
-                        ops.append("delete")
-                        befores.append(before)
-                        afters.append(None)
-                    else:
-                        raise CorruptBinlogError(f"unknown mutation type {kind}")
-                    keys.append(key)
+                ops, keys, befores, afters = plan.mutation(m.sequence, m.inserted_rows, m.updated_rows,
+                                                           m.deleted_rows)
             except (DecodeError, UnicodeDecodeError, OverflowError, IndexError, CorruptBinlogError) as exc:
                 # (bytes that are not a Row, text that is not UTF-8, a datetime beyond year 9999)
                 raise CorruptBinlogError(
