@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from binlake import codec, errors, tso
-from binlake.lake import decode
+from binlake.lake import decode, source
 from binlake.proto import binlog_pb2
 
 TS = tso.compose(1_795_000_000_000)  # 2026-11-18
@@ -127,8 +127,11 @@ def _txn(mutation: binlog_pb2.TableMutation) -> binlog_pb2.Binlog:
 
 
 def _decode_both(txn: binlog_pb2.Binlog, history: decode.SchemaHistory) -> tuple[Any, ...]:
-    """ChangeDecoder.add in Python and natively: the same rows, or the same error."""
+    """ChangeDecoder.add in Python and natively: the same rows, or the same error;
+    and the same Arrow batch (the native path builds it from C buffers, the
+    Python path from lists of str)."""
     out = []
+    batches = []
     for native in (False, True):
         decoder = decode.ChangeDecoder(history, "pump1", native=native)
         try:
@@ -136,8 +139,19 @@ def _decode_both(txn: binlog_pb2.Binlog, history: decode.SchemaHistory) -> tuple
             out.append(("ok", decoder.take()))
         except Exception as exc:  # whatever it is, both paths must raise it
             out.append(("error", type(exc), str(exc)))
+        # After an error: what it left behind (earlier mutations' rows), in step on both paths.
+        batches.append(source.changes_batch(out[-1][1] if out[-1][0] == "ok" else decoder.take()))
     assert out[0] == out[1]
+    _assert_same_batch(batches[0], batches[1])
     return out[1]
+
+
+def _assert_same_batch(py: Any, native: Any) -> None:
+    """Arrow batches equal in schema, values and nulls (and each valid on its own)."""
+    native.validate(full=True)
+    py.validate(full=True)
+    assert py.schema == native.schema
+    assert native.equals(py), f"native batch {native.to_pylist()!r} != python batch {py.to_pylist()!r}"
 
 
 # ---------------------------------------------------------------- strategies
@@ -520,3 +534,120 @@ def test_a_float_is_reprs_text() -> None:
         x = struct.unpack("<d", struct.pack("<Q", bits))[0]
         image, keys = plan.native.images(_raw_row([(1, _datum(float_value=x).SerializeToString())]))
         assert image == '{"f":' + repr(x) + "}" and keys == "{}"
+
+
+# ---------------------------------------------------------------- Arrow batches
+def _read_both(txns: list[binlog_pb2.Binlog], history: decode.SchemaHistory, batch_rows: int,
+               monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
+    """``source.read_changes`` over ``txns`` (the Pump stream stubbed) with the Python
+    path and the native one: their batches must be equal one by one."""
+    monkeypatch.setattr(source, "pull_resumable", lambda *args, **kwargs: iter(txns))
+    part = source.PumpWindow("pump1", "127.0.0.1:1", 0, tso.MAX_TS, [], "")
+    out = []
+    for switch in ("0", "1"):
+        monkeypatch.setenv(decode.NATIVE_DECODE_ENV, switch)
+        out.append(list(source.read_changes(part, history, batch_rows=batch_rows)))
+    py, native = out
+    assert [b.num_rows for b in py] == [b.num_rows for b in native]
+    for a, b in zip(py, native, strict=True):
+        _assert_same_batch(a, b)
+    return out
+
+
+def _txn_at(i: int, *mutations: binlog_pb2.TableMutation) -> binlog_pb2.Binlog:
+    value = binlog_pb2.PrewriteValue(schema_version=1, mutations=list(mutations))
+    return binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=TS + 2 * i, commit_ts=TS + 2 * i + 1,
+                             prewrite_value=value.SerializeToString())
+
+
+@needs_native
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(mutations(), min_size=1, max_size=4), st.integers(1, 7))
+def test_batches_across_transactions_and_the_batch_size(
+        cases: list[tuple[binlog_pb2.TableInfo, binlog_pb2.TableMutation]], batch_rows: int) -> None:
+    """Several transactions through the data source's read loop, with batch sizes
+    that cut batches anywhere (a batch is handed over once it reaches the size, so
+    one transaction may overrun it): the same batches on both paths, nulls
+    (before of inserts, after of deletes) included."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        # One table definition per case, each under its own table id.
+        infos, txns = [], []
+        for i, (info, m) in enumerate(cases):
+            info.table_id = m.table_id = 100 + i
+            infos.append(info)
+            txns.append(_txn_at(i, m))
+        py, _native = _read_both(txns, decode.SchemaHistory.from_tables(infos), batch_rows, monkeypatch)
+        assert sum(b.num_rows for b in py) == sum(len(m.sequence) for _, m in cases)
+
+
+@needs_native
+def test_empty_batches_and_a_batch_of_nulls(monkeypatch: pytest.MonkeyPatch) -> None:
+    info = _table([(1, "id", binlog_pb2.INT), (2, "v", binlog_pb2.STRING)], [1])
+    history = decode.SchemaHistory.from_tables([info])
+    for native in (False, True):  # nothing decoded: an empty batch of the right schema
+        batch = source.changes_batch(decode.ChangeDecoder(history, native=native).take())
+        assert batch.num_rows == 0 and batch.schema.names == [n for n, _ in decode.CHANGE_COLUMNS]
+    _assert_same_batch(*(source.changes_batch(decode.ChangeDecoder(history, native=n).take()) for n in (False, True)))
+    assert _read_both([], history, 4, monkeypatch) == [[], []]
+    row = codec.encode_row({"id": 1, "v": "é"}, info)
+    deletes = binlog_pb2.TableMutation(table_id=100, deleted_rows=[row] * 9, sequence=[binlog_pb2.DELETE_ROW] * 9)
+    inserts = binlog_pb2.TableMutation(table_id=100, inserted_rows=[row] * 9, sequence=[binlog_pb2.INSERT] * 9)
+    py, native = _read_both([_txn_at(0, deletes), _txn_at(1, inserts)], history, 9, monkeypatch)
+    assert [b.column("after").null_count for b in native] == [9, 0]
+    assert [b.column("before").null_count for b in native] == [0, 9]
+    decoder = decode.ChangeDecoder(history, native=True)  # a StringColumn reads like the list it stands for
+    decoder.add(_txn_at(0, deletes))
+    after, before = decoder.take()["after"], decoder.columns["before"]
+    assert isinstance(after, decode.StringColumn) and after == [None] * 9 and before == []
+    decoder.add(_txn_at(1, inserts))
+    keys = decoder.take()["keys"]
+    assert keys[0] == keys[-1] == '{"id":1}' and list(keys) == ['{"id":1}'] * 9 and len(keys) == 9
+    with pytest.raises(IndexError):
+        keys[9]
+
+
+@needs_native
+def test_rows_decoded_in_python_keep_their_place_in_a_native_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows the extension hands back, and a whole table it has no plan for (a column
+    id twice), are appended in place among the native rows of the same batch; an
+    error drops only the failing mutation's rows, on both paths alike."""
+    info = _table([(1, "id", binlog_pb2.INT), (2, "v", binlog_pb2.STRING)], [1])
+    twice = binlog_pb2.TableInfo(
+        table_id=200, db="app", name="twice", schema_version=1, primary_key=[1],
+        columns=[binlog_pb2.ColumnInfo(id=1, name="id", type=binlog_pb2.INT),
+                 binlog_pb2.ColumnInfo(id=2, name="a", type=binlog_pb2.STRING),
+                 binlog_pb2.ColumnInfo(id=2, name="b", type=binlog_pb2.INT)])
+    history = decode.SchemaHistory.from_tables([info, twice])
+    good = codec.encode_row({"id": 1, "v": 'é"\n'}, info)
+    odd = _ld(0x0A, _ld(0x12, b"\x10\x04") + b"\x08\x01")  # valid, not the codec's encoding: decoded in Python
+    nan = _raw_row([(1, b"\x10\x02"), (2, _datum(float_value=math.nan).SerializeToString())])
+    upd = codec.encode_update({"id": 1, "v": "a"}, {"id": 1, "v": "b"}, info)
+    odd_upd = _ld(0x12, odd) + _ld(0x0A, good)  # new before old: decoded in Python
+    mixed = binlog_pb2.TableMutation(
+        table_id=100, inserted_rows=[good, odd, good], updated_rows=[upd, odd_upd, upd], deleted_rows=[odd, good],
+        sequence=[binlog_pb2.INSERT, binlog_pb2.UPDATE, binlog_pb2.INSERT, binlog_pb2.UPDATE, binlog_pb2.DELETE_ROW,
+                  binlog_pb2.INSERT, binlog_pb2.UPDATE, binlog_pb2.DELETE_ROW])
+    other = binlog_pb2.TableMutation(table_id=200, inserted_rows=[_raw_row([(1, b"\x10\x06"), (2, b"\x10\x08")])],
+                                     sequence=[binlog_pb2.INSERT])
+    plan = decode._TablePlan(info, native=True)
+    assert plan.native.images(odd) is None and plan.native.update_images(odd_upd) is None
+    txns = [_txn_at(0, mixed, other), _txn_at(1, other, mixed), _txn_at(2, mixed)]
+    for batch_rows in (1, 4, 9, 100):
+        py, native = _read_both(txns, history, batch_rows, monkeypatch)
+        rows = [r for b in native for r in b.to_pylist()]
+        assert [r["op"] for r in rows[:9]] == ["insert", "update", "insert", "update", "delete", "insert", "update",
+                                               "delete", "insert"]
+        assert [r["after"] for r in rows[:3]] == [decode._TablePlan(info).images(good)[0], '{"id":1,"v":"b"}',
+                                                  '{"id":2,"v":null}']
+        assert rows[8]["tbl"] == "twice" and rows[8]["after"] == '{"a":4,"b":4,"id":3}'
+    # A mutation that fails after some native rows: none of its rows stay, on either path.
+    failing = binlog_pb2.TableMutation(table_id=100, inserted_rows=[good, good, nan], sequence=[binlog_pb2.INSERT] * 3)
+    left = []
+    for native in (False, True):
+        decoder = decode.ChangeDecoder(history, "pump1", native=native)
+        decoder.add(txns[0])
+        with pytest.raises(decode.CorruptBinlogError, match="a row does not decode"):
+            decoder.add(_txn_at(5, other, failing))
+        assert len(decoder) == 10  # txns[0], then the other table's row of the failing transaction
+        left.append(source.changes_batch(decoder.take()))
+    _assert_same_batch(*left)

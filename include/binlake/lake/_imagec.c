@@ -57,6 +57,15 @@
  *                                   one TableMutation, calling fallback.images /
  *                                   update_images for each row answered None, and
  *                                   fallback.unknown_kind for a kind not 0..2.
+ *   Columns()                    growing Arrow string buffers (int32 offsets, UTF-8
+ *                                data, validity bitmap) of op, keys, before, after
+ *   plan.mutation_into(columns, sequence, inserted, updated, deleted, fallback)
+ *                                -> rows appended: mutation's loop writing the images
+ *                                   straight into columns (fallback rows' str appended
+ *                                   in place); nothing appended on an exception
+ *   columns.extend(ops, keys, befores, afters)   rows decoded in Python, appended
+ *   columns.take()               -> (rows, 4 x (offsets, data, validity|None, nulls)),
+ *                                   as bytes; the columns start empty again
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1113,6 +1122,406 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------ Arrow columns */
+/* The images can also go straight into Arrow's string layout instead of one str
+ * each: per column an int32 offsets buffer (rows + 1 entries, starting at 0), the
+ * UTF-8 text back to back, and a validity bitmap (bit i set: row i is not null,
+ * least significant bit first). binlake.lake.source wraps them with
+ * pyarrow.Array.from_buffers, so the text is never turned into Python objects at
+ * all (making those str and converting them back to UTF-8 for Arrow cost about as
+ * much as decoding). The four columns are the change rows' op, keys, before and
+ * after, in the order the rows were decoded - including rows the Python path
+ * decoded, whose str are appended in place, so the row order is exact. */
+enum { C_OP, C_KEYS, C_BEFORE, C_AFTER, NCOLS };
+
+typedef struct {
+    Buf data;    /* the text of every value, back to back */
+    Buf offsets; /* int32 per row + 1 */
+    Buf valid;   /* the validity bitmap, (rows + 7) / 8 bytes */
+    Py_ssize_t nulls;
+} StrCol;
+
+typedef struct {
+    PyObject_HEAD
+    StrCol col[NCOLS];
+    Py_ssize_t rows;
+    int ready;
+} ColumnsObject;
+
+/* Where the columns stood, to undo a partly written row or mutation. */
+typedef struct {
+    Py_ssize_t rows;
+    Py_ssize_t data[NCOLS], nulls[NCOLS];
+} Mark;
+
+/* A Buf on the heap from the start (these grow to megabytes and live long). */
+static int heap_buf(Buf *b, Py_ssize_t cap) {
+    b->data = PyMem_Malloc((size_t)cap);
+    if (!b->data) {
+        PyErr_NoMemory();
+        return ERROR;
+    }
+    b->len = 0;
+    b->cap = cap;
+    b->extra = 0;
+    b->maxlead = 0;
+    b->heap = 1;
+    return OK;
+}
+
+/* Empties a column: no rows, the single offset 0. Capacity is kept for the next batch. */
+static void col_reset(StrCol *c) {
+    int32_t zero = 0;
+    c->data.len = 0;
+    c->valid.len = 0;
+    c->nulls = 0;
+    memcpy(c->offsets.data, &zero, sizeof zero); /* offsets.cap >= 4 from columns_init */
+    c->offsets.len = (Py_ssize_t)sizeof zero;
+}
+
+static void columns_mark(const ColumnsObject *self, Mark *m) {
+    m->rows = self->rows;
+    for (int i = 0; i < NCOLS; i++) {
+        m->data[i] = self->col[i].data.len;
+        m->nulls[i] = self->col[i].nulls;
+    }
+}
+
+/* Back to a mark: every buffer's length follows from the row count (the bits of
+ * the last bitmap byte above it are rewritten as rows are added, and masked out
+ * by take). */
+static void columns_restore(ColumnsObject *self, const Mark *m) {
+    self->rows = m->rows;
+    for (int i = 0; i < NCOLS; i++) {
+        StrCol *c = &self->col[i];
+        c->data.len = m->data[i];
+        c->nulls = m->nulls[i];
+        c->offsets.len = (m->rows + 1) * (Py_ssize_t)sizeof(int32_t);
+        c->valid.len = (m->rows + 7) / 8;
+    }
+}
+
+/* Ends row `row` of a column whose text (if any) was just appended: its end offset
+ * and validity bit. int32 offsets: more than 2 GiB of text in one column of one
+ * batch is refused (a batch is some thousands of rows, so this never happens in
+ * practice, but it must not wrap around). */
+static int col_end(StrCol *c, Py_ssize_t row, int valid) {
+    if (c->data.len > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "more than 2 GiB of image text in one Arrow batch");
+        return ERROR;
+    }
+    int32_t off = (int32_t)c->data.len;
+    if (buf_put(&c->offsets, (const char *)&off, sizeof off) != OK) return ERROR;
+    Py_ssize_t byte = row >> 3;
+    if (byte >= c->valid.len) {
+        if (buf_reserve(&c->valid, 1) != OK) return ERROR;
+        c->valid.data[c->valid.len++] = 0;
+    }
+    uint8_t bit = (uint8_t)(1u << (row & 7));
+    if (valid) {
+        c->valid.data[byte] |= bit;
+    } else {
+        c->valid.data[byte] &= (uint8_t)~bit;
+        c->nulls++;
+    }
+    return OK;
+}
+
+/* Appends a str (its UTF-8) or None (null) to a column, as row `row`. */
+static int col_put_obj(StrCol *c, Py_ssize_t row, PyObject *value) {
+    if (value == Py_None) return col_end(c, row, 0);
+    if (!PyUnicode_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "a change-row column value must be str or None, got %s", Py_TYPE(value)->tp_name);
+        return ERROR;
+    }
+    Py_ssize_t n;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(value, &n);
+    if (!utf8 || buf_put(&c->data, utf8, n) != OK) return ERROR;
+    return col_end(c, row, 1);
+}
+
+/* One whole row from Python objects (op, keys, before, after: str or None). */
+static int columns_put_row(ColumnsObject *self, PyObject *const values[NCOLS]) {
+    for (int i = 0; i < NCOLS; i++)
+        if (col_put_obj(&self->col[i], self->rows, values[i]) != OK) return ERROR;
+    self->rows++;
+    return OK;
+}
+
+static int columns_init(ColumnsObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, ":Columns", kwlist)) return -1;
+    if (self->ready) {
+        PyErr_SetString(PyExc_TypeError, "Columns is initialised once");
+        return -1;
+    }
+    for (int i = 0; i < NCOLS; i++) {
+        StrCol *c = &self->col[i];
+        if (heap_buf(&c->data, 1 << 16) != OK || heap_buf(&c->offsets, 1 << 12) != OK ||
+            heap_buf(&c->valid, 1 << 9) != OK)
+            return -1; /* dealloc frees what was allocated */
+        col_reset(c);
+    }
+    self->rows = 0;
+    self->ready = 1;
+    return 0;
+}
+
+static void columns_dealloc(ColumnsObject *self) {
+    for (int i = 0; i < NCOLS; i++) {
+        PyMem_Free(self->col[i].data.data);
+        PyMem_Free(self->col[i].offsets.data);
+        PyMem_Free(self->col[i].valid.data);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int columns_check(const ColumnsObject *self) {
+    if (!self->ready) {
+        PyErr_SetString(PyExc_TypeError, "Columns was not initialised");
+        return ERROR;
+    }
+    return OK;
+}
+
+static Py_ssize_t columns_len(ColumnsObject *self) {
+    return self->rows;
+}
+
+/* take() -> (rows, ((offsets, data, validity or None, null count) for op, keys,
+ * before, after)): the buffers as bytes (one copy, no per-row object), and the
+ * columns start empty again. */
+static PyObject *columns_take(ColumnsObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (columns_check(self) != OK) return NULL;
+    PyObject *cols[NCOLS] = {NULL, NULL, NULL, NULL}, *out = NULL;
+    for (int i = 0; i < NCOLS; i++) {
+        StrCol *c = &self->col[i];
+        PyObject *valid;
+        if (c->nulls) {
+            valid = PyBytes_FromStringAndSize(c->valid.data, c->valid.len);
+            /* the bits above the last row: zero, as Arrow writers leave them */
+            if (valid && (self->rows & 7))
+                PyBytes_AS_STRING(valid)[c->valid.len - 1] &= (char)((1u << (self->rows & 7)) - 1);
+        } else {
+            valid = Py_NewRef(Py_None); /* no nulls: Arrow needs no bitmap */
+        }
+        cols[i] = Py_BuildValue("(y#y#Nn)", c->offsets.data, c->offsets.len, c->data.data, c->data.len, valid,
+                                c->nulls);
+        if (!cols[i]) goto done;
+    }
+    out = Py_BuildValue("(n(OOOO))", self->rows, cols[0], cols[1], cols[2], cols[3]);
+    if (out) {
+        self->rows = 0;
+        for (int i = 0; i < NCOLS; i++) col_reset(&self->col[i]);
+    }
+done:
+    for (int i = 0; i < NCOLS; i++) Py_XDECREF(cols[i]);
+    return out;
+}
+
+/* extend(ops, keys, befores, afters): rows decoded in Python (lists of equal
+ * length, str or None), appended after the rows already there. */
+static PyObject *columns_extend(ColumnsObject *self, PyObject *args) {
+    PyObject *lists[NCOLS], *fast[NCOLS] = {NULL, NULL, NULL, NULL}, *out = NULL;
+    Mark mark;
+    if (columns_check(self) != OK) return NULL;
+    if (!PyArg_ParseTuple(args, "OOOO:extend", &lists[0], &lists[1], &lists[2], &lists[3])) return NULL;
+    columns_mark(self, &mark);
+    for (int i = 0; i < NCOLS; i++) {
+        fast[i] = PySequence_Fast(lists[i], "extend takes sequences");
+        if (!fast[i]) goto done;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast[0]);
+    for (int i = 1; i < NCOLS; i++) {
+        if (PySequence_Fast_GET_SIZE(fast[i]) != n) {
+            PyErr_SetString(PyExc_ValueError, "extend takes four sequences of the same length");
+            goto done;
+        }
+    }
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *row[NCOLS];
+        for (int i = 0; i < NCOLS; i++) row[i] = PySequence_Fast_GET_ITEM(fast[i], r);
+        if (columns_put_row(self, row) != OK) goto done;
+    }
+    out = Py_NewRef(Py_None);
+done:
+    if (!out) columns_restore(self, &mark); /* all or nothing */
+    for (int i = 0; i < NCOLS; i++) Py_XDECREF(fast[i]);
+    return out;
+}
+
+static PyMethodDef columns_methods[] = {
+    {"take", (PyCFunction)columns_take, METH_NOARGS,
+     "take() -> (rows, ((offsets, data, validity or None, null count) of op, keys, before, after)); empties the columns."},
+    {"extend", (PyCFunction)columns_extend, METH_VARARGS,
+     "extend(ops, keys, befores, afters): append rows decoded in Python (str or None)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods columns_as_sequence = {
+    .sq_length = (lenfunc)columns_len,
+};
+
+static PyTypeObject ColumnsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "binlake.lake._imagec.Columns",
+    .tp_basicsize = sizeof(ColumnsObject),
+    .tp_dealloc = (destructor)columns_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Columns(): growing Arrow string buffers of change rows' op, keys, before and after.",
+    .tp_methods = columns_methods,
+    .tp_as_sequence = &columns_as_sequence,
+    .tp_init = (initproc)columns_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* The key image (the key columns' parts of an image in `img`) appended to `out`. */
+static int put_key(const PlanObject *plan, const Buf *img, const Part *parts, Buf *out) {
+    Part ignored;
+    if (PUT_LIT(out, "{") != OK) return ERROR;
+    for (Py_ssize_t j = 0; j < plan->nkeys; j++) {
+        if ((j && PUT_LIT(out, ",") != OK) || put_part(out, img, &parts[plan->key_idx[j]], &ignored) != OK)
+            return ERROR;
+    }
+    return PUT_LIT(out, "}");
+}
+
+static const char *const OP_TEXT[3] = {"insert", "update", "delete"};
+
+/* Ends a natively decoded row: op text, and the end offsets / validity of the
+ * three images (null: the before of an insert, the after of a delete). */
+static int end_row(ColumnsObject *self, int kind) {
+    Py_ssize_t row = self->rows;
+    StrCol *c = self->col;
+    if (buf_put(&c[C_OP].data, OP_TEXT[kind], (Py_ssize_t)strlen(OP_TEXT[kind])) != OK ||
+        col_end(&c[C_OP], row, 1) != OK || col_end(&c[C_KEYS], row, 1) != OK ||
+        col_end(&c[C_BEFORE], row, kind != 0) != OK || col_end(&c[C_AFTER], row, kind != 2) != OK)
+        return ERROR;
+    self->rows++;
+    return OK;
+}
+
+/* An insert (kind 0, image -> after) or delete (kind 2, image -> before) decoded
+ * straight into the columns; FALLBACK leaves them as they were. */
+static int row_into(const PlanObject *plan, Scratch *s, const uint8_t *data, Py_ssize_t n, ColumnsObject *cols,
+                    int kind) {
+    Buf *img = &cols->col[kind == 0 ? C_AFTER : C_BEFORE].data, *keys = &cols->col[C_KEYS].data;
+    int r = row_spans(plan, data, data + n, s->old);
+    if (r == OK) r = build_image(plan, s->old, img, s->parts_old);
+    if (r == OK) r = put_key(plan, img, s->parts_old, keys);
+    if (r == OK) r = end_row(cols, kind);
+    return r;
+}
+
+/* An update decoded straight into the columns (see update_images). */
+static int update_into(const PlanObject *plan, Scratch *s, const uint8_t *data, Py_ssize_t n, ColumnsObject *cols) {
+    Buf *before = &cols->col[C_BEFORE].data, *after = &cols->col[C_AFTER].data;
+    int r = updated_spans(plan, data, data + n, s);
+    if (r == OK) r = build_image(plan, s->old, before, s->parts_old);
+    if (r == OK) r = PUT_LIT(after, "{");
+    for (Py_ssize_t i = 0; r == OK && i < plan->ncols; i++) {
+        const Span *was = &s->old[i], *now = &s->new_[i];
+        if (i && (r = PUT_LIT(after, ",")) != OK) break;
+        if (was->n == now->n && (now->n == 0 || memcmp(was->p, now->p, (size_t)now->n) == 0))
+            r = put_part(after, before, &s->parts_old[i], &s->parts_new[i]);
+        else
+            r = put_column(plan, i, now, after, &s->parts_new[i]);
+    }
+    if (r == OK) r = PUT_LIT(after, "}");
+    if (r == OK) r = put_key(plan, after, s->parts_new, &cols->col[C_KEYS].data);
+    if (r == OK) r = end_row(cols, 1);
+    return r;
+}
+
+/* mutation_into(columns, sequence, inserted, updated, deleted, fallback) -> rows added
+ *
+ * What mutation does, appending to a Columns instead of returning lists: each row
+ * decoded natively into the buffers, or - when this module does not answer for it -
+ * by fallback.images / update_images, whose str are appended at the same place, so
+ * the rows keep the sequence order. On an exception none of this mutation's rows
+ * stay (the columns are as before the call). */
+static PyObject *plan_mutation_into(PlanObject *self, PyObject *args) {
+    PyObject *cols_obj, *sequence, *lists[3], *fallback;
+    if (!PyArg_ParseTuple(args, "OOOOOO:mutation_into", &cols_obj, &sequence, &lists[0], &lists[1], &lists[2],
+                          &fallback))
+        return NULL;
+    if (!PyObject_TypeCheck(cols_obj, &ColumnsType))
+        return PyErr_Format(PyExc_TypeError, "mutation_into takes a Columns, got %s", Py_TYPE(cols_obj)->tp_name);
+    ColumnsObject *cols = (ColumnsObject *)cols_obj;
+    if (columns_check(cols) != OK) return NULL;
+    PyObject *it = NULL, *kind_obj = NULL, *row = NULL, *res = NULL, *out = NULL;
+    Py_ssize_t next[3] = {0, 0, 0};
+    Mark start, at_row;
+    Scratch s;
+    int have_scratch = 0;
+    columns_mark(cols, &start);
+    if (scratch_init(&s, self->ncols) != OK) goto done;
+    have_scratch = 1;
+    it = PyObject_GetIter(sequence);
+    if (!it) goto done;
+    while ((kind_obj = PyIter_Next(it)) != NULL) {
+        long kind = PyLong_Check(kind_obj) ? PyLong_AsLong(kind_obj) : -1;
+        if (kind == -1 && PyErr_Occurred()) PyErr_Clear();
+        if (kind < 0 || kind > 2) {
+            /* unknown mutation type: the Python plan raises the error it always raised */
+            PyObject *r = PyObject_CallMethod(fallback, "unknown_kind", "O", kind_obj);
+            if (r) {
+                Py_DECREF(r);
+                PyErr_SetString(PyExc_SystemError, "unknown_kind returned instead of raising");
+            }
+            goto done;
+        }
+        Py_CLEAR(kind_obj);
+        row = get_row(lists[kind], next[kind]++);
+        if (!row) goto done;
+        int r = FALLBACK;
+        if (PyBytes_Check(row)) {
+            const uint8_t *data = (const uint8_t *)PyBytes_AS_STRING(row);
+            Py_ssize_t n = PyBytes_GET_SIZE(row);
+            columns_mark(cols, &at_row);
+            r = kind == 1 ? update_into(self, &s, data, n, cols) : row_into(self, &s, data, n, cols, (int)kind);
+            if (r == ERROR) goto done;
+            if (r == FALLBACK) columns_restore(cols, &at_row); /* drop the partial text */
+        }
+        if (r == FALLBACK) {
+            res = PyObject_CallMethod(fallback, kind == 1 ? "update_images" : "images", "O", row);
+            if (!res) goto done;
+            if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != (kind == 1 ? 3 : 2)) {
+                PyErr_SetString(PyExc_SystemError, "the Python plan returned an unexpected shape");
+                goto done;
+            }
+            PyObject *values[NCOLS];
+            values[C_OP] = kind == 0 ? OP_INSERT : (kind == 1 ? OP_UPDATE : OP_DELETE);
+            if (kind == 0) { /* insert: (after, key) */
+                values[C_KEYS] = PyTuple_GET_ITEM(res, 1);
+                values[C_BEFORE] = Py_None;
+                values[C_AFTER] = PyTuple_GET_ITEM(res, 0);
+            } else if (kind == 1) { /* update: (before, after, key) */
+                values[C_KEYS] = PyTuple_GET_ITEM(res, 2);
+                values[C_BEFORE] = PyTuple_GET_ITEM(res, 0);
+                values[C_AFTER] = PyTuple_GET_ITEM(res, 1);
+            } else { /* delete: (before, key) */
+                values[C_KEYS] = PyTuple_GET_ITEM(res, 1);
+                values[C_BEFORE] = PyTuple_GET_ITEM(res, 0);
+                values[C_AFTER] = Py_None;
+            }
+            if (columns_put_row(cols, values) != OK) goto done;
+            Py_CLEAR(res);
+        }
+        Py_CLEAR(row);
+    }
+    if (PyErr_Occurred()) goto done;
+    out = PyLong_FromSsize_t(cols->rows - start.rows);
+done:
+    if (!out) columns_restore(cols, &start); /* none of this mutation's rows on an error */
+    if (have_scratch) scratch_free(&s);
+    Py_XDECREF(it);
+    Py_XDECREF(kind_obj);
+    Py_XDECREF(row);
+    Py_XDECREF(res);
+    return out;
+}
+
 static PyMethodDef plan_methods[] = {
     {"images", (PyCFunction)plan_images, METH_O,
      "images(row: bytes) -> (image, key image), or None when the Python path must decode the row."},
@@ -1120,6 +1529,8 @@ static PyMethodDef plan_methods[] = {
      "update_images(data: bytes) -> (before, after, key image), or None when the Python path must decode it."},
     {"mutation", (PyCFunction)plan_mutation, METH_VARARGS,
      "mutation(sequence, inserted, updated, deleted, fallback) -> (ops, keys, befores, afters)."},
+    {"mutation_into", (PyCFunction)plan_mutation_into, METH_VARARGS,
+     "mutation_into(columns, sequence, inserted, updated, deleted, fallback) -> rows appended to columns."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1144,14 +1555,15 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__imagec(void) {
     init_tables();
-    if (PyType_Ready(&PlanType) < 0) return NULL;
+    if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&ColumnsType) < 0) return NULL;
     OP_INSERT = PyUnicode_InternFromString("insert");
     OP_UPDATE = PyUnicode_InternFromString("update");
     OP_DELETE = PyUnicode_InternFromString("delete");
     if (!OP_INSERT || !OP_UPDATE || !OP_DELETE) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    if (PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0) {
+    if (PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0 ||
+        PyModule_AddObjectRef(m, "Columns", (PyObject *)&ColumnsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -60,7 +60,10 @@ it (anything unusual: garbled bytes, invalid UTF-8, NaN, dates beyond year
 9999), so results and errors never depend on whether it is there. Without the
 extension everything runs in Python; ``BINLAKE_NATIVE_DECODE=0`` in the
 environment forces the Python path (a diagnostic switch, read when a
-``ChangeDecoder`` is made).
+``ChangeDecoder`` is made). Natively, ``ChangeDecoder`` has the C code write the
+images (and op) straight into Arrow's string layout (``StringColumn``), rows
+handed back to Python included, in their place: the Arrow batch the data source
+builds from either path is the same (``batch.equals``).
 
 DDL rows (the ``ddl_history`` table, ``DDL_COLUMNS``)::
 
@@ -71,6 +74,7 @@ DDL rows (the ``ddl_history`` table, ``DDL_COLUMNS``)::
 
 from __future__ import annotations
 
+import array
 import base64
 import bisect
 import dataclasses
@@ -79,6 +83,7 @@ import decimal
 import json
 import math
 import os
+import struct
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -509,6 +514,19 @@ class _TablePlan:
             return self.native.mutation(sequence, inserted, updated, deleted, self)
         return self.mutation_py(sequence, inserted, updated, deleted)
 
+    def mutation_into(self, columns: Any, sequence: Iterable[int], inserted: Any, updated: Any,
+                      deleted: Any) -> int:
+        """``mutation``, appending the rows' op, keys, before and after to ``columns``
+        (an ``_imagec.Columns``: Arrow string buffers) instead of returning lists; the
+        number of rows appended. Rows the native twin hands back, and whole mutations
+        of a plan without one, are decoded here and appended in their place. On an
+        exception nothing of this mutation is appended."""
+        if self.native is not None:
+            return self.native.mutation_into(columns, sequence, inserted, updated, deleted, self)
+        ops, keys, befores, afters = self.mutation_py(sequence, inserted, updated, deleted)
+        columns.extend(ops, keys, befores, afters)
+        return len(ops)
+
     def mutation_py(self, sequence: Iterable[int], inserted: Any, updated: Any,
                     deleted: Any) -> tuple[list[str], list[str], list[str | None], list[str | None]]:
         """``mutation`` in pure Python (the reference the native path must equal)."""
@@ -634,11 +652,82 @@ def _check_txn(txn: Any) -> None:
             f"(type {binlog_pb2.BinlogType.Name(txn.tp)}, commit_ts {txn.commit_ts})")
 
 
+# Change-row columns as ChangeDecoder keeps them. Numbers are array.array (machine
+# integers: extending one by a repeated packed value is one C call per mutation,
+# and Arrow wraps the memory as is instead of converting Python ints one by one).
+# Images (and op) are lists of str in the Python path; natively they are
+# StringColumn, Arrow's string layout built by the C decoder.
+_ARRAY_CODES = {"long": "q", "int": "i", "date": "i"}
+_PACK = {"q": struct.Struct("=q"), "i": struct.Struct("=i")}
+_OFFSETS = struct.Struct("=2i")  # a value's start and end in a StringColumn
+IMAGE_COLUMNS = ("op", "keys", "before", "after")  # the order of _imagec.Columns.take()
+assert array.array("q").itemsize == 8 and array.array("i").itemsize == 4
+
+
+def _new_columns() -> dict[str, Any]:
+    return {name: array.array(_ARRAY_CODES[kind]) if kind in _ARRAY_CODES else []
+            for name, kind in CHANGE_COLUMNS}
+
+
+class StringColumn:
+    """A column of str or None in Arrow's string layout: ``offsets`` (int32 per row +
+    1, native byte order), ``data`` (the UTF-8 text back to back), ``validity`` (a
+    bitmap, bit set = not null; None when there is no null). What the native decoder
+    hands over instead of a list, so the text never becomes Python objects on its
+    way to Arrow (``binlake.lake.source.changes_batch`` wraps the buffers). Reads
+    like a list (``len``, iteration, indexing, ``==`` with a list) for everything else."""
+
+    __slots__ = ("length", "offsets", "data", "validity", "null_count")
+
+    def __init__(self, length: int, offsets: bytes, data: bytes, validity: bytes | None, null_count: int) -> None:
+        self.length = length
+        self.offsets = offsets
+        self.data = data
+        self.validity = validity
+        self.null_count = null_count
+
+    def __len__(self) -> int:
+        return self.length
+
+    def to_list(self) -> list[str | None]:
+        offs = array.array("i", self.offsets)
+        valid = self.validity
+        data = self.data
+        return [data[offs[i]:offs[i + 1]].decode() if valid is None or valid[i >> 3] >> (i & 7) & 1 else None
+                for i in range(self.length)]
+
+    def __iter__(self) -> Iterator[str | None]:
+        return iter(self.to_list())
+
+    def __getitem__(self, index: int) -> str | None:
+        i = range(self.length)[index]  # a list's IndexError and negative indices
+        if self.validity is not None and not self.validity[i >> 3] >> (i & 7) & 1:
+            return None
+        start, end = _OFFSETS.unpack_from(self.offsets, 4 * i)
+        return self.data[start:end].decode()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StringColumn):
+            return self.to_list() == other.to_list()
+        if isinstance(other, list):
+            return self.to_list() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"StringColumn({self.to_list()!r})"
+
+
 class ChangeDecoder:
-    """Decodes complete transactions into change-row columns (lists, Arrow-ready).
+    """Decodes complete transactions into change-row columns (Arrow-ready).
 
     Keeps one decoding plan per table definition, so a window of many
     transactions over few tables pays the per-definition work once.
+    ``take()`` hands over the columns: numbers as ``array.array``, strings as
+    lists, except op / keys / before / after on the native path, which are
+    ``StringColumn`` (the C decoder writes the images straight into Arrow's
+    layout; rows it hands back to Python are appended in their place).
     """
 
     def __init__(self, history: SchemaHistory, pump: str = "", native: bool | None = None) -> None:
@@ -655,15 +744,23 @@ class ChangeDecoder:
         self.pump = pump
         self.native = native_enabled() if native is None else bool(native)
         self._plans: dict[int, _TablePlan] = {}  # keyed by id() of the TableInfo the history holds
-        self.columns: dict[str, list[Any]] = {name: [] for name, _ in CHANGE_COLUMNS}
+        self.columns: dict[str, Any] = _new_columns()
+        # Natively, op/keys/before/after accumulate in C buffers (these list entries stay empty).
+        self._images: Any = _imagec.Columns() if self.native else None
+        self._rows = 0
 
     def __len__(self) -> int:
-        return len(self.columns["seq"])
+        return self._rows
 
-    def take(self) -> dict[str, list[Any]]:
-        """The rows decoded so far (column name -> list), and start anew."""
+    def take(self) -> dict[str, Any]:
+        """The rows decoded so far (column name -> column), and start anew."""
         out = self.columns
-        self.columns = {name: [] for name, _ in CHANGE_COLUMNS}
+        if self._images is not None:
+            rows, images = self._images.take()
+            for name, (offsets, data, validity, nulls) in zip(IMAGE_COLUMNS, images, strict=True):
+                out[name] = StringColumn(rows, offsets, data, validity, nulls)
+        self.columns = _new_columns()
+        self._rows = 0
         return out
 
     def _plan(self, table_id: int, commit_ts: int) -> _TablePlan:
@@ -679,8 +776,10 @@ class ChangeDecoder:
         _check_txn(txn)
         value = parse_prewrite(txn)
         cols = self.columns
+        images = self._images
         commit_ts, start_ts = txn.commit_ts, txn.start_ts
-        day = commit_date_days(commit_ts)
+        q, i = _PACK["q"].pack, _PACK["i"].pack
+        commit_ts_b, start_ts_b, day_b = q(commit_ts), q(start_ts), i(commit_date_days(commit_ts))
         seq = 0
         for m in value.mutations:
             plan = self._plan(m.table_id, commit_ts)
@@ -690,28 +789,34 @@ class ChangeDecoder:
                     f"transaction start_ts {start_ts}, table id {m.table_id}: sequence lists {len(m.sequence)} "
                     f"changes but the mutation holds {n_ins + n_upd + n_del}")
             try:
-                ops, keys, befores, afters = plan.mutation(m.sequence, m.inserted_rows, m.updated_rows,
-                                                           m.deleted_rows)
+                if images is not None:
+                    n = plan.mutation_into(images, m.sequence, m.inserted_rows, m.updated_rows, m.deleted_rows)
+                else:
+                    ops, keys, befores, afters = plan.mutation(m.sequence, m.inserted_rows, m.updated_rows,
+                                                               m.deleted_rows)
+                    n = len(ops)
             except (DecodeError, UnicodeDecodeError, OverflowError, IndexError, CorruptBinlogError) as exc:
                 # (bytes that are not a Row, text that is not UTF-8, a datetime beyond year 9999)
                 raise CorruptBinlogError(
                     f"transaction start_ts {start_ts}, table id {m.table_id}: a row does not decode: {exc}"
                 ) from None
-            n = len(ops)
-            cols["commit_ts"].extend([commit_ts] * n)
-            cols["start_ts"].extend([start_ts] * n)
+            if images is None:
+                cols["op"].extend(ops)
+                cols["keys"].extend(keys)
+                cols["before"].extend(befores)
+                cols["after"].extend(afters)
+            # The per-transaction / per-table values: one packed value repeated n times.
+            cols["commit_ts"].frombytes(commit_ts_b * n)
+            cols["start_ts"].frombytes(start_ts_b * n)
             cols["seq"].extend(range(seq, seq + n))
-            cols["commit_date"].extend([day] * n)
+            cols["commit_date"].frombytes(day_b * n)
             cols["db"].extend([plan.db] * n)
             cols["tbl"].extend([plan.tbl] * n)
-            cols["table_id"].extend([m.table_id] * n)
-            cols["op"].extend(ops)
-            cols["keys"].extend(keys)
-            cols["before"].extend(befores)
-            cols["after"].extend(afters)
-            cols["schema_version"].extend([plan.version] * n)
+            cols["table_id"].frombytes(q(m.table_id) * n)
+            cols["schema_version"].frombytes(q(plan.version) * n)
             cols["pump"].extend([self.pump] * n)
             seq += n
+            self._rows += n
         return seq
 
 
@@ -723,7 +828,8 @@ def change_rows(txn: binlog_pb2.Binlog, history: SchemaHistory, pump: str = "") 
     cols = decoder.take()
     cols["commit_date"] = [_EPOCH_DATE + dt.timedelta(days=d) for d in cols["commit_date"]]
     names = [name for name, _ in CHANGE_COLUMNS]
-    return [dict(zip(names, values, strict=True)) for values in zip(*(cols[n] for n in names), strict=True)]
+    columns = [list(cols[n]) for n in names]  # plain Python values (ints, str, None)
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
 def is_ddl(txn: binlog_pb2.Binlog) -> bool:
