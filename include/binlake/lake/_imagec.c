@@ -52,11 +52,6 @@
  *   Plan(cols, key_idx)          cols: [(column id, '"name":', type)] in image order
  *   plan.images(row)             -> (image, key image) or None (ask Python)
  *   plan.update_images(data)     -> (before, after, key image) or None
- *   plan.mutation(sequence, inserted, updated, deleted, fallback)
- *                                -> (ops, keys, befores, afters): the whole loop over
- *                                   one TableMutation, calling fallback.images /
- *                                   update_images for each row answered None, and
- *                                   fallback.unknown_kind for a kind not 0..2.
  *   Columns()                    growing Arrow string buffers (int32 offsets, UTF-8
  *                                data, validity bitmap) of op, keys, before, after
  *   plan.mutation_into(columns, sequence, inserted, updated, deleted, fallback)
@@ -1039,89 +1034,6 @@ static PyObject *get_row(PyObject *rows, Py_ssize_t i) {
     return row;
 }
 
-/* mutation(sequence, inserted, updated, deleted, fallback) -> (ops, keys, befores, afters)
- *
- * The whole loop of ChangeDecoder.add over one TableMutation: for each kind in
- * sequence, the next row of its list, decoded here, or by fallback.images(row) /
- * fallback.update_images(row) when this module does not answer for it; an unknown
- * kind calls fallback.unknown_kind(kind), which raises. Exceptions propagate as
- * they would from the Python loop. */
-static PyObject *plan_mutation(PlanObject *self, PyObject *args) {
-    PyObject *sequence, *lists[3], *fallback;
-    if (!PyArg_ParseTuple(args, "OOOOO:mutation", &sequence, &lists[0], &lists[1], &lists[2], &fallback))
-        return NULL;
-    PyObject *ops = PyList_New(0), *keys = PyList_New(0), *befores = PyList_New(0), *afters = PyList_New(0);
-    PyObject *it = NULL, *kind_obj = NULL, *row = NULL, *res = NULL, *out = NULL;
-    Py_ssize_t next[3] = {0, 0, 0};
-    Scratch s;
-    int have_scratch = 0;
-    if (!ops || !keys || !befores || !afters) goto done;
-    if (scratch_init(&s, self->ncols) != OK) goto done;
-    have_scratch = 1;
-    it = PyObject_GetIter(sequence);
-    if (!it) goto done;
-    while ((kind_obj = PyIter_Next(it)) != NULL) {
-        long kind = PyLong_Check(kind_obj) ? PyLong_AsLong(kind_obj) : -1;
-        if (kind == -1 && PyErr_Occurred()) PyErr_Clear();
-        if (kind < 0 || kind > 2) {
-            /* unknown mutation type: the Python plan raises the error it always raised */
-            PyObject *r = PyObject_CallMethod(fallback, "unknown_kind", "O", kind_obj);
-            if (r) {
-                Py_DECREF(r);
-                PyErr_SetString(PyExc_SystemError, "unknown_kind returned instead of raising");
-            }
-            goto done;
-        }
-        Py_CLEAR(kind_obj);
-        row = get_row(lists[kind], next[kind]++);
-        if (!row) goto done;
-        if (PyBytes_Check(row)) {
-            const uint8_t *data = (const uint8_t *)PyBytes_AS_STRING(row);
-            Py_ssize_t n = PyBytes_GET_SIZE(row);
-            res = kind == 1 ? update_images(self, &s, data, n) : row_images(self, &s, data, n);
-            if (!res) goto done;
-        } else {
-            res = Py_NewRef(Py_None);
-        }
-        if (res == Py_None) {
-            Py_DECREF(res);
-            res = PyObject_CallMethod(fallback, kind == 1 ? "update_images" : "images", "O", row);
-            if (!res) goto done;
-            if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != (kind == 1 ? 3 : 2)) {
-                PyErr_SetString(PyExc_SystemError, "the Python plan returned an unexpected shape");
-                goto done;
-            }
-        }
-        Py_CLEAR(row);
-        int bad;
-        if (kind == 0) { /* insert: after, key */
-            bad = PyList_Append(ops, OP_INSERT) || PyList_Append(befores, Py_None) ||
-                  PyList_Append(afters, PyTuple_GET_ITEM(res, 0)) || PyList_Append(keys, PyTuple_GET_ITEM(res, 1));
-        } else if (kind == 1) { /* update: before, after, key */
-            bad = PyList_Append(ops, OP_UPDATE) || PyList_Append(befores, PyTuple_GET_ITEM(res, 0)) ||
-                  PyList_Append(afters, PyTuple_GET_ITEM(res, 1)) || PyList_Append(keys, PyTuple_GET_ITEM(res, 2));
-        } else { /* delete: before, key */
-            bad = PyList_Append(ops, OP_DELETE) || PyList_Append(befores, PyTuple_GET_ITEM(res, 0)) ||
-                  PyList_Append(afters, Py_None) || PyList_Append(keys, PyTuple_GET_ITEM(res, 1));
-        }
-        Py_CLEAR(res);
-        if (bad) goto done;
-    }
-    if (PyErr_Occurred()) goto done;
-    out = PyTuple_Pack(4, ops, keys, befores, afters);
-done:
-    if (have_scratch) scratch_free(&s);
-    Py_XDECREF(it);
-    Py_XDECREF(kind_obj);
-    Py_XDECREF(row);
-    Py_XDECREF(res);
-    Py_XDECREF(ops);
-    Py_XDECREF(keys);
-    Py_XDECREF(befores);
-    Py_XDECREF(afters);
-    return out;
-}
-
 /* ------------------------------------------------------------------ Arrow columns */
 /* The images can also go straight into Arrow's string layout instead of one str
  * each: per column an int32 offsets buffer (rows + 1 entries, starting at 0), the
@@ -1527,8 +1439,6 @@ static PyMethodDef plan_methods[] = {
      "images(row: bytes) -> (image, key image), or None when the Python path must decode the row."},
     {"update_images", (PyCFunction)plan_update_images, METH_O,
      "update_images(data: bytes) -> (before, after, key image), or None when the Python path must decode it."},
-    {"mutation", (PyCFunction)plan_mutation, METH_VARARGS,
-     "mutation(sequence, inserted, updated, deleted, fallback) -> (ops, keys, befores, afters)."},
     {"mutation_into", (PyCFunction)plan_mutation_into, METH_VARARGS,
      "mutation_into(columns, sequence, inserted, updated, deleted, fallback) -> rows appended to columns."},
     {NULL, NULL, 0, NULL},

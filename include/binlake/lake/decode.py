@@ -504,19 +504,10 @@ class _TablePlan:
             except (ValueError, OverflowError, TypeError):
                 self.native = None
 
-    def mutation(self, sequence: Iterable[int], inserted: Any, updated: Any,
-                 deleted: Any) -> tuple[list[str], list[str], list[str | None], list[str | None]]:
-        """(ops, keys, befores, afters) of one TableMutation's rows, in sequence order:
-        natively when this plan has a native twin (which hands any row it does not
-        decode exactly back to ``images`` / ``update_images``), else in Python.
-        Raises what decoding the bytes raises (the caller wraps it)."""
-        if self.native is not None:
-            return self.native.mutation(sequence, inserted, updated, deleted, self)
-        return self.mutation_py(sequence, inserted, updated, deleted)
-
     def mutation_into(self, columns: Any, sequence: Iterable[int], inserted: Any, updated: Any,
                       deleted: Any) -> int:
-        """``mutation``, appending the rows' op, keys, before and after to ``columns``
+        """One TableMutation's rows in sequence order (``mutation_py``, natively when
+        this plan has a native twin), appending their op, keys, before and after to ``columns``
         (an ``_imagec.Columns``: Arrow string buffers) instead of returning lists; the
         number of rows appended. Rows the native twin hands back, and whole mutations
         of a plan without one, are decoded here and appended in their place. On an
@@ -792,7 +783,7 @@ class ChangeDecoder:
                 if images is not None:
                     n = plan.mutation_into(images, m.sequence, m.inserted_rows, m.updated_rows, m.deleted_rows)
                 else:
-                    ops, keys, befores, afters = plan.mutation(m.sequence, m.inserted_rows, m.updated_rows,
+                    ops, keys, befores, afters = plan.mutation_py(m.sequence, m.inserted_rows, m.updated_rows,
                                                                m.deleted_rows)
                     n = len(ops)
             except (DecodeError, UnicodeDecodeError, OverflowError, IndexError, CorruptBinlogError) as exc:
