@@ -199,16 +199,34 @@ def _settings(mp: pytest.MonkeyPatch, cluster: DevCluster, lake: pathlib.Path, m
     mp.setenv("BINLAKE_SAFE_TS_POLL_S", "0.2")
 
 
+def _ingested_window(mp: pytest.MonkeyPatch, cluster: DevCluster, lake: pathlib.Path, written: Written,
+                     spark: SparkSession, mode: str) -> tuple[int, int, list[tuple]]:
+    """Settings for a run of ``mode`` over the window the in-process test ingested:
+    (start_ts, end_ts, the change rows it holds)."""
+    assert written.logical_date is not None, "runs after the in-process test"
+    _settings(mp, cluster, lake, mode)
+    if mode == "spark-submit":
+        # spark_default as `binlake up` creates it (local master), and spark-submit from the venv.
+        mp.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+        mp.setenv("PATH", VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    end_ts = tso.from_datetime(written.logical_date)
+    start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
+    before = _changes(spark, lake, start_ts, end_ts)
+    assert before, "runs after the in-process test"
+    return start_ts, end_ts, before
+
+
 def test_dag_run_ingests_the_window_in_process(
     spark: SparkSession, ingest_dag: Any, cluster: DevCluster, written: Written, lake: pathlib.Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _settings(monkeypatch, cluster, lake, "inprocess")
-    # The window [end - 5 min, end) holds every commit and ends ~10 s from now:
+    # The window [end - 5 min, end) holds every commit and ends ~30 s from now:
     # still ahead of the Pumps' safe ts when the wait step starts (dag.test
-    # spends a few seconds starting its in-process API first), so it defers.
+    # spends seconds, on a loaded machine well over ten, starting its in-process
+    # API and running plan first), so it defers.
     now = dt.datetime.now(dt.UTC)
-    written.logical_date = now.replace(microsecond=0) + dt.timedelta(seconds=10)
+    written.logical_date = now.replace(microsecond=0) + dt.timedelta(seconds=30)
     end_ts = tso.from_datetime(written.logical_date)
     start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
     assert start_ts < written.expected[0][0] and written.last_commit_ts < now_ts() < end_ts
@@ -241,15 +259,7 @@ def test_dag_run_through_spark_submit_replaces_the_window(
     ingest_dag: Any, cluster: DevCluster, written: Written, spark: SparkSession, lake: pathlib.Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert written.logical_date is not None, "runs after the in-process test"
-    _settings(monkeypatch, cluster, lake, "spark-submit")
-    # spark_default as `binlake up` creates it (local master), and spark-submit from the venv.
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    monkeypatch.setenv("PATH", VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
-    end_ts = tso.from_datetime(written.logical_date)
-    start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
-    before = _changes(spark, lake, start_ts, end_ts)
-    assert before, "runs after the in-process test"
+    start_ts, end_ts, before = _ingested_window(monkeypatch, cluster, lake, written, spark, "spark-submit")
 
     run = _run(ingest_dag, written.logical_date)
     assert run.state == "success", run.tasks
@@ -266,11 +276,13 @@ def test_dag_run_through_spark_submit_replaces_the_window(
 
 class _KillPumpWhenReading(logging.Handler):
     """Kills a Pump (kill -9) the moment the ingest task logs that it starts reading
-    the window, and starts it again ``down_s`` later, from another thread."""
+    the window, and starts it again, from another thread, once that try has failed
+    (the task instance is up for retry): however slowly Spark starts its tasks, the
+    Pump is down while they read."""
 
-    def __init__(self, cluster: DevCluster, pump: str, down_s: float) -> None:
+    def __init__(self, cluster: DevCluster, pump: str) -> None:
         super().__init__()
-        self.cluster, self.pump, self.down_s = cluster, pump, down_s
+        self.cluster, self.pump = cluster, pump
         self.killed = threading.Event()
         self.back = threading.Event()
 
@@ -279,13 +291,24 @@ class _KillPumpWhenReading(logging.Handler):
             return
         self.cluster.kill9(self.pump)
         self.killed.set()
+        threading.Thread(target=self._restart_after_the_failed_try, daemon=True).start()
 
-        def restart() -> None:
-            time.sleep(self.down_s)
-            self.cluster.restart(self.pump)
-            self.back.set()
+    def _restart_after_the_failed_try(self) -> None:
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
 
-        threading.Thread(target=restart, daemon=True).start()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            with create_session() as session:
+                waiting = session.scalars(select(TaskInstance.state).where(
+                    TaskInstance.dag_id == "binlake_ingest", TaskInstance.task_id == "ingest_inprocess",
+                    TaskInstance.state == "up_for_retry")).first()
+            if waiting is not None:
+                break
+            time.sleep(0.2)
+        self.cluster.restart(self.pump)
+        self.back.set()
 
 
 def test_pump_killed_during_ingest_fails_the_try_and_the_retry_succeeds(
@@ -296,20 +319,14 @@ def test_pump_killed_during_ingest_fails_the_try_and_the_retry_succeeds(
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    assert written.logical_date is not None, "runs after the in-process test"
-    _settings(monkeypatch, cluster, lake, "inprocess")
-    end_ts = tso.from_datetime(written.logical_date)
-    start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
-    before = _changes(spark, lake, start_ts, end_ts)
-    assert before, "runs after the in-process test"
+    start_ts, end_ts, before = _ingested_window(monkeypatch, cluster, lake, written, spark, "inprocess")
     # The DAG's first retry comes 15-30 s after a failure (30 s, exponential
-    # backoff); a shorter one keeps the test short and changes nothing else.
+    # backoff); a fixed 15 s keeps the test shorter and leaves pump2 time to restart.
     task = ingest_dag.task_dict["ingest_inprocess"]
     monkeypatch.setattr(task, "retry_delay", dt.timedelta(seconds=15))
     monkeypatch.setattr(task, "retry_exponential_backoff", 0)
-    # pump2 stays down longer than a reader resumes a broken stream (about 3.5 s),
-    # so the try fails; it is back well before the retry.
-    killer = _KillPumpWhenReading(cluster, "pump2", down_s=6.0)
+    # pump2 stays down until the try has failed; it is back well before the retry.
+    killer = _KillPumpWhenReading(cluster, "pump2")
     logger = logging.getLogger("binlake_airflow.ingest_tasks")
     logger.addHandler(killer)
     try:
@@ -341,13 +358,7 @@ def test_overlapping_window_fails_without_retrying(
     ingest_dag: Any, cluster: DevCluster, written: Written, spark: SparkSession, lake: pathlib.Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert written.logical_date is not None, "runs after the in-process test"
-    _settings(monkeypatch, cluster, lake, "spark-submit")
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    monkeypatch.setenv("PATH", VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
-    end_ts = tso.from_datetime(written.logical_date)
-    start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
-    before = _changes(spark, lake, start_ts, end_ts)
+    start_ts, end_ts, before = _ingested_window(monkeypatch, cluster, lake, written, spark, "spark-submit")
     # A manual run a minute earlier: its window overlaps the ingested one with other bounds.
     run = _run(ingest_dag, written.logical_date - dt.timedelta(minutes=1))
     assert run.state == "failed"
