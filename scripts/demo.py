@@ -46,6 +46,7 @@ from binlake.proto import binlog_pb2 as bp
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
 from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
+from binlake.stack import local_airflow
 
 WRITERS = 8
 RUN_SECONDS = 6.0
@@ -53,7 +54,6 @@ KILL_AT = 2.0
 # Act 3's ingest interval: the DAG's data intervals are this long, aligned to its start date.
 WINDOW_S = 10
 DAGS = pathlib.Path(__file__).resolve().parents[1] / "dags"
-PLUGINS = pathlib.Path(__file__).resolve().parents[1] / "plugins"
 
 
 def say(msg: str) -> None:
@@ -285,11 +285,7 @@ def _airflow_env(cluster: DevCluster, root: pathlib.Path) -> dict[str, str]:
     home = root / "airflow"
     return {
         **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        **local_airflow(home, DAGS),
         # The DAG's shape (read when the file is parsed) and its settings (read by its tasks).
         "BINLAKE_INGEST_SCHEDULE": f"{WINDOW_S}s",
         "BINLAKE_INGEST_START_DATE": "2026-01-01T00:00:00",

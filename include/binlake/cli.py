@@ -95,6 +95,13 @@ def _add_registry(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_lake(p: argparse.ArgumentParser) -> None:
+    """Where the lake is and which Spark reads it (``lake.commands`` builds the session)."""
+    p.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"),
+                   help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
+    p.add_argument("--master", help="Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
+
+
 def _add_window(p: argparse.ArgumentParser) -> None:
     """A commit_ts window as TSOs or datetimes (``lake.commands.window_args`` reads it)."""
     p.add_argument("--start-ts", type=_ts_arg, help="window start (inclusive), a TSO")
@@ -347,10 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_registry(p)
     _add_window(p)
-    p.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"),
-                   help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
+    _add_lake(p)
     p.add_argument("--pumps", help="comma-separated Pump ids to read (default: every Pump that may hold the window)")
-    p.add_argument("--master", help="Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
 
     # -- lake
@@ -359,8 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     lsub = lake.add_subparsers(dest="lake_command", metavar="WHAT")
     c = lsub.add_parser("windows", help="table of ingested windows, with the gaps between them", formatter_class=fmt,
                         epilog="Example:\n  binlake lake windows --lake data/lake\n")
-    c.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"), help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
-    c.add_argument("--master", help="Spark master (default local[*])")
+    _add_lake(c)
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     c = lsub.add_parser(
         "changes", help="row changes of one table, in commit order", formatter_class=fmt,
@@ -370,12 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
             "  binlake lake changes --lake data/lake --table main.accounts --from-ts 470614378216685568 --json\n"
         ),
     )
-    c.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"), help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
+    _add_lake(c)
     c.add_argument("--table", required=True, help="TABLE or DB.TABLE (the name when the change was made)")
     c.add_argument("--from-ts", type=_ts_arg, help="only changes with commit_ts >= this TSO")
     c.add_argument("--to-ts", type=_ts_arg, help="only changes with commit_ts < this TSO")
     c.add_argument("--limit", type=_positive_int, default=50, help="at most this many changes (default 50)")
-    c.add_argument("--master", help="Spark master (default local[*])")
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
 
     # -- bench

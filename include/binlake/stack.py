@@ -49,6 +49,20 @@ AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 STATE_FILE = "binlake-up.json"
 
 
+def local_airflow(home: pathlib.Path, dags: pathlib.Path = PROJECT_ROOT / "dags",
+                  plugins: pathlib.Path = PROJECT_ROOT / "plugins") -> dict[str, str]:
+    """The settings of an Airflow on this machine running this project's DAGs: its
+    home and SQLite metadata database under ``home``, no example DAGs. Airflow reads
+    them from the environment when first imported (the stack, the demo, the DAG tests)."""
+    return {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags.resolve()),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins.resolve()),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+    }
+
+
 @dataclasses.dataclass
 class StackConfig:
     data_dir: pathlib.Path
@@ -270,11 +284,7 @@ class Stack:
         env.update({
             # spark-submit and airflow live next to this interpreter (the venv).
             "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
-            "AIRFLOW_HOME": str(self.airflow_home),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(self.cfg.dags_folder.resolve()),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.cfg.plugins_folder.resolve()),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
+            **local_airflow(self.airflow_home, self.cfg.dags_folder, self.cfg.plugins_folder),
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             # The stack is always on: its DAGs run as soon as they are parsed.
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",

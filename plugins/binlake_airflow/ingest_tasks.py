@@ -64,12 +64,11 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         raise AirflowFailException(str(exc)) from None
     try:
         wp = planner.plan_window(registry, start_ts, end_ts)
-    except errors.OutOfRange as exc:
-        # Below a Pump's GC ts the binlogs are gone: no retry can bring them back.
-        raise AirflowFailException(f"cannot ingest {interval}: {exc}") from None
-    except (errors.InvalidArgument, errors.NotFound) as exc:
-        raise AirflowFailException(f"cannot ingest {interval}: {exc}") from None
     except errors.BinlakeError as exc:
+        # Below a Pump's GC ts the binlogs are gone, a bad window stays bad, a Pump
+        # named but unknown stays unknown: no retry can help with those.
+        if errors.is_final(exc) or isinstance(exc, errors.NotFound):
+            raise AirflowFailException(f"cannot ingest {interval}: {exc}") from None
         raise AirflowException(f"cannot plan {interval} with registry {registry}: {exc}") from None
     if not wp.pumps:
         # Retryable: Pumps register when they start.

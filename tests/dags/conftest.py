@@ -19,6 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from binlake.stack import local_airflow
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
 PLUGINS = ROOT / "plugins"
@@ -32,11 +34,7 @@ if "airflow" in sys.modules:  # pragma: no cover - a guard for future test layou
 AIRFLOW_HOME = pathlib.Path(tempfile.mkdtemp(prefix="binlake-airflow-tests-"))
 atexit.register(shutil.rmtree, AIRFLOW_HOME, ignore_errors=True)
 os.environ.update({
-    "AIRFLOW_HOME": str(AIRFLOW_HOME),
-    "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-    "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS),
-    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME / 'airflow.db'}",
+    **local_airflow(AIRFLOW_HOME, DAGS, PLUGINS),
     # The DAG's parse-time settings, pinned so a developer's environment cannot change the tests.
     "BINLAKE_INGEST_SCHEDULE": "5m",
     "BINLAKE_INGEST_START_DATE": "2026-11-01T00:00:00",

@@ -520,7 +520,9 @@ class _TablePlan:
 
     def mutation_py(self, sequence: Iterable[int], inserted: Any, updated: Any,
                     deleted: Any) -> tuple[list[str], list[str], list[str | None], list[str | None]]:
-        """``mutation`` in pure Python (the reference the native path must equal)."""
+        """(ops, keys, befores, afters) of one TableMutation's rows, in sequence order, in
+        pure Python (the reference the native path must equal). Raises what decoding
+        the bytes raises (the caller wraps it)."""
         ins = upd = dele = 0
         ops: list[str] = []
         keys: list[str] = []
