@@ -355,7 +355,9 @@ def test_run_counts_refused_transactions_and_throttles() -> None:
 def test_run_retries_deadlock_victims() -> None:
     plan = wl.plan("bank", 1, 90, 4, **SMALL)
     writer = _FakeWriter(deadlock_every=3)  # a retry is the next call: it succeeds
-    summary = wl.run(writer, plan, clients=4, progress=False)
+    # One client: with several, other clients' calls can land a retry on the next
+    # multiple of 3 again and again until its retries run out (seen in CI).
+    summary = wl.run(writer, plan, clients=1, progress=False)
     assert summary.errors == 0
     assert summary.retries == writer.count // 3 > 0
     assert summary.done == len(plan)
