@@ -8,6 +8,7 @@ with status 2; nothing prints a traceback for them.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import pathlib
@@ -174,6 +175,15 @@ def _run_up(args: argparse.Namespace) -> int:
     return stack.Stack(cfg).run()
 
 # -- end of up ----------------------------------------------------------------------------
+
+
+# Subcommands that live beside their concept. Each module has
+# ``register(sub, bench, fmt)``, which adds its parsers (``bench``: the
+# subparsers of ``binlake bench``) and sets ``handler`` on each:
+# ``handler(args) -> int`` (exit status). Errors it raises go through ``main``
+# like every other command's. One line a module, so commands stay findable.
+_COMMAND_MODULES: tuple[str, ...] = (
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -413,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dir", help="scratch directory (default: a temp dir under bench/)")
     b.add_argument("--decode-only", action="store_true",
                    help="only the decoding step: CPU µs per row change, Python path vs native (no Pumps, no Spark)")
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(sub, bsub, fmt)
     return parser
 
 
@@ -437,6 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from binlake import config
 
+    handler = getattr(args, "handler", None)
+    if handler is not None:
+        return int(handler(args))
     if args.command == "registry":
         from binlake.registry import server
 
