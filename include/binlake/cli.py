@@ -183,6 +183,7 @@ def _run_up(args: argparse.Namespace) -> int:
 # ``handler(args) -> int`` (exit status). Errors it raises go through ``main``
 # like every other command's. One line a module, so commands stay findable.
 _COMMAND_MODULES: tuple[str, ...] = (
+    "binlake.ctl_consumers",
 )
 
 
@@ -194,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"binlake {__version__}")
     parser.add_argument("--log-level", default=os.environ.get("BINLAKE_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity (default INFO)")
+    # TLS for every gRPC server and client this command runs ([security] in --config,
+    # BINLAKE_SECURITY_* env); paths only, and no env-derived defaults shown here.
+    parser.add_argument("--ca", help="CA certificate (PEM): verify peers; servers then require client certs")
+    parser.add_argument("--cert", help="certificate (PEM) this process presents, as server and client")
+    parser.add_argument("--key", help="private key (PEM) of --cert")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     # -- registry
@@ -230,7 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-addr", help="HOST:PORT for Prometheus /metrics")
     p.add_argument("--fake-binlog-interval-s", type=float, help="idle heartbeat binlog interval (default 3)")
     p.add_argument("--txn-timeout-s", type=float, help="ask the writer about a prewrite after this (default 600)")
-    p.add_argument("--gc-retention-days", type=float, help="keep binlogs this many days (default 7)")
+    p.add_argument("--gc-retention-days", type=float,
+                   help="keep binlogs this many days (default 7); never past a consumer's checkpoint")
+    p.add_argument("--gc-hard-limit-days", type=float,
+                   help="collect past consumer checkpoints older than this (default 0 = never)")
+    p.add_argument("--gc-hard-limit-bytes", type=int,
+                   help="collect past consumer checkpoints above this storage size (default 0 = never)")
     p.add_argument("--max-binlog-bytes", type=_positive_int, help="largest binlog accepted (default 1 GiB)")
     p.add_argument("--stop-write-at-free-bytes", type=int, help="refuse writes below this free disk (default 1 GiB)")
 
@@ -437,6 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USER
     try:
+        _configure_tls(args)
         return _dispatch(parser, args)
     except errors.BinlakeError as exc:
         print(f"binlake {args.command}: error: {exc}", file=sys.stderr)
@@ -444,6 +456,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _configure_tls(args: argparse.Namespace) -> None:
+    """[security] from flags > env > the command's --config file, for every server and channel."""
+    from binlake import config, rpc
+
+    settings = config.load(config.SecuritySettings, getattr(args, "config", None),
+                           ca=args.ca, cert=args.cert, key=args.key)
+    rpc.configure_tls(settings.files())
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -466,7 +487,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             config.PumpSettings, args.config, registry=args.registry, data_dir=args.data_dir, addr=args.addr,
             advertise_addr=args.advertise_addr, node_id=args.node_id, metrics_addr=args.metrics_addr,
             fake_binlog_interval_s=args.fake_binlog_interval_s, txn_timeout_s=args.txn_timeout_s,
-            gc_retention_days=args.gc_retention_days, max_binlog_bytes=args.max_binlog_bytes,
+            gc_retention_days=args.gc_retention_days, gc_hard_limit_days=args.gc_hard_limit_days,
+            gc_hard_limit_bytes=args.gc_hard_limit_bytes, max_binlog_bytes=args.max_binlog_bytes,
             stop_write_at_free_bytes=args.stop_write_at_free_bytes,
         )
         node.run(settings)

@@ -2,7 +2,7 @@
 
 Each component has a settings class; ``config/binlake.toml`` documents every key.
 A TOML file has one table per component (``[registry]``, ``[pump]``,
-``[client]``); unknown keys and bad values are reported with the key's name.
+``[client]``, ``[security]``); unknown keys and bad values are reported with the key's name.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from binlake import errors
-from binlake.rpc import parse_addr
+from binlake.rpc import TLSFiles, parse_addr
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -64,7 +64,16 @@ class PumpSettings(BaseSettings):
     fake_binlog_interval_s: float = Field(3.0, gt=0, le=3600, description="Idle Pumps write a fake binlog this often.")
     txn_timeout_s: float = Field(600.0, gt=0, le=86400 * 7, description="Ask the upstream about a prewrite after this.")
     heartbeat_interval_s: float = Field(2.0, gt=0, le=600, description="Status report to the registry.")
-    gc_retention_days: float = Field(7.0, gt=0, le=3650, description="Keep binlogs this long (days).")
+    gc_retention_days: float = Field(
+        7.0, ge=0, le=3650,
+        description="Keep binlogs this long (days); GC never passes a registered consumer's checkpoint.")
+    # Both off (0) by default: only an operator's explicit choice may remove binlogs
+    # a consumer (the lake's ingest) has not read.
+    gc_hard_limit_days: float = Field(
+        0.0, ge=0, le=3650,
+        description="Collect past consumer checkpoints older than this many days (0 = never; loud when it does).")
+    gc_hard_limit_bytes: int = Field(
+        0, ge=0, description="Collect past consumer checkpoints when storage exceeds this (0 = never).")
     gc_interval_s: float = Field(600.0, gt=0, description="How often GC runs.")
     max_binlog_bytes: int = Field(GiB, ge=1024, le=MAX_BINLOG_BYTES_CEILING, description="Largest binlog accepted.")
     segment_bytes: int = Field(512 * MiB, ge=4096, le=64 * GiB, description="Value log segment size.")
@@ -104,12 +113,34 @@ class ClientSettings(BaseSettings):
         return _check_addr(v, "client registry") or v
 
 
+class SecuritySettings(BaseSettings):
+    """TLS for every gRPC service and client (TiDB Binlog's [security]). Paths of PEM
+    files only; see ``binlake.rpc`` for what each combination means."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_SECURITY_", extra="forbid")
+
+    ca: str | None = Field(None, description="CA certificate: verify peers; servers require client certs signed by it.")
+    cert: str | None = Field(None, description="This process's certificate (servers and clients present it).")
+    key: str | None = Field(None, description="The certificate's private key (never logged).")
+
+    @field_validator("ca", "cert", "key")
+    @classmethod
+    def _non_empty(cls, v: str | None, info: Any) -> str | None:
+        if v is not None and not v.strip():
+            return None  # an empty env var or flag means "not set"
+        return v
+
+    def files(self) -> TLSFiles:
+        return TLSFiles(self.ca, self.cert, self.key)
+
+
 S = TypeVar("S", bound=BaseSettings)
 
 SECTIONS: dict[type[BaseSettings], str] = {
     RegistrySettings: "registry",
     PumpSettings: "pump",
     ClientSettings: "client",
+    SecuritySettings: "security",
 }
 
 

@@ -34,10 +34,11 @@ def _age(ms: int) -> str:
     return f"{seconds:.0f}s ago"
 
 
-def pumps_table(nodes: list[NodeRecord]) -> Any:
+def pumps_table(nodes: list[NodeRecord], gc_held_by: str = "") -> Any:
     from rich.table import Table
 
-    table = Table(title="Pumps", title_justify="left")
+    title = "Pumps" + (f" (GC held by {gc_held_by})" if gc_held_by else "")
+    table = Table(title=title, title_justify="left")
     for col in ("node", "address", "state", "max commit ts", "safe ts", "GC ts", "pending", "disk used",
                 "disk free", "heartbeat"):
         table.add_column(col, no_wrap=col in ("node", "address"))
@@ -69,7 +70,12 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
                 return 0
             from rich.console import Console
 
-            Console(width=200).print(pumps_table(nodes))
+            from binlake.ctl_consumers import gc_holder, lost_windows
+
+            consumers = reg.list_consumers()
+            Console(width=200).print(pumps_table(nodes, gc_holder(consumers)))
+            for line in lost_windows(consumers, nodes):
+                print(f"WARNING: {line}", file=sys.stderr)
             return 0
         if cmd in ("pause-pump", "offline-pump"):
             node = reg.get_node(args.node_id)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from binlake import errors
+from binlake import errors, rpc
 from binlake.registry.client import RegistryClient
 
 
@@ -118,7 +118,7 @@ class DevCluster:
             svc = self.pumps[node_id]
             if not svc.alive:
                 raise errors.Unavailable(f"{node_id} exited (code {svc.proc.returncode if svc.proc else '?'})")
-            with grpc.insecure_channel(self.pump_addrs[node_id]) as ch:
+            with rpc.channel(self.pump_addrs[node_id]) as ch:
                 try:
                     st = pump_pb2_grpc.PumpStub(ch).Status(pump_pb2.StatusReq(), timeout=1.0)
                 except grpc.RpcError:

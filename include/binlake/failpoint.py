@@ -14,6 +14,9 @@ The names, where they are, and what a crash there must not break:
 ``ingest-before-ledger``  ingest, after the window's change and DDL rows are
                           written, before its ``windows`` row (the window must
                           stay "not ingested" and a re-run must give the same tables)
+``ingest-before-checkpoint``  ingest, after the ``windows`` row, before the lake's
+                          consumer checkpoint moves (GC stays held; the next
+                          ingest moves the checkpoint from the whole ledger)
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import os
 
 ENV = "BINLAKE_FAILPOINT"
-NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger")
+NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger", "ingest-before-checkpoint")
 
 
 class FailpointError(Exception):

@@ -1,11 +1,15 @@
-"""The one place that maps binlake's domain errors to gRPC status codes, and
-the shared channel/server options (message size limits, keepalive)."""
+"""The one place that maps binlake's domain errors to gRPC status codes, the
+shared channel/server options (message size limits, keepalive), and the one
+place servers and channels are created (with TLS when ``[security]`` is set)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
@@ -120,3 +124,112 @@ def parse_addr(addr: str, what: str = "address") -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise errors.InvalidArgument(f"{what} {addr!r}: port must be in 0..65535")
     return host, port
+
+
+# -- TLS: every gRPC server and channel of binlake is created here ---------------------
+#
+# ``[security] ca / cert / key`` (config file, BINLAKE_SECURITY_* environment, or the
+# top-level ``--ca/--cert/--key`` flags), as TiDB Binlog's [security] section:
+# - no cert/key: plaintext (loopback development);
+# - cert + key: servers speak TLS; clients present the cert too (mutual TLS);
+# - ca: clients verify servers against it, and servers REQUIRE a client
+#   certificate signed by it, so only holders of such a certificate connect.
+# Only file paths are kept in settings and logs; the key's bytes never leave this module.
+
+
+@dataclasses.dataclass(frozen=True)
+class TLSFiles:
+    """Paths of the PEM files (None = not configured)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ca or self.cert)
+
+    def describe(self) -> str:
+        """For logs: which files, never their contents."""
+        if not self.enabled:
+            return "plaintext (no [security] configured)"
+        mutual = "mutual TLS (client certificates signed by the CA required)" if self.ca else "TLS"
+        return f"{mutual}: ca={self.ca or '-'} cert={self.cert or '-'}"
+
+
+_tls: TLSFiles | None = None
+_tls_lock = threading.Lock()
+
+
+def configure_tls(files: TLSFiles | None) -> None:
+    """Set this process's TLS files (None: read BINLAKE_SECURITY_* again on next use).
+    Checks the files now, so a wrong path is reported before any server starts."""
+    global _tls
+    if files is not None:
+        _read_files(files)
+    with _tls_lock:
+        _tls = files
+
+
+def tls() -> TLSFiles:
+    """This process's TLS files: configured, else from BINLAKE_SECURITY_* (checked)."""
+    global _tls
+    with _tls_lock:
+        if _tls is None:
+            from binlake import config  # config imports this module: resolve at call time
+
+            settings = config.load(config.SecuritySettings)
+            files = settings.files()
+            _read_files(files)
+            _tls = files
+        return _tls
+
+
+def _read(path: str | None, what: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise errors.InvalidArgument(
+            f"[security] {what} {path!r} cannot be read ({exc.strerror}); give a readable PEM file"
+        ) from None
+    if b"-----BEGIN" not in data:
+        raise errors.InvalidArgument(f"[security] {what} {path!r} is not a PEM file")
+    return data
+
+
+def _read_files(files: TLSFiles) -> tuple[bytes | None, bytes | None, bytes | None]:
+    if bool(files.cert) != bool(files.key):
+        raise errors.InvalidArgument("[security] cert and key go together: give both (or neither)")
+    return _read(files.ca, "ca"), _read(files.cert, "cert"), _read(files.key, "key")
+
+
+def create_server(max_workers: int, name: str, options: list[tuple[str, Any]] | None = None) -> grpc.Server:
+    """A gRPC server with a thread pool (ports are added with ``add_port``)."""
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name), options=options or []
+    )
+
+
+def add_port(server: grpc.Server, addr: str) -> int:
+    """Listen on ``addr`` with this process's TLS (or plaintext); the bound port, 0 if refused."""
+    files = tls()
+    if not files.enabled:
+        return server.add_insecure_port(addr)
+    ca, cert, key = _read_files(files)
+    if cert is None or key is None:
+        raise errors.InvalidArgument("[security] a server needs cert and key (ca alone only verifies servers)")
+    creds = grpc.ssl_server_credentials(((key, cert),), root_certificates=ca, require_client_auth=ca is not None)
+    return server.add_secure_port(addr, creds)
+
+
+def channel(addr: str, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
+    """A channel to ``addr`` with this process's TLS (or plaintext)."""
+    files = tls()
+    if not files.enabled:
+        return grpc.insecure_channel(addr, options=options)
+    ca, cert, key = _read_files(files)
+    creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    return grpc.secure_channel(addr, creds, options=options)

@@ -28,7 +28,7 @@ from binlake import errors, failpoint, oracle, tso
 from binlake.client.reader import pull_window
 from binlake.client.txn_writer import TxnWriter
 from binlake.devcluster import DevCluster
-from binlake.lake import decode, ingest
+from binlake.lake import checkpoint, decode, ingest
 from binlake.lake import source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.proto import binlog_pb2
@@ -248,6 +248,16 @@ def test_ingest_killed_half_way_leaves_no_window_and_a_rerun_repairs_it(
         assert sorted(map(tuple, got.collect()), key=repr) == sorted(map(tuple, want.collect()), key=repr), name
     assert [(w["start_ts"], w["end_ts"], w["rows"]) for w in ingest.read_windows(spark, lake)] == [
         (r.start_ts, r.end_ts, r.rows) for r in lake_in_order["results"][:2]]
+
+
+def test_the_lake_holds_pump_gc_at_the_end_of_its_contiguous_ledger(
+    cluster: DevCluster, upstream: dict[str, Any], lake_in_order: dict[str, Any]
+) -> None:
+    with RegistryClient(cluster.registry_addr) as reg:
+        consumers = {c.consumer_id: c for c in reg.list_consumers()}
+    mine = consumers[checkpoint.consumer_id(lake_in_order["lake"])]
+    assert mine.checkpoint_ts == upstream["windows"][-1][1]
+    assert lake_in_order["lake"] in mine.description
 
 
 def test_overlapping_window_is_refused(

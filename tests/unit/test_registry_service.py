@@ -531,3 +531,36 @@ def test_list_nodes(service: RegistryService) -> None:
         service.list_nodes("drainer")
     service.set_state("pump-a", PAUSING)
     assert service.list_nodes()[1] == 5
+
+
+# -- consumers (hold Pump GC) -------------------------------------------------------------
+
+
+def test_consumer_checkpoint_only_moves_forward_and_survives_a_restart(
+    tmp_path: pathlib.Path, clock: Clock
+) -> None:
+    with open_store(tmp_path / "r") as store:
+        svc = RegistryService(store, clock_ms=clock)
+        first = svc.update_consumer("lake:/data/lake", 100, "the lake")
+        assert (first.checkpoint_ts, first.description, first.registered_at_ms) == (100, "the lake", T0_MS)
+        clock.now_ms += 5
+        assert svc.update_consumer("lake:/data/lake", 50).checkpoint_ts == 100  # late report: ignored
+        moved = svc.update_consumer("lake:/data/lake", 300)
+        assert (moved.checkpoint_ts, moved.description, moved.updated_at_ms) == (300, "the lake", T0_MS + 5)
+    with open_store(tmp_path / "r") as store:
+        assert [c.checkpoint_ts for c in RegistryService(store).list_consumers()] == [300]
+
+
+def test_consumer_removal_and_bad_input(service: RegistryService) -> None:
+    service.update_consumer("b", 1)
+    service.update_consumer("a", 2)
+    assert [c.consumer_id for c in service.list_consumers()] == ["a", "b"]
+    assert service.remove_consumer("a").checkpoint_ts == 2
+    with pytest.raises(errors.NotFound, match=r"consumer a is not registered \(registered: b\)"):
+        service.remove_consumer("a")
+    for bad_id in ("", "has space", "x" * 200):
+        with pytest.raises(errors.InvalidArgument, match="consumer id"):
+            service.update_consumer(bad_id, 1)
+    for bad_ts in (-1, True, 1.5, 1 << 63):
+        with pytest.raises(errors.InvalidArgument, match="checkpoint_ts must be a TSO"):
+            service.update_consumer("c", bad_ts)  # type: ignore[arg-type]

@@ -75,7 +75,7 @@ class PumpConn:
         self.addr = addr
         self.settings = settings
         self.cluster_id = cluster_id
-        self.channel = grpc.insecure_channel(addr, options=rpc.client_options(settings.max_binlog_bytes))
+        self.channel = rpc.channel(addr, rpc.client_options(settings.max_binlog_bytes))
         self.stub = pump_pb2_grpc.PumpStub(self.channel)
         self.inflight = 0
         self._queue: collections.deque[_Item] = collections.deque()

@@ -25,7 +25,7 @@ def pull_pump(
 ) -> Iterator[binlog_pb2.Binlog]:
     """The complete transactions one Pump holds in [start_ts, end_ts), in order."""
     what = f"pump {node_id or addr}"
-    with grpc.insecure_channel(addr, options=rpc.client_options(max_message_bytes)) as channel:
+    with rpc.channel(addr, rpc.client_options(max_message_bytes)) as channel:
         stub = pump_pb2_grpc.PumpStub(channel)
         req = pump_pb2.PullBinlogsReq(
             start_ts=start_ts, end_ts=end_ts, wait=wait, wait_timeout_ms=int(wait_timeout_s * 1000)

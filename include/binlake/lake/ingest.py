@@ -41,16 +41,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, rpc, tso
-from binlake.lake import decode
+from binlake.lake import checkpoint, decode
 from binlake.lake import source as lake_source
 from binlake.lake.planner import check_window, pumps_for_window
 from binlake.registry.client import RegistryClient
+
+log = logging.getLogger(__name__)
 
 CHANGES = "changes"
 DDL_HISTORY = "ddl_history"
@@ -294,6 +297,10 @@ def ingest_window(
     say("checking the windows ledger")
     windows = read_windows(spark, lake)
     replaced = check_overlap(windows, start_ts, end_ts)
+    # Hold the Pumps' GC for this lake before reading: a new lake holds it at this
+    # window's start, a known one at its ledger's end (the registry keeps the max).
+    held = checkpoint.contiguous_end(windows)
+    checkpoint.report(registry, lake, start_ts if held is None else held)
 
     say("loading the schema history")
     history, ddls_already = _load_ddl_history(spark, lake, start_ts, end_ts)
@@ -379,6 +386,17 @@ def ingest_window(
     windows_df = spark.createDataFrame([row], WINDOWS_DDL)
     _retry_concurrent(WINDOWS, lambda: _replace(windows_df, table_path(lake, WINDOWS),
                                                 f"start_ts = {start_ts} AND end_ts = {end_ts}"))
+    failpoint.hit("ingest-before-checkpoint")
+    # After the windows row (see lake.checkpoint): the ledger, re-read, decides.
+    ledger_end = checkpoint.contiguous_end(read_windows(spark, lake))
+    if ledger_end is not None:
+        say(f"moving the lake's consumer checkpoint to {tso.format_ts(ledger_end)}")
+        try:
+            checkpoint.report(registry, lake, ledger_end)
+        except errors.BinlakeError as exc:
+            # The window is in the lake; a checkpoint left behind only holds GC longer,
+            # and the next ingest recomputes it from the whole ledger.
+            log.warning("ingest %s: the lake's checkpoint was not moved (GC stays held): %s", window, exc)
     return IngestResult(
         lake=lake, start_ts=start_ts, end_ts=end_ts, pumps=pump_ids, txns=index.total_txns, rows=rows,
         ddls=len(index.ddls), duplicates=index.duplicates, rows_per_pump=per_pump,

@@ -85,7 +85,7 @@ def pump_statuses(plan: WindowPlan, timeout_s: float = STATUS_TIMEOUT_S) -> dict
     """Every planned Pump's own Status; Unavailable naming the Pump when one does not answer."""
     out: dict[str, pump_pb2.StatusResp] = {}
     for node in plan.pumps:
-        with grpc.insecure_channel(node.addr, options=rpc.client_options(16 << 20)) as channel:
+        with rpc.channel(node.addr, rpc.client_options(16 << 20)) as channel:
             try:
                 out[node.node_id] = pump_pb2_grpc.PumpStub(channel).Status(pump_pb2.StatusReq(), timeout=timeout_s)
             except grpc.RpcError as exc:

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62inlake/proto/registry.proto\x12\x10\x62inlake.registry\"\xc4\x02\n\x08NodeInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04\x61\x64\x64r\x18\x03 \x01(\t\x12*\n\x05state\x18\x04 \x01(\x0e\x32\x1b.binlake.registry.NodeState\x12\x15\n\rmax_commit_ts\x18\x05 \x01(\x03\x12\x0f\n\x07safe_ts\x18\x06 \x01(\x03\x12\r\n\x05gc_ts\x18\x07 \x01(\x03\x12\x17\n\x0f\x64isk_used_bytes\x18\x08 \x01(\x03\x12\x17\n\x0f\x64isk_free_bytes\x18\t \x01(\x03\x12\x0c\n\x04load\x18\n \x01(\x01\x12\x11\n\tonline_ts\x18\x0b \x01(\x03\x12\x12\n\noffline_ts\x18\x0c \x01(\x03\x12\x15\n\rupdated_at_ms\x18\r \x01(\x03\x12\x14\n\x0cpending_txns\x18\x0e \x01(\x03\x12\x14\n\x0cmetrics_addr\x18\x0f \x01(\t\"\x19\n\x08GetTSReq\x12\r\n\x05\x63ount\x18\x01 \x01(\r\")\n\tGetTSResp\x12\r\n\x05\x66irst\x18\x01 \x01(\x03\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\x13\n\x11GetClusterInfoReq\":\n\x12GetClusterInfoResp\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x10\n\x08revision\x18\x02 \x01(\x03\";\n\x0fRegisterNodeReq\x12(\n\x04node\x18\x01 \x01(\x0b\x32\x1a.binlake.registry.NodeInfo\"8\n\x0cHeartbeatReq\x12(\n\x04node\x18\x01 \x01(\x0b\x32\x1a.binlake.registry.NodeInfo\"N\n\x0fSetNodeStateReq\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12*\n\x05state\x18\x02 \x01(\x0e\x32\x1b.binlake.registry.NodeState\"\x1d\n\nGetNodeReq\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x1c\n\x0cListNodesReq\x12\x0c\n\x04kind\x18\x01 \x01(\t\"`\n\rListNodesResp\x12)\n\x05nodes\x18\x01 \x03(\x0b\x32\x1a.binlake.registry.NodeInfo\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x12\n\ncluster_id\x18\x03 \x01(\x04*J\n\tNodeState\x12\n\n\x06ONLINE\x10\x00\x12\x0b\n\x07PAUSING\x10\x01\x12\n\n\x06PAUSED\x10\x02\x12\x0b\n\x07\x43LOSING\x10\x03\x12\x0b\n\x07OFFLINE\x10\x04\x32\xa3\x04\n\x08Registry\x12@\n\x05GetTS\x12\x1a.binlake.registry.GetTSReq\x1a\x1b.binlake.registry.GetTSResp\x12[\n\x0eGetClusterInfo\x12#.binlake.registry.GetClusterInfoReq\x1a$.binlake.registry.GetClusterInfoResp\x12M\n\x0cRegisterNode\x12!.binlake.registry.RegisterNodeReq\x1a\x1a.binlake.registry.NodeInfo\x12G\n\tHeartbeat\x12\x1e.binlake.registry.HeartbeatReq\x1a\x1a.binlake.registry.NodeInfo\x12M\n\x0cSetNodeState\x12!.binlake.registry.SetNodeStateReq\x1a\x1a.binlake.registry.NodeInfo\x12\x43\n\x07GetNode\x12\x1c.binlake.registry.GetNodeReq\x1a\x1a.binlake.registry.NodeInfo\x12L\n\tListNodes\x12\x1e.binlake.registry.ListNodesReq\x1a\x1f.binlake.registry.ListNodesRespb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62inlake/proto/registry.proto\x12\x10\x62inlake.registry\"\xc4\x02\n\x08NodeInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04\x61\x64\x64r\x18\x03 \x01(\t\x12*\n\x05state\x18\x04 \x01(\x0e\x32\x1b.binlake.registry.NodeState\x12\x15\n\rmax_commit_ts\x18\x05 \x01(\x03\x12\x0f\n\x07safe_ts\x18\x06 \x01(\x03\x12\r\n\x05gc_ts\x18\x07 \x01(\x03\x12\x17\n\x0f\x64isk_used_bytes\x18\x08 \x01(\x03\x12\x17\n\x0f\x64isk_free_bytes\x18\t \x01(\x03\x12\x0c\n\x04load\x18\n \x01(\x01\x12\x11\n\tonline_ts\x18\x0b \x01(\x03\x12\x12\n\noffline_ts\x18\x0c \x01(\x03\x12\x15\n\rupdated_at_ms\x18\r \x01(\x03\x12\x14\n\x0cpending_txns\x18\x0e \x01(\x03\x12\x14\n\x0cmetrics_addr\x18\x0f \x01(\t\"\x19\n\x08GetTSReq\x12\r\n\x05\x63ount\x18\x01 \x01(\r\")\n\tGetTSResp\x12\r\n\x05\x66irst\x18\x01 \x01(\x03\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\x13\n\x11GetClusterInfoReq\":\n\x12GetClusterInfoResp\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x10\n\x08revision\x18\x02 \x01(\x03\";\n\x0fRegisterNodeReq\x12(\n\x04node\x18\x01 \x01(\x0b\x32\x1a.binlake.registry.NodeInfo\"8\n\x0cHeartbeatReq\x12(\n\x04node\x18\x01 \x01(\x0b\x32\x1a.binlake.registry.NodeInfo\"N\n\x0fSetNodeStateReq\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12*\n\x05state\x18\x02 \x01(\x0e\x32\x1b.binlake.registry.NodeState\"\x1d\n\nGetNodeReq\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x1c\n\x0cListNodesReq\x12\x0c\n\x04kind\x18\x01 \x01(\t\"`\n\rListNodesResp\x12)\n\x05nodes\x18\x01 \x03(\x0b\x32\x1a.binlake.registry.NodeInfo\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x12\n\ncluster_id\x18\x03 \x01(\x04\"\x80\x01\n\x0c\x43onsumerInfo\x12\x13\n\x0b\x63onsumer_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_ts\x18\x02 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x18\n\x10registered_at_ms\x18\x04 \x01(\x03\x12\x15\n\rupdated_at_ms\x18\x05 \x01(\x03\"E\n\x11UpdateConsumerReq\x12\x30\n\x08\x63onsumer\x18\x01 \x01(\x0b\x32\x1e.binlake.registry.ConsumerInfo\"\x12\n\x10ListConsumersReq\"F\n\x11ListConsumersResp\x12\x31\n\tconsumers\x18\x01 \x03(\x0b\x32\x1e.binlake.registry.ConsumerInfo\"(\n\x11RemoveConsumerReq\x12\x13\n\x0b\x63onsumer_id\x18\x01 \x01(\t*J\n\tNodeState\x12\n\n\x06ONLINE\x10\x00\x12\x0b\n\x07PAUSING\x10\x01\x12\n\n\x06PAUSED\x10\x02\x12\x0b\n\x07\x43LOSING\x10\x03\x12\x0b\n\x07OFFLINE\x10\x04\x32\xab\x06\n\x08Registry\x12@\n\x05GetTS\x12\x1a.binlake.registry.GetTSReq\x1a\x1b.binlake.registry.GetTSResp\x12[\n\x0eGetClusterInfo\x12#.binlake.registry.GetClusterInfoReq\x1a$.binlake.registry.GetClusterInfoResp\x12M\n\x0cRegisterNode\x12!.binlake.registry.RegisterNodeReq\x1a\x1a.binlake.registry.NodeInfo\x12G\n\tHeartbeat\x12\x1e.binlake.registry.HeartbeatReq\x1a\x1a.binlake.registry.NodeInfo\x12M\n\x0cSetNodeState\x12!.binlake.registry.SetNodeStateReq\x1a\x1a.binlake.registry.NodeInfo\x12\x43\n\x07GetNode\x12\x1c.binlake.registry.GetNodeReq\x1a\x1a.binlake.registry.NodeInfo\x12L\n\tListNodes\x12\x1e.binlake.registry.ListNodesReq\x1a\x1f.binlake.registry.ListNodesResp\x12U\n\x0eUpdateConsumer\x12#.binlake.registry.UpdateConsumerReq\x1a\x1e.binlake.registry.ConsumerInfo\x12X\n\rListConsumers\x12\".binlake.registry.ListConsumersReq\x1a#.binlake.registry.ListConsumersResp\x12U\n\x0eRemoveConsumer\x12#.binlake.registry.RemoveConsumerReq\x1a\x1e.binlake.registry.ConsumerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'binlake.proto.registry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NODESTATE']._serialized_start=886
-  _globals['_NODESTATE']._serialized_end=960
+  _globals['_NODESTATE']._serialized_start=1222
+  _globals['_NODESTATE']._serialized_end=1296
   _globals['_NODEINFO']._serialized_start=51
   _globals['_NODEINFO']._serialized_end=375
   _globals['_GETTSREQ']._serialized_start=377
@@ -55,6 +55,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTNODESREQ']._serialized_end=786
   _globals['_LISTNODESRESP']._serialized_start=788
   _globals['_LISTNODESRESP']._serialized_end=884
-  _globals['_REGISTRY']._serialized_start=963
-  _globals['_REGISTRY']._serialized_end=1510
+  _globals['_CONSUMERINFO']._serialized_start=887
+  _globals['_CONSUMERINFO']._serialized_end=1015
+  _globals['_UPDATECONSUMERREQ']._serialized_start=1017
+  _globals['_UPDATECONSUMERREQ']._serialized_end=1086
+  _globals['_LISTCONSUMERSREQ']._serialized_start=1088
+  _globals['_LISTCONSUMERSREQ']._serialized_end=1106
+  _globals['_LISTCONSUMERSRESP']._serialized_start=1108
+  _globals['_LISTCONSUMERSRESP']._serialized_end=1178
+  _globals['_REMOVECONSUMERREQ']._serialized_start=1180
+  _globals['_REMOVECONSUMERREQ']._serialized_end=1220
+  _globals['_REGISTRY']._serialized_start=1299
+  _globals['_REGISTRY']._serialized_end=2110
 # @@protoc_insertion_point(module_scope)

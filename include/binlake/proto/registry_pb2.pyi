@@ -121,3 +121,39 @@ class ListNodesResp(_message.Message):
     revision: int
     cluster_id: int
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., revision: _Optional[int] = ..., cluster_id: _Optional[int] = ...) -> None: ...
+
+class ConsumerInfo(_message.Message):
+    __slots__ = ("consumer_id", "checkpoint_ts", "description", "registered_at_ms", "updated_at_ms")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: str
+    checkpoint_ts: int
+    description: str
+    registered_at_ms: int
+    updated_at_ms: int
+    def __init__(self, consumer_id: _Optional[str] = ..., checkpoint_ts: _Optional[int] = ..., description: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., updated_at_ms: _Optional[int] = ...) -> None: ...
+
+class UpdateConsumerReq(_message.Message):
+    __slots__ = ("consumer",)
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    consumer: ConsumerInfo
+    def __init__(self, consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ...) -> None: ...
+
+class ListConsumersReq(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListConsumersResp(_message.Message):
+    __slots__ = ("consumers",)
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    consumers: _containers.RepeatedCompositeFieldContainer[ConsumerInfo]
+    def __init__(self, consumers: _Optional[_Iterable[_Union[ConsumerInfo, _Mapping]]] = ...) -> None: ...
+
+class RemoveConsumerReq(_message.Message):
+    __slots__ = ("consumer_id",)
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: str
+    def __init__(self, consumer_id: _Optional[str] = ...) -> None: ...

@@ -69,6 +69,21 @@ class RegistryStub:
                 request_serializer=binlake_dot_proto_dot_registry__pb2.ListNodesReq.SerializeToString,
                 response_deserializer=binlake_dot_proto_dot_registry__pb2.ListNodesResp.FromString,
                 _registered_method=True)
+        self.UpdateConsumer = channel.unary_unary(
+                '/binlake.registry.Registry/UpdateConsumer',
+                request_serializer=binlake_dot_proto_dot_registry__pb2.UpdateConsumerReq.SerializeToString,
+                response_deserializer=binlake_dot_proto_dot_registry__pb2.ConsumerInfo.FromString,
+                _registered_method=True)
+        self.ListConsumers = channel.unary_unary(
+                '/binlake.registry.Registry/ListConsumers',
+                request_serializer=binlake_dot_proto_dot_registry__pb2.ListConsumersReq.SerializeToString,
+                response_deserializer=binlake_dot_proto_dot_registry__pb2.ListConsumersResp.FromString,
+                _registered_method=True)
+        self.RemoveConsumer = channel.unary_unary(
+                '/binlake.registry.Registry/RemoveConsumer',
+                request_serializer=binlake_dot_proto_dot_registry__pb2.RemoveConsumerReq.SerializeToString,
+                response_deserializer=binlake_dot_proto_dot_registry__pb2.ConsumerInfo.FromString,
+                _registered_method=True)
 
 
 class RegistryServicer:
@@ -121,6 +136,29 @@ class RegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateConsumer(self, request, context):
+        """Consumers (the lake's ingest, a replication task) hold every Pump's GC at
+        their checkpoint, as TiDB Binlog's Pumps wait for their slowest Drainer.
+        UpdateConsumer registers the consumer if it is new; its checkpoint never
+        moves backwards (a lower one is ignored).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConsumers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveConsumer(self, request, context):
+        """An operator drops a consumer that will never come back: it releases GC.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +196,21 @@ def add_RegistryServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=binlake_dot_proto_dot_registry__pb2.ListNodesReq.FromString,
                     response_serializer=binlake_dot_proto_dot_registry__pb2.ListNodesResp.SerializeToString,
+            ),
+            'UpdateConsumer': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateConsumer,
+                    request_deserializer=binlake_dot_proto_dot_registry__pb2.UpdateConsumerReq.FromString,
+                    response_serializer=binlake_dot_proto_dot_registry__pb2.ConsumerInfo.SerializeToString,
+            ),
+            'ListConsumers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConsumers,
+                    request_deserializer=binlake_dot_proto_dot_registry__pb2.ListConsumersReq.FromString,
+                    response_serializer=binlake_dot_proto_dot_registry__pb2.ListConsumersResp.SerializeToString,
+            ),
+            'RemoveConsumer': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveConsumer,
+                    request_deserializer=binlake_dot_proto_dot_registry__pb2.RemoveConsumerReq.FromString,
+                    response_serializer=binlake_dot_proto_dot_registry__pb2.ConsumerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,6 +402,87 @@ class Registry:
             '/binlake.registry.Registry/ListNodes',
             binlake_dot_proto_dot_registry__pb2.ListNodesReq.SerializeToString,
             binlake_dot_proto_dot_registry__pb2.ListNodesResp.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateConsumer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/binlake.registry.Registry/UpdateConsumer',
+            binlake_dot_proto_dot_registry__pb2.UpdateConsumerReq.SerializeToString,
+            binlake_dot_proto_dot_registry__pb2.ConsumerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConsumers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/binlake.registry.Registry/ListConsumers',
+            binlake_dot_proto_dot_registry__pb2.ListConsumersReq.SerializeToString,
+            binlake_dot_proto_dot_registry__pb2.ListConsumersResp.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveConsumer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/binlake.registry.Registry/RemoveConsumer',
+            binlake_dot_proto_dot_registry__pb2.RemoveConsumerReq.SerializeToString,
+            binlake_dot_proto_dot_registry__pb2.ConsumerInfo.FromString,
             options,
             channel_credentials,
             insecure,

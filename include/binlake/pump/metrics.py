@@ -53,6 +53,10 @@ class PumpMetrics:
             "binlake_pump_write_latency_seconds", "Write RPC latency (receipt to durable ack).",
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
+        self.gc_forced = Counter(
+            "binlake_pump_gc_forced", "GC rounds that passed a consumer's checkpoint (a hard limit), by consumer.",
+            ["consumer"], registry=self.registry,
+        )
         self.registry.register(_StorageCollector(snapshot))
         self._server = None
 

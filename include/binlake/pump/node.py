@@ -16,13 +16,11 @@ import pathlib
 import socket
 import threading
 import time
-from concurrent import futures
-
-import grpc
 
 from binlake import errors, rpc, tso
 from binlake.config import PumpSettings
 from binlake.proto import binlog_pb2, pump_pb2_grpc
+from binlake.pump import gc
 from binlake.pump.metrics import PumpMetrics, lag_seconds
 from binlake.pump.server import PumpServicer
 from binlake.pump.service import PumpService
@@ -59,13 +57,13 @@ class PumpNode:
             self._last_written = (self.storage.stats.binlogs, time.monotonic(), 0.0)
             self._registry: RegistryClient | None = None
             self._resolve_warned: set[int] = set()
+            # The latest GC round's decision (what holds GC), for operators and tests.
+            self.gc_decision: gc.GCDecision | None = None
             self.metrics_addr = ""
-            self._server = grpc.server(
-                futures.ThreadPoolExecutor(max_workers=settings.grpc_workers, thread_name_prefix="pump-rpc"),
-                options=rpc.message_options(settings.max_binlog_bytes),
-            )
+            self._server = rpc.create_server(settings.grpc_workers, "pump-rpc",
+                                             rpc.message_options(settings.max_binlog_bytes))
             host = settings.addr.rpartition(":")[0]
-            port = self._server.add_insecure_port(settings.addr)
+            port = rpc.add_port(self._server, settings.addr)
             if port == 0:
                 self.storage.close()
                 raise errors.Unavailable(f"pump cannot listen on {settings.addr} (address in use?)")
@@ -293,12 +291,35 @@ class PumpNode:
             elif not isinstance(err, errors.AlreadyExists):
                 log.warning("pump %s: resolution of %d not stored: %s", self.node_id, start_ts, err)
 
-    def _gc(self) -> None:
+    def _gc(self) -> gc.GCDecision:
+        """One GC round: retention, held at the lowest consumer checkpoint unless a
+        hard limit overrides it (loudly). With the registry unreachable nothing
+        is collected: the checkpoints are unknown."""
         assert self._registry is not None
         now = self._registry.get_ts()
-        keep_ms = int(self.settings.gc_retention_days * 86_400_000)
-        target = tso.compose(max(0, tso.physical_ms(now) - keep_ms))
-        self.storage.gc(target)
+        s = self.settings
+        decision = gc.decide(
+            now, retention_days=s.gc_retention_days, consumers=self._registry.list_consumers(),
+            hard_limit_days=s.gc_hard_limit_days, hard_limit_bytes=s.gc_hard_limit_bytes,
+            storage_bytes=self.storage.storage_bytes(),
+        )
+        self.gc_decision = decision
+        if decision.forced_by is not None and decision.target_ts > self.storage.gc_ts:
+            for consumer_id, _lo, _hi in decision.lost:
+                self.metrics.gc_forced.labels(consumer_id).inc()
+            log.error(
+                "pump %s: GC passes consumer checkpoints because of %s: %s; those windows can no longer be "
+                "read from this pump (restore them from a snapshot or re-ingest elsewhere)",
+                self.node_id, decision.forced_by, decision.describe_lost(),
+            )
+        elif decision.held_by is not None:
+            log.info(
+                "pump %s: GC held at %s by consumer %s (retention alone would allow %s)",
+                self.node_id, tso.format_ts(decision.target_ts), decision.held_by.consumer_id,
+                tso.format_ts(decision.retention_ts),
+            )
+        self.storage.gc(decision.target_ts)
+        return decision
 
 
 def run(settings: PumpSettings) -> None:

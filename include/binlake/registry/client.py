@@ -19,7 +19,7 @@ import grpc
 from binlake import errors, rpc
 from binlake.config import MiB
 from binlake.proto import registry_pb2, registry_pb2_grpc
-from binlake.registry.model import NodeRecord, NodeState
+from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState
 from binlake.tso import MAX_LOGICAL
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class RegistryClient:
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
-        self._channel = grpc.insecure_channel(addr, options=options)
+        self._channel = rpc.channel(addr, options)
         self._stub = registry_pb2_grpc.RegistryStub(self._channel)
         self._closed = threading.Event()
         # get_ts coalescing: callers queue here; the round's leader drains the
@@ -187,6 +187,27 @@ class RegistryClient:
         req = registry_pb2.ListNodesReq(kind=kind or "")
         resp = self._call("ListNodes", self._stub.ListNodes, req, idempotent=True)
         return [NodeRecord.from_proto(n) for n in resp.nodes], int(resp.revision)
+
+    # -- consumers -------------------------------------------------------------------------
+
+    def update_consumer(self, consumer_id: str, checkpoint_ts: int, description: str = "") -> ConsumerRecord:
+        """Register a consumer or move its checkpoint forward (never backwards).
+        Retried on UNAVAILABLE: applying it twice changes nothing more."""
+        if isinstance(checkpoint_ts, bool) or not isinstance(checkpoint_ts, int) or checkpoint_ts < 0:
+            raise errors.InvalidArgument(f"checkpoint_ts must be a TSO >= 0, got {checkpoint_ts!r}")
+        info = registry_pb2.ConsumerInfo(consumer_id=consumer_id, checkpoint_ts=checkpoint_ts, description=description)
+        req = registry_pb2.UpdateConsumerReq(consumer=info)
+        return ConsumerRecord.from_proto(self._call("UpdateConsumer", self._stub.UpdateConsumer, req, idempotent=True))
+
+    def list_consumers(self) -> list[ConsumerRecord]:
+        """Every registered consumer, sorted by id."""
+        resp = self._call("ListConsumers", self._stub.ListConsumers, registry_pb2.ListConsumersReq(), idempotent=True)
+        return [ConsumerRecord.from_proto(c) for c in resp.consumers]
+
+    def remove_consumer(self, consumer_id: str) -> ConsumerRecord:
+        """Drop a consumer; it no longer holds any Pump's GC."""
+        req = registry_pb2.RemoveConsumerReq(consumer_id=consumer_id)
+        return ConsumerRecord.from_proto(self._call("RemoveConsumer", self._stub.RemoveConsumer, req, idempotent=False))
 
     # -- plumbing ------------------------------------------------------------------------
 

@@ -66,3 +66,23 @@ class NodeRecord:
         fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(cls)}
         fields["state"] = NodeState.from_proto(msg.state)
         return cls(**fields)
+
+
+@dataclasses.dataclass
+class ConsumerRecord:
+    """A reader of every Pump (the lake's ingest, a replication task) that holds
+    Pump GC at ``checkpoint_ts``: every transaction with a lower commit_ts has
+    been consumed, nothing at or above it may be collected for its sake."""
+
+    consumer_id: str
+    checkpoint_ts: int = 0
+    description: str = ""
+    registered_at_ms: int = 0
+    updated_at_ms: int = 0
+
+    def to_proto(self) -> registry_pb2.ConsumerInfo:
+        return registry_pb2.ConsumerInfo(**dataclasses.asdict(self))
+
+    @classmethod
+    def from_proto(cls, msg: registry_pb2.ConsumerInfo) -> ConsumerRecord:
+        return cls(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(cls)})

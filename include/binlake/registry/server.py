@@ -9,7 +9,6 @@ import logging
 import signal
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
 import grpc
@@ -100,6 +99,28 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
             cluster_id=self._service.store.cluster_id(),
         )
 
+    @rpc.servicer_method
+    def UpdateConsumer(
+        self, request: registry_pb2.UpdateConsumerReq, context: grpc.ServicerContext
+    ) -> registry_pb2.ConsumerInfo:
+        self._count("UpdateConsumer")
+        c = request.consumer
+        return self._service.update_consumer(c.consumer_id, c.checkpoint_ts, c.description).to_proto()
+
+    @rpc.servicer_method
+    def ListConsumers(
+        self, request: registry_pb2.ListConsumersReq, context: grpc.ServicerContext
+    ) -> registry_pb2.ListConsumersResp:
+        self._count("ListConsumers")
+        return registry_pb2.ListConsumersResp(consumers=[c.to_proto() for c in self._service.list_consumers()])
+
+    @rpc.servicer_method
+    def RemoveConsumer(
+        self, request: registry_pb2.RemoveConsumerReq, context: grpc.ServicerContext
+    ) -> registry_pb2.ConsumerInfo:
+        self._count("RemoveConsumer")
+        return self._service.remove_consumer(request.consumer_id).to_proto()
+
 
 class RegistryServer:
     """Owns the store, the service and the gRPC server for one registry process."""
@@ -144,13 +165,10 @@ class RegistryServer:
                 # us (gRPC enables SO_REUSEPORT by default) and split the clients.
                 ("grpc.so_reuseport", 0),
             ]
-            server = grpc.server(
-                ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="registry"),
-                options=options,
-            )
+            server = rpc.create_server(GRPC_WORKERS, "registry", options)
             registry_pb2_grpc.add_RegistryServicer_to_server(servicer, server)
             try:
-                port = server.add_insecure_port(self._settings.addr)
+                port = rpc.add_port(server, self._settings.addr)
             except RuntimeError as exc:
                 port = 0
                 reason = str(exc)
@@ -196,7 +214,8 @@ def run(settings: config.RegistrySettings) -> None:
     """Serve until SIGINT or SIGTERM, then stop gracefully. Call from the main thread."""
     server = RegistryServer(settings).start()
     cluster_id = server.store.cluster_id()
-    log.info("registry listening on %s (store %s, cluster id %d)", server.addr, server.store.describe(), cluster_id)
+    log.info("registry listening on %s (store %s, cluster id %d; %s)", server.addr, server.store.describe(),
+             cluster_id, rpc.tls().describe())
     print(f"registry listening on {server.addr}", flush=True)
     stop = threading.Event()
 

@@ -22,10 +22,11 @@ import time
 from collections.abc import Callable
 
 from binlake import errors, rpc, tso
-from binlake.registry.model import KINDS, NodeRecord, NodeState
+from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState
 from binlake.registry.store import RegistryStore
 
 MAX_NODE_ID_LEN = 128
+MAX_DESCRIPTION_LEN = 1024
 # The most timestamps one GetTS may ask for: one millisecond's logical space.
 MAX_TS_COUNT = tso.MAX_LOGICAL
 # A Pump silent for this long is dead, and an operator may mark it OFFLINE.
@@ -246,6 +247,51 @@ class RegistryService:
         return nodes, revision
 
 
+    # -- consumers (hold Pump GC at their checkpoint) ---------------------------------
+
+    def update_consumer(self, consumer_id: str, checkpoint_ts: int, description: str = "") -> ConsumerRecord:
+        """Register ``consumer_id`` or move its checkpoint forward. A checkpoint below
+        the stored one is ignored (a late or repeated report), so the stored
+        checkpoint never moves backwards; an empty description keeps the stored one."""
+        _check_node_id(consumer_id, "consumer id")
+        if isinstance(checkpoint_ts, bool) or not isinstance(checkpoint_ts, int) or not 0 <= checkpoint_ts <= tso.MAX_TS:
+            raise errors.InvalidArgument(
+                f"consumer {consumer_id}: checkpoint_ts must be a TSO in [0, 2^63), got {checkpoint_ts!r}"
+            )
+        if not isinstance(description, str) or len(description) > MAX_DESCRIPTION_LEN:
+            raise errors.InvalidArgument(
+                f"consumer {consumer_id}: description must be a string of at most {MAX_DESCRIPTION_LEN} characters"
+            )
+        with self._nodes_lock:
+            now = self._clock_ms()
+            old = self._store.get_consumer(consumer_id)
+            if old is None:
+                record = ConsumerRecord(consumer_id, checkpoint_ts, description, now, now)
+            else:
+                record = dataclasses.replace(
+                    old, checkpoint_ts=max(old.checkpoint_ts, checkpoint_ts),
+                    description=description or old.description, updated_at_ms=now,
+                )
+            self._store.put_consumer(record)
+            return record
+
+    def list_consumers(self) -> list[ConsumerRecord]:
+        """Every consumer, sorted by id."""
+        with self._nodes_lock:
+            consumers = self._store.list_consumers()
+        return sorted(consumers, key=lambda c: c.consumer_id)
+
+    def remove_consumer(self, consumer_id: str) -> ConsumerRecord:
+        """Drop a consumer (an operator's decision): it no longer holds GC."""
+        _check_node_id(consumer_id, "consumer id")
+        with self._nodes_lock:
+            record = self._store.get_consumer(consumer_id)
+            if record is None or not self._store.delete_consumer(consumer_id):
+                known = ", ".join(sorted(c.consumer_id for c in self._store.list_consumers())) or "none"
+                raise errors.NotFound(f"consumer {consumer_id} is not registered (registered: {known})")
+            return record
+
+
 def _parse_state(state: NodeState | str) -> NodeState:
     if isinstance(state, NodeState):
         return state
@@ -263,16 +309,16 @@ def _illegal(record: NodeRecord, target: NodeState, why: str) -> errors.FailedPr
     )
 
 
-def _check_node_id(node_id: str) -> None:
+def _check_node_id(node_id: str, what: str = "node id") -> None:
     if not isinstance(node_id, str) or not node_id:
-        raise errors.InvalidArgument("node id must be a non-empty string")
+        raise errors.InvalidArgument(f"{what} must be a non-empty string")
     if len(node_id) > MAX_NODE_ID_LEN:
         raise errors.InvalidArgument(
-            f"node id {node_id[:32]!r}... is {len(node_id)} characters; at most {MAX_NODE_ID_LEN} are allowed"
+            f"{what} {node_id[:32]!r}... is {len(node_id)} characters; at most {MAX_NODE_ID_LEN} are allowed"
         )
     if not node_id.isprintable() or any(c.isspace() for c in node_id):
         raise errors.InvalidArgument(
-            f"node id {node_id!r} must be printable characters without whitespace"
+            f"{what} {node_id!r} must be printable characters without whitespace"
         )
 
 

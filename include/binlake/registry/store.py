@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 
 from binlake import errors
-from binlake.registry.model import KINDS, NodeRecord, NodeState
+from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState
 
 # The file a data directory holds.
 DB_FILE_NAME = "registry.db"
@@ -56,6 +56,22 @@ class RegistryStore(abc.ABC):
     @abc.abstractmethod
     def list_nodes(self, kind: str | None = None) -> list[NodeRecord]:
         """Every node (of ``kind``, if given), in no particular order."""
+
+    @abc.abstractmethod
+    def get_consumer(self, consumer_id: str) -> ConsumerRecord | None:
+        """The stored consumer ``consumer_id``, or None."""
+
+    @abc.abstractmethod
+    def put_consumer(self, record: ConsumerRecord) -> None:
+        """Insert or replace a consumer; durable when this returns."""
+
+    @abc.abstractmethod
+    def delete_consumer(self, consumer_id: str) -> bool:
+        """Remove a consumer; False when there was none."""
+
+    @abc.abstractmethod
+    def list_consumers(self) -> list[ConsumerRecord]:
+        """Every consumer, in no particular order."""
 
     @abc.abstractmethod
     def revision(self) -> int:
@@ -119,7 +135,23 @@ CREATE TABLE IF NOT EXISTS nodes (
     -- HOST:PORT of the node's metrics endpoint, or '' when it has none.
     metrics_addr TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS consumers (
+    -- Unique; the same rules as a node id.
+    consumer_id TEXT PRIMARY KEY,
+    -- TSO; every transaction with commit_ts below it was consumed. Never
+    -- decreases while the row exists (the service keeps the max); 0 = nothing
+    -- consumed yet, which holds every Pump's GC at its current point.
+    checkpoint_ts INTEGER NOT NULL CHECK (checkpoint_ts >= 0),
+    -- Free text for operators (e.g. the lake's path).
+    description TEXT NOT NULL,
+    -- Wall-clock ms of the first registration and of the latest update.
+    registered_at_ms INTEGER NOT NULL CHECK (registered_at_ms >= 0),
+    updated_at_ms INTEGER NOT NULL CHECK (updated_at_ms >= 0)
+);
 """
+
+# The consumer columns, in ConsumerRecord's field order.
+_CONSUMER_COLUMNS = tuple(f.name for f in dataclasses.fields(ConsumerRecord))
 
 
 class SQLiteStore(RegistryStore):
@@ -281,6 +313,31 @@ class SQLiteStore(RegistryStore):
     def revision(self) -> int:
         with self._connection() as conn:
             return self._meta(conn, "revision")
+
+    def get_consumer(self, consumer_id: str) -> ConsumerRecord | None:
+        with self._connection() as conn:
+            row = conn.execute(
+                f"SELECT {', '.join(_CONSUMER_COLUMNS)} FROM consumers WHERE consumer_id = ?", (consumer_id,)
+            ).fetchone()
+        return ConsumerRecord(*row) if row is not None else None
+
+    def put_consumer(self, record: ConsumerRecord) -> None:
+        placeholders = ", ".join(f":{c}" for c in _CONSUMER_COLUMNS)
+        with self._connection() as conn, _transaction(conn):
+            conn.execute(
+                f"INSERT OR REPLACE INTO consumers ({', '.join(_CONSUMER_COLUMNS)}) VALUES ({placeholders})",
+                dataclasses.asdict(record),
+            )
+
+    def delete_consumer(self, consumer_id: str) -> bool:
+        with self._connection() as conn, _transaction(conn):
+            cur = conn.execute("DELETE FROM consumers WHERE consumer_id = ?", (consumer_id,))
+            return cur.rowcount > 0
+
+    def list_consumers(self) -> list[ConsumerRecord]:
+        with self._connection() as conn:
+            rows = conn.execute(f"SELECT {', '.join(_CONSUMER_COLUMNS)} FROM consumers").fetchall()
+        return [ConsumerRecord(*row) for row in rows]
 
     def close(self) -> None:
         with self._lock:

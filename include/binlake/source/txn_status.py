@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent import futures
 from typing import Protocol
 
 import grpc
@@ -76,10 +75,10 @@ class TxnStatusServer:
 
     def __init__(self, provider: StatusProvider, addr: str = "127.0.0.1:0") -> None:
         rpc.parse_addr(addr, "txn status addr")
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="txn-status"))
+        self._server = rpc.create_server(4, "txn-status")
         upstream_pb2_grpc.add_TxnStatusServicer_to_server(_Servicer(provider), self._server)
         host = addr.rpartition(":")[0]
-        port = self._server.add_insecure_port(addr)
+        port = rpc.add_port(self._server, addr)
         if port == 0:
             raise errors.Unavailable(f"cannot listen on {addr}")
         self.addr = f"{host}:{port}"
@@ -94,7 +93,7 @@ class TxnStatusServer:
 
 def query_status(addr: str, start_ts: int, timeout_s: float = 5.0) -> tuple[str, int]:
     """Ask the writer at ``addr`` about ``start_ts``."""
-    with grpc.insecure_channel(addr) as channel:
+    with rpc.channel(addr) as channel:
         stub = upstream_pb2_grpc.TxnStatusStub(channel)
         try:
             resp = stub.GetTxnStatus(upstream_pb2.GetTxnStatusReq(start_ts=start_ts), timeout=timeout_s)
