@@ -13,10 +13,14 @@ import datetime as dt
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from binlake import errors, tso
 from binlake.lake.spark import LAKE_CONF
+
+if TYPE_CHECKING:
+    # pyspark is heavy; type checkers see it, runtime imports it where a session is used.
+    from pyspark.sql import SparkSession
 
 
 def window_args(args: argparse.Namespace) -> tuple[int, int]:
@@ -43,7 +47,7 @@ def pump_list(text: str | None) -> list[str] | None:
     return pumps
 
 
-def session(master: str | None = None, quiet: bool = True) -> Any:
+def session(master: str | None = None, quiet: bool = True) -> SparkSession:
     from binlake.lake.spark import build_spark
 
     spark = build_spark("binlake-cli", master, extra_conf=LAKE_CONF)

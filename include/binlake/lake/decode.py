@@ -85,7 +85,7 @@ import math
 import os
 import struct
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -94,7 +94,7 @@ from binlake import codec, errors, tso
 from binlake.proto import binlog_pb2
 
 try:  # the native image decoder; optional: without it the pure-Python path does everything
-    from binlake.lake import _imagec
+    from binlake.lake import _imagec  # type: ignore[attr-defined, unused-ignore]
     _IMAGEC_ERROR = ""
 except ImportError as _exc:  # not built (no C compiler when installed), or built for another Python
     _imagec = None
@@ -120,7 +120,7 @@ _EPOCH = dt.datetime(1970, 1, 1)
 _EPOCH_DATE = _EPOCH.date()
 _DAY_US = 86_400_000_000
 # The C-accelerated JSON string quoting, without \\u escapes for non-ASCII.
-_quote = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_quote = json.encoder.encode_basestring
 NATIVE_DECODE_ENV = "BINLAKE_NATIVE_DECODE"
 
 
@@ -214,7 +214,7 @@ class SchemaHistory:
             get = row.get if isinstance(row, Mapping) else row.__getitem__
             raw = get("table_info")
             if raw:
-                history.add(get("commit_ts"), _parse_table(bytes(raw), f"ddl_history row at {get('commit_ts')}"))
+                history.add(cast(int, get("commit_ts")), _parse_table(bytes(raw), f"ddl_history row at {get('commit_ts')}"))
         return history
 
     def apply(self, ddl: binlog_pb2.Binlog) -> None:
@@ -341,9 +341,10 @@ class SchemaHistory:
 
 def _parse_table(raw: bytes, what: str) -> binlog_pb2.TableInfo:
     try:
-        return binlog_pb2.TableInfo.FromString(raw)
+        info: binlog_pb2.TableInfo = binlog_pb2.TableInfo.FromString(raw)
     except DecodeError as exc:
         raise CorruptBinlogError(f"{what}: not a serialized TableInfo: {exc}") from None
+    return info
 
 
 # ---------------------------------------------------------------- image JSON
@@ -513,7 +514,7 @@ class _TablePlan:
         of a plan without one, are decoded here and appended in their place. On an
         exception nothing of this mutation is appended."""
         if self.native is not None:
-            return self.native.mutation_into(columns, sequence, inserted, updated, deleted, self)
+            return int(self.native.mutation_into(columns, sequence, inserted, updated, deleted, self))
         ops, keys, befores, afters = self.mutation_py(sequence, inserted, updated, deleted)
         columns.extend(ops, keys, befores, afters)
         return len(ops)
@@ -629,11 +630,12 @@ def _value_of(v: Any, col_type: int) -> Any:
 # ---------------------------------------------------------------- transactions -> rows
 def parse_prewrite(txn: binlog_pb2.Binlog) -> binlog_pb2.PrewriteValue:
     try:
-        return binlog_pb2.PrewriteValue.FromString(txn.prewrite_value)
+        value: binlog_pb2.PrewriteValue = binlog_pb2.PrewriteValue.FromString(txn.prewrite_value)
     except DecodeError as exc:
         raise CorruptBinlogError(
             f"transaction start_ts {txn.start_ts} (commit_ts {txn.commit_ts}): prewrite_value is not a "
             f"PrewriteValue: {exc}") from None
+    return value
 
 
 def _check_txn(txn: Any) -> None:

@@ -45,13 +45,17 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, rpc, tso
 from binlake.lake import checkpoint, decode
 from binlake.lake import source as lake_source
 from binlake.lake.planner import check_window, pumps_for_window
 from binlake.registry.client import RegistryClient
+
+if TYPE_CHECKING:
+    # pyspark is heavy; type checkers see it, runtime imports it where a session is used.
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -128,16 +132,16 @@ def check_lake(lake: Any) -> str:
     return lake
 
 
-def is_delta(spark: Any, path: str) -> bool:
+def is_delta(spark: SparkSession, path: str) -> bool:
     """Whether ``path`` holds a Delta table: its log directory exists (a file-system
     check, cheaper than loading the table's state as DeltaTable.isDeltaTable does)."""
-    jvm = spark.sparkContext._jvm
+    jvm: Any = spark.sparkContext._jvm  # py4j gateway: untyped
     log = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log")
     fs = log.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     return bool(fs.exists(log))
 
 
-def read_windows(spark: Any, lake: str) -> list[dict[str, Any]]:
+def read_windows(spark: SparkSession, lake: str) -> list[dict[str, Any]]:
     """Every ``windows`` row, by start_ts (empty when nothing was ingested yet)."""
     path = table_path(lake, WINDOWS)
     if not is_delta(spark, path):
@@ -179,12 +183,12 @@ def uncovered(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> 
     return gaps
 
 
-def load_history(spark: Any, lake: str, before_ts: int) -> decode.SchemaHistory:
+def load_history(spark: SparkSession, lake: str, before_ts: int) -> decode.SchemaHistory:
     """The definitions ``ddl_history`` holds from DDLs committed before ``before_ts``."""
     return _load_ddl_history(spark, lake, before_ts, before_ts)[0]
 
 
-def _load_ddl_history(spark: Any, lake: str, start_ts: int, end_ts: int) -> tuple[decode.SchemaHistory, int]:
+def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int, end_ts: int) -> tuple[decode.SchemaHistory, int]:
     """(definitions from DDLs before ``start_ts``, DDL rows already in ``[start_ts, end_ts)``)."""
     path = table_path(lake, DDL_HISTORY)
     if not is_delta(spark, path):
@@ -246,7 +250,7 @@ def _retry_concurrent(what: str, fn: Callable[[], Any]) -> Any:
     return None
 
 
-def _validate(spark: Any, lake: str, registry: str, start_ts: int, end_ts: int,
+def _validate(spark: SparkSession, lake: str, registry: str, start_ts: int, end_ts: int,
               pumps: Sequence[str] | None) -> list[str] | None:
     if spark is None or not hasattr(spark, "read"):
         raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
@@ -265,7 +269,7 @@ def _validate(spark: Any, lake: str, registry: str, start_ts: int, end_ts: int,
 
 
 def ingest_window(
-    spark: Any,
+    spark: SparkSession,
     lake: str,
     registry: str,
     start_ts: int,
@@ -371,7 +375,7 @@ def ingest_window(
             raise type(err)(f"ingest {window}: {err}") from None
         raise
     finally:
-        spark.sparkContext.setJobDescription(None)
+        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]  # None clears it
     rows = int(observed[0].get["rows"]) if observed else -1
     if rows != index.total_rows:
         raise errors.FailedPrecondition(
@@ -404,12 +408,12 @@ def ingest_window(
     )
 
 
-def _ddl_frame(spark: Any, txns: list[Any]) -> Any:
+def _ddl_frame(spark: SparkSession, txns: list[Any]) -> DataFrame:
     rows = [decode.ddl_row(t) for t in txns]
     return spark.createDataFrame([tuple(r[n] for n, _ in decode.DDL_COLUMNS) for r in rows], decode.DDL_HISTORY_DDL)
 
 
-def _merge_ddls(spark: Any, path: str, txns: list[Any]) -> None:
+def _merge_ddls(spark: SparkSession, path: str, txns: list[Any]) -> None:
     """Add DDL rows ``ddl_history`` does not hold yet (matched by start_ts), so the
     history below the first window is written once whatever the order of ingests."""
     df = _ddl_frame(spark, txns)

@@ -55,8 +55,8 @@ def plan_window(registry: str | RegistryClient, start_ts: int, end_ts: int,
     """The Pumps to read for the window (optionally restricted to ``pumps`` ids).
     Refuses (OutOfRange) when a Pump has collected garbage above the window start."""
     check_window(start_ts, end_ts)
-    own = not isinstance(registry, RegistryClient)
-    reg = RegistryClient(registry) if own else registry
+    reg = registry if isinstance(registry, RegistryClient) else RegistryClient(registry)
+    own = reg is not registry
     try:
         nodes, _rev = reg.list_nodes("pump")
     finally:

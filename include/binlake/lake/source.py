@@ -54,7 +54,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -62,6 +62,10 @@ from binlake import errors, rpc, tso
 from binlake.lake import decode
 from binlake.lake.planner import WindowPlan, check_window, plan_window
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
+
+if TYPE_CHECKING:
+    # pyspark is heavy; type checkers see it, runtime imports it where a session is used.
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +382,7 @@ class ReadOptions:
 
 
 # ---------------------------------------------------------------- the data source
-class PumpWindow(InputPartition):  # type: ignore[misc]
+class PumpWindow(InputPartition):
     """One input partition: a Pump's sub-window, what to skip, how to decode."""
 
     def __init__(self, pump: str, addr: str, start_ts: int, end_ts: int, skip: list[int], history: str) -> None:
@@ -395,14 +399,14 @@ class PumpWindow(InputPartition):  # type: ignore[misc]
         return f"PumpWindow({self.pump}, [{self.start_ts}, {self.end_ts}))"
 
 
-class DdlRows(InputPartition):  # type: ignore[misc]
+class DdlRows(InputPartition):
     """The window's DDL rows, found by the planning scan."""
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
 
 
-class BinlakeDataSource(DataSource):  # type: ignore[misc]
+class BinlakeDataSource(DataSource):
     """``spark.read.format("binlake")``: see the module docstring for options."""
 
     @classmethod
@@ -417,7 +421,7 @@ class BinlakeDataSource(DataSource):  # type: ignore[misc]
         return BinlakeReader(ReadOptions.parse(self.options))
 
 
-class BinlakeReader(DataSourceReader):  # type: ignore[misc]
+class BinlakeReader(DataSourceReader):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
 
@@ -520,7 +524,7 @@ def _ddl_batch(rows: list[dict[str, Any]]) -> Any:
         names=[n for n, _ in decode.DDL_COLUMNS])
 
 
-def register(spark: Any) -> None:
+def register(spark: SparkSession) -> None:
     """Make ``spark.read.format("binlake")`` available in this session."""
     spark.dataSource.register(BinlakeDataSource)
 

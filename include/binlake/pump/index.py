@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import pathlib
 import struct
+from collections.abc import Iterator
 
 import plyvel
 
@@ -98,7 +99,7 @@ class Index:
             for k, v in self.db.iterator(prefix=P_WAIT)
         ]
 
-    def commits(self, start_ts: int, end_ts: int):
+    def commits(self, start_ts: int, end_ts: int) -> Iterator[tuple[int, int, Pointer]]:
         """(commit_ts, start_ts, Pointer) for commit_ts in [start_ts, end_ts), in order."""
         it = self.db.iterator(start=P_COMMIT + U64.pack(start_ts), stop=P_COMMIT + U64.pack(end_ts))
         for key, value in it:

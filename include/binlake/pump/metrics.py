@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -58,7 +59,7 @@ class PumpMetrics:
             ["consumer"], registry=self.registry,
         )
         self.registry.register(_StorageCollector(snapshot))
-        self._server = None
+        self._server: Any = None
 
     def serve(self, addr: str) -> str:
         host, port = parse_addr(addr, "metrics addr")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 
@@ -39,7 +41,7 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
                 self.metrics.refusals.labels(_code_name(err)).inc()
 
     @rpc.servicer_method
-    def WriteBinlog(self, request: pump_pb2.WriteBinlogReq, context: grpc.ServicerContext):
+    def WriteBinlog(self, request: pump_pb2.WriteBinlogReq, context: grpc.ServicerContext) -> pump_pb2.WriteBinlogResp:
         started = time.perf_counter()
         if not request.payload:
             # The seed's probe: an empty binlog checks the Pump would take a write.
@@ -53,7 +55,7 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
         return pump_pb2.WriteBinlogResp()
 
     @rpc.servicer_method
-    def WriteBinlogs(self, request: pump_pb2.WriteBinlogsReq, context: grpc.ServicerContext):
+    def WriteBinlogs(self, request: pump_pb2.WriteBinlogsReq, context: grpc.ServicerContext) -> pump_pb2.WriteBinlogsResp:
         started = time.perf_counter()
         results = self.service.write(list(request.payloads), request.cluster_id)
         self.metrics.latency.observe(time.perf_counter() - started)
@@ -61,10 +63,10 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
         self._count_refusals(results)
         return _response(results, request.batch_id)
 
-    def WriteBinlogStream(self, request_iterator, context: grpc.ServicerContext):
+    def WriteBinlogStream(self, request_iterator: Iterator[pump_pb2.WriteBinlogsReq], context: grpc.ServicerContext) -> Iterator[pump_pb2.WriteBinlogsResp]:
         """Batches arrive on one stream; each is queued for group commit as soon as
         it is read (a reader thread), and answered in order once durable."""
-        pending: queue.SimpleQueue = queue.SimpleQueue()
+        pending: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
         def read_requests() -> None:
             try:
@@ -110,7 +112,7 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
             yield _response(results, batch_id)
 
     @rpc.servicer_stream
-    def PullBinlogs(self, request: pump_pb2.PullBinlogsReq, context: grpc.ServicerContext):
+    def PullBinlogs(self, request: pump_pb2.PullBinlogsReq, context: grpc.ServicerContext) -> Iterator[pump_pb2.PullBinlogsResp]:
         timeout = request.wait_timeout_ms / 1000.0 if request.wait_timeout_ms > 0 else 30.0
         remaining = context.time_remaining()
         if remaining is not None:
@@ -124,7 +126,7 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
             yield pump_pb2.PullBinlogsResp(binlogs=batch, node_id=self.service.node_id)
 
     @rpc.servicer_method
-    def Status(self, request: pump_pb2.StatusReq, context: grpc.ServicerContext):
+    def Status(self, request: pump_pb2.StatusReq, context: grpc.ServicerContext) -> pump_pb2.StatusResp:
         s = self.service
         st = s.storage
         return pump_pb2.StatusResp(

@@ -175,7 +175,7 @@ class RegistryClient:
 
     def set_state(self, node_id: str, state: NodeState) -> NodeRecord:
         """An operator's state change (pausing, closing, or offline for a writer/dead Pump)."""
-        req = registry_pb2.SetNodeStateReq(node_id=node_id, state=NodeState(state).to_proto())
+        req = registry_pb2.SetNodeStateReq(node_id=node_id, state=NodeState(state).to_proto())  # type: ignore[arg-type]
         return NodeRecord.from_proto(self._call("SetNodeState", self._stub.SetNodeState, req, idempotent=False))
 
     def get_node(self, node_id: str) -> NodeRecord:

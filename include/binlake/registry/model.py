@@ -19,7 +19,7 @@ class NodeState(enum.StrEnum):
     OFFLINE = "offline"
 
     def to_proto(self) -> int:
-        return registry_pb2.NodeState.Value(self.name)
+        return int(registry_pb2.NodeState.Value(self.name))
 
     @classmethod
     def from_proto(cls, value: int) -> NodeState:

@@ -362,7 +362,7 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 def _row_to_record(row: tuple[object, ...]) -> NodeRecord:
     fields = dict(zip(_NODE_COLUMNS, row, strict=True))
-    fields["state"] = NodeState(fields["state"])
+    fields["state"] = NodeState(str(fields["state"]))
     return NodeRecord(**fields)  # type: ignore[arg-type]
 
 
