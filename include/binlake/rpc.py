@@ -1,5 +1,6 @@
-"""The one place that maps binlake's domain errors to gRPC status codes, and
-the shared channel/server options (message size limits, keepalive)."""
+"""The one place that maps binlake's domain errors to gRPC status codes, makes
+gRPC servers and channels (blocking and asyncio), and holds the shared
+channel/server options (message size limits, keepalive)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
+import grpc.aio
 
 from binlake import errors
 
@@ -120,3 +122,70 @@ def parse_addr(addr: str, what: str = "address") -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise errors.InvalidArgument(f"{what} {addr!r}: port must be in 0..65535")
     return host, port
+
+
+# ---------------------------------------------------------------------------- servers and channels
+# Every gRPC server and channel is made here, so transport security is decided
+# in one place (today: plaintext on the given address).
+
+
+def server(executor: Any, options: list[tuple[str, Any]]) -> grpc.Server:
+    """A thread-pool gRPC server (not yet bound: see ``add_port``)."""
+    return grpc.server(executor, options=options)
+
+
+def aio_server(options: list[tuple[str, Any]]) -> grpc.aio.Server:
+    """An asyncio gRPC server; call from inside the event loop that will run it."""
+    return grpc.aio.server(options=options)
+
+
+def add_port(srv: grpc.Server | grpc.aio.Server, addr: str) -> int:
+    """Bind ``srv`` to ``addr``; the port bound (0 when binding failed)."""
+    return srv.add_insecure_port(addr)
+
+
+def channel(addr: str, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
+    """A blocking client channel to ``addr``."""
+    return grpc.insecure_channel(addr, options=options)
+
+
+def aio_channel(addr: str, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
+    """An asyncio client channel; call from inside the event loop that will use it."""
+    return grpc.aio.insecure_channel(addr, options=options)
+
+
+def aio_servicer_method(fn: F) -> F:
+    """As ``servicer_method``, for ``async def`` unary methods of an asyncio server."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await fn(self, request, context)
+        except errors.BinlakeError as exc:
+            await context.abort(status_code(exc), str(exc))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log.exception("internal error in %s", fn.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def aio_servicer_stream(fn: F) -> F:
+    """As ``servicer_stream``, for async-generator methods of an asyncio server."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except errors.BinlakeError as exc:
+            await context.abort(status_code(exc), str(exc))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log.exception("internal error in %s", fn.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}: {exc}")
+
+    return wrapper  # type: ignore[return-value]

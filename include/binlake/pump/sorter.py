@@ -54,6 +54,10 @@ class Pending:
         while self._heap and self._heap[0][1] not in self._info:
             heapq.heappop(self._heap)
 
+    def starts(self) -> list[int]:
+        """Every pending start_ts."""
+        return list(self._info)
+
     def __contains__(self, start_ts: int) -> bool:
         return start_ts in self._info
 
