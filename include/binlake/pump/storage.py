@@ -208,8 +208,8 @@ class Storage:
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
-        for start_ts, ptr in self.index.pending():
-            self.sorter.prewrite(start_ts, ptr, recovered=True)
+        for start_ts, ptr, floor in self.index.pending_floors():
+            self.sorter.prewrite(start_ts, ptr, recovered=True, floor=floor)
         segments = self.vlog.segments()
         head = self.index.head() or (segments[0] if segments else 1, 0)
         replayed = 0
@@ -548,8 +548,8 @@ class Storage:
         if b.tp == PREWRITE:
             if replay and (start in self.sorter.pending or self.index.db.get(ix.txn_key(start))):
                 return
-            wb.put(ix.wait_key(start), ptr.pack())
-            self.sorter.prewrite(start, ptr)
+            floor = self.sorter.prewrite(start, ptr)
+            wb.put(ix.wait_key(start), ptr.pack() + ix.U64.pack(floor))
         elif b.tp == COMMIT and b.start_ts == b.commit_ts:
             self.sorter.fake(b.commit_ts)
         elif b.tp in (COMMIT, ROLLBACK):
