@@ -320,7 +320,7 @@ class Processes:
     def pump(
         self, registry_addr: str, data_dir: pathlib.Path, node_id: str, port: int | None = None, *,
         txn_timeout_s: float = 2.0, fake_binlog_interval_s: float = 0.5, wait: bool = True,
-        extra: tuple[str, ...] = (),
+        extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
     ) -> tuple[ServiceProcess, str]:
         addr = f"127.0.0.1:{port or free_port()}"
         args = [
@@ -328,7 +328,7 @@ class Processes:
             "--node-id", node_id, "--stop-write-at-free-bytes", "0", "--txn-timeout-s", str(txn_timeout_s),
             "--fake-binlog-interval-s", str(fake_binlog_interval_s), *extra,
         ]
-        svc = self._spawn(node_id, args, env={"BINLAKE_PUMP_HEARTBEAT_INTERVAL_S": "0.3"})
+        svc = self._spawn(node_id, args, env={"BINLAKE_PUMP_HEARTBEAT_INTERVAL_S": "0.3", **(env or {})})
         if wait:
             self.wait_pump(svc, addr)
         return svc, addr

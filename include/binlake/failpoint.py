@@ -2,8 +2,12 @@
 
 ``BINLAKE_FAILPOINT=<name>:exit`` makes ``hit(name)`` end the process at once
 with status 137 (as kill -9 would: no ``finally``, no flush, no atexit);
-``<name>:raise`` raises ``FailpointError`` there instead. Unset (always, in
-production) ``hit`` is one environment lookup.
+``<name>:raise`` raises ``FailpointError`` there instead; ``<name>:exit:N``
+(or ``raise:N``) acts on the Nth hit only, so a test can crash at a random
+point of a busy path; ``<name>:exit:N:MS`` (or ``raise:N:MS``) stalls the
+hitting thread MS milliseconds first while the rest of the process goes on (e.g. acknowledging
+more writes the stalled thread will never index). Unset (always, in production) ``hit`` is one environment
+lookup.
 
 The names, where they are, and what a crash there must not break:
 
@@ -17,14 +21,21 @@ The names, where they are, and what a crash there must not break:
 ``ingest-before-checkpoint``  ingest, after the ``windows`` row, before the lake's
                           consumer checkpoint moves (GC stays held; the next
                           ingest moves the checkpoint from the whole ledger)
+``pump-before-index-batch`` Pump storage, after a group's value-log fsync and
+                          acknowledgement, before the indexer's batch for it (a
+                          restart must replay the log: nothing acknowledged
+                          lost, nothing served twice, the safe ts not moved back)
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 ENV = "BINLAKE_FAILPOINT"
-NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger", "ingest-before-checkpoint")
+NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger", "ingest-before-checkpoint",
+         "pump-before-index-batch")
+_hits: dict[str, int] = {}
 
 
 class FailpointError(Exception):
@@ -39,6 +50,15 @@ def hit(name: str) -> None:
     point, _, action = spec.partition(":")
     if point != name:
         return
+    action, _, nth = action.partition(":")
+    nth, _, stall_ms = nth.partition(":")
+    if nth:
+        # Counting hits is racy across threads only in which thread crashes.
+        _hits[name] = count = _hits.get(name, 0) + 1
+        if count != int(nth):
+            return
+    if stall_ms:
+        time.sleep(int(stall_ms) / 1000)
     if action == "exit":
         os._exit(137)
     raise FailpointError(f"failpoint {name}")

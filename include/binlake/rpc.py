@@ -1,6 +1,7 @@
 """The one place that maps binlake's domain errors to gRPC status codes, the
 shared channel/server options (message size limits, keepalive), and the one
-place servers and channels are created (with TLS when ``[security]`` is set)."""
+place gRPC servers and channels (blocking and asyncio) are created, with TLS
+when ``[security]`` is set."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
+import grpc.aio
 
 from binlake import errors
 
@@ -213,23 +215,80 @@ def create_server(max_workers: int, name: str, options: list[tuple[str, Any]] | 
     )
 
 
-def add_port(server: grpc.Server, addr: str) -> int:
+def aio_server(options: list[tuple[str, Any]]) -> grpc.aio.Server:
+    """An asyncio gRPC server; call from inside the event loop that will run it."""
+    return grpc.aio.server(options=options)
+
+
+def _server_credentials(files: TLSFiles) -> grpc.ServerCredentials:
+    ca, cert, key = _read_files(files)
+    if cert is None or key is None:
+        raise errors.InvalidArgument("[security] a server needs cert and key (ca alone only verifies servers)")
+    return grpc.ssl_server_credentials(((key, cert),), root_certificates=ca, require_client_auth=ca is not None)
+
+
+def _channel_credentials(files: TLSFiles) -> grpc.ChannelCredentials:
+    ca, cert, key = _read_files(files)
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def add_port(server: grpc.Server | grpc.aio.Server, addr: str) -> int:
     """Listen on ``addr`` with this process's TLS (or plaintext); the bound port, 0 if refused."""
     files = tls()
     if not files.enabled:
         return server.add_insecure_port(addr)
-    ca, cert, key = _read_files(files)
-    if cert is None or key is None:
-        raise errors.InvalidArgument("[security] a server needs cert and key (ca alone only verifies servers)")
-    creds = grpc.ssl_server_credentials(((key, cert),), root_certificates=ca, require_client_auth=ca is not None)
-    return server.add_secure_port(addr, creds)
+    return server.add_secure_port(addr, _server_credentials(files))
 
 
 def channel(addr: str, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
-    """A channel to ``addr`` with this process's TLS (or plaintext)."""
+    """A blocking channel to ``addr`` with this process's TLS (or plaintext)."""
     files = tls()
     if not files.enabled:
         return grpc.insecure_channel(addr, options=options)
-    ca, cert, key = _read_files(files)
-    creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-    return grpc.secure_channel(addr, creds, options=options)
+    return grpc.secure_channel(addr, _channel_credentials(files), options=options)
+
+
+def aio_channel(addr: str, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to ``addr`` with this process's TLS (or plaintext); call from
+    inside the event loop that will use it."""
+    files = tls()
+    if not files.enabled:
+        return grpc.aio.insecure_channel(addr, options=options)
+    return grpc.aio.secure_channel(addr, _channel_credentials(files), options=options)
+
+
+def aio_servicer_method(fn: F) -> F:
+    """As ``servicer_method``, for ``async def`` unary methods of an asyncio server."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await fn(self, request, context)
+        except errors.BinlakeError as exc:
+            await context.abort(status_code(exc), str(exc))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log.exception("internal error in %s", fn.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def aio_servicer_stream(fn: F) -> F:
+    """As ``servicer_stream``, for async-generator methods of an asyncio server."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except errors.BinlakeError as exc:
+            await context.abort(status_code(exc), str(exc))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log.exception("internal error in %s", fn.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}: {exc}")
+
+    return wrapper  # type: ignore[return-value]

@@ -5,6 +5,7 @@ load, and a torn value-log tail left behind by a crash."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import pathlib
 import threading
 import time
@@ -244,3 +245,100 @@ def test_torn_tail_after_stop_is_cut_on_restart(
     assert svc.log_text().count("cutting torn tail") == 1
     assert read_all(after[-1][1] + 1) == before + after
     wait_until(lambda: status(addr).accepting_writes, timeout=5)
+
+
+def test_crash_between_value_log_fsync_and_index_batch(procs: Processes, tmp_path: pathlib.Path) -> None:
+    """The Pump acknowledges a write on the value-log fsync and indexes it later.
+    Crash it there (the indexer's failpoint, at a random batch under load from
+    eight writers), restart, three times over: every acknowledged transaction is
+    served exactly once, in order, and the safe ts never moves back."""
+    import os
+    import random
+
+    from binlake import failpoint
+    from binlake.pump.storage import FAILPOINT_BEFORE_INDEX
+
+    rng = random.Random(int.from_bytes(os.urandom(4), "big"))
+    _reg_proc, reg_addr = procs.registry(tmp_path / "registry")
+    port = free_port()
+    data_dir = tmp_path / "c1"
+    reg = RegistryClient(reg_addr)
+    provider = MemoryStatusProvider()
+    status_server = TxnStatusServer(provider).start()
+    register_writer(reg, status_server.addr, "w1")
+    settings = ClientSettings(
+        registry=reg_addr, max_failures=1, probe_interval_s=0.1, refresh_interval_s=0.3,
+        write_timeout_s=3.0, commit_retry_s=1.0,
+    )
+    client = PumpClient(reg_addr, settings=settings)
+    upstream = Upstream(client, reg, provider)
+    safe_seen: list[int] = []
+    watching = threading.Event()
+    addr = f"127.0.0.1:{port}"
+
+    def watch_safe_ts() -> None:
+        while not watching.wait(0.02):
+            st = None
+            with contextlib.suppress(Exception):
+                st = status(addr, timeout=0.5)
+            if st is not None:
+                safe_seen.append(st.safe_ts)
+
+    watcher = threading.Thread(target=watch_safe_ts)
+    rounds = 3
+    crashed_logs: list[str] = []
+    try:
+        for r in range(rounds + 1):
+            last = r == rounds
+            nth = rng.randint(20, 150)
+            # The indexer stalls 300 ms at the failpoint, so the writer acknowledges
+            # more groups it will never index, then the process dies.
+            env = {} if last else {failpoint.ENV: f"{FAILPOINT_BEFORE_INDEX}:exit:{nth}:300"}
+            svc, _ = procs.pump(reg_addr, data_dir, "c1", port, env=env)
+            if r == 0:
+                upstream.start()
+                watcher.start()
+            if last:
+                time.sleep(1.0)
+                break
+            wait_until(lambda svc=svc: not svc.alive, timeout=60, interval=0.02,
+                       what=f"the failpoint at index batch {nth} to crash the pump")
+            assert svc.proc is not None and svc.proc.returncode == 137, svc.log_text()[-2000:]
+            crashed_logs.append(svc.name)
+            # The writers' stalled prewrites fail over to nothing: the upstream aborts them.
+        upstream.finish()
+    finally:
+        upstream.stop.set()
+        watching.set()
+        client.close()
+
+    try:
+        assert upstream.crashes == []
+        log_text = (tmp_path / "procs" / "c1.log").read_text(errors="replace")
+        # Each restart found acknowledged records the index had not caught up with.
+        replays = [int(line.split("recovered ")[1].split()[0]) for line in log_text.splitlines()
+                   if "value-log records past the index head" in line]
+        assert len(replays) == rounds and all(n > 0 for n in replays), replays
+        assert len(upstream.acked) > 50, "the writers made too little progress"
+
+        last_commit = max(upstream.committed.values())
+        first = min([*upstream.committed, *upstream.rolled_back])
+        wait_safe(addr, last_commit + 1, timeout=30)
+        assert status(addr).pending_txns == 0
+        watching.clear()
+        safe_seen.append(status(addr).safe_ts)
+        assert all(a <= b for a, b in zip(safe_seen, safe_seen[1:], strict=False)), "the safe ts moved back"
+
+        served = pull(addr, first, last_commit + 1)
+        keys = [(b.commit_ts, b.start_ts) for b in served]
+        assert keys == sorted(keys), "not in (commit_ts, start_ts) order"
+        counts = collections.Counter(b.start_ts for b in served)
+        assert [s for s, n in counts.items() if n > 1] == [], "a transaction was served twice"
+        got = {b.start_ts: b.commit_ts for b in served}
+        missing = [(s, c) for s, c, _, _ in upstream.acked if got.get(s) != c]
+        assert missing == [], f"{len(missing)} acknowledged transactions lost or wrong"
+        assert [(s, c) for s, c in got.items() if upstream.committed.get(s) != c] == []
+        assert all(row_start_ts(b) == b.start_ts for b in served)
+    finally:
+        status_server.stop(0.2)
+        reg.close()

@@ -241,6 +241,37 @@ def test_get_ts_coalesces_concurrent_callers(server: RegistryServer, client: Reg
     assert rpcs <= len(everything) // 3, f"{rpcs} GetTS RPCs for {len(everything)} timestamps"
 
 
+def test_get_ts_async_batches_and_orders(server: RegistryServer, client: RegistryClient) -> None:
+    """Async requests queued together share rounds with each other and with
+    blocking callers; a timestamp read later is still unique and taken after
+    the request (above everything handed out before it)."""
+    before = client.get_ts()
+    rpcs_before = server.servicer.calls().get("GetTS", 0)
+    futures = [client.get_ts_async() for _ in range(300)]
+    blocking = [client.get_ts() for _ in range(5)]
+    got = [f.result(timeout=10) for f in futures]
+    assert len(set(got + blocking)) == len(got) + len(blocking)
+    assert min(got) > before
+    rpcs = server.servicer.calls()["GetTS"] - rpcs_before
+    assert rpcs <= 100, f"{rpcs} GetTS RPCs for {len(got) + 5} timestamps"
+    after = client.get_ts_async().result(timeout=10)
+    assert after > max(got + blocking)
+
+
+def test_get_ts_async_fails_on_close(tmp_path: pathlib.Path) -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        c = RegistryClient(f"127.0.0.1:{silent.getsockname()[1]}", timeout_s=30.0)
+        future = c.get_ts_async()
+        time.sleep(0.2)
+        c.close()
+        with pytest.raises(errors.Unavailable, match="closed"):
+            future.result(timeout=5)
+        with pytest.raises(errors.Unavailable, match="closed"):
+            c.get_ts_async()
+
+
 def test_close_fails_waiting_callers_promptly(tmp_path: pathlib.Path) -> None:
     # A listening socket that never answers HTTP/2: GetTS hangs until close().
     with socket.socket() as silent:

@@ -481,3 +481,78 @@ def test_gc_deletes_old_segments_but_not_a_pending_prewrites(sdir: pathlib.Path)
         assert served(st, 7000) == [(8001, 8000)]
     finally:
         st.close()
+
+
+# ---------------------------------------------------------------------------- acknowledge before indexing
+
+
+def test_safe_ts_does_not_move_back_across_reopen(sdir: pathlib.Path) -> None:
+    """A prewrite stored under bound 100 holds the safe ts at 100, not at its
+    start_ts 50; its floor is kept in the index, so a restart keeps 100 too."""
+    st = Storage(sdir)
+    ok(st, fake(100))
+    ok(st, prewrite(50))
+    ok(st, fake(200))
+    assert st.safe_ts == 100
+    st.close()
+    st = Storage(sdir)
+    try:
+        assert st.safe_ts == 100 and st.is_pending(50)
+        ok(st, commit(50, 210))
+        assert st.safe_ts == 210
+    finally:
+        st.close()
+
+
+def test_acknowledged_before_indexed_and_replayed(sdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``submit`` resolves on the value-log fsync, before the index batch: with the
+    indexer stalled (then failing) at its first batch, writes are acknowledged
+    and checked from memory while the index holds none of them, and reopening
+    replays them exactly once."""
+    from binlake import failpoint
+    from binlake.pump.storage import FAILPOINT_BEFORE_INDEX
+
+    monkeypatch.setenv(failpoint.ENV, f"{FAILPOINT_BEFORE_INDEX}:raise:1:2000")
+    failpoint._hits.clear()
+    st = Storage(sdir)
+    try:
+        assert st.submit([entry(prewrite(10))]).result(10) == [None]
+        assert st.submit([entry(commit(10, 20))]).result(10) == [None]
+        # Prewrite checks come from memory: a duplicate is refused before any indexing.
+        (dup,) = st.submit([entry(prewrite(10))]).result(10)
+        assert isinstance(dup, errors.AlreadyExists)
+        assert st.index.db.get(ix.txn_key(10)) is None and st.index.pending() == []
+        assert not st.wait_indexed(timeout=5)  # the indexer failed: nothing was indexed
+    finally:
+        st.close()
+    monkeypatch.delenv(failpoint.ENV)
+    st = Storage(sdir)
+    try:
+        ok(st, fake(30))
+        assert served(st) == [(20, 10)]
+        assert isinstance(write(st, commit(10, 20))[0], errors.AlreadyExists)
+    finally:
+        st.close()
+    st = Storage(sdir)
+    try:
+        assert served(st) == [(20, 10)]
+    finally:
+        st.close()
+
+
+def test_finished_transactions_forgotten_by_memory_are_checked_in_the_index(
+    sdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import binlake.pump.storage as storage_mod
+
+    monkeypatch.setattr(storage_mod, "DONE_MEMORY", 2)
+    st = Storage(sdir)
+    try:
+        for i in range(6):
+            txn(st, 100 + i, 200 + i)
+        assert len(st._done) <= 3 and st._done_floor >= 100
+        assert isinstance(write(st, prewrite(100))[0], errors.AlreadyExists)
+        assert isinstance(write(st, commit(101, 999))[0], errors.FailedPrecondition)
+        ok(st, prewrite(99))  # below the floor but never seen: a new transaction
+    finally:
+        st.close()

@@ -9,7 +9,10 @@
   consecutive failed writes, and probe unavailable online Pumps with an empty
   binlog until one answers.
 * Batching: binlogs of concurrent writers bound for the same Pump travel in
-  one ``WriteBinlogs`` call, which the Pump stores under one fsync.
+  one message on a long-lived ``WriteBinlogStream``, which the Pump stores
+  under one fsync. The streams live on one asyncio event loop per client, so a
+  binlog crosses one thread hand-off between its caller and the wire (see
+  ``PumpConn``).
 
 Duplicates: when a prewrite's write fails (say the Pump died after storing it
 but before answering), the prewrite is retried on another Pump. The first Pump
@@ -21,17 +24,21 @@ keep one copy.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import itertools
 import logging
-import queue
 import random
 import threading
 import time
 import zlib
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import grpc
+import grpc.aio
 
 from binlake import errors, rpc
 from binlake.config import ClientSettings
@@ -39,6 +46,8 @@ from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
 from binlake.registry.model import NodeRecord, NodeState
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _RETRYABLE = (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted, errors.FailedPrecondition)
 _RESULT_ERRORS = {
@@ -60,40 +69,84 @@ class _Item:
         self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
 
 
+class _LoopThread:
+    """One asyncio event loop on its own thread: every Pump connection of a
+    PumpClient lives on it (channels, write streams, answers)."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (from another thread)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
 class PumpConn:
     """One Pump: a channel and a long-lived write stream.
 
-    A sender thread takes everything writers queued, sends it as one batch on
-    the stream without waiting for earlier batches, and a receiver thread
-    matches answers (which come in order) to batches. When the stream breaks,
-    every batch in flight fails with Unavailable and the next send opens a new
-    stream.
+    The path of a binlog has one hand-off each way: the caller's thread queues
+    it and, if no send is scheduled, wakes the client's event loop, which sends
+    everything queued as one batch on the stream (without waiting for earlier
+    batches, up to ``max_inflight_batches`` on the wire); the loop reads the
+    answers (which come in order) and settles each caller's future. While
+    batches are on the wire new binlogs pile up and leave together, so batches
+    grow with load. When the stream breaks, every batch in flight fails with
+    Unavailable and the next send opens a new stream.
     """
 
-    def __init__(self, node_id: str, addr: str, settings: ClientSettings, cluster_id: int = 0) -> None:
+    def __init__(self, node_id: str, addr: str, settings: ClientSettings, cluster_id: int = 0,
+                 loop: _LoopThread | None = None) -> None:
         self.node_id = node_id
         self.addr = addr
         self.settings = settings
         self.cluster_id = cluster_id
-        self.channel = rpc.channel(addr, rpc.client_options(settings.max_binlog_bytes))
-        self.stub = pump_pb2_grpc.PumpStub(self.channel)
+        self._own_loop = loop is None
+        self._lt = loop or _LoopThread(f"pump-client-{node_id}")
+        self._loop = self._lt.loop
+        # Guards the queue, inflight, _scheduled and _closed (callers' threads and the loop).
+        self._lock = threading.Lock()
         self.inflight = 0
         self._queue: collections.deque[_Item] = collections.deque()
-        self._cond = threading.Condition()
+        # True from a caller waking the loop until the loop's sender finds the
+        # queue empty; also while the window is full (an answer re-kicks it).
+        self._scheduled = False
         self._closed = False
-        self._stream: _Stream | None = None
+        self._stream: _Stream | None = None  # loop-owned
+        self._sender: asyncio.Task[None] | None = None  # loop-owned
         self._batch_ids = itertools.count(1)
-        self._sender = threading.Thread(target=self._send_loop, name=f"pump-client-{node_id}", daemon=True)
-        self._sender.start()
+        self._channel: grpc.aio.Channel | None = None
+        self._lt.run(self._open())
+
+    async def _open(self) -> None:
+        self._channel = rpc.aio_channel(self.addr, options=rpc.client_options(self.settings.max_binlog_bytes))
+        self.stub = pump_pb2_grpc.PumpStub(self._channel)  # type: ignore[no-untyped-call]
 
     def send(self, payload: bytes) -> concurrent.futures.Future[None]:
         item = _Item(payload)
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise errors.Unavailable(f"client connection to pump {self.node_id} is closed")
             self._queue.append(item)
             self.inflight += 1
-            self._cond.notify()
+            wake = not self._scheduled
+            self._scheduled = True
+        if wake:
+            self._loop.call_soon_threadsafe(self._kick)
         return item.future
 
     def write(self, payload: bytes) -> None:
@@ -108,133 +161,149 @@ class PumpConn:
                 f"{self.settings.write_timeout_s:g}s"
             ) from None
 
-    def _take(self) -> list[_Item] | None:
-        with self._cond:
-            # Keep at most `max_inflight_batches` batches on the wire: while they
-            # are out, new binlogs pile up and leave together as one message, so
-            # batches grow with load instead of every binlog costing a message.
-            while not self._queue or (
-                self._stream is not None and not self._stream.broken
-                and self._stream.inflight_batches >= self.settings.max_inflight_batches
-            ):
-                if self._closed:
-                    return None
-                self._cond.wait()
-            batch = [self._queue.popleft()]
-            size = len(batch[0].payload)
-            while (self._queue and len(batch) < self.settings.max_batch_binlogs
-                   and size + len(self._queue[0].payload) <= self.settings.max_batch_bytes):
-                item = self._queue.popleft()
-                batch.append(item)
-                size += len(item.payload)
-            return batch
+    # -- on the loop --------------------------------------------------------------
+    def _kick(self) -> None:
+        if self._sender is None or self._sender.done():
+            self._sender = self._loop.create_task(self._send_loop())
 
-    def _send_loop(self) -> None:
+    async def _send_loop(self) -> None:
+        settings = self.settings
         while True:
-            batch = self._take()
-            if batch is None:
-                return
+            with self._lock:
+                stream = self._stream
+                if not self._queue or self._closed:
+                    self._scheduled = False
+                    return
+                if stream is not None and not stream.broken and len(stream.inflight) >= settings.max_inflight_batches:
+                    return  # an answer kicks the sender again
+                batch = [self._queue.popleft()]
+                size = len(batch[0].payload)
+                while (self._queue and len(batch) < settings.max_batch_binlogs
+                       and size + len(self._queue[0].payload) <= settings.max_batch_bytes):
+                    item = self._queue.popleft()
+                    batch.append(item)
+                    size += len(item.payload)
             req = pump_pb2.WriteBinlogsReq(
                 cluster_id=self.cluster_id, payloads=[i.payload for i in batch], batch_id=next(self._batch_ids)
             )
-            with self._cond:
-                if self._stream is None or self._stream.broken:
-                    self._stream = _Stream(self)
-                self._stream.push(req.batch_id, batch, req)
+            if stream is None or stream.broken:
+                stream = self._stream = _Stream(self)
+            await stream.send(req.batch_id, batch, req)
 
     def _done(self, n: int) -> None:
-        with self._cond:
+        with self._lock:
             self.inflight -= n
-            self._cond.notify_all()
 
     def reset(self, why: str) -> None:
         """Drop the current stream (its batches fail with Unavailable)."""
-        with self._cond:
-            stream = self._stream
-            self._stream = None
-        if stream is not None:
-            stream.cancel(why)
+
+        def cancel() -> None:
+            stream, self._stream = self._stream, None
+            if stream is not None:
+                stream.cancel(why)
+
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(cancel)
 
     def probe(self, timeout_s: float = 2.0) -> None:
+        async def call() -> None:
+            await self.stub.WriteBinlog(pump_pb2.WriteBinlogReq(cluster_id=self.cluster_id), timeout=timeout_s)
+
         try:
-            self.stub.WriteBinlog(pump_pb2.WriteBinlogReq(cluster_id=self.cluster_id), timeout=timeout_s)
+            self._lt.run(call(), timeout_s + 1.0)
         except grpc.RpcError as exc:
             raise rpc.from_rpc_error(exc, f"probe of pump {self.node_id}") from None
+        except (concurrent.futures.TimeoutError, RuntimeError) as exc:
+            raise errors.Unavailable(f"probe of pump {self.node_id}: {exc or 'no answer'}") from None
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
+            if self._closed:
+                return
             self._closed = True
             pending = list(self._queue)
             self._queue.clear()
-            self._cond.notify_all()
         for item in pending:
             item.future.set_exception(errors.Unavailable(f"client connection to pump {self.node_id} closed"))
-        self._sender.join(timeout=5)
-        self.reset("client closed")
-        self.channel.close()
+
+        async def shut() -> None:
+            stream, self._stream = self._stream, None
+            if stream is not None:
+                stream.cancel("client closed")
+                await stream.finished()
+            if self._channel is not None:
+                await self._channel.close()
+
+        if not self._loop.is_closed():
+            with contextlib.suppress(Exception):
+                self._lt.run(shut(), timeout=5)
+        if self._own_loop:
+            self._lt.close()
 
 
 class _Stream:
-    """One WriteBinlogStream call and the batches in flight on it."""
-
-    _END = object()
+    """One WriteBinlogStream call and the batches in flight on it (loop-owned)."""
 
     def __init__(self, conn: PumpConn) -> None:
         self.conn = conn
         self.broken = False
-        self._lock = threading.Lock()
-        self._inflight: collections.deque[tuple[int, list[_Item]]] = collections.deque()
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._call = conn.stub.WriteBinlogStream(self._requests())
-        self._receiver = threading.Thread(target=self._receive, name=f"pump-client-{conn.node_id}-rx", daemon=True)
-        self._receiver.start()
+        self.inflight: collections.deque[tuple[int, list[_Item]]] = collections.deque()
+        self._call = conn.stub.WriteBinlogStream()
+        self._receiver = conn._loop.create_task(self._receive())
 
-    def _requests(self):
-        while True:
-            req = self._outbox.get()
-            if req is self._END:
-                return
-            yield req
+    async def send(self, batch_id: int, batch: list[_Item], req: pump_pb2.WriteBinlogsReq) -> None:
+        if self.broken:
+            self._fail(batch, errors.Unavailable(f"write stream to pump {self.conn.node_id} broke"))
+            return
+        self.inflight.append((batch_id, batch))
+        try:
+            await self._call.write(req)
+        except grpc.RpcError as exc:
+            self._break(self._failure(exc))
+        except (asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+            self._break(errors.Unavailable(f"write stream to pump {self.conn.node_id} ended: {exc}"))
 
-    @property
-    def inflight_batches(self) -> int:
-        return len(self._inflight)
+    def _failure(self, exc: grpc.RpcError) -> errors.BinlakeError:
+        failure = rpc.from_rpc_error(exc, f"write to pump {self.conn.node_id} ({self.conn.addr})")
+        if not isinstance(failure, _RETRYABLE):
+            failure = errors.Unavailable(str(failure))
+        return failure
 
-    def push(self, batch_id: int, batch: list[_Item], req: pump_pb2.WriteBinlogsReq) -> None:
-        with self._lock:
-            if self.broken:
-                self._fail(batch, errors.Unavailable(f"write stream to pump {self.conn.node_id} broke"))
-                return
-            self._inflight.append((batch_id, batch))
-        self._outbox.put(req)
-
-    def _receive(self) -> None:
+    async def _receive(self) -> None:
         failure: errors.BinlakeError
         try:
-            for resp in self._call:
-                with self._lock:
-                    batch_id, batch = self._inflight.popleft()
+            while True:
+                resp = await self._call.read()
+                if resp is grpc.aio.EOF:
+                    failure = errors.Unavailable(f"write stream to pump {self.conn.node_id} ended")
+                    break
+                if not self.inflight:
+                    raise errors.Unavailable(f"pump answered batch {resp.batch_id}, which was not sent")
+                batch_id, batch = self.inflight.popleft()
                 if resp.batch_id != batch_id:
                     raise errors.Unavailable(f"pump answered batch {resp.batch_id}, expected {batch_id}")
                 self._resolve(batch, resp)
-            failure = errors.Unavailable(f"write stream to pump {self.conn.node_id} ended")
+                self.conn._kick()
         except grpc.RpcError as exc:
-            failure = rpc.from_rpc_error(exc, f"write to pump {self.conn.node_id} ({self.conn.addr})")
-            if not isinstance(failure, _RETRYABLE):
-                failure = errors.Unavailable(str(failure))
+            failure = self._failure(exc)
         except errors.BinlakeError as exc:
             failure = exc
+        except asyncio.CancelledError:
+            failure = errors.Unavailable(f"write stream to pump {self.conn.node_id} was cancelled")
         except Exception as exc:
             failure = errors.Unavailable(f"write stream to pump {self.conn.node_id} failed: {exc}")
-        with self._lock:
+        self._break(failure)
+
+    def _break(self, failure: errors.BinlakeError) -> None:
+        if not self.broken:
             self.broken = True
-            stranded = list(self._inflight)
-            self._inflight.clear()
-        self._outbox.put(self._END)
+            self._call.cancel()
+        stranded = list(self.inflight)
+        self.inflight.clear()
         for _bid, batch in stranded:
             self._fail(batch, failure)
-        with self.conn._cond:
-            self.conn._cond.notify_all()
+        # Binlogs queued meanwhile go out on a new stream.
+        self.conn._kick()
 
     def _resolve(self, batch: list[_Item], resp: pump_pb2.WriteBinlogsResp) -> None:
         for item, res in zip(batch, resp.results, strict=False):
@@ -256,6 +325,10 @@ class _Stream:
 
     def cancel(self, why: str) -> None:
         self._call.cancel()
+
+    async def finished(self) -> None:
+        with contextlib.suppress(BaseException):
+            await self._receiver
 
 
 class PumpClient:
@@ -288,6 +361,7 @@ class PumpClient:
         self._registry_warned = False
         self._async: concurrent.futures.ThreadPoolExecutor | None = None
         self._async_pending: set[concurrent.futures.Future[None]] = set()
+        self._loop = _LoopThread("pump-client-loop")
         if self._static:
             for node_id, addr in (pumps or {}).items():
                 rpc.parse_addr(addr, f"pump {node_id} address")
@@ -342,7 +416,7 @@ class PumpClient:
                 node = self._nodes.get(node_id)
                 if node is None:
                     raise errors.NotFound(f"pump {node_id} is not known to this client")
-                conn = PumpConn(node_id, node.addr, self.settings, self.cluster_id)
+                conn = PumpConn(node_id, node.addr, self.settings, self.cluster_id, self._loop)
                 self._conns[node_id] = conn
             return conn
 
@@ -512,6 +586,7 @@ class PumpClient:
             self._conns.clear()
         for conn in conns:
             conn.close()
+        self._loop.close()
         if self._own_registry:
             self._registry.close()  # type: ignore[union-attr]
 

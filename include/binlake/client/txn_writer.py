@@ -3,7 +3,7 @@ database and emits each transaction's two binlogs around the database commit.
 
 Per transaction (TiDB's two-phase binlog):
 
-1. ``start_ts`` from the registry when the transaction begins;
+1. ``start_ts`` requested from the registry when the transaction begins;
 2. the statements run in the upstream database; every changed row is read
    back, so the binlog carries exactly what the database holds (before and
    after images, in execution order);
@@ -22,10 +22,34 @@ A restarted writer on the same database serves the same id and answers too.
 
 DDL runs through the same protocol with the statement and the resulting table
 definition in the binlog (``schema``/``dialect`` modules).
+
+Timestamps, and why each is taken where it is (the application waits for one
+durable prewrite round trip, one TSO round trip and its own commit):
+
+* ``start_ts`` only has to be unique, positive and below commit_ts; the Pump's
+  safe ts does not depend on its freshness (a pending prewrite holds the safe
+  ts at ``max(start_ts, bound when it arrived)``, see ``pump.sorter``). So it
+  is requested asynchronously when the transaction begins, batched with every
+  concurrent caller's request into one registry round trip
+  (``RegistryClient.get_ts_async``), and read only when the prewrite is built:
+  by then the statements have run and the answer is normally there.
+* ``commit_ts`` is fetched after the prewrite is acknowledged and after every
+  statement ran, never earlier and never from a reserved block: (a) the Pump's
+  safe ts promises that a transaction whose prewrite it has not seen commits
+  above every ts it has seen, which holds only if commit_ts is taken after the
+  acknowledgement; (b) commit_ts must exceed the commit_ts of every
+  transaction whose effects this one could have observed in the database, and
+  those were fetched before their database commit, hence before our reads,
+  hence before this fetch. Concurrent callers still share one round trip
+  (``RegistryClient.get_ts``).
+* The commit binlog goes out in the background (``write_commit_async``): the
+  database commit already decided the transaction, and a lost commit binlog is
+  resolved by the Pump through the status service.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -305,12 +329,13 @@ class TxnWriter:
         if not self._started:
             raise errors.FailedPrecondition("TxnWriter.start() was not called")
         with self._schema_lock.read(), self._maybe_sqlite_lock():
-            start_ts = self.registry.get_ts()
-            self.status.begin(start_ts)
+            txn: Txn | None = None
             try:
                 with self.engine.connect() as conn:
                     conn.begin()
-                    txn = Txn(self, conn, start_ts)
+                    # start_ts is requested now and read when first needed (at
+                    # the prewrite, normally): see "Timestamps" above.
+                    txn = Txn(self, conn, self._request_ts())
                     try:
                         yield txn
                     except BaseException:
@@ -318,13 +343,23 @@ class TxnWriter:
                         raise
                     txn._commit()
             finally:
-                self.status.end(start_ts)
+                if txn is not None and txn._start_ts is not None:
+                    self.status.end(txn._start_ts)
 
     def run(self, fn: Callable[[Txn], Any]) -> CommitInfo | None:
         """Run ``fn(txn)`` in a transaction; return its CommitInfo."""
         with self.transaction() as txn:
             fn(txn)
         return txn.info
+
+    def _request_ts(self) -> concurrent.futures.Future[int]:
+        get_async = getattr(self.registry, "get_ts_async", None)
+        if get_async is not None:
+            future: concurrent.futures.Future[int] = get_async()
+            return future
+        future = concurrent.futures.Future()
+        future.set_result(self.registry.get_ts())
+        return future
 
     @contextlib.contextmanager
     def _maybe_sqlite_lock(self) -> Iterator[None]:
@@ -520,15 +555,30 @@ class Txn:
     """One upstream transaction's statements. Every change is read back from the
     database so the binlog holds exactly the stored images."""
 
-    def __init__(self, writer: TxnWriter, conn: Connection, start_ts: int) -> None:
+    def __init__(self, writer: TxnWriter, conn: Connection, start_ts: concurrent.futures.Future[int]) -> None:
         self.writer = writer
         self.conn = conn
-        self.start_ts = start_ts
+        self._start_future = start_ts
+        self._start_ts: int | None = None
         self.info: CommitInfo | None = None
         self._mutations: dict[int, binlog_pb2.TableMutation] = {}
         self._order: list[int] = []
         self._changes = 0
         self._for_update = writer.dialect != "sqlite"
+
+    @property
+    def start_ts(self) -> int:
+        """This transaction's start_ts (waits for the registry the first time)."""
+        if self._start_ts is None:
+            try:
+                ts = self._start_future.result(timeout=30)
+            except concurrent.futures.TimeoutError:
+                raise errors.DeadlineExceeded("no start_ts from the registry within 30s") from None
+            # From here until the transaction ends, the status service answers
+            # RUNNING for it (its prewrite can only go out after this).
+            self.writer.status.begin(ts)
+            self._start_ts = ts
+        return self._start_ts
 
     # -- helpers
     def _t(self, table: str) -> tuple[binlog_pb2.TableInfo, sa.Table, list[str]]:

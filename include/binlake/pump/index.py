@@ -2,9 +2,11 @@
 
 Key layout (every ts is a big-endian u64, so byte order is ts order):
 
-``W`` start_ts -> Pointer(prewrite)
-    Invariant: present iff the prewrite is durable in the value log and no commit
-    or rollback for start_ts is stored yet (the transaction is pending).
+``W`` start_ts -> Pointer(prewrite) floor(u64)
+    Invariant: present iff the prewrite is indexed (so durable in the value log)
+    and no commit or rollback for start_ts is indexed yet (the transaction is
+    pending). ``floor`` is the sorter's floor for it (``pump.sorter``): the
+    bound when it was indexed; absent in older stores (then start_ts).
 ``T`` start_ts -> b"C" commit_ts(u64) Pointer(prewrite) | b"R" Pointer(prewrite)
     Invariant: the transaction's outcome, written in the same batch that deletes
     its ``W`` key; kept until GC removes the transaction.
@@ -13,9 +15,16 @@ Key layout (every ts is a big-endian u64, so byte order is ts order):
     durable, and commit_ts >= gc_ts. Reads of a window scan exactly these keys.
 ``R`` start_ts -> b""
     Invariant: present iff the transaction was rolled back and not yet collected.
+The index lags the value log: the Pump acknowledges a binlog once the value
+log's fsync covers it, and its indexer applies durable records later, in log
+order, in batches (``pump.storage``). Every invariant above therefore speaks of
+the log prefix before ``Mhead``; the records after it are durable, possibly
+acknowledged, and not yet reflected here.
+
 ``M`` name -> value: meta, always written in the same batch as the keys it covers:
     ``Mhead``  (segment u32, offset u64): every value-log record before it is
-               reflected in the index; recovery replays the log from here.
+               reflected in the index, none after it; recovery replays the log
+               from here (idempotently) before taking new writes.
     ``Mbound`` u64: the largest fake-binlog ts or commit_ts stored (safe-ts bound).
     ``Mmaxcommit`` u64: the largest real commit_ts stored.
     ``Mgc``    u64: the GC ts; nothing committed below it is served.
@@ -98,6 +107,14 @@ class Index:
             (U64.unpack_from(k, 1)[0], Pointer.unpack(v))
             for k, v in self.db.iterator(prefix=P_WAIT)
         ]
+
+    def pending_floors(self) -> list[tuple[int, Pointer, int | None]]:
+        """(start_ts, prewrite pointer, stored floor or None) of pending transactions."""
+        out: list[tuple[int, Pointer, int | None]] = []
+        for k, v in self.db.iterator(prefix=P_WAIT):
+            floor = U64.unpack_from(v, POINTER.size)[0] if len(v) >= POINTER.size + U64.size else None
+            out.append((U64.unpack_from(k, 1)[0], Pointer.unpack(v), floor))
+        return out
 
     def commits(self, start_ts: int, end_ts: int) -> Iterator[tuple[int, int, Pointer]]:
         """(commit_ts, start_ts, Pointer) for commit_ts in [start_ts, end_ts), in order."""

@@ -17,13 +17,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 
 from binlake import errors, rpc, tso
 from binlake.config import PumpSettings
-from binlake.proto import binlog_pb2, pump_pb2_grpc
+from binlake.proto import binlog_pb2
 from binlake.pump import gc
 from binlake.pump.metrics import PumpMetrics, lag_seconds
-from binlake.pump.server import PumpServicer
+from binlake.pump.server import PumpServer, PumpServicer
 from binlake.pump.service import PumpService
 from binlake.pump.storage import Storage
 from binlake.registry.client import RegistryClient
@@ -61,12 +62,12 @@ class PumpNode:
             # The latest GC round's decision (what holds GC), for operators and tests.
             self.gc_decision: gc.GCDecision | None = None
             self.metrics_addr = ""
-            self._server = rpc.create_server(settings.grpc_workers, "pump-rpc",
-                                             rpc.message_options(settings.max_binlog_bytes))
+            self._pool = futures.ThreadPoolExecutor(max_workers=settings.grpc_workers, thread_name_prefix="pump-rpc")
+            # Bound before the servicer exists: the node id may come from the port.
+            self._server = PumpServer(settings.addr, rpc.message_options(settings.max_binlog_bytes))
             host = settings.addr.rpartition(":")[0]
-            port = rpc.add_port(self._server, settings.addr)
+            port = self._server.port
             if port == 0:
-                self.storage.close()
                 raise errors.Unavailable(f"pump cannot listen on {settings.addr} (address in use?)")
             self.addr = f"{host}:{port}"
             self.advertise_addr = settings.advertise_addr or self.addr
@@ -77,10 +78,12 @@ class PumpNode:
                 read_batch_txns=settings.read_batch_txns, read_batch_bytes=settings.read_batch_bytes,
             )
             self.metrics = PumpMetrics(self._snapshot)
-            pump_pb2_grpc.add_PumpServicer_to_server(PumpServicer(self.service, self.metrics), self._server)
+            self._server.add(PumpServicer(self.service, self.metrics, self._pool))
         except BaseException:
             if getattr(self, "_server", None) is not None:
                 self._server.stop(None)
+            if getattr(self, "_pool", None) is not None:
+                self._pool.shutdown(wait=False)
             if getattr(self, "storage", None) is not None:
                 self.storage.close()
             os.close(self._lock_fd)
@@ -181,7 +184,8 @@ class PumpNode:
             return
         self._stop.set()
         self.service.closing = True
-        self._server.stop(grace).wait()
+        self._server.stop(grace)
+        self._pool.shutdown(wait=False)
         for t in self._threads:
             t.join(timeout=5)
         if self._registry is not None:

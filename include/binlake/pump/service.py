@@ -9,16 +9,19 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from google.protobuf.message import DecodeError
 
 from binlake import errors, tso
 from binlake.proto import binlog_pb2
-from binlake.pump.storage import Entry, Storage
+from binlake.pump.storage import Entry, Results, Storage
 from binlake.registry.model import NodeState
 
 log = logging.getLogger(__name__)
+
+# done(results, None) once stored, or done(None, error) when storage failed.
+WriteDone = Callable[[Results | None, BaseException | None], None]
 
 _TYPES = {binlog_pb2.PREWRITE: "prewrite", binlog_pb2.COMMIT: "commit", binlog_pb2.ROLLBACK: "rollback"}
 
@@ -145,14 +148,39 @@ class PumpService:
         self._check_cluster(cluster_id)
         self._check_accepts_prewrites()
 
-    def write(self, payloads: list[bytes], cluster_id: int = 0) -> list[errors.BinlakeError | None]:
+    def write(self, payloads: list[bytes], cluster_id: int = 0) -> Results:
         """Store binlogs durably; one result per payload (None = stored)."""
         return self.write_async(payloads, cluster_id).result()
 
     def write_async(self, payloads: list[bytes], cluster_id: int = 0) -> PendingWrite:
         """Check the binlogs and queue the good ones for the next group commit."""
+        results, entries, slots = self._check_writes(payloads, cluster_id)
+        future = self.storage.submit(entries) if entries else None
+        return PendingWrite(results, slots, future)
+
+    def write_cb(self, payloads: list[bytes], cluster_id: int, done: WriteDone) -> None:
+        """Check the binlogs, queue the good ones, and call ``done(results, None)``
+        once they are durable (from the storage's writer thread, or at once when
+        nothing needs storing), or ``done(None, error)`` if storage failed.
+        Raises (before queueing anything) what refuses the whole batch."""
+        results, entries, slots = self._check_writes(payloads, cluster_id)
+        if not entries:
+            done(results, None)
+            return
+
+        def stored(res: Results | None, exc: BaseException | None) -> None:
+            if res is None:
+                done(None, exc)
+                return
+            for slot, r in zip(slots, res, strict=True):
+                results[slot] = r
+            done(results, None)
+
+        self.storage.submit_cb(entries, stored)
+
+    def _check_writes(self, payloads: list[bytes], cluster_id: int) -> tuple[Results, list[Entry], list[int]]:
         self._check_cluster(cluster_id)
-        results: list[errors.BinlakeError | None] = [None] * len(payloads)
+        results: Results = [None] * len(payloads)
         entries: list[Entry] = []
         slots: list[int] = []
         prewrite_refusal: errors.BinlakeError | None = None
@@ -177,8 +205,7 @@ class PumpService:
                 continue
             entries.append(entry)
             slots.append(i)
-        future = self.storage.submit(entries) if entries else None
-        return PendingWrite(results, slots, future)
+        return results, entries, slots
 
     def write_internal(self, binlog: binlog_pb2.Binlog) -> errors.BinlakeError | None:
         """A binlog the Pump writes itself (fake binlog, resolved outcome)."""

@@ -16,8 +16,9 @@ transaction's *floor* is ``max(start_ts, bound when its prewrite was stored)``:
 its writer fetches commit_ts after the prewrite's acknowledgement, so the
 commit lands above every ts the Pump had seen by then. The floor keeps the safe
 ts from moving backwards when a prewrite with an old start_ts arrives late.
-After a restart the bound at arrival is unknown and the floor is start_ts
-(conservative). This module is pure bookkeeping (no I/O), driven by the
+The storage keeps each pending prewrite's floor in the index beside it, so a
+restart restores the same floors and the safe ts never moves back across a
+crash (a prewrite stored without one gets start_ts: conservative). This module is pure bookkeeping (no I/O), driven by the
 storage's writer thread.
 """
 
@@ -54,6 +55,10 @@ class Pending:
         while self._heap and self._heap[0][1] not in self._info:
             heapq.heappop(self._heap)
 
+    def starts(self) -> list[int]:
+        """Every pending start_ts."""
+        return list(self._info)
+
     def __contains__(self, start_ts: int) -> bool:
         return start_ts in self._info
 
@@ -78,9 +83,15 @@ class SafeTs:
         self.pending = Pending()
         self._clock = clock
 
-    def prewrite(self, start_ts: int, location: Any = None, *, recovered: bool = False) -> None:
-        # A prewrite found in the index at start-up: when it arrived is unknown.
-        self.pending.add(start_ts, location, self._clock(), floor=0 if recovered else self.bound)
+    def prewrite(self, start_ts: int, location: Any = None, *, recovered: bool = False,
+                 floor: int | None = None) -> int:
+        """Add a pending prewrite; return its floor. ``floor``: the one stored with
+        it (a prewrite found in the index at start-up); ``recovered`` without a
+        stored floor: when it arrived is unknown, so the floor is its start_ts."""
+        if floor is None:
+            floor = start_ts if recovered else max(start_ts, self.bound)
+        self.pending.add(start_ts, location, self._clock(), floor=floor)
+        return floor
 
     def commit(self, start_ts: int, commit_ts: int) -> None:
         self.pending.remove(start_ts)

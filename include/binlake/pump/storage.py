@@ -1,18 +1,43 @@
 """Pump storage: value log + index + sorter behind one group-committing writer.
 
-Write path: request threads hand parsed binlogs to ``submit``; one writer
-thread drains everything queued, validates it in order, appends the records
-to the value log, issues one fsync for the whole group, then updates the index
-(one LevelDB batch that also moves ``Mhead``) and the sorter, and only then
-resolves each request. A binlog is acknowledged only after its fsync.
+Write path, in two stages on two threads:
 
-Crash recovery: the index may lag the log (its batch is written after the
-fsync, without a sync of its own); on open, every record after ``Mhead`` is
-replayed. Replay is idempotent, so nothing is indexed twice.
+1. The *writer* thread drains every request queued (``submit``), validates
+   each binlog in arrival order against the transaction states it keeps in
+   memory (no index reads on this path), appends the accepted records to the
+   value log, issues one fsync for the whole group, and **acknowledges** each
+   request right there: a binlog is acknowledged only after its fsync, and as
+   soon as it.
+2. The *indexer* thread follows behind in batches: it applies the durable
+   records, in value-log order, to the LevelDB index (one batch that also moves
+   ``Mhead``) and to the sorter, and only then publishes the new safe ts and
+   max commit ts. Readers see a window only once the indexer covered it, so a
+   window at or below the safe ts is always complete in the index.
+
+Why acknowledging before indexing is safe: the value log is the source of
+truth and the index lags it by design (its batch is written without a sync of
+its own even when it is written first). On open, every record after ``Mhead``
+is replayed, idempotently, so whatever the indexer had not caught up with
+when the process died is rebuilt before the first new write is taken. The
+sorter is driven in log order by the indexer alone, so the safe ts computed
+from the index always describes a prefix of the log (see ``pump.sorter``).
+
+The writer's memory of transaction states: ``_open`` holds every pending
+start_ts (prewrite durable, no outcome yet); ``_done`` the outcomes of recently
+finished transactions; every finished transaction with start_ts above
+``_done_floor`` is in ``_done`` (or was collected by GC), so only a binlog for
+an older start_ts (a retry of a transaction that finished long ago) costs an
+index read. ``_done`` keeps an entry until the indexer has written it, so that
+read always finds what memory forgot.
+
+``write`` is the blocking form used by the Pump's own writes and tests: it
+returns once the binlogs are durable *and* indexed (visible to reads and the
+safe ts).
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -22,11 +47,11 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import plyvel
 
-from binlake import errors
+from binlake import errors, failpoint
 from binlake.proto import binlog_pb2
 from binlake.pump import index as ix
 from binlake.pump.sorter import SafeTs
@@ -37,6 +62,23 @@ log = logging.getLogger(__name__)
 PREWRITE = binlog_pb2.PREWRITE
 COMMIT = binlog_pb2.COMMIT
 ROLLBACK = binlog_pb2.ROLLBACK
+
+# Failpoint in the indexer, after the group's fsync and acknowledgement and
+# before its index batch: a crash there must lose nothing acknowledged.
+FAILPOINT_BEFORE_INDEX = "pump-before-index-batch"
+
+# How many finished transactions the writer remembers (see the module docstring).
+DONE_MEMORY = 200_000
+# Transaction states in the writer's memory: (kind, value) with value the
+# commit_ts for _C, _ROLLED_BACK for _R, _PENDING for _P.
+_P, _C, _R = 0, 1, 2
+_PENDING = 0
+_ROLLED_BACK = -1
+
+Results = list[errors.BinlakeError | None]
+# Called from the writer thread once the request's binlogs are durable (or
+# refused): (one result per entry, None) or (None, the fatal error).
+Callback = Callable[[Results | None, BaseException | None], None]
 
 
 @dataclasses.dataclass(slots=True)
@@ -55,15 +97,31 @@ class WriteStats:
     bytes: int = 0
     fsyncs: int = 0
     groups: int = 0
+    index_batches: int = 0
 
 
 class _Request:
-    __slots__ = ("entries", "future", "nbytes")
+    __slots__ = ("entries", "callback", "nbytes", "seq")
 
-    def __init__(self, entries: list[Entry]) -> None:
+    def __init__(self, entries: list[Entry], callback: Callback) -> None:
         self.entries = entries
-        self.future: concurrent.futures.Future[list[errors.BinlakeError | None]] = concurrent.futures.Future()
+        self.callback = callback
         self.nbytes = sum(len(e.payload) for e in entries)
+        # Sequence number of the last record written up to and including this
+        # request (set by the writer): indexed once _indexed_seq reaches it.
+        self.seq = 0
+
+
+class _IndexWork:
+    """Durable records handed from the writer to the indexer, in log order."""
+
+    __slots__ = ("entries", "pointers", "seq", "head")
+
+    def __init__(self, entries: list[Entry], pointers: list[Pointer], seq: int, head: tuple[int, int]) -> None:
+        self.entries = entries
+        self.pointers = pointers
+        self.seq = seq
+        self.head = head
 
 
 class _ReadersGate:
@@ -98,6 +156,8 @@ class Storage:
         fsync: bool = True,
         max_group_bytes: int = 16 << 20,
     ) -> None:
+        if max_group_bytes < 1:
+            raise ValueError(f"max_group_bytes must be >= 1, got {max_group_bytes}")
         self.dir = pathlib.Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_group_bytes = max_group_bytes
@@ -108,26 +168,50 @@ class Storage:
                 f"cannot open the index in {self.dir / 'index'}: {exc} "
                 "(is another Pump using this data dir?)"
             ) from None
-        self.vlog = ValueLog(self.dir / "vlog", segment_bytes=segment_bytes, fsync=fsync)
+        try:
+            self.vlog = ValueLog(self.dir / "vlog", segment_bytes=segment_bytes, fsync=fsync)
+        except BaseException:
+            self.index.close()
+            raise
         self.sorter = SafeTs(bound=self.index.get_u64(ix.META_BOUND))
         self.sorter.max_commit_ts = self.index.get_u64(ix.META_MAX_COMMIT)
         self.gc_ts = self.index.get_u64(ix.META_GC)
         self.stats = WriteStats()
+        # Guards the sorter, the published safe/max commit ts and index batches;
+        # notified whenever the indexer published a batch.
         self._state_lock = threading.Condition()
         self._gate = _ReadersGate()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._index_queue: queue.SimpleQueue[_IndexWork | None] = queue.SimpleQueue()
         self._closed = False
         self._fatal: BaseException | None = None
-        self._recover()
+        # Writer-owned transaction memory (see the module docstring).
+        self._open: set[int] = set()
+        self._done: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
+        self._done_floor = 0
+        # Records written by the writer / reflected in the index, counted since open.
+        self._seq = 0
+        self._indexed_seq = 0
+        self._head: tuple[int, int] | None = None
+        try:
+            self._recover()
+        except BaseException:
+            self.vlog.close()
+            self.index.close()
+            raise
+        self._safe_ts = self.sorter.safe_ts
+        self._max_commit_ts = self.sorter.max_commit_ts
         self._writer = threading.Thread(target=self._run, name="pump-writer", daemon=True)
+        self._indexer = threading.Thread(target=self._run_indexer, name="pump-indexer", daemon=True)
         self._writer.start()
+        self._indexer.start()
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
-        self._head: tuple[int, int] | None = None
-        for start_ts, ptr in self.index.pending():
-            self.sorter.prewrite(start_ts, ptr, recovered=True)
-        head = self.index.head() or (self.vlog.segments()[0] if self.vlog.segments() else 1, 0)
+        for start_ts, ptr, floor in self.index.pending_floors():
+            self.sorter.prewrite(start_ts, ptr, recovered=True, floor=floor)
+        segments = self.vlog.segments()
+        head = self.index.head() or (segments[0] if segments else 1, 0)
         replayed = 0
         wb = self.index.db.write_batch()
         for ptr, payload in self.vlog.scan(*head):
@@ -136,28 +220,36 @@ class Storage:
             replayed += 1
         self._put_meta(wb)
         wb.write()
+        self._open = set(self.sorter.pending.starts())
+        # Every finished transaction is in the index now; nothing above the
+        # newest start_ts it holds has finished.
+        for key in self.index.db.iterator(prefix=ix.P_TXN, reverse=True, include_value=False):
+            self._done_floor = ix.U64.unpack_from(key, 1)[0]
+            break
         if replayed:
             log.info("recovered %d value-log records past the index head", replayed)
         log.info(
             "storage open: %d pending txns, safe ts %d, max commit ts %d, gc ts %d",
-            len(self.sorter.pending), self.sorter.safe_ts, self.sorter.max_commit_ts, self.gc_ts,
+            len(self._open), self.sorter.safe_ts, self.sorter.max_commit_ts, self.gc_ts,
         )
 
     # ------------------------------------------------------------------ state
     @property
     def safe_ts(self) -> int:
-        return self.sorter.safe_ts
+        """The safe ts of what the index holds (see ``pump.sorter``)."""
+        return self._safe_ts
 
     @property
     def max_commit_ts(self) -> int:
-        return self.sorter.max_commit_ts
+        return self._max_commit_ts
 
     @property
     def pending_count(self) -> int:
-        return len(self.sorter.pending)
+        """Transactions whose prewrite is durable and whose outcome is not."""
+        return len(self._open)
 
     def is_pending(self, start_ts: int) -> bool:
-        return start_ts in self.sorter.pending
+        return start_ts in self._open
 
     def pending_older_than(self, age_s: float) -> list[tuple[int, binlog_pb2.Binlog]]:
         """(start_ts, prewrite binlog) of transactions pending longer than ``age_s``."""
@@ -175,55 +267,105 @@ class Storage:
     def wait_safe(self, ts: int, timeout: float) -> bool:
         """Block until safe_ts >= ts or the timeout passes."""
         with self._state_lock:
-            return self._state_lock.wait_for(lambda: self.sorter.safe_ts >= ts or self._closed, timeout) and (
-                self.sorter.safe_ts >= ts
+            return self._state_lock.wait_for(lambda: self._safe_ts >= ts or self._closed, timeout) and (
+                self._safe_ts >= ts
             )
 
+    def wait_indexed(self, timeout: float | None = None) -> bool:
+        """Block until every record written so far is in the index and the sorter."""
+        target = self._seq
+        with self._state_lock:
+            return self._state_lock.wait_for(
+                lambda: self._indexed_seq >= target or self._fatal is not None or self._closed, timeout
+            ) and self._indexed_seq >= target
+
     # ------------------------------------------------------------------ writes
-    def submit(self, entries: list[Entry]) -> concurrent.futures.Future[list[errors.BinlakeError | None]]:
-        """Queue binlogs for the next group commit. The future's result has one
-        item per entry: None (stored durably) or the error that refused it."""
+    def _check_open(self) -> None:
         if self._fatal is not None:
             raise errors.Unavailable(f"pump storage stopped after a fatal error: {self._fatal}")
         if self._closed:
             raise errors.Unavailable("pump storage is closed")
-        req = _Request(entries)
-        self._queue.put(req)
-        return req.future
 
-    def write(self, entries: list[Entry], timeout: float | None = None) -> list[errors.BinlakeError | None]:
-        return self.submit(entries).result(timeout)
+    def submit_cb(self, entries: list[Entry], callback: Callback) -> None:
+        """Queue binlogs for the next group commit; ``callback`` runs on the writer
+        thread once they are durable (one result per entry: None = stored, or
+        the error that refused it), or with the fatal error that stopped writes.
+        It must be quick and must not block (hand the result to its owner)."""
+        self._check_open()
+        self._queue.put(_Request(entries, callback))
+
+    def submit(self, entries: list[Entry]) -> concurrent.futures.Future[Results]:
+        """As ``submit_cb``, with a future for the results."""
+        future: concurrent.futures.Future[Results] = concurrent.futures.Future()
+
+        def done(results: Results | None, exc: BaseException | None) -> None:
+            if results is not None:
+                future.set_result(results)
+            else:
+                future.set_exception(exc or errors.Unavailable("pump storage write failed"))
+
+        self.submit_cb(entries, done)
+        return future
+
+    def write(self, entries: list[Entry], timeout: float | None = None) -> Results:
+        """Store binlogs and wait until they are durable and indexed."""
+        self._check_open()
+        future: concurrent.futures.Future[Results] = concurrent.futures.Future()
+        req: _Request
+
+        def done(results: Results | None, exc: BaseException | None) -> None:
+            if results is not None:
+                future.set_result(results)
+            else:
+                future.set_exception(exc or errors.Unavailable("pump storage write failed"))
+
+        req = _Request(entries, done)
+        self._queue.put(req)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        results = future.result(timeout)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        with self._state_lock:
+            if not self._state_lock.wait_for(
+                lambda: self._indexed_seq >= req.seq or self._fatal is not None or self._closed, remaining
+            ):
+                raise errors.DeadlineExceeded(f"pump index did not catch up within {timeout}s")
+            if self._indexed_seq < req.seq:
+                raise errors.Unavailable(f"pump storage stopped before indexing the write: {self._fatal}")
+        return results
 
     def _run(self) -> None:
-        while True:
-            req = self._queue.get()
-            if req is None:
-                return
-            group = [req]
-            size = req.nbytes
-            stop = False
-            while size < self.max_group_bytes:
+        try:
+            while True:
+                req = self._queue.get()
+                if req is None:
+                    return
+                group = [req]
+                size = req.nbytes
+                stop = False
+                while size < self.max_group_bytes:
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        stop = True
+                        break
+                    group.append(more)
+                    size += more.nbytes
                 try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                group.append(more)
-                size += more.nbytes
-            try:
-                self._commit_group(group)
-            except BaseException as exc:
-                log.critical("pump storage write failed; refusing further writes: %s", exc, exc_info=True)
-                self._fatal = exc
-                for r in group:
-                    if not r.future.done():
-                        r.future.set_exception(errors.Unavailable(f"pump storage write failed: {exc}"))
-                self._drain_after_fatal()
-                return
-            if stop:
-                return
+                    self._commit_group(group)
+                except BaseException as exc:
+                    log.critical("pump storage write failed; refusing further writes: %s", exc, exc_info=True)
+                    self._fatal = exc
+                    err = errors.Unavailable(f"pump storage write failed: {exc}")
+                    for r in group:
+                        self._fail(r, err)
+                    self._drain_after_fatal()
+                    return
+                if stop:
+                    return
+        finally:
+            self._index_queue.put(None)
 
     def _drain_after_fatal(self) -> None:
         while True:
@@ -232,66 +374,104 @@ class Storage:
             except queue.Empty:
                 return
             if r is not None:
-                r.future.set_exception(errors.Unavailable(f"pump storage write failed: {self._fatal}"))
+                self._fail(r, errors.Unavailable(f"pump storage write failed: {self._fatal}"))
+
+    @staticmethod
+    def _fail(req: _Request, exc: BaseException) -> None:
+        try:
+            req.callback(None, exc)
+        except Exception:
+            log.exception("pump storage: a write callback failed")
 
     def _commit_group(self, group: list[_Request]) -> None:
-        # 1. Validate in arrival order against stored state plus this group's own effects.
-        overlay: dict[int, tuple[str, int]] = {}
+        # 1. Validate in arrival order against the memory of transaction states
+        #    plus this group's own effects.
+        overlay: dict[int, tuple[int, int]] = {}
         accepted: list[Entry] = []
-        results: list[list[errors.BinlakeError | None]] = []
+        results: list[Results] = []
         for req in group:
-            res: list[errors.BinlakeError | None] = []
+            res: Results = []
             for entry in req.entries:
                 err = self._validate(entry, overlay)
                 res.append(err)
                 if err is None:
                     accepted.append(entry)
             results.append(res)
-        # 2. Append and fsync once.
+        # 2. Append and fsync once; then the outcome is final: remember it,
+        #    acknowledge, and hand the records to the indexer.
         if accepted:
             pointers = self.vlog.append([e.payload for e in accepted])
             fsyncs = self.vlog.sync()
-            # 3. Index and sorter.
-            wb = self.index.db.write_batch()
-            with self._state_lock:
-                for entry, ptr in zip(accepted, pointers, strict=True):
-                    self._apply(wb, entry.binlog, ptr)
-                self._put_meta(wb)
-                wb.write()
-                self._state_lock.notify_all()
+            self._seq += len(accepted)
+            for start, (kind, value) in overlay.items():
+                if kind == _P:
+                    self._open.add(start)
+                else:
+                    self._open.discard(start)
+                    self._done[start] = (value, self._seq)
+                    self._done.move_to_end(start)
+            self._forget_done()
             self.stats.binlogs += len(accepted)
             self.stats.bytes += sum(len(e.payload) for e in accepted)
             self.stats.fsyncs += fsyncs
             self.stats.groups += 1
+        for req in group:
+            req.seq = self._seq
         for req, res in zip(group, results, strict=True):
-            req.future.set_result(res)
+            try:
+                req.callback(res, None)
+            except Exception:  # a caller's bug must not stop the Pump's writes
+                log.exception("pump storage: a write callback failed")
+        if accepted:
+            self._index_queue.put(_IndexWork(accepted, pointers, self._seq, self.vlog.head))
 
-    def _validate(self, entry: Entry, overlay: dict[int, tuple[str, int]]) -> errors.BinlakeError | None:
+    def _forget_done(self) -> None:
+        # Drop the oldest outcomes once the index holds them; raise the floor
+        # so a later binlog for such a start_ts is checked against the index.
+        done = self._done
+        while len(done) > DONE_MEMORY:
+            start, (_value, seq) = next(iter(done.items()))
+            if seq > self._indexed_seq:
+                return
+            done.popitem(last=False)
+            if start > self._done_floor:
+                self._done_floor = start
+
+    def _state(self, start: int, overlay: dict[int, tuple[int, int]]) -> tuple[int, int] | None:
+        """(kind, value) of start_ts: (_P, _PENDING), (_C, commit_ts), (_R, _ROLLED_BACK), or None."""
+        state = overlay.get(start)
+        if state is not None:
+            return state
+        if start in self._open:
+            return (_P, _PENDING)
+        done = self._done.get(start)
+        if done is not None:
+            return (_R, _ROLLED_BACK) if done[0] == _ROLLED_BACK else (_C, done[0])
+        if start <= self._done_floor:
+            raw = self.index.db.get(ix.txn_key(start))
+            if raw is not None:
+                outcome, commit_ts, _ = ix.decode_txn(raw)
+                return (_C, commit_ts) if outcome == "C" else (_R, _ROLLED_BACK)
+        return None
+
+    def _validate(self, entry: Entry, overlay: dict[int, tuple[int, int]]) -> errors.BinlakeError | None:
         b = entry.binlog
         start = b.start_ts
-        state = overlay.get(start)
-        if state is None:
-            if start in self.sorter.pending:
-                state = ("P", 0)
-            else:
-                raw = self.index.db.get(ix.txn_key(start))
-                if raw is not None:
-                    outcome, commit_ts, _ = ix.decode_txn(raw)
-                    state = (outcome, commit_ts)
+        if b.tp == COMMIT and start == b.commit_ts and entry.internal:
+            return None  # fake binlog
+        state = self._state(start, overlay)
         if b.tp == PREWRITE:
             if state is not None:
                 return errors.AlreadyExists(f"prewrite for start_ts {start} is already stored on this pump")
-            overlay[start] = ("P", 0)
+            overlay[start] = (_P, _PENDING)
             return None
         if b.tp == COMMIT:
-            if b.start_ts == b.commit_ts and entry.internal:
-                return None  # fake binlog
             if state is None:
                 return errors.FailedPrecondition(
                     f"commit for start_ts {start} has no prewrite on this pump; "
                     "a commit must go to the pump that took the prewrite"
                 )
-            if state[0] == "C":
+            if state[0] == _C:
                 if state[1] == b.commit_ts:
                     return errors.AlreadyExists(
                         f"commit for start_ts {start} is already stored with commit_ts {b.commit_ts}"
@@ -300,21 +480,67 @@ class Storage:
                     f"duplicate commit for start_ts {start}: already committed with commit_ts {state[1]}, "
                     f"this one says {b.commit_ts}"
                 )
-            if state[0] == "R":
+            if state[0] == _R:
                 return errors.FailedPrecondition(f"commit for start_ts {start}, which was rolled back")
-            overlay[start] = ("C", b.commit_ts)
+            overlay[start] = (_C, b.commit_ts)
             return None
         # ROLLBACK
         if state is None:
             return errors.FailedPrecondition(f"rollback for start_ts {start} has no prewrite on this pump")
-        if state[0] == "R":
+        if state[0] == _R:
             return errors.AlreadyExists(f"rollback for start_ts {start} is already stored")
-        if state[0] == "C":
+        if state[0] == _C:
             return errors.FailedPrecondition(
                 f"rollback for start_ts {start}, which already committed with commit_ts {state[1]}"
             )
-        overlay[start] = ("R", 0)
+        overlay[start] = (_R, _ROLLED_BACK)
         return None
+
+    # ------------------------------------------------------------------ indexer
+    def _run_indexer(self) -> None:
+        while True:
+            work = self._index_queue.get()
+            if work is None:
+                return
+            batch = [work]
+            stop = False
+            while True:
+                try:
+                    more = self._index_queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            try:
+                self._index_batch(batch)
+            except BaseException as exc:
+                log.critical("pump index write failed; refusing further writes: %s", exc, exc_info=True)
+                self._fatal = exc
+                with self._state_lock:
+                    self._state_lock.notify_all()
+                return
+            if stop:
+                return
+
+    def _index_batch(self, batch: list[_IndexWork]) -> None:
+        wb = self.index.db.write_batch()
+        with self._state_lock:
+            for work in batch:
+                for entry, ptr in zip(work.entries, work.pointers, strict=True):
+                    self._apply(wb, entry.binlog, ptr)
+            self._head = batch[-1].head
+            self._put_meta(wb)
+            failpoint.hit(FAILPOINT_BEFORE_INDEX)
+            wb.write()
+            # Published only now: a reader that sees the new safe ts finds every
+            # commit below it in the index.
+            self._indexed_seq = batch[-1].seq
+            self._safe_ts = self.sorter.safe_ts
+            self._max_commit_ts = self.sorter.max_commit_ts
+            self.stats.index_batches += 1
+            self._state_lock.notify_all()
 
     def _apply(self, wb: plyvel.WriteBatch, b: binlog_pb2.Binlog, ptr: Pointer, *, replay: bool = False) -> None:
         """Index one durable record and update the sorter."""
@@ -322,8 +548,8 @@ class Storage:
         if b.tp == PREWRITE:
             if replay and (start in self.sorter.pending or self.index.db.get(ix.txn_key(start))):
                 return
-            wb.put(ix.wait_key(start), ptr.pack())
-            self.sorter.prewrite(start, ptr)
+            floor = self.sorter.prewrite(start, ptr)
+            wb.put(ix.wait_key(start), ptr.pack() + ix.U64.pack(floor))
         elif b.tp == COMMIT and b.start_ts == b.commit_ts:
             self.sorter.fake(b.commit_ts)
         elif b.tp in (COMMIT, ROLLBACK):
@@ -342,7 +568,8 @@ class Storage:
                 wb.put(ix.txn_key(start), ix.encode_rolled_back(prewrite))
                 wb.put(ix.rollback_key(start), b"")
                 self.sorter.rollback(start)
-        self._head = (ptr.segment, ptr.end)
+        if replay:
+            self._head = (ptr.segment, ptr.end)
 
     def _put_meta(self, wb: plyvel.WriteBatch) -> None:
         head = self._head or self.vlog.head
@@ -416,11 +643,14 @@ class Storage:
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
+        """Finish queued writes and their indexing, then close the files."""
         if self._closed:
             return
         self._closed = True
         self._queue.put(None)
         self._writer.join(timeout=30)
+        # The writer queues the indexer's end after its last group.
+        self._indexer.join(timeout=30)
         with self._state_lock:
             self._state_lock.notify_all()
         self.vlog.close()

@@ -8,6 +8,7 @@ so a registry restart shows up as a brief stall rather than an error.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -72,6 +73,9 @@ class RegistryClient:
         self._ts_queue: list[_TSWaiter] = []
         # True while some caller leads a round (see get_ts).
         self._ts_leading = False
+        # get_ts_async requests not yet handed to a round, and the thread that does.
+        self._async_ts: list[concurrent.futures.Future[int]] = []
+        self._dispatcher: threading.Thread | None = None
 
     @property
     def addr(self) -> str:
@@ -94,6 +98,10 @@ class RegistryClient:
                 self._ts_leading = True
         if lead:
             self._lead_round()
+        return self._await(waiter)
+
+    def _await(self, waiter: _TSWaiter) -> int:
+        """Wait for ``waiter``'s timestamp, leading a round when promoted to."""
         deadline = 2 * self._timeout_s + 1.0
         while True:
             if not waiter.done.wait(deadline):
@@ -113,6 +121,46 @@ class RegistryClient:
         if waiter.error is not None:
             raise _copy_error(waiter.error)
         return waiter.ts
+
+    def get_ts_async(self) -> concurrent.futures.Future[int]:
+        """A timestamp requested now and delivered later, for a caller that has
+        other work to do meanwhile (a writer's start_ts while its statements
+        run). Requests queued together share one round with each other and with
+        concurrent ``get_ts`` callers; one dispatcher thread carries them, so
+        the caller never waits on the registry until it reads the future."""
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        with self._ts_cond:
+            if self._closed.is_set():
+                raise self._closed_error()
+            self._async_ts.append(future)
+            if self._dispatcher is None:
+                self._dispatcher = threading.Thread(target=self._dispatch_async, name="registry-tso", daemon=True)
+                self._dispatcher.start()
+            self._ts_cond.notify_all()
+        return future
+
+    def _dispatch_async(self) -> None:
+        while True:
+            with self._ts_cond:
+                self._ts_cond.wait_for(lambda: bool(self._async_ts) or self._closed.is_set())
+                if self._closed.is_set():
+                    pending, self._async_ts = self._async_ts, []
+                    for f in pending:
+                        f.set_exception(self._closed_error())
+                    return
+                batch, self._async_ts = self._async_ts, []
+                waiters = [_TSWaiter() for _ in batch]
+                self._ts_queue.extend(waiters)
+                lead = not self._ts_leading
+                if lead:
+                    self._ts_leading = True
+            if lead:
+                self._lead_round()
+            for future, waiter in zip(batch, waiters, strict=True):
+                try:
+                    future.set_result(self._await(waiter))
+                except errors.BinlakeError as exc:
+                    future.set_exception(exc)
 
     def _lead_round(self) -> None:
         with self._ts_cond:
@@ -252,6 +300,7 @@ class RegistryClient:
                 return
             self._closed.set()
             queued, self._ts_queue = self._ts_queue, []
+            self._ts_cond.notify_all()  # the async dispatcher fails its queue and ends
         for w in queued:
             w.error = self._closed_error()
             w.done.set()
