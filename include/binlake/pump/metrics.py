@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -54,7 +55,7 @@ class PumpMetrics:
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
         self.registry.register(_StorageCollector(snapshot))
-        self._server = None
+        self._server: Any = None  # prometheus_client's WSGIServer once serving
 
     def serve(self, addr: str) -> str:
         host, port = parse_addr(addr, "metrics addr")

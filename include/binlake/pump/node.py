@@ -16,6 +16,7 @@ import pathlib
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 
 from binlake import errors, rpc, tso
@@ -164,7 +165,7 @@ class PumpNode:
             self.node_id, tso.format_ts(rec.online_ts), cluster_id,
         )
 
-    def _loop(self, name: str, fn, every: float) -> None:
+    def _loop(self, name: str, fn: Callable[[], None], every: float) -> None:
         while not self._stop.wait(every):
             try:
                 fn()
@@ -312,7 +313,7 @@ def run(settings: PumpSettings) -> None:
     node = PumpNode(settings).start()
     done = threading.Event()
 
-    def _handle(signum, _frame) -> None:
+    def _handle(signum: int, _frame: object) -> None:
         log.info("pump %s: signal %d, shutting down", node.node_id, signum)
         done.set()
 
