@@ -47,8 +47,15 @@ class _BlockTS:
             return ts
 
 
+def _use_tree(include: str | None) -> None:
+    """Import binlake from ``include`` (another checkout's include dir) in this process."""
+    if include:
+        sys.path.insert(0, include)
+
+
 def _worker(registry: str, threads: int, size: int, seconds: float, tso_mode: str, commit_mode: str,
-            out: mp.Queue) -> None:
+            out: mp.Queue, include: str | None = None) -> None:
+    _use_tree(include)
     from binlake.client.pump_client import PumpClient
     from binlake.config import ClientSettings
     from binlake.proto import binlog_pb2 as bp
@@ -150,14 +157,94 @@ def fsync_latency(directory: pathlib.Path, count: int = 300) -> float:
     return elapsed / count * 1000
 
 
+def _storage_worker(include: str | None, directory: str, writers: int, size: int, seconds: float,
+                    out: mp.Queue) -> None:
+    """The storage layer alone (no gRPC): ``writers`` threads each store prewrite then
+    commit through ``Storage.submit`` and wait for each acknowledgement."""
+    _use_tree(include)
+    from binlake.proto import binlog_pb2 as bp
+    from binlake.pump.storage import Entry, Storage
+
+    st = Storage(directory, segment_bytes=512 << 20)
+    value = bp.PrewriteValue(mutations=[bp.TableMutation(table_id=1, inserted_rows=[os.urandom(size)],
+                                                         sequence=[bp.INSERT])]).SerializeToString()
+    ts = iter(range(1 << 40, 1 << 62, 2))
+    lock = threading.Lock()
+    counts = [0] * writers
+    lat: list[float] = []
+
+    def run(i: int, stop: threading.Event) -> None:
+        local: list[float] = []
+        while not stop.is_set():
+            with lock:
+                start = next(ts)
+            b = bp.Binlog(tp=bp.PREWRITE, start_ts=start, prewrite_key=b"bench", prewrite_value=value)
+            t0 = time.perf_counter()
+            st.submit([Entry(b, b.SerializeToString())]).result()
+            local.append(time.perf_counter() - t0)
+            c = bp.Binlog(tp=bp.COMMIT, start_ts=start, commit_ts=start + 1)
+            st.submit([Entry(c, c.SerializeToString())]).result()
+            counts[i] += 1
+        with lock:
+            lat.extend(local)
+
+    elapsed = run_threads(writers, seconds, run)
+    fsyncs = st.stats.fsyncs
+    st.close()
+    out.put((sum(counts) / elapsed, fsyncs / elapsed, sorted(lat)))
+
+
+def storage_case(include: str | None, directory: pathlib.Path, writers: int, size: int,
+                 seconds: float) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    directory.mkdir(parents=True, exist_ok=True)
+    proc = ctx.Process(target=_storage_worker, args=(include, str(directory), writers, size, seconds, out))
+    proc.start()
+    txn_s, fsync_s, lat = out.get(timeout=seconds + 120)
+    proc.join()
+    shutil.rmtree(directory, ignore_errors=True)
+    return {"txn_s": txn_s, "fsync_s": fsync_s, "p50_ms": percentile(lat, 0.5) * 1000,
+            "p99_ms": percentile(lat, 0.99) * 1000}
+
+
+def raw_single(directory: pathlib.Path, size: int, seconds: float) -> float:
+    """Records of ``size`` appended one per fdatasync: records/s (one writer's ceiling)."""
+    return raw_fsync(directory, size, seconds, group=1)[0]
+
+
+def _reset_peak_rss(pid: int) -> None:
+    # Writing 5 to clear_refs resets VmHWM (Linux), so each case reports its own peak.
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: float, tso_mode: str,
-             procs: int, commit_mode: str = "sync") -> dict[str, float]:
+             procs: int, commit_mode: str = "sync", include: str | None = None,
+             pump_pid: int = 0) -> dict[str, float]:
     procs = min(writers, procs)
     per = [writers // procs + (1 if i < writers % procs else 0) for i in range(procs)]
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
     before = _metrics(metrics_url)
-    workers = [ctx.Process(target=_worker, args=(registry, n, size, seconds, tso_mode, commit_mode, out)) for n in per]
+    workers = [ctx.Process(target=_worker, args=(registry, n, size, seconds, tso_mode, commit_mode, out, include))
+               for n in per]
+    if pump_pid:
+        _reset_peak_rss(pump_pid)
     for w in workers:
         w.start()
     results = [out.get(timeout=seconds + 120) for _ in workers]
@@ -174,6 +261,7 @@ def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: 
         "p50_ms": percentile(lat, 0.5) * 1000,
         "p99_ms": percentile(lat, 0.99) * 1000,
         "fsync_s": fsyncs / elapsed, "binlogs_per_fsync": (2 * txns / fsyncs) if fsyncs else 0.0,
+        "rss_mib": _peak_rss_mib(pump_pid) if pump_pid else 0.0,
     }
 
 
@@ -181,11 +269,13 @@ def main(args: argparse.Namespace | None = None) -> int:
     if args is None:
         parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
         parser.add_argument("--seconds", type=float, default=5.0)
-        parser.add_argument("--writers", default="1,4,16")
+        parser.add_argument("--writers", default="1,4,16,64,256")
         parser.add_argument("--sizes", default="1024,65536")
         parser.add_argument("--dir")
         parser.add_argument("--client-procs", type=int, default=1)
         parser.add_argument("--no-tso-per-txn", dest="tso_per_txn", action="store_false")
+        parser.add_argument("--baseline")
+        parser.add_argument("--no-storage", dest="storage", action="store_false")
         args = parser.parse_args()
     try:
         writers = [int(x) for x in args.writers.split(",") if x]
@@ -196,52 +286,104 @@ def main(args: argparse.Namespace | None = None) -> int:
     if not writers or not sizes or min(writers) < 1 or min(sizes) < 1 or args.seconds <= 0:
         print("bench pump: writers, sizes and --seconds must be positive", file=sys.stderr)
         return 2
+    baseline = getattr(args, "baseline", None)
+    if baseline and not (pathlib.Path(baseline) / "binlake" / "__init__.py").is_file():
+        print(f"bench pump: --baseline {baseline} is not an include dir with a binlake package in it "
+              "(e.g. `git archive main include | tar -x -C /tmp/base`, then --baseline /tmp/base/include)",
+              file=sys.stderr)
+        return 2
     from binlake.devcluster import DevCluster, free_port
 
     base = pathlib.Path(args.dir) if args.dir else ROOT / "bench"
     base.mkdir(parents=True, exist_ok=True)
     root = pathlib.Path(tempfile.mkdtemp(prefix="pump-bench-", dir=base))
-    metrics_addr = f"127.0.0.1:{free_port()}"
     print(f"scratch dir {root} ({shutil.disk_usage(root).free / 1e9:.0f} GB free); "
           f"fdatasync of 1 KiB here: {fsync_latency(root):.2f} ms", flush=True)
-    cluster = DevCluster(root, pumps=1, pump_args=["--stop-write-at-free-bytes", "0",
-                                                   "--metrics-addr", metrics_addr])
+    # (name, include dir or None for this tree): each case runs on each, back to back.
+    variants: list[tuple[str, str | None]] = [("new", None)]
+    if baseline:
+        variants.append(("baseline", str(pathlib.Path(baseline).resolve())))
     rows = []
+    storage_rows = []
+    raw: dict[int, tuple[float, float, float]] = {}
+    per_txn_writers = 16 if 16 in writers else max(writers)
     try:
-        cluster.start()
         for size in sizes:
             raw_rec_s, raw_mb_s = raw_fsync(root, size, min(args.seconds, 3.0))
-            cases = [(w, "block", "sync") for w in writers]
-            if args.tso_per_txn:
-                cases.append((max(writers), "per-txn", "sync"))
-                cases.append((max(writers), "per-txn", "background"))
-            for w, mode, commit_mode in cases:
-                r = run_case(cluster.registry_addr, f"http://{metrics_addr}/metrics", w, size, args.seconds,
-                             mode, args.client_procs, commit_mode)
-                r["raw_mb_s"] = raw_mb_s
-                r["raw_rec_s"] = raw_rec_s
-                rows.append(r)
-                print(f"  tso={mode:<7} commit={commit_mode:<10} writers={w:<3} size={size:<6} {r['txn_s']:>8.0f} txn/s "
-                      f"{r['mb_s']:>7.1f} MB/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
-                      f"{r['fsync_s']:.0f} fsyncs/s", flush=True)
+            raw[size] = (raw_rec_s, raw_mb_s, raw_single(root, size, min(args.seconds, 2.0)))
+            print(f"raw, {size} B records: {raw_rec_s:,.0f} records/s ({raw_mb_s:.1f} MB/s) 64 per fdatasync, "
+                  f"{raw[size][2]:,.0f} records/s one per fdatasync", flush=True)
+            for name, include in variants:
+                if getattr(args, "storage", True):
+                    for w in sorted({1, 16} & set(writers) or {min(writers)}):
+                        r = storage_case(include, root / f"storage-{name}", w, size, args.seconds)
+                        r.update(variant=name, writers=w, size=size, raw_rec_s=raw_rec_s, raw_one_s=raw[size][2])
+                        storage_rows.append(r)
+                        print(f"  {name:<8} storage alone writers={w:<3} size={size:<6} {r['txn_s']:>8.0f} txn/s "
+                              f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms {r['fsync_s']:.0f} fsyncs/s",
+                              flush=True)
+                metrics_addr = f"127.0.0.1:{free_port()}"
+                cluster = DevCluster(root / f"{name}-{size}", pumps=1, pump_args=[
+                    "--stop-write-at-free-bytes", "0", "--metrics-addr", metrics_addr])
+                saved = os.environ.get("PYTHONPATH")
+                if include:
+                    os.environ["PYTHONPATH"] = include
+                try:
+                    cluster.start()
+                finally:
+                    if include:
+                        if saved is None:
+                            os.environ.pop("PYTHONPATH", None)
+                        else:
+                            os.environ["PYTHONPATH"] = saved
+                try:
+                    proc = cluster.pumps["pump1"].proc
+                    pid = proc.pid if proc is not None else 0
+                    cases = [(w, "block", "sync") for w in writers]
+                    if args.tso_per_txn:
+                        cases.append((per_txn_writers, "per-txn", "sync"))
+                        cases.append((per_txn_writers, "per-txn", "background"))
+                    for w, mode, commit_mode in cases:
+                        r = run_case(cluster.registry_addr, f"http://{metrics_addr}/metrics", w, size, args.seconds,
+                                     mode, args.client_procs, commit_mode, include, pid)
+                        r.update(variant=name, raw_mb_s=raw_mb_s, raw_rec_s=raw_rec_s)
+                        rows.append(r)
+                        print(f"  {name:<8} tso={mode:<7} commit={commit_mode:<10} writers={w:<3} size={size:<6} "
+                              f"{r['txn_s']:>8.0f} txn/s {r['mb_s']:>7.1f} MB/s  p50 {r['p50_ms']:.2f} ms  "
+                              f"p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s  pump peak RSS "
+                              f"{r['rss_mib']:.0f} MiB", flush=True)
+                finally:
+                    cluster.stop()
     finally:
-        cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
     print()
-    print("| TSO | commit binlog | writers | txn size | committed txn/s | MB/s | p50 write ms | p99 write ms "
-          "| fsyncs/s | binlogs/fsync | raw append+fsync MB/s | ratio to raw |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| path | TSO | commit binlog | writers | txn size | committed txn/s | MB/s | p50 write ms | p99 write ms "
+          "| fsyncs/s | binlogs/fsync | pump peak RSS MiB | raw append+fsync MB/s | ratio to raw |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['tso']} | {r['commit']} | {r['writers']} | {r['size'] // 1024} KiB | {r['txn_s']:.0f} | {r['mb_s']:.1f} | "
-              f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['fsync_s']:.0f} | {r['binlogs_per_fsync']:.1f} | "
-              f"{r['raw_mb_s']:.1f} | {r['mb_s'] / r['raw_mb_s']:.2f} |")
+        print(f"| {r['variant']} | {r['tso']} | {r['commit']} | {r['writers']} | {r['size'] // 1024} KiB | "
+              f"{r['txn_s']:.0f} | {r['mb_s']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['fsync_s']:.0f} | "
+              f"{r['binlogs_per_fsync']:.1f} | {r['rss_mib']:.0f} | {r['raw_mb_s']:.1f} | "
+              f"{r['mb_s'] / r['raw_mb_s']:.2f} |")
+    if storage_rows:
+        print()
+        print("| path | storage alone (no gRPC) | writers | txn size | committed txn/s | p50 prewrite ms "
+              "| p99 prewrite ms | fsyncs/s | raw one-record append+fdatasync/s | txn/s ÷ raw one-record/s |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in storage_rows:
+            print(f"| {r['variant']} | Storage.submit | {r['writers']} | {r['size'] // 1024} KiB | {r['txn_s']:.0f} | "
+                  f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['fsync_s']:.0f} | {r['raw_one_s']:.0f} | "
+                  f"{r['txn_s'] / r['raw_one_s']:.2f} |")
     print()
+    print("Raw figures of this disk, same run: " + "; ".join(
+        f"{size} B: {v[0]:,.0f} records/s ({v[1]:.1f} MB/s) at 64 per fdatasync, {v[2]:,.0f}/s at one per fdatasync"
+        for size, v in raw.items()))
     print("TSO block = timestamps reserved from the registry 4096 at a time (measures the Pump); "
           "per-txn = two registry round trips per transaction (coalesced per client process).")
     print("commit binlog sync = the writer waits for it; background = as TxnWriter (the upstream has "
           "committed), counted only once acknowledged.")
     print(f"raw = the same record sizes appended 64 per fdatasync on the same disk; client processes: "
-          f"{args.client_procs}.")
+          f"{args.client_procs}; paths: " + ", ".join(f"{n} = {i or 'this tree'}" for n, i in variants) + ".")
     return 0
 
 

@@ -410,13 +410,19 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Example:\n  binlake bench pump --seconds 5 --writers 1,4,16 --sizes 1024,65536\n",
     )
     b.add_argument("--seconds", type=float, default=5.0, help="measure each case this long (default 5)")
-    b.add_argument("--writers", default="1,4,16", help="comma-separated writer counts (default 1,4,16)")
+    b.add_argument("--writers", default="1,4,16,64,256",
+                   help="comma-separated writer counts (default 1,4,16,64,256)")
     b.add_argument("--sizes", default="1024,65536", help="comma-separated transaction sizes in bytes")
     b.add_argument("--dir", help="scratch directory on the disk to measure (default: a temp dir under bench/)")
     b.add_argument("--client-procs", type=_positive_int, default=1,
                    help="writer threads are spread over this many client processes (default 1)")
     b.add_argument("--no-tso-per-txn", dest="tso_per_txn", action="store_false",
                    help="skip the extra case that fetches two TSOs per transaction from the registry")
+    b.add_argument("--baseline", metavar="INCLUDE_DIR",
+                   help="also run every case on another checkout's Pump and client (its include dir), "
+                        "back to back in the same run")
+    b.add_argument("--no-storage", dest="storage", action="store_false",
+                   help="skip the storage-alone cases (Storage.submit in one process, no gRPC)")
     b = bsub.add_parser(
         "writer", help="TxnWriter throughput with binlog vs the same transactions without", formatter_class=fmt,
         epilog="Example:\n  binlake bench writer --seconds 5 --clients 1,8\n",

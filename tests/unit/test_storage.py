@@ -505,24 +505,23 @@ def test_safe_ts_does_not_move_back_across_reopen(sdir: pathlib.Path) -> None:
 
 
 def test_acknowledged_before_indexed_and_replayed(sdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``submit`` resolves on the value-log fsync, before the index batch: with the
-    indexer stalled (then failing) at its first batch, writes are acknowledged
-    and checked from memory while the index holds none of them, and reopening
-    replays them exactly once."""
+    """``submit`` resolves on the value-log fsync, before the index batch: with
+    the index batch failing, the writes are still acknowledged (checked in
+    memory: the duplicate prewrite is refused), the index holds none of them,
+    and reopening replays them exactly once."""
     from binlake import failpoint
     from binlake.pump.storage import FAILPOINT_BEFORE_INDEX
 
-    monkeypatch.setenv(failpoint.ENV, f"{FAILPOINT_BEFORE_INDEX}:raise:1:2000")
+    monkeypatch.setenv(failpoint.ENV, f"{FAILPOINT_BEFORE_INDEX}:raise")
     failpoint._hits.clear()
     st = Storage(sdir)
     try:
-        assert st.submit([entry(prewrite(10))]).result(10) == [None]
-        assert st.submit([entry(commit(10, 20))]).result(10) == [None]
-        # Prewrite checks come from memory: a duplicate is refused before any indexing.
-        (dup,) = st.submit([entry(prewrite(10))]).result(10)
-        assert isinstance(dup, errors.AlreadyExists)
+        results = st.submit([entry(prewrite(10)), entry(commit(10, 20)), entry(prewrite(10))]).result(10)
+        assert results[:2] == [None, None] and isinstance(results[2], errors.AlreadyExists)
+        assert not st.wait_indexed(timeout=5)  # the index batch failed: nothing was indexed
         assert st.index.db.get(ix.txn_key(10)) is None and st.index.pending() == []
-        assert not st.wait_indexed(timeout=5)  # the indexer failed: nothing was indexed
+        with pytest.raises(errors.Unavailable, match="fatal"):
+            st.submit([entry(prewrite(11))])
     finally:
         st.close()
     monkeypatch.delenv(failpoint.ENV)

@@ -90,6 +90,17 @@ class _LoopThread:
     def close(self) -> None:
         if self.loop.is_closed():
             return
+
+        async def cancel_rest() -> None:
+            # Tasks gRPC left behind (e.g. a cancelled call's status) end here,
+            # not as "task destroyed but pending" when the loop is closed.
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            self.run(cancel_rest(), timeout=5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         if not self._thread.is_alive():

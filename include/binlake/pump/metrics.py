@@ -59,7 +59,7 @@ class PumpMetrics:
             ["consumer"], registry=self.registry,
         )
         self.registry.register(_StorageCollector(snapshot))
-        self._server: Any = None
+        self._server: Any = None  # prometheus_client's WSGIServer once serving
 
     def serve(self, addr: str) -> str:
         host, port = parse_addr(addr, "metrics addr")

@@ -9,7 +9,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 
 from google.protobuf.message import DecodeError
 
@@ -215,7 +215,7 @@ class PumpService:
     def pull(
         self, start_ts: int, end_ts: int, *, wait: bool = False, wait_timeout_s: float = 30.0,
         max_txns: int = 0, max_bytes: int = 0,
-    ) -> Iterator[list[binlog_pb2.Binlog]]:
+    ) -> Generator[list[binlog_pb2.Binlog], None, None]:
         if start_ts < 0 or end_ts < 0:
             raise errors.InvalidArgument(f"window [{start_ts}, {end_ts}): timestamps must be >= 0")
         if start_ts >= end_ts:

@@ -1,25 +1,31 @@
 """Pump storage: value log + index + sorter behind one group-committing writer.
 
-Write path, in two stages on two threads:
+Write path, in two stages of one writer thread:
 
-1. The *writer* thread drains every request queued (``submit``), validates
-   each binlog in arrival order against the transaction states it keeps in
-   memory (no index reads on this path), appends the accepted records to the
-   value log, issues one fsync for the whole group, and **acknowledges** each
-   request right there: a binlog is acknowledged only after its fsync, and as
-   soon as it.
-2. The *indexer* thread follows behind in batches: it applies the durable
-   records, in value-log order, to the LevelDB index (one batch that also moves
-   ``Mhead``) and to the sorter, and only then publishes the new safe ts and
-   max commit ts. Readers see a window only once the indexer covered it, so a
-   window at or below the safe ts is always complete in the index.
+1. *Group commit*: the writer drains every request queued (``submit``),
+   validates each binlog in arrival order against the transaction states it
+   keeps in memory (no index reads on this path), appends the accepted records
+   to the value log, issues one fsync for the whole group, and
+   **acknowledges** each request right there: a binlog is acknowledged only
+   after its fsync, and as soon as it.
+2. *Indexing* follows behind in batches: when no request is waiting (or the
+   backlog reached ``INDEX_BATCH_RECORDS`` records or ``INDEX_MAX_LAG_S``), the
+   writer applies the acknowledged records, in value-log order, to the LevelDB
+   index (one batch that also moves ``Mhead``) and to the sorter, and only then
+   publishes the new safe ts and max commit ts. Readers see a window only once
+   the index covers it, so a window at or below the safe ts is always complete.
+
+Why one thread and not an indexer thread of its own: measured on the 2-core
+machine, a second busy Python thread costs the writer more in GIL hand-offs
+than the index work itself (see bench/RESULTS.md); done when the writer would
+otherwise sleep, the index work is off every acknowledgement's path.
 
 Why acknowledging before indexing is safe: the value log is the source of
 truth and the index lags it by design (its batch is written without a sync of
 its own even when it is written first). On open, every record after ``Mhead``
-is replayed, idempotently, so whatever the indexer had not caught up with
+is replayed, idempotently, so whatever the index had not caught up with
 when the process died is rebuilt before the first new write is taken. The
-sorter is driven in log order by the indexer alone, so the safe ts computed
+sorter is driven in log order by the indexing stage alone, so the safe ts computed
 from the index always describes a prefix of the log (see ``pump.sorter``).
 
 The writer's memory of transaction states: ``_open`` holds every pending
@@ -27,7 +33,7 @@ start_ts (prewrite durable, no outcome yet); ``_done`` the outcomes of recently
 finished transactions; every finished transaction with start_ts above
 ``_done_floor`` is in ``_done`` (or was collected by GC), so only a binlog for
 an older start_ts (a retry of a transaction that finished long ago) costs an
-index read. ``_done`` keeps an entry until the indexer has written it, so that
+index read. ``_done`` keeps an entry until the index holds it, so that
 read always finds what memory forgot.
 
 ``write`` is the blocking form used by the Pump's own writes and tests: it
@@ -63,9 +69,14 @@ PREWRITE = binlog_pb2.PREWRITE
 COMMIT = binlog_pb2.COMMIT
 ROLLBACK = binlog_pb2.ROLLBACK
 
-# Failpoint in the indexer, after the group's fsync and acknowledgement and
-# before its index batch: a crash there must lose nothing acknowledged.
+# Failpoint in the indexing stage, after a group's fsync and acknowledgement
+# and before the index batch covering it: a crash there must lose nothing acknowledged.
 FAILPOINT_BEFORE_INDEX = "pump-before-index-batch"
+
+# The writer indexes its backlog whenever it finds no request waiting, and under
+# steady load at the latest after this many records or this much time.
+INDEX_BATCH_RECORDS = 4096
+INDEX_MAX_LAG_S = 0.05
 
 # How many finished transactions the writer remembers (see the module docstring).
 DONE_MEMORY = 200_000
@@ -113,7 +124,7 @@ class _Request:
 
 
 class _IndexWork:
-    """Durable records handed from the writer to the indexer, in log order."""
+    """Durable, acknowledged records waiting for the index, in log order."""
 
     __slots__ = ("entries", "pointers", "seq", "head")
 
@@ -178,11 +189,14 @@ class Storage:
         self.gc_ts = self.index.get_u64(ix.META_GC)
         self.stats = WriteStats()
         # Guards the sorter, the published safe/max commit ts and index batches;
-        # notified whenever the indexer published a batch.
+        # notified whenever an index batch was published.
         self._state_lock = threading.Condition()
         self._gate = _ReadersGate()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        self._index_queue: queue.SimpleQueue[_IndexWork | None] = queue.SimpleQueue()
+        # Durable, acknowledged records the index does not reflect yet (writer-owned).
+        self._backlog: list[_IndexWork] = []
+        self._backlog_records = 0
+        self._backlog_since = 0.0
         self._closed = False
         self._fatal: BaseException | None = None
         # Writer-owned transaction memory (see the module docstring).
@@ -202,9 +216,7 @@ class Storage:
         self._safe_ts = self.sorter.safe_ts
         self._max_commit_ts = self.sorter.max_commit_ts
         self._writer = threading.Thread(target=self._run, name="pump-writer", daemon=True)
-        self._indexer = threading.Thread(target=self._run_indexer, name="pump-indexer", daemon=True)
         self._writer.start()
-        self._indexer.start()
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
@@ -334,38 +346,50 @@ class Storage:
         return results
 
     def _run(self) -> None:
-        try:
-            while True:
-                req = self._queue.get()
-                if req is None:
-                    return
-                group = [req]
-                size = req.nbytes
-                stop = False
-                while size < self.max_group_bytes:
-                    try:
-                        more = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is None:
-                        stop = True
-                        break
-                    group.append(more)
-                    size += more.nbytes
+        while True:
+            if self._backlog:
                 try:
-                    self._commit_group(group)
-                except BaseException as exc:
-                    log.critical("pump storage write failed; refusing further writes: %s", exc, exc_info=True)
-                    self._fatal = exc
-                    err = errors.Unavailable(f"pump storage write failed: {exc}")
-                    for r in group:
-                        self._fail(r, err)
-                    self._drain_after_fatal()
+                    req = self._queue.get_nowait()
+                except queue.Empty:
+                    # Idle: bring the index up to date before waiting.
+                    if not self._index_backlog():
+                        return
+                    continue
+            else:
+                req = self._queue.get()
+            if req is None:
+                self._index_backlog()
+                return
+            group = [req]
+            size = req.nbytes
+            stop = False
+            while size < self.max_group_bytes:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                group.append(more)
+                size += more.nbytes
+            try:
+                self._commit_group(group)
+            except BaseException as exc:
+                log.critical("pump storage write failed; refusing further writes: %s", exc, exc_info=True)
+                self._fatal = exc
+                err = errors.Unavailable(f"pump storage write failed: {exc}")
+                for r in group:
+                    self._fail(r, err)
+                self._drain_after_fatal()
+                return
+            # Under steady load the queue is never empty: index anyway once the
+            # backlog is large or old enough (it bounds replay work and read lag).
+            if stop or self._backlog_records >= INDEX_BATCH_RECORDS or (
+                self._backlog and time.monotonic() - self._backlog_since >= INDEX_MAX_LAG_S
+            ):
+                if not self._index_backlog() or stop:
                     return
-                if stop:
-                    return
-        finally:
-            self._index_queue.put(None)
 
     def _drain_after_fatal(self) -> None:
         while True:
@@ -398,7 +422,7 @@ class Storage:
                     accepted.append(entry)
             results.append(res)
         # 2. Append and fsync once; then the outcome is final: remember it,
-        #    acknowledge, and hand the records to the indexer.
+        #    acknowledge, and queue the records for indexing.
         if accepted:
             pointers = self.vlog.append([e.payload for e in accepted])
             fsyncs = self.vlog.sync()
@@ -423,7 +447,10 @@ class Storage:
             except Exception:  # a caller's bug must not stop the Pump's writes
                 log.exception("pump storage: a write callback failed")
         if accepted:
-            self._index_queue.put(_IndexWork(accepted, pointers, self._seq, self.vlog.head))
+            if not self._backlog:
+                self._backlog_since = time.monotonic()
+            self._backlog.append(_IndexWork(accepted, pointers, self._seq, self.vlog.head))
+            self._backlog_records += len(accepted)
 
     def _forget_done(self) -> None:
         # Drop the oldest outcomes once the index holds them; raise the floor
@@ -496,33 +523,22 @@ class Storage:
         overlay[start] = (_R, _ROLLED_BACK)
         return None
 
-    # ------------------------------------------------------------------ indexer
-    def _run_indexer(self) -> None:
-        while True:
-            work = self._index_queue.get()
-            if work is None:
-                return
-            batch = [work]
-            stop = False
-            while True:
-                try:
-                    more = self._index_queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                batch.append(more)
-            try:
-                self._index_batch(batch)
-            except BaseException as exc:
-                log.critical("pump index write failed; refusing further writes: %s", exc, exc_info=True)
-                self._fatal = exc
-                with self._state_lock:
-                    self._state_lock.notify_all()
-                return
-            if stop:
-                return
+    # ------------------------------------------------------------------ indexing
+    def _index_backlog(self) -> bool:
+        """Index every acknowledged record not yet indexed; False after a fatal error."""
+        if not self._backlog:
+            return True
+        batch, self._backlog, self._backlog_records = self._backlog, [], 0
+        try:
+            self._index_batch(batch)
+        except BaseException as exc:
+            log.critical("pump index write failed; refusing further writes: %s", exc, exc_info=True)
+            self._fatal = exc
+            with self._state_lock:
+                self._state_lock.notify_all()
+            self._drain_after_fatal()
+            return False
+        return True
 
     def _index_batch(self, batch: list[_IndexWork]) -> None:
         wb = self.index.db.write_batch()
@@ -649,8 +665,6 @@ class Storage:
         self._closed = True
         self._queue.put(None)
         self._writer.join(timeout=30)
-        # The writer queues the indexer's end after its last group.
-        self._indexer.join(timeout=30)
         with self._state_lock:
             self._state_lock.notify_all()
         self.vlog.close()
