@@ -117,7 +117,8 @@ class Replay:
                         rows[k] = r
                     elif kind == binlog_pb2.UPDATE:
                         old, new = codec.decode_update(data, info)
-                        assert rows.pop(self._key(info, old)) == old, f"update before image differs in {info.name}"
+                        had = rows.pop(self._key(info, old))
+                        assert had == old, f"update before image differs in {info.name}: {had} != {old}"
                         rows[self._key(info, new)] = new
                     else:
                         r = codec.decode_row(data, info)

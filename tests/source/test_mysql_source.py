@@ -118,12 +118,99 @@ def test_every_column_type_round_trips(mdb: LocalMariaDB, cluster: Cluster, tmp_
     assert row4["l1"] == "café" and row4["bt"] == (0b1010101010).to_bytes(2, "big") and row4["f"] == 1.5
 
 
-def test_statement_format_refused(tmp_path: pathlib.Path, cluster: Cluster) -> None:
-    server = LocalMariaDB(tmp_path / "stmt", binlog=True, binlog_format="STATEMENT").start()
+@pytest.mark.parametrize("setting,value,message", [
+    ("binlog_format", "STATEMENT", "set binlog_format=ROW"),
+    ("binlog_format", "MIXED", "set binlog_format=ROW"),
+    ("binlog_row_image", "MINIMAL", "set binlog_row_image=FULL"),
+])
+def test_unusable_binlog_settings_refused(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path,
+                                          setting: str, value: str, message: str) -> None:
+    old = sql(mdb, f"SELECT @@GLOBAL.{setting}")[0][0]
+    sql(mdb, f"SET GLOBAL {setting} = '{value}'")
     try:
-        src = MySQLSource(f"mysql://root@127.0.0.1:{server.port}", server_id=77, registry=cluster.registry.addr,
-                          data_dir=str(tmp_path / "src"))
-        with pytest.raises(errors.FailedPrecondition, match="binlog_format=ROW"):
+        src = source(mdb, cluster, tmp_path / "src", "x")
+        with pytest.raises(errors.FailedPrecondition, match=message):
             src.run()
     finally:
-        server.stop()
+        sql(mdb, f"SET GLOBAL {setting} = '{old}'")
+
+
+def test_ddl_in_the_middle_of_dml(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    db = fresh_db(mdb)
+    sql(mdb, "CREATE TABLE t1 (id INT PRIMARY KEY, a VARCHAR(10), b INT)", db=db)
+    src = start_source(mdb, cluster, tmp_path / "src", db)
+    try:
+        sql(mdb,
+            "INSERT INTO t1 VALUES (1, 'x', 1)",
+            "INSERT INTO t1 VALUES (2, 'y', 2), (3, 'z', 3)",
+            "ALTER TABLE t1 ADD COLUMN c DECIMAL(12,3) AFTER a, ADD COLUMN d JSON",
+            "UPDATE t1 SET c = 1.5, d = '{\"k\": 1}' WHERE id >= 2",
+            "BEGIN", "INSERT INTO t1 (id, a, b, c) VALUES (4, 'w', 4, 2.25)", "DELETE FROM t1 WHERE id = 3", "COMMIT",
+            "ALTER TABLE t1 CHANGE COLUMN a name VARCHAR(40) NOT NULL DEFAULT ''",
+            "ALTER TABLE t1 DROP COLUMN b",
+            "UPDATE t1 SET name = 'renamed' WHERE id = 2",
+            "ALTER TABLE t1 ADD COLUMN b BIGINT UNSIGNED",  # a new column with a dropped column's name: new id
+            "UPDATE t1 SET b = 18446744073709551615 WHERE id = 4",
+            "CREATE TABLE t2 (k VARCHAR(16) NOT NULL, v BLOB, n INT, PRIMARY KEY (k), UNIQUE KEY uk_n (n))",
+            "INSERT INTO t2 VALUES ('a', x'00', 1), ('b', NULL, 2)",
+            "RENAME TABLE t2 TO t3",
+            "UPDATE t3 SET v = x'ff' WHERE k = 'b'",
+            "ALTER TABLE t3 MODIFY v MEDIUMBLOB, DROP INDEX uk_n",
+            "CREATE UNIQUE INDEX uk_name ON t1 (name)",
+            "CREATE TABLE gone (id INT PRIMARY KEY)", "INSERT INTO gone VALUES (1)", "DROP TABLE gone",
+            "CREATE TABLE tr (id INT PRIMARY KEY, v INT)", "INSERT INTO tr VALUES (1, 1), (2, 2)",
+            "TRUNCATE TABLE tr", "INSERT INTO tr VALUES (3, 3)",
+            "CREATE TABLE other_db_style (id INT PRIMARY KEY)",
+            f"INSERT INTO {db}.other_db_style VALUES (7)",
+            db=db)
+        wait_caught_up(mdb, src.source)
+    finally:
+        src.stop()
+    binlogs = cluster.binlogs()
+    replay = Replay().apply(binlogs)
+    up = oracle.checksum(mdb.url_for(db), schema=replay.schema())
+    got = replay.checksums()
+    assert got == up
+    assert sorted(got) == ["other_db_style", "t1", "t3", "tr"]
+    # One DDL binlog per table at start plus one per DDL on a tracked table; versions strictly increase.
+    versions = [b.ddl_table.schema_version for b in binlogs if b.ddl_query]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions) == 14
+    t1 = replay.table("t1")[0]
+    ids = {c.name: c.id for c in t1.columns}
+    assert ids["name"] == 2 and ids["b"] == 6 and ids["c"] == 4  # renamed keeps its id; re-added gets a new one
+    assert [k.name for k in t1.unique_keys] == ["uk_name"]
+    tr = [b.ddl_table for b in binlogs if b.ddl_query and b.ddl_table.name == "tr"]
+    assert tr[-1].previous_table_id == tr[0].table_id != tr[-1].table_id  # TRUNCATE: a new table id
+
+
+def test_dm_causality_case_as_plain_sql(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    """DM's causality example: transactions whose primary and unique keys swap
+    between rows must reach the Pump in commit order, each change in statement order."""
+    db = fresh_db(mdb)
+    sql(mdb, "CREATE TABLE t (id INT PRIMARY KEY, uk INT NOT NULL, v VARCHAR(10), UNIQUE KEY u (uk))",
+        "INSERT INTO t VALUES (1, 1, 'a'), (2, 2, 'b')", db=db)
+    src = start_source(mdb, cluster, tmp_path / "src", db)
+    try:
+        sql(mdb,
+            "BEGIN", "UPDATE t SET uk = 3 WHERE id = 1", "UPDATE t SET uk = 1 WHERE id = 2",
+            "UPDATE t SET uk = 2 WHERE id = 1", "COMMIT",
+            "BEGIN", "UPDATE t SET id = 3 WHERE id = 1", "INSERT INTO t VALUES (1, 4, 'c')",
+            "DELETE FROM t WHERE id = 2", "UPDATE t SET id = 2, uk = 5 WHERE id = 3", "COMMIT",
+            "INSERT INTO t VALUES (5, 6, 'd')", "UPDATE t SET uk = 7 WHERE id = 5", db=db)
+        wait_caught_up(mdb, src.source)
+    finally:
+        src.stop()
+    binlogs = [b for b in cluster.binlogs() if not b.ddl_query]
+    from binlake.proto import binlog_pb2
+
+    seqs = [list(binlog_pb2.PrewriteValue.FromString(b.prewrite_value).mutations[0].sequence) for b in binlogs]
+    assert seqs == [[1, 1, 1], [1, 0, 2, 1], [0], [1]]
+    assert [b.commit_ts for b in binlogs] == sorted(b.commit_ts for b in binlogs)
+    # The two rows the source never saw inserted are not in the replay; compare what it did see.
+    replay = Replay()
+    replay.apply([b for b in cluster.binlogs() if b.ddl_query])
+    info, _ = replay.table("t")
+    tid = info.table_id
+    replay.rows[tid] = {(1,): {"id": 1, "uk": 1, "v": "a"}, (2,): {"id": 2, "uk": 2, "v": "b"}}
+    replay.apply(binlogs)
+    assert replay.checksums() == oracle.checksum(mdb.url_for(db), schema=replay.schema())

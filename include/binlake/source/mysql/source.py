@@ -237,7 +237,10 @@ class MySQLSource:
             kwargs.update(auto_position=self.start_value)
         stream = BinLogStreamReader(
             connection_settings=self.dsn.settings(), server_id=self.server_id, blocking=True,
-            only_events=_EVENTS, freeze_schema=True, is_mariadb=info.mariadb, slave_heartbeat=self.heartbeat_s,
+            # is_mariadb only for a GTID start: with it, mysql-replication 1.0 ignores
+            # log_file/log_pos and streams from the server's first binlog.
+            only_events=_EVENTS, freeze_schema=True, is_mariadb=info.mariadb and not self.file,
+            slave_heartbeat=self.heartbeat_s,
             enable_logging=False, **kwargs,
         )
         txn: _Txn | None = None

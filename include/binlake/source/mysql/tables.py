@@ -622,7 +622,8 @@ def assign_ids(new: MyTable, old: MyTable | None, table_id: int, version: int) -
         )
     new.table_id = table_id
     new.schema_version = version
-    ids = dict(old.column_ids) if old is not None else {}
+    # ``new`` was copied from ``old`` with its ids, renames already carried over.
+    ids = dict(new.column_ids) if old is not None else {}
     nxt = old.next_column_id if old is not None else 1
     out: dict[str, int] = {}
     for c in new.columns:
