@@ -22,7 +22,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 
-from binlake import errors
+from binlake import errors, failpoint
 from binlake.client.pump_client import PumpClient
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
@@ -79,9 +79,12 @@ class Emitter:
             prewrite.ddl_job_id = info.schema_version
             prewrite.ddl_table.CopyFrom(info)
         pump = self.client.write_prewrite(prewrite)
+        failpoint.hit("source-after-prewrite")
         commit_ts = self.registry.get_ts()
         self.state.decide(key, commit_ts, pump)
+        failpoint.hit("source-before-commit")
         self._commit(start_ts, commit_ts, pump)
+        failpoint.hit("source-after-commit")
         self.sent += 1
         return start_ts, commit_ts
 
