@@ -184,6 +184,7 @@ def _run_up(args: argparse.Namespace) -> int:
 # like every other command's. One line a module, so commands stay findable.
 _COMMAND_MODULES: tuple[str, ...] = (
     "binlake.ctl_consumers",
+    "binlake.source.commands",
 )
 
 

@@ -261,11 +261,16 @@ class LocalPostgres(_LocalServer):
     # would wait for every pooled connection to go away).
     _graceful_signal = signal.SIGINT
 
-    def __init__(self, root_dir: str | os.PathLike[str], *, port: int | None = None) -> None:
+    def __init__(self, root_dir: str | os.PathLike[str], *, port: int | None = None, logical: bool = False,
+                 extra_args: tuple[str, ...] = ()) -> None:
         super().__init__(root_dir, port=port)
         self.data_dir = self.root_dir / "data"
         self.socket_dir = self.root_dir / "sock"
         self._bin = _pg_bin_dir()
+        # logical=True: wal_level=logical with room for replication slots and
+        # WAL senders, as a logical-decoding source needs (binlake.source.postgres).
+        self.logical = logical
+        self.extra_args = tuple(extra_args)
 
     @classmethod
     def available(cls) -> bool:
@@ -332,6 +337,9 @@ class LocalPostgres(_LocalServer):
             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=on",
             # Each TxnWriter pools up to 32 connections; several writers share a server in tests.
             "-c", "max_connections=300",
+            *(["-c", "wal_level=logical", "-c", "max_replication_slots=16", "-c", "max_wal_senders=16"]
+              if self.logical else []),
+            *self.extra_args,
         ]
 
     def url_for(self, database: str | None) -> str:
@@ -414,11 +422,19 @@ class LocalMariaDB(_LocalServer):
     log_name = "mariadb.log"
     _graceful_signal = signal.SIGTERM  # mariadbd's normal shutdown
 
-    def __init__(self, root_dir: str | os.PathLike[str], *, port: int | None = None) -> None:
+    def __init__(self, root_dir: str | os.PathLike[str], *, port: int | None = None, binlog: bool = False,
+                 server_id: int = 1, binlog_format: str = "ROW", extra_args: tuple[str, ...] = ()) -> None:
         super().__init__(root_dir, port=port)
         self.data_dir = self.root_dir / "data"
         self.socket_path = self.root_dir / "mysqld.sock"
         self._server, self._install = _mariadb_bins()
+        # binlog=True: a replication primary as binlake's row-binlog source reads
+        # it: log-bin in data/, the given format (ROW unless a test wants to see
+        # another refused), full row images and this server id.
+        self.binlog = binlog
+        self.server_id = server_id
+        self.binlog_format = binlog_format
+        self.extra_args = tuple(extra_args)
 
     @classmethod
     def available(cls) -> bool:
@@ -468,6 +484,10 @@ class LocalMariaDB(_LocalServer):
             # Naive DATETIMEs are UTC in binlake's codec; keep the server in UTC too.
             "--default-time-zone=+00:00",
             "--max-connections=300",
+            *([f"--log-bin={self.data_dir / 'binlog'}", f"--binlog-format={self.binlog_format}",
+               "--binlog-row-image=FULL", f"--server-id={self.server_id}", "--log-slave-updates=0"]
+              if self.binlog else []),
+            *self.extra_args,
         ]
 
     def url_for(self, database: str | None) -> str:

@@ -15,6 +15,13 @@ The names, where they are, and what a crash there must not break:
                           upstream commit (the Pump must resolve it as rolled back)
 ``after-db-commit``       TxnWriter, after the upstream commit, before the commit
                           binlog (the Pump must resolve it as committed)
+``source-after-prewrite`` a log-reading source (binlake.source.emitter), after
+                          the Pump took the prewrite, before commit_ts is journaled
+                          (the restart must roll it back and send the transaction anew)
+``source-before-commit``  the same, after commit_ts is journaled, before the commit
+                          binlog (the restart must send the same commit_ts again)
+``source-after-commit``   the same, after the Pump acknowledged the commit, before
+                          the checkpoint (the re-read copy must be dropped downstream)
 ``ingest-before-ledger``  ingest, after the window's change and DDL rows are
                           written, before its ``windows`` row (the window must
                           stay "not ingested" and a re-run must give the same tables)
@@ -34,7 +41,7 @@ import time
 
 ENV = "BINLAKE_FAILPOINT"
 NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger", "ingest-before-checkpoint",
-         "pump-before-index-batch")
+         "pump-before-index-batch", "source-after-prewrite", "source-before-commit", "source-after-commit")
 _hits: dict[str, int] = {}
 
 

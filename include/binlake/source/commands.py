@@ -1,0 +1,80 @@
+"""``binlake source mysql|postgres`` and ``binlake bench source``: back up an
+existing database without touching its application."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+from binlake import errors
+
+log = logging.getLogger(__name__)
+
+
+def _server_id(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in 1..4294967295, got {text!r}") from None
+    if not 1 <= v < 2**32:
+        raise argparse.ArgumentTypeError(f"expected a number in 1..4294967295, got {v}")
+    return v
+
+
+def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    src = sub.add_parser("source", help="read an existing database's log into the Pumps (no application changes)",
+                         formatter_class=fmt)
+    ssub = src.add_subparsers(dest="source_command", metavar="KIND", required=True)
+    m = ssub.add_parser(
+        "mysql", help="MySQL/MariaDB row binlog -> Pumps (as a replica)", formatter_class=fmt,
+        epilog=(
+            "The server needs log_bin, binlog_format=ROW and binlog_row_image=FULL; the user needs\n"
+            "REPLICATION SLAVE, REPLICATION CLIENT and SELECT.\n\n"
+            "Examples:\n"
+            "  binlake source mysql --dsn mysql://repl:pw@db1:3306 --server-id 4001 --registry 127.0.0.1:8230 \\\n"
+            "      --data-dir data/source-db1 --tables 'shop.*'\n"
+            "  binlake source mysql --dsn mysql://root@127.0.0.1:3306 --server-id 4001 --start binlog.000042:4\n"
+        ),
+    )
+    m.add_argument("--dsn", required=True, help="mysql://USER[:PASSWORD]@HOST[:PORT]")
+    m.add_argument("--server-id", type=_server_id, required=True,
+                   help="this replica's server id (unique among the server's replicas)")
+    m.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT (default 127.0.0.1:8230)")
+    m.add_argument("--start", default=None,
+                   help="where a new --data-dir starts: now (default), FILE:POS or gtid:SET; "
+                        "ignored once a checkpoint exists")
+    m.add_argument("--tables", default=None, help="DB.TABLE globs, comma-separated (default: every non-system table)")
+    m.add_argument("--data-dir", default="data/source-mysql",
+                   help="checkpoint and TSO journal (default data/source-mysql)")
+    m.add_argument("--status-addr", default="127.0.0.1:0",
+                   help="HOST:PORT of the TxnStatus service the Pumps ask (default: any free loopback port)")
+    m.set_defaults(handler=_run_mysql)
+
+
+def _run_mysql(args: argparse.Namespace) -> int:
+    from binlake.source.mysql.source import MySQLSource
+
+    source = MySQLSource(args.dsn, server_id=args.server_id, registry=args.registry, data_dir=args.data_dir,
+                         start=args.start, tables=args.tables, status_addr=args.status_addr)
+    return _run(source)
+
+
+def _run(source: Any) -> int:
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping after the current transaction", signum)
+        source.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        source.run()
+    except errors.BinlakeError:
+        raise
+    except Exception as exc:  # a driver error that is not a lost connection: one line, not a traceback
+        print(f"binlake source: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+              file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,108 @@
+"""The upstream role for a source that reads an existing database's log: turns
+each upstream transaction into TiDB's two binlogs through the PumpClient,
+with the TSO journal of ``source.journal`` so a re-read transaction is sent
+with the same timestamps (see that module for the recovery argument).
+
+Per transaction KEY (its position in the upstream log):
+
+1. already decided in the journal: re-send the commit (and nothing else) to
+   the Pump that holds the prewrite;
+2. otherwise: start_ts from the registry, journal it, prewrite to a Pump;
+   after the Pump's acknowledgement, commit_ts from the registry, journal
+   it with the Pump's id, commit binlog to that Pump.
+
+The emitter registers as a ``writer`` in the registry and serves TxnStatus
+from the journal, so a Pump holding a prewrite whose commit never came gets
+an answer (committed with the journaled commit_ts, or rolled back).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+
+from binlake import errors, failpoint
+from binlake.client.pump_client import PumpClient
+from binlake.config import ClientSettings
+from binlake.proto import binlog_pb2
+from binlake.registry.model import NodeRecord
+from binlake.source import txn_status
+from binlake.source.journal import SourceState
+
+log = logging.getLogger(__name__)
+
+
+class Emitter:
+    """Sends upstream transactions as prewrite + commit binlogs; owns the journal."""
+
+    def __init__(self, registry: str, state: SourceState, *, kind: str, status_addr: str = "127.0.0.1:0",
+                 client_settings: ClientSettings | None = None) -> None:
+        from binlake.registry.client import RegistryClient
+
+        self.state = state
+        self.registry = RegistryClient(registry)
+        # The writer id is part of every prewrite (prewrite_key): a Pump asks it
+        # about a missing commit, so it must stay the same across restarts.
+        if "writer_id" not in state.state:
+            state.save(writer_id=f"{kind}-source-{uuid.uuid4().hex[:12]}")
+        self.writer_id = str(state.state["writer_id"])
+        self._status = txn_status.TxnStatusServer(state, status_addr).start()
+        try:
+            self.registry.register(NodeRecord(node_id=self.writer_id, kind="writer", addr=self._status.addr))
+            settings = client_settings or ClientSettings(registry=registry)
+            self.client = PumpClient(settings=settings, registry_client=self.registry)
+        except BaseException:
+            self._status.stop(0.1)
+            self.registry.close()
+            raise
+        self.sent = 0
+        self.resent = 0
+
+    def emit(self, key: str, value: binlog_pb2.PrewriteValue,
+             ddl: tuple[str, Sequence[binlog_pb2.TableInfo]] | None = None) -> tuple[int, int]:
+        """Send transaction KEY; return its (start_ts, commit_ts) once a Pump acknowledged the commit.
+        A DDL transaction carries one table definition (``ddl[1]`` has exactly one)."""
+        d = self.state.decision(key)
+        if d is not None:
+            self._commit(d.start_ts, d.commit_ts, d.pump)
+            self.resent += 1
+            return d.start_ts, d.commit_ts
+        start_ts = self.registry.get_ts()
+        infos = list(ddl[1]) if ddl is not None else None
+        self.state.begin(key, start_ts, infos)
+        prewrite = binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=start_ts,
+                                     prewrite_key=self.writer_id.encode(), prewrite_value=value.SerializeToString())
+        if ddl is not None:
+            info = ddl[1][0]
+            prewrite.ddl_query = ddl[0].encode()
+            prewrite.ddl_job_id = info.schema_version
+            prewrite.ddl_table.CopyFrom(info)
+        pump = self.client.write_prewrite(prewrite)
+        failpoint.hit("source-after-prewrite")
+        commit_ts = self.registry.get_ts()
+        self.state.decide(key, commit_ts, pump)
+        failpoint.hit("source-before-commit")
+        self._commit(start_ts, commit_ts, pump)
+        failpoint.hit("source-after-commit")
+        self.sent += 1
+        return start_ts, commit_ts
+
+    def ddl_decision(self, key: str) -> list[binlog_pb2.TableInfo] | None:
+        """The table definitions a decided DDL transaction KEY was sent with, if any."""
+        d = self.state.decision(key)
+        return d.ddl if d is not None else None
+
+    def _commit(self, start_ts: int, commit_ts: int, pump: str) -> None:
+        try:
+            self.client.write_commit(binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=start_ts,
+                                                       commit_ts=commit_ts), pump)
+        except errors.AlreadyExists:
+            pass  # the Pump has this very commit already (a re-sent transaction)
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            self._status.stop(0.5)
+            self.registry.close()

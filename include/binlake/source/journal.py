@@ -1,0 +1,234 @@
+"""The durable state of a log-reading source in its ``--data-dir``: the TSO
+journal and the checkpoint.
+
+Files:
+
+``journal.log``
+    Append-only JSON lines, fsync'ed before the step they announce:
+
+    * ``{"k": KEY, "s": START_TS}`` written before the prewrite of the upstream
+      transaction KEY is sent (with ``"ddl"``: the resulting table definitions,
+      base64 TableInfo, so a re-read DDL yields the same definition);
+    * ``{"k": KEY, "c": COMMIT_TS, "p": PUMP}`` written after that Pump
+      acknowledged the prewrite, before the commit binlog is sent;
+    * ``{"s": START_TS, "r": 1}`` a start_ts abandoned (rolled back).
+
+    Invariant: a KEY is decided at most once: once it has a ``c`` line, every
+    later copy of that transaction carries exactly that ``(start_ts, commit_ts)``;
+    a start_ts without a ``c`` line never had a commit_ts minted, so it is safe
+    to roll back.
+``state.json``
+    The checkpoint, replaced atomically (write, fsync, rename, fsync dir).
+    Invariant: ``position`` is the end of an upstream transaction whose commit
+    binlog a Pump acknowledged, and every transaction before it was
+    acknowledged too; ``schema`` is the source's table definitions as of that
+    position. It is never inside a transaction (the seed's savepoint rule).
+
+The recovery argument (kill -9 anywhere): on restart the source resumes at
+``position``, so nothing after the last acknowledged transaction is lost.
+A transaction re-read from the upstream log is looked up by its KEY (its
+position in the upstream log, which never changes):
+
+* with a ``c`` line: the same start_ts/commit_ts are re-sent to the same Pump
+  (an AlreadyExists answer means the Pump has it); any copy downstream has
+  equal ``(commit_ts, start_ts)``, which the reader and the ingest drop;
+* with only an ``s`` line: no commit_ts was ever minted for it, so no Pump can
+  serve it; the old start_ts is marked rolled back (the Pump that may hold its
+  prewrite learns that through TxnStatus) and the transaction starts afresh.
+
+TSOs come from the registry in log order, so commit_ts order is the
+upstream's commit order; a re-sent transaction keeps its old, still ordered, TSOs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pathlib
+import threading
+from typing import Any
+
+from binlake import errors
+from binlake.proto import binlog_pb2
+from binlake.source import txn_status
+
+JOURNAL = "journal.log"
+STATE = "state.json"
+# Keep this many decided transactions when the journal is compacted at start:
+# a Pump may still ask about a start_ts it holds on a second Pump (a retried
+# prewrite) long after the checkpoint passed it.
+KEEP_DECIDED = 100_000
+
+
+class Decision:
+    __slots__ = ("commit_ts", "ddl", "pump", "start_ts")
+
+    def __init__(self, start_ts: int) -> None:
+        self.start_ts = start_ts
+        self.commit_ts = 0
+        self.pump = ""
+        self.ddl: list[binlog_pb2.TableInfo] | None = None
+
+
+class SourceState:
+    """``journal.log`` + ``state.json`` in ``data_dir``; also the TxnStatus provider."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.dir = pathlib.Path(data_dir)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise errors.InvalidArgument(f"cannot use --data-dir {self.dir}: {exc}") from None
+        self._lock = threading.Lock()
+        self._by_key: dict[str, Decision] = {}
+        self._by_start: dict[int, Decision] = {}
+        self._rolled_back: set[int] = set()
+        self.state: dict[str, Any] = self._load_state()
+        self._load_journal()
+        self._journal = (self.dir / JOURNAL).open("a", encoding="utf-8")
+
+    # -- checkpoint
+    def _load_state(self) -> dict[str, Any]:
+        path = self.dir / STATE
+        if not path.exists():
+            return {}
+        try:
+            return dict(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise errors.FailedPrecondition(f"checkpoint {path} is unreadable ({exc}); it is written atomically, "
+                                            "so this is damage from outside: restore it or use a new --data-dir") from None
+
+    def save(self, **fields: Any) -> None:
+        """Replace the checkpoint atomically with the current state plus ``fields``."""
+        self.state.update(fields)
+        tmp = self.dir / (STATE + ".tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            json.dump(self.state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / STATE)
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- journal
+    def _load_journal(self) -> None:
+        path = self.dir / JOURNAL
+        if not path.exists():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                if i == len(lines) - 1:
+                    break  # a torn last line (killed mid-write): it announced a step never taken
+                raise errors.FailedPrecondition(f"journal {path} line {i + 1} is damaged") from None
+            self._apply(rec)
+        # Start-up: every start_ts with no commit_ts belonged to a process that died
+        # before deciding it; no Pump can serve it, so it is rolled back now.
+        orphans = [d for d in self._by_start.values() if not d.commit_ts and d.start_ts not in self._rolled_back]
+        decided = [d for d in self._by_key.values() if d.commit_ts]
+        if len(decided) > KEEP_DECIDED or orphans:
+            keep = sorted(decided, key=lambda d: d.start_ts)[-KEEP_DECIDED:]
+            keys = {id(d): k for k, d in self._by_key.items()}
+            tmp = path.with_suffix(".tmp")
+            with tmp.open("w", encoding="utf-8") as f:
+                for d in keep:
+                    f.write(json.dumps(self._start_rec(keys[id(d)], d)) + "\n")
+                    f.write(json.dumps({"k": keys[id(d)], "c": d.commit_ts, "p": d.pump}) + "\n")
+                for s in sorted(self._rolled_back | {d.start_ts for d in orphans})[-KEEP_DECIDED:]:
+                    f.write(json.dumps({"s": s, "r": 1}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            self._rolled_back |= {d.start_ts for d in orphans}
+            for d in orphans:
+                self._by_key = {k: v for k, v in self._by_key.items() if v is not d}
+
+    @staticmethod
+    def _start_rec(key: str, d: Decision) -> dict[str, Any]:
+        rec: dict[str, Any] = {"k": key, "s": d.start_ts}
+        if d.ddl is not None:
+            rec["ddl"] = [base64.b64encode(t.SerializeToString()).decode() for t in d.ddl]
+        return rec
+
+    def _apply(self, rec: dict[str, Any]) -> None:
+        if rec.get("r"):
+            self._rolled_back.add(int(rec["s"]))
+            return
+        key = rec["k"]
+        if "s" in rec:
+            d = Decision(int(rec["s"]))
+            if "ddl" in rec:
+                d.ddl = [binlog_pb2.TableInfo.FromString(base64.b64decode(x)) for x in rec["ddl"]]
+            old = self._by_key.get(key)
+            if old is not None and not old.commit_ts:
+                self._rolled_back.add(old.start_ts)
+            self._by_key[key] = d
+            self._by_start[d.start_ts] = d
+        elif "c" in rec:
+            d = self._by_key[key]
+            d.commit_ts = int(rec["c"])
+            d.pump = str(rec.get("p", ""))
+
+    def _append(self, rec: dict[str, Any]) -> None:
+        self._journal.write(json.dumps(rec) + "\n")
+        self._journal.flush()
+        os.fsync(self._journal.fileno())
+
+    def decision(self, key: str) -> Decision | None:
+        """The decided (``commit_ts`` set) transaction KEY, if any."""
+        with self._lock:
+            d = self._by_key.get(key)
+            return d if d is not None and d.commit_ts else None
+
+    def begin(self, key: str, start_ts: int, ddl: list[binlog_pb2.TableInfo] | None = None) -> Decision:
+        with self._lock:
+            old = self._by_key.get(key)
+            d = Decision(start_ts)
+            d.ddl = ddl
+            rec = self._start_rec(key, d)
+            self._append(rec)
+            if old is not None and not old.commit_ts:
+                self._rolled_back.add(old.start_ts)
+            self._by_key[key] = d
+            self._by_start[start_ts] = d
+            return d
+
+    def decide(self, key: str, commit_ts: int, pump: str) -> None:
+        with self._lock:
+            self._append({"k": key, "c": commit_ts, "p": pump})
+            d = self._by_key[key]
+            d.commit_ts = commit_ts
+            d.pump = pump
+
+    def abandon(self, start_ts: int) -> None:
+        with self._lock:
+            self._append({"s": start_ts, "r": 1})
+            self._rolled_back.add(start_ts)
+
+    def forget_before(self, keys: set[str]) -> None:
+        """Drop decided keys from memory (their lines stay until the next start's compaction)."""
+        with self._lock:
+            for k in keys:
+                self._by_key.pop(k, None)
+
+    # -- TxnStatus
+    def txn_status(self, start_ts: int) -> tuple[str, int]:
+        with self._lock:
+            if start_ts in self._rolled_back:
+                return txn_status.ROLLED_BACK, 0
+            d = self._by_start.get(start_ts)
+            if d is None:
+                # Never minted by this source (or compacted away long after its commit landed).
+                return txn_status.ROLLED_BACK, 0
+            if d.commit_ts:
+                return txn_status.COMMITTED, d.commit_ts
+            return txn_status.RUNNING, 0
+
+    def close(self) -> None:
+        self._journal.close()

@@ -1,0 +1,429 @@
+"""The MySQL/MariaDB row-binlog source (the Syncer role): registers as a
+replica, reads ROW events, and sends every upstream transaction to the Pumps
+as a prewrite + commit pair with TSOs taken in binlog order.
+
+Event handling (MariaDB and MySQL flavours):
+
+* GTID / ``BEGIN`` open a transaction; TABLE_MAP names a table for the rows
+  that follow (typed from the tracked definition, ``values.prepare_table_map``);
+  WRITE/UPDATE/DELETE_ROWS (v1/v2) add row changes with full images;
+  XID (or ``COMMIT`` for non-transactional tables) closes it: it is sent
+  (``emitter``), then its end becomes the position to checkpoint.
+* A DDL ``QUERY`` is its own transaction: applied to the tracked definitions
+  (``tables.Catalog``), sent as one DDL binlog per changed table with the
+  resulting TableInfo, exactly as TxnWriter's, then checkpointed at once.
+* ROTATE moves to the next binlog file (``FLUSH BINARY LOGS``); heartbeats
+  give control back while the server is idle.
+
+Crash safety: the checkpoint (``journal.SourceState``) holds the end of the
+last transaction a Pump acknowledged, plus the table definitions at that
+point; it is never taken inside a TABLE_MAP/ROWS group. A restart resumes
+there; transactions re-read after it are re-sent with their journaled TSOs
+(equal ``(commit_ts, start_ts)``, dropped downstream as copies), or, if they
+had no commit_ts yet, sent afresh after rolling the old start_ts back. The
+journal module states the argument in full.
+
+A lost connection (server restart) is retried with backoff from the last
+acknowledged transaction; a purged start position, a server whose identity
+changed, or a binlog setting binlake cannot use stop the source with the
+setting or the way out in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
+
+from binlake import codec, errors
+from binlake.config import ClientSettings
+from binlake.proto import binlog_pb2
+from binlake.source.emitter import Emitter
+from binlake.source.journal import SourceState
+from binlake.source.mysql import server as srv
+from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
+from binlake.source.mysql.values import convert_row, prepare_table_map
+
+log = logging.getLogger(__name__)
+
+FIRST_TABLE_ID = 100
+# Checkpoint at least this often while transactions flow (and at every DDL):
+# a longer gap only means more transactions re-read (and deduplicated) after a crash.
+CHECKPOINT_INTERVAL_S = 1.0
+PROGRESS_INTERVAL_S = 10.0
+_EVENTS = [RotateEvent, GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent, TableMapEvent, WriteRowsEvent,
+           UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent]
+
+
+def parse_start(start: str | None) -> tuple[str, Any]:
+    """``now`` | ``FILE:POS`` | ``gtid:SET`` -> (kind, value)."""
+    if start is None or start == "now":
+        return "now", None
+    if start.startswith("gtid:"):
+        gtid = start[5:].strip()
+        if not gtid:
+            raise errors.InvalidArgument("--start gtid: needs a GTID set, e.g. gtid:0-1-42")
+        return "gtid", gtid
+    if start == "snapshot":
+        raise errors.InvalidArgument("--start snapshot is not supported yet; use --start now (or FILE:POS)")
+    file, sep, pos = start.rpartition(":")
+    if not sep or not file or not pos.isdigit() or int(pos) < 4:
+        raise errors.InvalidArgument(
+            f"--start {start!r}: expected now, FILE:POS (e.g. binlog.000003:1234, POS >= 4) or gtid:SET"
+        )
+    return "pos", (file, int(pos))
+
+
+class _Txn:
+    def __init__(self) -> None:
+        self.mutations: dict[int, binlog_pb2.TableMutation] = {}
+        self.rows = 0
+
+    def mut(self, table_id: int) -> binlog_pb2.TableMutation:
+        m = self.mutations.get(table_id)
+        if m is None:
+            m = self.mutations[table_id] = binlog_pb2.TableMutation(table_id=table_id)
+        return m
+
+
+class MySQLSource:
+    """One source process: ``run()`` until ``stop()`` (or an error)."""
+
+    def __init__(self, dsn: str, *, server_id: int, registry: str, data_dir: str, start: str | None = None,
+                 tables: str | None = None, status_addr: str = "127.0.0.1:0",
+                 client_settings: ClientSettings | None = None, heartbeat_s: float = 1.0) -> None:
+        if not isinstance(server_id, int) or not 1 <= server_id < 2**32:
+            raise errors.InvalidArgument(f"--server-id must be in 1..4294967295, got {server_id!r}")
+        self.dsn = srv.parse_dsn(dsn)
+        self.server_id = server_id
+        self.registry_addr = registry
+        self.start_kind, self.start_value = parse_start(start)
+        self.filter = TableFilter(tables)
+        self.heartbeat_s = heartbeat_s
+        self._stop = threading.Event()
+        # Set once the start position is fixed and the initial definitions were sent.
+        self.ready = threading.Event()
+        self.state = SourceState(data_dir)
+        self._status_addr = status_addr
+        self._client_settings = client_settings
+        self.emitter: Emitter | None = None
+        self.catalog = Catalog()
+        self.file = ""
+        self.pos = 0
+        self.transactions = 0
+        self.row_changes = 0
+        self.events = 0
+        self.lag_s = 0.0
+        self._last_save = 0.0
+        self._dirty = False
+        self.on_transaction: Callable[[int, int], None] | None = None  # (start_ts, commit_ts), for tests/bench
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------------ start-up
+    def _open(self) -> srv.ServerInfo:
+        conn = self.dsn.connect()
+        try:
+            info = srv.check_server(conn, self.server_id)
+            st = self.state.state
+            if "position" in st:
+                if st.get("server") != info.identity:
+                    raise errors.FailedPrecondition(
+                        f"the server's identity changed ({st.get('server')} -> {info.identity}) since the checkpoint "
+                        f"in {self.state.dir}: its binlog positions mean something else now; start a new --data-dir "
+                        "(with --start snapshot or now)"
+                    )
+                self.file, self.pos = st["position"]
+                srv.check_position(conn, self.file, self.pos)
+                self.catalog = Catalog.from_json(st["schema"])
+            else:
+                self._first_start(conn, info)
+        finally:
+            conn.close()
+        return info
+
+    def _first_start(self, conn: Any, info: srv.ServerInfo) -> None:
+        if self.start_kind == "pos":
+            self.file, self.pos = self.start_value
+            srv.check_position(conn, self.file, self.pos)
+        elif self.start_kind == "gtid":
+            self.file, self.pos = "", 0  # learnt from the first ROTATE
+        else:
+            self.file, self.pos = srv.current_position(conn)
+        self.catalog = load_catalog(conn, self.filter)
+        self.state.save(server=info.identity, next_table_id=FIRST_TABLE_ID, schema_version=0)
+        # Each table that exists at the start position gets a DDL binlog with its
+        # definition, so schema history can decode its rows like TxnWriter's.
+        assert self.emitter is not None
+        for name in sorted(self.catalog.tables):
+            t = self.catalog.tables[name]
+            with conn.cursor() as cur:
+                cur.execute(f"SHOW CREATE TABLE `{t.db}`.`{t.name}`")
+                ddl = str(cur.fetchone()[1])
+            self.catalog.remove(t.db, t.name)
+            self._send_ddl(f"init:{self.file}:{self.pos}:{name}", ddl, DdlChange(t.db, t.name, t, None))
+        self._checkpoint(force=True)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> None:
+        self.emitter = Emitter(self.registry_addr, self.state, kind="mysql", status_addr=self._status_addr,
+                               client_settings=self._client_settings)
+        try:
+            info = self._open()
+            log.info("mysql source %s: %s %s from %s:%d, %d tables, writer %s", self.dsn, "MariaDB" if info.mariadb
+                     else "MySQL", info.version, self.file or f"gtid {self.start_value}", self.pos,
+                     len(self.catalog.tables), self.emitter.writer_id)
+            self.ready.set()
+            backoff = 0.5
+            while not self._stop.is_set():
+                try:
+                    self._stream(info)
+                    backoff = 0.5
+                except (pymysql.err.OperationalError, pymysql.err.InterfaceError, ConnectionError, OSError,
+                        errors.Unavailable) as exc:
+                    if self._stop.is_set():
+                        break
+                    log.warning("mysql source: connection lost (%s); reconnecting from %s:%d in %.1fs",
+                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__, self.file, self.pos,
+                                backoff)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    if self._stop.is_set():
+                        break
+                    try:
+                        info = self._reconnect_check()
+                    except errors.Unavailable:
+                        continue
+            self._checkpoint(force=True)
+        finally:
+            self.emitter.close()
+            self.state.close()
+
+    def _reconnect_check(self) -> srv.ServerInfo:
+        conn = self.dsn.connect()
+        try:
+            info = srv.check_server(conn, self.server_id)
+            if info.identity != self.state.state.get("server"):
+                raise errors.FailedPrecondition(
+                    f"the server's identity changed ({self.state.state.get('server')} -> {info.identity}) while "
+                    "the source was reading it; start a new --data-dir"
+                )
+            if self.file:
+                srv.check_position(conn, self.file, self.pos)
+            return info
+        finally:
+            conn.close()
+
+    def _stream(self, info: srv.ServerInfo) -> None:
+        kwargs: dict[str, Any] = {}
+        if self.file:
+            kwargs.update(log_file=self.file, log_pos=self.pos, resume_stream=True)
+        else:
+            kwargs.update(auto_position=self.start_value)
+        stream = BinLogStreamReader(
+            connection_settings=self.dsn.settings(), server_id=self.server_id, blocking=True,
+            # is_mariadb only for a GTID start: with it, mysql-replication 1.0 ignores
+            # log_file/log_pos and streams from the server's first binlog.
+            only_events=_EVENTS, freeze_schema=True, is_mariadb=info.mariadb and not self.file,
+            slave_heartbeat=self.heartbeat_s,
+            enable_logging=False, **kwargs,
+        )
+        txn: _Txn | None = None
+        tables: dict[int, MyTable | None] = {}
+        last_progress = time.monotonic()
+        events_at = 0
+        try:
+            for ev in stream:
+                self.events += 1
+                if isinstance(ev, RotateEvent):
+                    if txn is None:
+                        self.file, self.pos = ev.next_binlog, ev.position
+                elif isinstance(ev, (GtidEvent, MariadbGtidEvent)):
+                    txn = _Txn()
+                elif isinstance(ev, QueryEvent):
+                    q = ev.query.strip()
+                    head = q.split(None, 1)[0].upper() if q else ""
+                    if head == "BEGIN" or head == "XA":
+                        txn = txn or _Txn()
+                    elif head == "COMMIT":
+                        self._end_txn(txn, stream, ev)
+                        txn = None
+                    else:
+                        txn = None  # a DDL commits implicitly
+                        self._ddl(q, _schema(ev), stream)
+                        tables.clear()
+                elif isinstance(ev, TableMapEvent):
+                    t = self.catalog.get(ev.schema, ev.table)
+                    if t is None:
+                        if self.filter(ev.schema, ev.table):
+                            raise errors.FailedPrecondition(
+                                f"rows for {ev.schema}.{ev.table}, which the source has no definition of (created "
+                                "with the binlog off, or before the start position without existing at start)"
+                            )
+                        tables[ev.table_id] = None
+                    else:
+                        prepare_table_map(ev, t)
+                        tables[ev.table_id] = t
+                elif isinstance(ev, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
+                    t = tables.get(ev.table_id)
+                    if t is None:
+                        continue
+                    txn = txn or _Txn()
+                    self._rows(txn, t, ev)
+                elif isinstance(ev, XidEvent):
+                    self._end_txn(txn, stream, ev)
+                    txn = None
+                elif isinstance(ev, HeartbeatLogEvent):
+                    self._checkpoint()
+                now = time.monotonic()
+                if now - last_progress >= PROGRESS_INTERVAL_S:
+                    rate = (self.events - events_at) / (now - last_progress)
+                    log.info("mysql source: %.0f events/s, %d transactions, %d row changes, lag %.1fs, at %s:%d",
+                             rate, self.transactions, self.row_changes, self.lag_s, self.file, self.pos)
+                    last_progress, events_at = now, self.events
+                if self._stop.is_set() and txn is None:
+                    break
+        finally:
+            stream.close()
+
+    # ------------------------------------------------------------------ transactions
+    def _rows(self, txn: _Txn, t: MyTable, ev: Any) -> None:
+        info = self._info(t)
+        m = txn.mut(t.table_id)
+        try:
+            for row in ev.rows:
+                if isinstance(ev, WriteRowsEvent):
+                    m.inserted_rows.append(codec.encode_row(convert_row(row["values"], t), info))
+                    m.sequence.append(binlog_pb2.INSERT)
+                elif isinstance(ev, UpdateRowsEvent):
+                    m.updated_rows.append(codec.encode_update(convert_row(row["before_values"], t),
+                                                              convert_row(row["after_values"], t), info))
+                    m.sequence.append(binlog_pb2.UPDATE)
+                else:
+                    m.deleted_rows.append(codec.encode_row(convert_row(row["values"], t), info))
+                    m.sequence.append(binlog_pb2.DELETE_ROW)
+                txn.rows += 1
+        except (TypeError, ValueError) as exc:
+            raise errors.FailedPrecondition(f"{t.full_name}: a value binlake cannot carry: {exc}") from None
+
+    _info_cache: dict[tuple[int, int], binlog_pb2.TableInfo]
+
+    def _info(self, t: MyTable) -> binlog_pb2.TableInfo:
+        cache = self.__dict__.setdefault("_info_cache", {})
+        key = (t.table_id, t.schema_version)
+        info = cache.get(key)
+        if info is None:
+            info = cache[key] = t.to_info()
+        return info
+
+    def _end_txn(self, txn: _Txn | None, stream: BinLogStreamReader, ev: Any) -> None:
+        file, pos = stream.log_file, stream.log_pos
+        if txn is not None and txn.mutations:
+            assert self.emitter is not None
+            value = binlog_pb2.PrewriteValue(schema_version=int(self.state.state.get("schema_version", 0)),
+                                             mutations=list(txn.mutations.values()))
+            start_ts, commit_ts = self.emitter.emit(f"{file}:{pos}", value)
+            self.transactions += 1
+            self.row_changes += txn.rows
+            if self.on_transaction is not None:
+                self.on_transaction(start_ts, commit_ts)
+        self.file, self.pos = file, pos
+        self.lag_s = max(0.0, time.time() - float(ev.timestamp))
+        self._dirty = True
+        self._checkpoint()
+
+    def _ddl(self, sql: str, default_db: str, stream: BinLogStreamReader) -> None:
+        file, pos = stream.log_file, stream.log_pos
+        for i, change in enumerate(self.catalog.apply(sql, default_db, self.filter)):
+            self._send_ddl(f"{file}:{pos}#{i}", sql, change)
+        self.file, self.pos = file, pos
+        self._dirty = True
+        self._checkpoint(force=True)
+
+    def _send_ddl(self, key: str, sql: str, ch: DdlChange) -> None:
+        assert self.emitter is not None
+        st = self.state.state
+        version = int(st.get("schema_version", 0)) + 1
+        next_id = int(st.get("next_table_id", FIRST_TABLE_ID))
+        decided = self.emitter.ddl_decision(key)
+        if ch.after is None:
+            assert ch.before is not None
+            info = ch.before.to_info()
+            info.dropped = True
+            info.schema_version = version
+        else:
+            if ch.before is None or ch.truncated:
+                tid, next_id = next_id, next_id + 1
+            else:
+                tid = ch.before.table_id
+            assign_ids(ch.after, ch.before, tid, version)
+            info = ch.after.to_info()
+            if ch.truncated and ch.before is not None:
+                info.previous_table_id = ch.before.table_id
+        if decided:
+            # Sent before a crash: the copy downstream has these definitions; keep them.
+            info = decided[0]
+            version = info.schema_version
+            next_id = max(next_id, info.table_id + 1)
+            if ch.after is not None:
+                ch.after.table_id, ch.after.schema_version = info.table_id, info.schema_version
+                ch.after.column_ids = {c.name: c.id for c in info.columns}
+                ch.after.next_column_id = info.next_column_id
+        self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
+        if ch.before is not None:
+            self.catalog.remove(ch.before.db, ch.before.name)
+        if ch.after is not None:
+            self.catalog.put(ch.after)
+        st["schema_version"], st["next_table_id"] = version, next_id
+        self.transactions += 1
+        log.info("mysql source: DDL v%d %s.%s: %s", version, info.db, info.name, sql[:120])
+
+    def _checkpoint(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and (not self._dirty or now - self._last_save < CHECKPOINT_INTERVAL_S):
+            return
+        if not self.file:
+            return
+        self.state.save(position=[self.file, self.pos], schema=self.catalog.to_json())
+        self._last_save = now
+        self._dirty = False
+
+
+def _schema(ev: QueryEvent) -> str:
+    s = ev.schema
+    return s.decode() if isinstance(s, bytes) else str(s or "")
+
+
+def load_catalog(conn: Any, wanted: TableFilter) -> Catalog:
+    """The definitions of every wanted table, from ``SHOW CREATE TABLE`` (parsed like any DDL)."""
+    import sqlglot
+
+    catalog = Catalog()
+    with conn.cursor() as cur:
+        cur.execute("SELECT SCHEMA_NAME, DEFAULT_CHARACTER_SET_NAME FROM information_schema.SCHEMATA")
+        for db, cs in cur.fetchall():
+            catalog.db_charsets[str(db).lower()] = str(cs).lower()
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE='BASE TABLE'")
+        names = [(str(d), str(n)) for d, n in cur.fetchall() if wanted(str(d), str(n))]
+        for db, name in sorted(names):
+            cur.execute(f"SHOW CREATE TABLE `{db}`.`{name}`")
+            ddl = str(cur.fetchone()[1])
+            t = catalog.create_table(sqlglot.parse_one(ddl, read="mysql"), db)  # type: ignore[arg-type]
+            t.db = db
+            catalog.put(t)
+    return catalog
