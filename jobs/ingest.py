@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from typing import NoReturn
 
 
 def _ts(text: str) -> int:
@@ -29,8 +30,15 @@ def _ts(text: str) -> int:
     return value
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="jobs/ingest.py", description=__doc__.splitlines()[0])
+class _Parser(argparse.ArgumentParser):
+    """A usage mistake is one line (and exit 2), as in the ``binlake`` command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="jobs/ingest.py", description=__doc__.splitlines()[0])
     parser.add_argument("--start-ts", type=_ts, required=True, help="window start (inclusive), a TSO")
     parser.add_argument("--end-ts", type=_ts, required=True, help="window end (exclusive), a TSO")
     parser.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"), required="BINLAKE_LAKE_DIR" not in os.environ,
@@ -39,9 +47,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="registry HOST:PORT (default: $BINLAKE_REGISTRY, else 127.0.0.1:8230)")
     parser.add_argument("--pumps", help="comma-separated Pump ids (default: every Pump that may hold the window)")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, $BINLAKE_SPARK_MASTER or local[*])")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, every one checked before a JVM starts (a mistake: one line, exit 2)."""
+    from binlake import errors, rpc
+    from binlake.lake.commands import pump_list, writable_lake
+    from binlake.lake.spark import check_master
+
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.start_ts >= args.end_ts:
         parser.error(f"window [{args.start_ts}, {args.end_ts}) is empty: --start-ts must be below --end-ts")
+    try:
+        rpc.parse_addr(args.registry, "--registry")
+        writable_lake(args.lake)
+        pump_list(args.pumps)
+        if args.master is not None:
+            check_master(args.master, "--master")
+    except errors.InvalidArgument as exc:
+        parser.error(str(exc))
     return args
 
 

@@ -14,6 +14,7 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from binlake import __version__, errors, tso
 
@@ -30,6 +31,14 @@ Look at it:
 
 Configuration: flags > BINLAKE_* environment > --config TOML (see config/binlake.toml) > defaults.
 """
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line naming the command and where help is
+    (subcommand parsers are of this class too: add_subparsers inherits it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def _positive_int(text: str) -> int:
@@ -82,6 +91,46 @@ def _ts_arg(text: str) -> int:
     return value
 
 
+def _scratch_dir(text: str) -> str:
+    """A directory to work in: existing and writable, or creatable under a writable one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a directory, got an empty string")
+    path = pathlib.Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
+    if not _can_create_under(path):
+        raise argparse.ArgumentTypeError(f"cannot create or write {text}: no writable directory there")
+    return text
+
+
+def _can_create_under(path: pathlib.Path) -> bool:
+    """Whether a directory could be made at ``path``: its nearest existing ancestor
+    takes a new entry (tried, then removed: permission bits alone do not tell, e.g. /proc)."""
+    import tempfile
+
+    nearest = path
+    while not nearest.exists():
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        return False
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".binlake-probe-", dir=nearest))
+    except OSError:
+        return False
+    return True
+
+
+def _int_list(text: str) -> str:
+    """Comma-separated positive integers (e.g. writer counts, sizes), checked; the text itself."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,4,16, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers such as 1,4,16, got {text!r}")
+    return text
+
+
 def _datetime_arg(text: str) -> int:
     try:
         return tso.parse_datetime(text)
@@ -114,6 +163,8 @@ def _add_window(p: argparse.ArgumentParser) -> None:
 def _registry_addr(args: argparse.Namespace) -> str:
     from binlake.rpc import parse_addr
 
+    if args.registry is not None and not args.registry.strip():
+        raise errors.InvalidArgument("--registry is empty: give the registry's HOST:PORT (e.g. 127.0.0.1:8230)")
     addr = args.registry or "127.0.0.1:8230"
     parse_addr(addr, "--registry")
     return addr
@@ -156,21 +207,39 @@ def _add_up_parser(sub: argparse._SubParsersAction, fmt: type[argparse.HelpForma
     p.add_argument("--no-airflow", dest="airflow", action="store_false", help="start only the registry and Pumps")
     p.add_argument("--airflow-port", type=_positive_int, default=stack.DEFAULT_AIRFLOW_PORT,
                    help="port of the Airflow API server and UI on 127.0.0.1 (default 8080)")
-    p.add_argument("--dags-folder", default=str(stack.PROJECT_ROOT / "dags"), help="Airflow DAGs (default ./dags)")
-    p.add_argument("--plugins-folder", default=str(stack.PROJECT_ROOT / "plugins"),
-                   help="Airflow plugins (default ./plugins)")
+    p.add_argument("--dags-folder", help="Airflow DAGs (default: $BINLAKE_DAGS_FOLDER, else the checkout's dags/)")
+    p.add_argument("--plugins-folder",
+                   help="Airflow plugins (default: $BINLAKE_PLUGINS_FOLDER, else the checkout's plugins/)")
     p.add_argument("--ready-timeout-s", type=_positive_float, default=180.0,
                    help="give up if a service is not ready after this long (default 180)")
 
 
 def _run_up(args: argparse.Namespace) -> int:
-    from binlake import stack
+    import shlex
+
+    from binlake import config, stack
+
+    for flag, value in (("--data-dir", args.data_dir), ("--dags-folder", args.dags_folder),
+                        ("--plugins-folder", args.plugins_folder)):
+        if value is not None and not value.strip():
+            raise errors.InvalidArgument(f"{flag} is empty: give a directory")
+    paths = config.paths()
+    dags = pathlib.Path(args.dags_folder) if args.dags_folder else paths.dags()
+    plugins = pathlib.Path(args.plugins_folder) if args.plugins_folder else paths.plugins()
+    try:
+        pump_args = stack.parse_pump_args(args.pump_args)
+    except ValueError as exc:
+        raise errors.InvalidArgument(f"--pump-args {args.pump_args!r} is not a valid shell string: {exc}") from None
+    _, unknown = build_parser().parse_known_args(["pump", *pump_args])
+    if unknown:
+        raise errors.InvalidArgument(
+            f"--pump-args: {shlex.join(unknown)} is not a `binlake pump` flag (see `binlake pump --help`)")
 
     cfg = stack.StackConfig(
         data_dir=pathlib.Path(args.data_dir), pumps=args.pumps, registry_addr=args.registry_addr,
-        pump_port_base=args.pump_port_base, pump_args=stack.parse_pump_args(args.pump_args),
-        airflow=args.airflow, airflow_port=args.airflow_port, dags_folder=pathlib.Path(args.dags_folder),
-        plugins_folder=pathlib.Path(args.plugins_folder), ready_timeout_s=args.ready_timeout_s,
+        pump_port_base=args.pump_port_base, pump_args=pump_args,
+        airflow=args.airflow, airflow_port=args.airflow_port, dags_folder=dags,
+        plugins_folder=plugins, ready_timeout_s=args.ready_timeout_s,
     )
     return stack.Stack(cfg).run()
 
@@ -190,7 +259,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="binlake", description=__doc__.splitlines()[0], epilog=_EPILOG_TOP, formatter_class=fmt
     )
     parser.add_argument("--version", action="version", version=f"binlake {__version__}")
@@ -410,11 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
         "pump", help="Pump write throughput and latency vs raw append+fsync", formatter_class=fmt,
         epilog="Example:\n  binlake bench pump --seconds 5 --writers 1,4,16 --sizes 1024,65536\n",
     )
-    b.add_argument("--seconds", type=float, default=5.0, help="measure each case this long (default 5)")
-    b.add_argument("--writers", default="1,4,16,64,256",
+    b.add_argument("--seconds", type=_positive_float, default=5.0, help="measure each case this long (default 5)")
+    b.add_argument("--writers", type=_int_list, default="1,4,16,64,256",
                    help="comma-separated writer counts (default 1,4,16,64,256)")
-    b.add_argument("--sizes", default="1024,65536", help="comma-separated transaction sizes in bytes")
-    b.add_argument("--dir", help="scratch directory on the disk to measure (default: a temp dir under bench/)")
+    b.add_argument("--sizes", type=_int_list, default="1024,65536", help="comma-separated transaction sizes in bytes")
+    b.add_argument("--dir", type=_scratch_dir,
+                   help="scratch directory on the disk to measure (default: a temp dir under bench/)")
     b.add_argument("--client-procs", type=_positive_int, default=1,
                    help="writer threads are spread over this many client processes (default 1)")
     b.add_argument("--no-tso-per-txn", dest="tso_per_txn", action="store_false",
@@ -428,8 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
         "writer", help="TxnWriter throughput with binlog vs the same transactions without", formatter_class=fmt,
         epilog="Example:\n  binlake bench writer --seconds 5 --clients 1,8\n",
     )
-    b.add_argument("--seconds", type=float, default=5.0, help="measure each case this long (default 5)")
-    b.add_argument("--clients", default="1,8", help="comma-separated client counts (default 1,8)")
+    b.add_argument("--seconds", type=_positive_float, default=5.0, help="measure each case this long (default 5)")
+    b.add_argument("--clients", type=_int_list, default="1,8", help="comma-separated client counts (default 1,8)")
     b = bsub.add_parser(
         "ingest", help="row changes/s from three Pumps into Delta vs Parquet->Delta", formatter_class=fmt,
         epilog="Example:\n  binlake bench ingest --rows 1000000 --runs 2\n",
@@ -438,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rows-per-txn", type=_positive_int, default=2000, help="row changes per transaction (default 2000)")
     b.add_argument("--runs", type=_positive_int, default=2, help="runs of each case; the best is reported (default 2)")
     b.add_argument("--master", help="Spark master (default local[*])")
-    b.add_argument("--dir", help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--dir", type=_scratch_dir, help="scratch directory (default: a temp dir under bench/)")
     b.add_argument("--decode-only", action="store_true",
                    help="only the decoding step: CPU µs per row change, Python path vs native (no Pumps, no Spark)")
     for name in _COMMAND_MODULES:
@@ -456,6 +526,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER
     try:
         _configure_tls(args)
+        if getattr(args, "master", None) is not None:
+            from binlake.lake.spark import check_master
+
+            check_master(args.master, "--master")
         return _dispatch(parser, args)
     except errors.BinlakeError as exc:
         print(f"binlake {args.command}: error: {exc}", file=sys.stderr)
@@ -463,6 +537,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _bench_module(name: str) -> Any:
+    """``bench/<name>_bench.py`` loaded from the bench folder (``binlake.config.PathSettings``:
+    $BINLAKE_BENCH_DIR, else the checkout's bench/), without touching sys.path."""
+    import importlib.util
+
+    from binlake import config
+
+    path = config.paths().bench() / f"{name}_bench.py"
+    if not path.is_file():
+        raise errors.FailedPrecondition(
+            f"no benchmark {path}: the benchmarks live in a binlake checkout's bench/ folder; "
+            "run from a checkout or set BINLAKE_BENCH_DIR")
+    spec = importlib.util.spec_from_file_location(f"binlake_bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Registered first: dataclasses in the module look their module up by name.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _configure_tls(args: argparse.Namespace) -> None:
@@ -538,10 +633,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "bench":
         if args.bench_command not in ("pump", "writer", "ingest"):
             parser.parse_args(["bench", "--help"])
-        # The benchmarks live in the repository's bench/ folder, beside their results.
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
-        module = __import__(f"{args.bench_command}_bench")
-        return module.main(args)
+        return _bench_module(args.bench_command).main(args)  # type: ignore[no-any-return]
     parser.error(f"unknown command {args.command}")
     return EXIT_USER
 

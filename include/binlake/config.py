@@ -35,6 +35,13 @@ def _check_addr(value: str | None, what: str) -> str | None:
     return value
 
 
+def _non_empty(value: Any, what: str) -> Any:
+    # An empty string would silently mean "." (a path) or "unset" (an id): refuse it.
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(f"is empty; give {what}")
+    return value
+
+
 class RegistrySettings(BaseSettings):
     """The registry (TSO and node states)."""
 
@@ -48,6 +55,11 @@ class RegistrySettings(BaseSettings):
     @classmethod
     def _addr(cls, v: str) -> str:
         return _check_addr(v, "registry addr") or v
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _dir(cls, v: Any) -> Any:
+        return _non_empty(v, "a directory")
 
 
 class PumpSettings(BaseSettings):
@@ -88,6 +100,19 @@ class PumpSettings(BaseSettings):
     @classmethod
     def _addr(cls, v: str | None, info: Any) -> str | None:
         return _check_addr(v, f"pump {info.field_name}")
+
+    @field_validator("data_dir", "node_id", mode="before")
+    @classmethod
+    def _not_empty(cls, v: Any, info: Any) -> Any:
+        return _non_empty(v, "a directory" if info.field_name == "data_dir" else "an id (or leave it unset)")
+
+    @field_validator("node_id")
+    @classmethod
+    def _node_id(cls, v: str | None) -> str | None:
+        # The registry's rules, checked before the id is remembered in the data dir.
+        if v is not None and (len(v) > 128 or not v.isprintable() or any(c.isspace() for c in v)):
+            raise ValueError(f"{v[:40]!r} must be at most 128 printable characters without whitespace")
+        return v
 
 
 class ClientSettings(BaseSettings):
@@ -134,6 +159,41 @@ class SecuritySettings(BaseSettings):
         return TLSFiles(self.ca, self.cert, self.key)
 
 
+# include/binlake/config.py -> parents[2]: the checkout's root, when binlake runs from one.
+CHECKOUT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class PathSettings(BaseSettings):
+    """Where the files that ship beside the package live: the Delta jars, the Airflow
+    DAGs and plugins, the benchmarks. Each defaults to the checkout's folder; an
+    installed wheel (no checkout) points them elsewhere with BINLAKE_<KEY>."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_", extra="forbid")
+
+    jars_dir: pathlib.Path | None = Field(None, description="Delta jars for spark.jars (default <checkout>/jars/lib).")
+    dags_folder: pathlib.Path | None = Field(None, description="Airflow DAGs of `binlake up` (default <checkout>/dags).")
+    plugins_folder: pathlib.Path | None = Field(
+        None, description="Airflow plugins of `binlake up` (default <checkout>/plugins).")
+    bench_dir: pathlib.Path | None = Field(None, description="The benchmark modules (default <checkout>/bench).")
+
+    def jars(self) -> pathlib.Path:
+        return self.jars_dir or CHECKOUT / "jars" / "lib"
+
+    def dags(self) -> pathlib.Path:
+        return self.dags_folder or CHECKOUT / "dags"
+
+    def plugins(self) -> pathlib.Path:
+        return self.plugins_folder or CHECKOUT / "plugins"
+
+    def bench(self) -> pathlib.Path:
+        return self.bench_dir or CHECKOUT / "bench"
+
+
+def paths() -> PathSettings:
+    """The paths from the environment (BINLAKE_JARS_DIR, ...), else the checkout's."""
+    return load(PathSettings)
+
+
 S = TypeVar("S", bound=BaseSettings)
 
 SECTIONS: dict[type[BaseSettings], str] = {
@@ -141,6 +201,7 @@ SECTIONS: dict[type[BaseSettings], str] = {
     PumpSettings: "pump",
     ClientSettings: "client",
     SecuritySettings: "security",
+    PathSettings: "paths",
 }
 
 
@@ -213,4 +274,5 @@ def describe_validation_error(exc: ValidationError, section: str, cls: type[Base
         # Our own validators already quote the value; pydantic's messages do not.
         shown = f" (got {given!r})" if given is not None and err["type"] not in ("extra_forbidden", "value_error") else ""
         lines.append(f"[{section}] {key} / {prefix}{key.upper()}: {msg}{shown}")
-    return "invalid configuration:\n  " + "\n  ".join(lines)
+    # One line, as every user mistake is reported (the CLI prints it after "error:").
+    return "invalid configuration: " + "; ".join(lines)

@@ -161,6 +161,8 @@ def _checksum(args: argparse.Namespace) -> int:
     tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else None
     if args.tables is not None and not tables:
         raise errors.InvalidArgument("--tables needs at least one table name (comma-separated)")
+    if args.schema_from is not None and not args.schema_from.strip():
+        raise errors.InvalidArgument("--schema-from is empty: give the SQLAlchemy URL of the upstream")
     schema = oracle.load_schema(args.schema_from) if args.schema_from else None
     sums = oracle.checksum(args.url, tables, include_internal=args.include_internal, schema=schema)
     if args.json:

@@ -5,9 +5,12 @@ when ``[security]`` is set."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -209,9 +212,11 @@ def _read_files(files: TLSFiles) -> tuple[bytes | None, bytes | None, bytes | No
 
 
 def create_server(max_workers: int, name: str, options: list[tuple[str, Any]] | None = None) -> grpc.Server:
-    """A gRPC server with a thread pool (ports are added with ``add_port``)."""
+    """A gRPC server with a thread pool (ports are added with ``add_port``); requests
+    that are not the method's message are refused with INVALID_ARGUMENT."""
     return grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name), options=options or []
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name), options=options or [],
+        interceptors=[_DecodeRequests()],
     )
 
 
@@ -232,12 +237,80 @@ def _channel_credentials(files: TLSFiles) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 
+class _DecodeRequests(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Decode requests inside the handler, so bytes that are no message get a clear
+    INVALID_ARGUMENT (gRPC's own decoding answers INTERNAL "Exception deserializing")."""
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        decode = handler.request_deserializer
+        method = details.method
+
+        def parse(raw: bytes) -> Any:
+            try:
+                return decode(raw)
+            except Exception:
+                raise errors.InvalidArgument(
+                    f"{method}: the request is not a valid message of this method (a client built from "
+                    "another .proto?)") from None
+
+        def first(raw: bytes, context: grpc.ServicerContext) -> Any:
+            try:
+                return parse(raw)
+            except errors.InvalidArgument as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+        out = handler.response_serializer
+        if handler.unary_unary is not None:
+            fn = handler.unary_unary
+            return grpc.unary_unary_rpc_method_handler(lambda raw, ctx: fn(first(raw, ctx), ctx),
+                                                       response_serializer=out)
+        if handler.unary_stream is not None:
+            fn_s = handler.unary_stream
+            return grpc.unary_stream_rpc_method_handler(lambda raw, ctx: fn_s(first(raw, ctx), ctx),
+                                                        response_serializer=out)
+        if handler.stream_unary is not None:
+            fn_su = handler.stream_unary
+            return grpc.stream_unary_rpc_method_handler(lambda it, ctx: fn_su(map(parse, it), ctx),
+                                                        response_serializer=out)
+        fn_ss = handler.stream_stream
+        return grpc.stream_stream_rpc_method_handler(lambda it, ctx: fn_ss(map(parse, it), ctx),
+                                                     response_serializer=out)
+
+
 def add_port(server: grpc.Server | grpc.aio.Server, addr: str) -> int:
     """Listen on ``addr`` with this process's TLS (or plaintext); the bound port, 0 if refused."""
     files = tls()
+    if _in_use(addr):
+        # Checked first: gRPC's core would also print its own error line to stderr.
+        return 0
     if not files.enabled:
-        return server.add_insecure_port(addr)
-    return server.add_secure_port(addr, _server_credentials(files))
+        try:
+            return server.add_insecure_port(addr)
+        except RuntimeError:
+            return 0
+    try:
+        return server.add_secure_port(addr, _server_credentials(files))
+    except RuntimeError:
+        return 0
+
+
+def _in_use(addr: str) -> bool:
+    """Whether something already listens on ``addr`` (a fixed port on a numeric or local host)."""
+    host, port = parse_addr(addr)
+    if port == 0:
+        return False
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with contextlib.closing(socket.socket(family, socket.SOCK_STREAM)) as s:
+        # As gRPC binds: connections in TIME_WAIT do not count, a listener does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def channel(addr: str, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:

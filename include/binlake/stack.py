@@ -35,10 +35,11 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from binlake import errors, rpc
+from binlake import config, errors, rpc
 
-# include/binlake/stack.py -> parents[2] is the project root (dags/, plugins/, jobs/).
-PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The checkout's root (dags/, plugins/, jobs/) when run from one; the folders
+# themselves come from binlake.config.PathSettings (BINLAKE_DAGS_FOLDER, ...).
+PROJECT_ROOT = config.CHECKOUT
 
 DEFAULT_REGISTRY_ADDR = "127.0.0.1:8230"
 DEFAULT_PUMP_PORT_BASE = 8250
@@ -49,11 +50,13 @@ AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 STATE_FILE = "binlake-up.json"
 
 
-def local_airflow(home: pathlib.Path, dags: pathlib.Path = PROJECT_ROOT / "dags",
-                  plugins: pathlib.Path = PROJECT_ROOT / "plugins") -> dict[str, str]:
+def local_airflow(home: pathlib.Path, dags: pathlib.Path | None = None,
+                  plugins: pathlib.Path | None = None) -> dict[str, str]:
     """The settings of an Airflow on this machine running this project's DAGs: its
     home and SQLite metadata database under ``home``, no example DAGs. Airflow reads
     them from the environment when first imported (the stack, the demo, the DAG tests)."""
+    dags = dags or config.paths().dags()
+    plugins = plugins or config.paths().plugins()
     return {
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags.resolve()),
@@ -74,8 +77,8 @@ class StackConfig:
     pump_args: list[str] = dataclasses.field(default_factory=list)
     airflow: bool = True
     airflow_port: int = DEFAULT_AIRFLOW_PORT
-    dags_folder: pathlib.Path = PROJECT_ROOT / "dags"
-    plugins_folder: pathlib.Path = PROJECT_ROOT / "plugins"
+    dags_folder: pathlib.Path = dataclasses.field(default_factory=lambda: config.paths().dags())
+    plugins_folder: pathlib.Path = dataclasses.field(default_factory=lambda: config.paths().plugins())
     ready_timeout_s: float = 180.0
 
 
@@ -214,7 +217,11 @@ class Stack:
                         f"{what} folder {folder} does not exist: run `binlake up` from a binlake checkout "
                         f"or pass --{what}-folder"
                     )
-        self.data.mkdir(parents=True, exist_ok=True)
+        try:
+            self.data.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise errors.InvalidArgument(
+                f"--data-dir {self.data} cannot be created ({exc.strerror}); give a writable directory") from None
 
     # ------------------------------------------------------------------ binlake
 

@@ -4,7 +4,8 @@ A window ``[start_ts, end_ts)`` can be read completely only once every Pump
 that may hold part of it has a safe ts >= ``end_ts`` (nothing of the window
 can still arrive there) and none has collected garbage above ``start_ts``.
 The registry knows both from the Pumps' heartbeats, so the trigger polls the
-registry, not the Pumps.
+registry, not the Pumps; the rule is ``binlake.window.readiness``, the one the
+planner and the Pumps apply.
 
 The trigger runs in the triggerer's asyncio loop, so the blocking gRPC call
 goes to a thread (``asyncio.to_thread``); a waiting window costs one coroutine
@@ -70,7 +71,9 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
     """
     from binlake import tso
     from binlake.lake.planner import pumps_for_window
+    from binlake.window import Readiness, Window, readiness
 
+    window_ts = Window(start_ts, end_ts)
     nodes = list(nodes)
     by_id = {n.node_id: n for n in nodes if n.kind == "pump"}
     window = f"[{tso.format_ts(start_ts)}, {tso.format_ts(end_ts)})"
@@ -84,9 +87,10 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
     current = {n.node_id for n in pumps_for_window(nodes, start_ts, end_ts)}
     joined = sorted(current - set(planned))
     chosen = sorted(set(planned) | current)
+    states = {node_id: readiness(window_ts, by_id[node_id].safe_ts, by_id[node_id].gc_ts) for node_id in chosen}
     for node_id in chosen:
         gc_ts = by_id[node_id].gc_ts
-        if gc_ts > start_ts:
+        if states[node_id] is Readiness.GONE:
             return SafeTsCheck(
                 ready=False, safe_ts={}, waiting=[], error_kind=GC_PASSED,
                 error=(f"window {window} starts below pump {node_id}'s GC ts {tso.format_ts(gc_ts)}: "
@@ -94,7 +98,7 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
                        "longer be ingested completely"),
             )
     safe = {node_id: by_id[node_id].safe_ts for node_id in chosen}
-    waiting = [node_id for node_id in chosen if safe[node_id] < end_ts]
+    waiting = [node_id for node_id in chosen if states[node_id] is Readiness.WAITING]
     return SafeTsCheck(ready=not waiting, safe_ts=safe, waiting=waiting, joined=joined)
 
 

@@ -207,7 +207,7 @@ class TxnWriter:
             kwargs["pool_size"] = 16
             kwargs["max_overflow"] = 16
             kwargs["pool_pre_ping"] = True
-            if url.get_driver_name() == "psycopg":
+            if url.drivername.endswith("+psycopg"):  # (get_driver_name() would load the dialect first)
                 # psycopg 3 prepares repeated statements per connection; after a
                 # column type change those plans fail ("cached plan must not
                 # change result type") on every other pooled connection.

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import pathlib
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -69,11 +71,11 @@ def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
 
 # ---------------------------------------------------------------- binlake ingest
 def ingest(args: argparse.Namespace, registry: str) -> int:
-    from binlake.lake.ingest import check_lake, ingest_window
+    from binlake.lake.ingest import ingest_window
     from binlake.lake.source import plan_read
 
     start, end = window_args(args)
-    check_lake(args.lake)
+    writable_lake(args.lake)
     pumps = pump_list(args.pumps)
     # Refuse an unservable window in a second, before a JVM starts (ingest checks again).
     plan_read(registry, start, end, pumps)
@@ -109,10 +111,36 @@ def _fmt_ts(ts: int) -> str:
     return tso.to_datetime(ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if ts > 0 else "-"
 
 
-def windows(args: argparse.Namespace) -> int:
-    from binlake.lake.ingest import check_lake, read_windows, uncovered
+def existing_lake(lake: str) -> None:
+    """A local lake must be a directory that exists (URIs are Spark's to resolve)."""
+    from binlake.lake.ingest import check_lake
 
-    check_lake(args.lake)
+    check_lake(lake)
+    if "://" not in lake and not os.path.isdir(lake):
+        what = "is a file" if os.path.exists(lake) else "does not exist"
+        raise errors.InvalidArgument(f"--lake {lake} {what}: give the lake directory an ingest wrote")
+
+
+def writable_lake(lake: str) -> None:
+    """A local lake must be a directory, or creatable under a writable one."""
+    from binlake.lake.ingest import check_lake
+
+    check_lake(lake)
+    if "://" in lake:
+        return
+    path = os.path.abspath(lake)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise errors.InvalidArgument(f"--lake {lake} is a file: give a directory for the lake")
+    from binlake.cli import _can_create_under
+
+    if not _can_create_under(pathlib.Path(path)):
+        raise errors.InvalidArgument(f"--lake {lake} cannot be created: no writable directory there")
+
+
+def windows(args: argparse.Namespace) -> int:
+    from binlake.lake.ingest import read_windows, uncovered
+
+    existing_lake(args.lake)
     spark = session(args.master)
     try:
         rows = read_windows(spark, args.lake)
@@ -148,9 +176,9 @@ def windows(args: argparse.Namespace) -> int:
 def changes(args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
 
-    from binlake.lake.ingest import CHANGES, check_lake, is_delta, table_path
+    from binlake.lake.ingest import CHANGES, is_delta, table_path
 
-    check_lake(args.lake)
+    existing_lake(args.lake)
     if not args.table or not args.table.strip():
         raise errors.InvalidArgument("--table needs a table name (TABLE or DB.TABLE)")
     db, _, tbl = args.table.strip().rpartition(".")

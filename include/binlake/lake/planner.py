@@ -4,17 +4,18 @@ whether they are ready for it.
 A Pump must be read for ``[start_ts, end_ts)`` unless it went offline before
 ``start_ts`` (an offline Pump took no transaction after its offline_ts). Every
 other registered Pump may hold transactions of the window, so every one of
-them must be reachable, have a safe ts >= end_ts (nothing of the window still
-to arrive) and a GC ts <= start_ts (nothing of the window collected).
+them must be reachable and ready for it by ``binlake.window.readiness`` (safe
+ts >= end_ts, GC ts <= start_ts).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from binlake import errors, tso
+from binlake import errors
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord, NodeState
+from binlake.window import Readiness, Window, gone_error, readiness
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,19 +28,18 @@ class WindowPlan:
     def addrs(self) -> dict[str, str]:
         return {p.node_id: p.addr for p in self.pumps}
 
+    @property
+    def window(self) -> Window:
+        return Window(self.start_ts, self.end_ts)
+
     def waiting_for(self) -> list[NodeRecord]:
         """Pumps whose (last reported) safe ts is still below the window end."""
-        return [p for p in self.pumps if p.safe_ts < self.end_ts]
+        return [p for p in self.pumps if readiness(self.window, p.safe_ts, 0) is Readiness.WAITING]
 
 
-def check_window(start_ts: int, end_ts: int) -> None:
-    for name, v in (("start_ts", start_ts), ("end_ts", end_ts)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise errors.InvalidArgument(f"{name} must be an integer TSO, got {v!r}")
-        if not 0 <= v <= tso.MAX_TS:
-            raise errors.InvalidArgument(f"{name} must be a TSO in [0, 2^63), got {v}")
-    if start_ts >= end_ts:
-        raise errors.InvalidArgument(f"window [{start_ts}, {end_ts}) is empty: start must be before end")
+def check_window(start_ts: int, end_ts: int) -> Window:
+    """The validated window (``binlake.window.Window``)."""
+    return Window(start_ts, end_ts)
 
 
 def pumps_for_window(nodes: list[NodeRecord], start_ts: int, end_ts: int) -> list[NodeRecord]:
@@ -54,7 +54,7 @@ def plan_window(registry: str | RegistryClient, start_ts: int, end_ts: int,
                 pumps: list[str] | None = None) -> WindowPlan:
     """The Pumps to read for the window (optionally restricted to ``pumps`` ids).
     Refuses (OutOfRange) when a Pump has collected garbage above the window start."""
-    check_window(start_ts, end_ts)
+    window = check_window(start_ts, end_ts)
     reg = registry if isinstance(registry, RegistryClient) else RegistryClient(registry)
     own = reg is not registry
     try:
@@ -73,9 +73,6 @@ def plan_window(registry: str | RegistryClient, start_ts: int, end_ts: int,
             )
         chosen = [n for n in chosen if n.node_id in pumps]
     for n in chosen:
-        if n.gc_ts > start_ts:
-            raise errors.OutOfRange(
-                f"window [{start_ts}, {end_ts}) starts below pump {n.node_id}'s GC ts {tso.format_ts(n.gc_ts)}: "
-                "its binlogs before that were removed after their retention"
-            )
+        if readiness(window, n.safe_ts, n.gc_ts) is Readiness.GONE:
+            raise gone_error(window, n.node_id, n.gc_ts)
     return WindowPlan(start_ts, end_ts, tuple(chosen))

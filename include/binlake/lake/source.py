@@ -62,6 +62,7 @@ from binlake import errors, rpc, tso
 from binlake.lake import decode
 from binlake.lake.planner import WindowPlan, check_window, plan_window
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
+from binlake.window import Readiness, gone_error, readiness, waiting_error
 
 if TYPE_CHECKING:
     # pyspark is heavy; type checkers see it, runtime imports it where a session is used.
@@ -106,15 +107,11 @@ def check_pumps(plan: WindowPlan, timeout_s: float = STATUS_TIMEOUT_S) -> dict[s
     out = pump_statuses(plan, timeout_s)
     for node in plan.pumps:
         st = out[node.node_id]
-        if st.gc_ts > plan.start_ts:
-            raise errors.OutOfRange(
-                f"window [{plan.start_ts}, {plan.end_ts}) starts below pump {node.node_id}'s GC ts "
-                f"{tso.format_ts(st.gc_ts)}: its binlogs before that were removed after their retention")
-        if st.safe_ts < plan.end_ts:
-            raise errors.FailedPrecondition(
-                f"window end {tso.format_ts(plan.end_ts)} is above pump {node.node_id}'s safe ts "
-                f"{tso.format_ts(st.safe_ts)}: transactions below the window end may still arrive; "
-                "wait until its safe ts passes the window end")
+        state = readiness(plan.window, st.safe_ts, st.gc_ts)
+        if state is Readiness.GONE:
+            raise gone_error(plan.window, node.node_id, st.gc_ts)
+        if state is Readiness.WAITING:
+            raise waiting_error(plan.window, node.node_id, st.safe_ts)
     return out
 
 

@@ -10,6 +10,7 @@ Spark start never downloads anything, so it works offline and is reproducible.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,9 +24,6 @@ DEFAULT_MASTER = "local[*]"
 MASTER_ENV = "BINLAKE_SPARK_MASTER"
 JARS_DIR_ENV = "BINLAKE_JARS_DIR"
 
-# include/binlake/lake/spark.py -> parents[3] is the repository root.
-_REPO_ROOT = Path(__file__).resolve().parents[3]
-
 _DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -35,10 +33,29 @@ _DELTA_CONF = {
 _DOWNLOADING_CONFS = ("spark.jars.packages", "spark.jars.repositories", "spark.jars.ivySettings")
 
 
+# Spark's master URL forms (a typo would otherwise surface only after a JVM start).
+_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
+                     r"(spark|k8s|mesos)://\S+)$")
+
+
+def check_master(master: str, what: str = "Spark master") -> str:
+    """``master`` if it is a Spark master URL (local[N], spark://HOST:PORT, yarn, k8s://...);
+    InvalidArgument naming ``what`` otherwise."""
+    from binlake import errors
+
+    if not isinstance(master, str) or not _MASTER.match(master.strip()):
+        raise errors.InvalidArgument(
+            f"{what} {master!r} is not a Spark master URL: use local[N], local[*], spark://HOST:PORT, "
+            "yarn or k8s://URL")
+    return master.strip()
+
+
 def jars_dir() -> Path:
-    """The directory holding the Delta jars: ``$BINLAKE_JARS_DIR``, else ``<repo>/jars/lib``."""
-    env = os.environ.get(JARS_DIR_ENV)
-    return Path(env) if env else _REPO_ROOT / "jars" / "lib"
+    """The directory holding the Delta jars: ``$BINLAKE_JARS_DIR``, else ``<checkout>/jars/lib``
+    (``binlake.config.PathSettings``)."""
+    from binlake import config
+
+    return config.paths().jars()
 
 
 def delta_jars() -> list[Path]:

@@ -44,7 +44,12 @@ class PumpNode:
     def __init__(self, settings: PumpSettings) -> None:
         self.settings = settings
         self.data_dir = pathlib.Path(settings.data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise errors.InvalidArgument(
+                f"pump data dir {self.data_dir} cannot be created ({exc.strerror}); give a writable directory"
+            ) from None
         self._lock_fd = self._lock_data_dir()
         # A refused start (node id, port, storage) must not keep the data dir locked,
         # the storage open or the port bound: release whatever was taken, then re-raise.
@@ -124,7 +129,13 @@ class PumpNode:
         self._server.start()
         log.info("pump %s listening on %s (data dir %s)", self.node_id, self.addr, self.data_dir)
         if self.settings.metrics_addr:
-            self.metrics_addr = self.metrics.serve(self.settings.metrics_addr)
+            try:
+                self.metrics_addr = self.metrics.serve(self.settings.metrics_addr)
+            except OSError as exc:
+                self.stop(grace=0, report_paused=False)
+                raise errors.Unavailable(
+                    f"pump cannot serve metrics on {self.settings.metrics_addr} ({exc.strerror}); "
+                    "choose a free --metrics-addr") from None
             log.info("pump %s metrics on http://%s/metrics", self.node_id, self.metrics_addr)
         self._registry = RegistryClient(self.settings.registry)
         try:

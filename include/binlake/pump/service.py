@@ -17,6 +17,7 @@ from binlake import errors, tso
 from binlake.proto import binlog_pb2
 from binlake.pump.storage import Entry, Results, Storage
 from binlake.registry.model import NodeState
+from binlake.window import Readiness, Window, gone_error, readiness, waiting_error
 
 log = logging.getLogger(__name__)
 
@@ -216,28 +217,16 @@ class PumpService:
         self, start_ts: int, end_ts: int, *, wait: bool = False, wait_timeout_s: float = 30.0,
         max_txns: int = 0, max_bytes: int = 0,
     ) -> Generator[list[binlog_pb2.Binlog], None, None]:
-        if start_ts < 0 or end_ts < 0:
-            raise errors.InvalidArgument(f"window [{start_ts}, {end_ts}): timestamps must be >= 0")
-        if start_ts >= end_ts:
-            raise errors.InvalidArgument(
-                f"window [{start_ts}, {end_ts}) is empty: start_ts must be less than end_ts"
-            )
+        window = Window(start_ts, end_ts)
         if max_txns < 0 or max_bytes < 0:
             raise errors.InvalidArgument("batch limits must be >= 0 (0 = server default)")
-        gc_ts = self.storage.gc_ts
-        if start_ts < gc_ts:
-            raise errors.OutOfRange(
-                f"window [{start_ts}, {end_ts}) starts below pump {self.node_id}'s GC ts {tso.format_ts(gc_ts)}: "
-                "those binlogs were removed after their retention; start the window at or above the GC ts "
-                "(or restore from a snapshot)"
-            )
-        safe = self.storage.safe_ts
-        if end_ts > safe:
+        safe, gc_ts = self.storage.safe_ts, self.storage.gc_ts
+        state = readiness(window, safe, gc_ts)
+        if state is Readiness.GONE:
+            raise gone_error(window, self.node_id, gc_ts)
+        if state is Readiness.WAITING:
             if not wait:
-                raise errors.FailedPrecondition(
-                    f"window end {end_ts} is above pump {self.node_id}'s safe ts {tso.format_ts(safe)}: "
-                    "transactions below the window end may still arrive; retry later or pull with wait"
-                )
+                raise waiting_error(window, self.node_id, safe)
             if not self.storage.wait_safe(end_ts, wait_timeout_s):
                 raise errors.DeadlineExceeded(
                     f"pump {self.node_id}'s safe ts {tso.format_ts(self.storage.safe_ts)} did not reach the "

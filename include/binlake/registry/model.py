@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from binlake import errors
 from binlake.proto import registry_pb2
 
 
@@ -23,7 +24,13 @@ class NodeState(enum.StrEnum):
 
     @classmethod
     def from_proto(cls, value: int) -> NodeState:
-        return cls[registry_pb2.NodeState.Name(value)]
+        try:
+            return cls[registry_pb2.NodeState.Name(value)]
+        except ValueError:
+            # A peer's message: an unknown number is the peer's mistake, not ours.
+            raise errors.InvalidArgument(
+                f"unknown node state {value}; expected one of "
+                f"{', '.join(f'{s.to_proto()} ({s.value})' for s in cls)}") from None
 
     @classmethod
     def parse(cls, text: str) -> NodeState:
