@@ -293,3 +293,34 @@ def test_duplicate_prewrite_on_two_pumps_is_read_once(
     merged = list(pull_window({"p1": p1.addr, "p2": p2.addr}, start, end, wait=True, wait_timeout_s=10))
     assert [(b.start_ts, b.commit_ts) for b in merged] == [(start, commit_ts), (other, commit_ts + 1)]
     assert [row_start_ts(b) for b in merged] == [start, other]
+
+
+# ---------------------------------------------------------------------------- background commits
+
+
+def test_background_commits_land_and_retry_after_a_pump_restart(
+    pump_factory: PumpFactory, registry: RegistryServer, reg: RegistryClient
+) -> None:
+    """``write_commit_async`` sends on the write stream directly; a commit whose
+    first attempt fails (the Pump is down) is retried until the Pump is back."""
+    port = free_port()
+    pump_factory.start("a1", addr=f"127.0.0.1:{port}")
+    with make_client(registry, commit_retry_s=20.0) as client:
+        done = []
+        for _ in range(20):
+            start = reg.get_ts()
+            node = client.write_prewrite(prewrite(start))
+            commit_ts = reg.get_ts()
+            client.write_commit_async(commit(start, commit_ts), node).result(timeout=10)
+            done.append((start, commit_ts))
+        start = reg.get_ts()
+        node = client.write_prewrite(prewrite(start))
+        commit_ts = reg.get_ts()
+        pump_factory.nodes[-1].stop(grace=0.2, report_paused=False)
+        late = client.write_commit_async(commit(start, commit_ts), node)
+        threading.Timer(1.0, lambda: pump_factory.start("a1", addr=f"127.0.0.1:{port}")).start()
+        late.result(timeout=20)
+        client.flush(timeout=5)
+        done.append((start, commit_ts))
+    addr = pump_factory.nodes[-1].addr
+    assert served_by(addr, done[0][0], commit_ts + 1) == done

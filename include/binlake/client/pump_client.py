@@ -534,15 +534,50 @@ class PumpClient:
         """``write_commit`` in the background (TiDB does not make a transaction wait
         for its commit binlog either): the upstream already committed, and if
         this never lands the Pump resolves the transaction through the writer's
-        status service. ``flush()`` waits for every one still going."""
+        status service. The first attempt goes straight onto the Pump's write
+        stream (no thread of its own); only a failed attempt is retried, by
+        ``write_commit`` on a helper thread. ``flush()`` waits for every one
+        still going."""
+        if binlog.tp not in (binlog_pb2.COMMIT, binlog_pb2.ROLLBACK):
+            raise errors.InvalidArgument("write_commit_async takes a COMMIT or ROLLBACK binlog")
+        outer: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self._lock:
-            if self._async is None:
-                self._async = concurrent.futures.ThreadPoolExecutor(max_workers=16,
-                                                                    thread_name_prefix="pump-client-commit")
-            future = self._async.submit(self.write_commit, binlog, node_id)
-            self._async_pending.add(future)
-        future.add_done_callback(self._async_done)
-        return future
+            self._async_pending.add(outer)
+        outer.add_done_callback(self._async_done)
+
+        def retry() -> None:
+            with self._lock:
+                if self._async is None:
+                    self._async = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=16, thread_name_prefix="pump-client-commit")
+                future = self._async.submit(self.write_commit, binlog, node_id)
+
+            def chain(f: concurrent.futures.Future[None]) -> None:
+                exc = f.exception()
+                if exc is None:
+                    outer.set_result(None)
+                else:
+                    outer.set_exception(exc)
+
+            future.add_done_callback(chain)
+
+        def first_done(f: concurrent.futures.Future[None]) -> None:
+            # Runs on the client's event loop: only quick work here.
+            exc = f.exception()
+            if exc is None:
+                self._record_success(node_id)
+                outer.set_result(None)
+            elif isinstance(exc, (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted)):
+                self._record_failure(node_id, exc)
+                retry()
+            else:
+                outer.set_exception(exc)
+
+        try:
+            self._conn(node_id).send(binlog.SerializeToString()).add_done_callback(first_done)
+        except errors.BinlakeError:
+            retry()
+        return outer
 
     def _async_done(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
