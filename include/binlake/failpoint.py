@@ -14,6 +14,11 @@ The names, where they are, and what a crash there must not break:
 ``ingest-before-ledger``  ingest, after the window's change and DDL rows are
                           written, before its ``windows`` row (the window must
                           stay "not ingested" and a re-run must give the same tables)
+``apply-before-commit``   apply (consistent mode), a window's rows and checkpoint
+                          written, before the target commit (nothing of it may show)
+``apply-after-window``    apply, after a window committed (the checkpoint is its end)
+``apply-after-group``     apply (parallel mode), in a Spark task after one conflict
+                          group committed (a rerun applies only the other groups)
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from __future__ import annotations
 import os
 
 ENV = "BINLAKE_FAILPOINT"
-NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger")
+NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger", "apply-before-commit",
+         "apply-after-window", "apply-after-group")
 
 
 class FailpointError(Exception):
