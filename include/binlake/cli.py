@@ -254,6 +254,7 @@ def _run_up(args: argparse.Namespace) -> int:
 _COMMAND_MODULES: tuple[str, ...] = (
     "binlake.ctl_consumers",
     "binlake.source.commands",
+    "binlake.replicate.commands",
 )
 
 

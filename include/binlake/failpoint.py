@@ -32,6 +32,11 @@ The names, where they are, and what a crash there must not break:
                           acknowledgement, before the indexer's batch for it (a
                           restart must replay the log: nothing acknowledged
                           lost, nothing served twice, the safe ts not moved back)
+``apply-before-commit``   apply (consistent mode), a window's rows and checkpoint
+                          written, before the target commit (nothing of it may show)
+``apply-after-window``    apply, after a window committed (the checkpoint is its end)
+``apply-after-group``     apply (parallel mode), in a Spark task after one conflict
+                          group committed (a rerun applies only the other groups)
 """
 
 from __future__ import annotations
@@ -40,8 +45,19 @@ import os
 import time
 
 ENV = "BINLAKE_FAILPOINT"
-NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger", "ingest-before-checkpoint",
-         "pump-before-index-batch", "source-after-prewrite", "source-before-commit", "source-after-commit")
+NAMES = (
+    "before-db-commit",
+    "after-db-commit",
+    "ingest-before-ledger",
+    "ingest-before-checkpoint",
+    "pump-before-index-batch",
+    "source-after-prewrite",
+    "source-before-commit",
+    "source-after-commit",
+    "apply-before-commit",
+    "apply-after-window",
+    "apply-after-group",
+)
 _hits: dict[str, int] = {}
 
 

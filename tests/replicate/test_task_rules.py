@@ -26,7 +26,7 @@ def write(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
 def test_minimal_task_file_works_as_is(tmp_path: pathlib.Path) -> None:
     t = task.load(write(tmp_path, MINIMAL))
     assert (t.name, t.lake, t.target, t.mode) == ("replica1", "data/lake", "sqlite:///data/replica.db", "consistent")
-    assert t.filter.allow == [] and t.routes == [] and t.start_ts == 0
+    assert t.filter.allow == [] and t.routes == [] and t.start_after_ts == 0
 
 
 def _keys(model: type[task.BaseModel], prefix: str = "") -> set[str]:

@@ -261,7 +261,7 @@ class PumpServer:
         """Serve ``servicer`` (before ``start``)."""
 
         async def add() -> None:
-            pump_pb2_grpc.add_PumpServicer_to_server(servicer, self._server)  # type: ignore[no-untyped-call]
+            pump_pb2_grpc.add_PumpServicer_to_server(servicer, self._server)
 
         self._run(add())
 

@@ -91,6 +91,9 @@ def open_target(url: str) -> Target:
         path = pathlib.Path(parsed.database or "")
         path.parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(parsed, **kwargs)
+    if parsed.drivername.startswith("sqlite"):
+        sa.event.listen(engine, "connect", _sqlite_on_connect)
+        sa.event.listen(engine, "begin", _sqlite_on_begin)
     shown = parsed.render_as_string(hide_password=True)
     try:
         with engine.connect() as conn:
@@ -99,6 +102,22 @@ def open_target(url: str) -> Target:
         engine.dispose()
         raise errors.Unavailable(f"cannot reach target {shown}: {first_line(exc)}") from None
     return Target(engine)
+
+
+def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
+    # SQLAlchemy emits BEGIN itself: pysqlite's implicit transactions start only at
+    # the first INSERT/UPDATE/DELETE, which would leave a leading DDL outside the
+    # window's transaction. WAL keeps readers (diff, status) from blocking the apply.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    # Take the write lock at the start: parallel groups then wait for each other
+    # (busy timeout) instead of failing when a read lock cannot be upgraded.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def first_line(exc: BaseException) -> str:

@@ -144,7 +144,8 @@ class Task(_Strict):
     lake: str = Field(description="lake directory or URI (the ingest's)")
     target: str = Field(description="SQLAlchemy URL, or an Airflow Connection id when run by the DAG")
     mode: Literal["consistent", "parallel"] = Field(description="consistent | parallel")
-    start_ts: int = Field(0, ge=0, description="with no checkpoint yet, apply windows from this ts on")
+    start_after_ts: int = Field(
+        0, ge=0, description="with no checkpoint yet, apply changes committed after this ts (a restored snapshot's)")
     safe_mode_until_ts: int = Field(
         0, ge=0, description="windows starting below this ts are applied in safe mode (upsert / delete-if-exists)")
     batch_rows: int = Field(1000, ge=1, le=100_000, description="rows per statement")
