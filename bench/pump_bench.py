@@ -100,14 +100,17 @@ def _worker(registry: str, threads: int, size: int, seconds: float, tso_mode: st
             latencies.extend(local)
 
     started = time.perf_counter()
+    cpu0 = os.times()
     run_threads(threads, seconds, run)
     client.flush()  # background commits still in flight count only once acknowledged
     elapsed = time.perf_counter() - started
     if commit_mode == "background":
         counts = [acked[0]]
+    cpu1 = os.times()
     client.close()
     registry_client.close()
-    out.put((sum(counts), elapsed, latencies))
+    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    out.put((sum(counts), elapsed, latencies, cpu))
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -222,6 +225,16 @@ def _reset_peak_rss(pid: int) -> None:
         pass
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process used so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _peak_rss_mib(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/status") as fh:
@@ -245,12 +258,14 @@ def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: 
                for n in per]
     if pump_pid:
         _reset_peak_rss(pump_pid)
+    cpu_before = _cpu_s(pump_pid) if pump_pid else 0.0
     for w in workers:
         w.start()
     results = [out.get(timeout=seconds + 120) for _ in workers]
     for w in workers:
         w.join()
     after = _metrics(metrics_url)
+    cpu = (_cpu_s(pump_pid) - cpu_before) if pump_pid else 0.0
     txns = sum(r[0] for r in results)
     elapsed = max(r[1] for r in results)
     lat = sorted(x for r in results for x in r[2])
@@ -262,6 +277,9 @@ def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: 
         "p99_ms": percentile(lat, 0.99) * 1000,
         "fsync_s": fsyncs / elapsed, "binlogs_per_fsync": (2 * txns / fsyncs) if fsyncs else 0.0,
         "rss_mib": _peak_rss_mib(pump_pid) if pump_pid else 0.0,
+        # The Pump's CPU per committed transaction: robust to a machine shared with others.
+        "cpu_us_txn": cpu / txns * 1e6 if txns else 0.0,
+        "client_cpu_us_txn": sum(r[3] for r in results) / txns * 1e6 if txns else 0.0,
     }
 
 
@@ -276,6 +294,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         parser.add_argument("--no-tso-per-txn", dest="tso_per_txn", action="store_false")
         parser.add_argument("--baseline")
         parser.add_argument("--no-storage", dest="storage", action="store_false")
+        parser.add_argument("--pump-servers", default="")
         args = parser.parse_args()
     try:
         writers = [int(x) for x in args.writers.split(",") if x]
@@ -299,10 +318,18 @@ def main(args: argparse.Namespace | None = None) -> int:
     root = pathlib.Path(tempfile.mkdtemp(prefix="pump-bench-", dir=base))
     print(f"scratch dir {root} ({shutil.disk_usage(root).free / 1e9:.0f} GB free); "
           f"fdatasync of 1 KiB here: {fsync_latency(root):.2f} ms", flush=True)
-    # (name, include dir or None for this tree): each case runs on each, back to back.
-    variants: list[tuple[str, str | None]] = [("new", None)]
+    # (name, include dir or None for this tree, Pump server kind or None for the
+    # tree's default): each case runs on each, back to back.
+    servers = [x for x in (getattr(args, "pump_servers", "") or "").split(",") if x]
+    bad = [x for x in servers if x not in ("asyncio", "threads")]
+    if bad:
+        print(f"bench pump: --pump-servers takes asyncio and/or threads, not {bad[0]!r}", file=sys.stderr)
+        return 2
+    variants: list[tuple[str, str | None, str | None]] = (
+        [(f"new-{srv}", None, srv) for srv in servers] if servers else [("new", None, None)]
+    )
     if baseline:
-        variants.append(("baseline", str(pathlib.Path(baseline).resolve())))
+        variants.append(("baseline", str(pathlib.Path(baseline).resolve()), None))
     rows = []
     storage_rows = []
     raw: dict[int, tuple[float, float, float]] = {}
@@ -313,11 +340,11 @@ def main(args: argparse.Namespace | None = None) -> int:
             raw[size] = (raw_rec_s, raw_mb_s, raw_single(root, size, min(args.seconds, 2.0)))
             print(f"raw, {size} B records: {raw_rec_s:,.0f} records/s ({raw_mb_s:.1f} MB/s) 64 per fdatasync, "
                   f"{raw[size][2]:,.0f} records/s one per fdatasync", flush=True)
-            for name, include in variants:
-                if getattr(args, "storage", True):
+            for name, include, server in variants:
+                if getattr(args, "storage", True) and (server is None or server == servers[0]):
                     for w in sorted({1, 16} & set(writers) or {min(writers)}):
                         r = storage_case(include, root / f"storage-{name}", w, size, args.seconds)
-                        r.update(variant=name, writers=w, size=size, raw_rec_s=raw_rec_s, raw_one_s=raw[size][2])
+                        r.update(variant="new" if include is None else name, writers=w, size=size, raw_rec_s=raw_rec_s, raw_one_s=raw[size][2])
                         storage_rows.append(r)
                         print(f"  {name:<8} storage alone writers={w:<3} size={size:<6} {r['txn_s']:>8.0f} txn/s "
                               f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms {r['fsync_s']:.0f} fsyncs/s",
@@ -325,17 +352,19 @@ def main(args: argparse.Namespace | None = None) -> int:
                 metrics_addr = f"127.0.0.1:{free_port()}"
                 cluster = DevCluster(root / f"{name}-{size}", pumps=1, pump_args=[
                     "--stop-write-at-free-bytes", "0", "--metrics-addr", metrics_addr])
-                saved = os.environ.get("PYTHONPATH")
-                if include:
-                    os.environ["PYTHONPATH"] = include
+                env = {"PYTHONPATH": include, "BINLAKE_PUMP_SERVER": server}
+                saved = {k: os.environ.get(k) for k in env}
+                for k, v in env.items():
+                    if v:
+                        os.environ[k] = v
                 try:
                     cluster.start()
                 finally:
-                    if include:
-                        if saved is None:
-                            os.environ.pop("PYTHONPATH", None)
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
                         else:
-                            os.environ["PYTHONPATH"] = saved
+                            os.environ[k] = v
                 try:
                     proc = cluster.pumps["pump1"].proc
                     pid = proc.pid if proc is not None else 0
@@ -350,20 +379,22 @@ def main(args: argparse.Namespace | None = None) -> int:
                         rows.append(r)
                         print(f"  {name:<8} tso={mode:<7} commit={commit_mode:<10} writers={w:<3} size={size:<6} "
                               f"{r['txn_s']:>8.0f} txn/s {r['mb_s']:>7.1f} MB/s  p50 {r['p50_ms']:.2f} ms  "
-                              f"p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s  pump peak RSS "
-                              f"{r['rss_mib']:.0f} MiB", flush=True)
+                              f"p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s  pump {r['cpu_us_txn']:.0f} "
+                              f"CPU µs/txn, peak RSS {r['rss_mib']:.0f} MiB", flush=True)
                 finally:
                     cluster.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print()
     print("| path | TSO | commit binlog | writers | txn size | committed txn/s | MB/s | p50 write ms | p99 write ms "
-          "| fsyncs/s | binlogs/fsync | pump peak RSS MiB | raw append+fsync MB/s | ratio to raw |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| fsyncs/s | binlogs/fsync | pump CPU µs/txn | client CPU µs/txn | pump peak RSS MiB | raw append+fsync MB/s "
+          "| ratio to raw |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['variant']} | {r['tso']} | {r['commit']} | {r['writers']} | {r['size'] // 1024} KiB | "
               f"{r['txn_s']:.0f} | {r['mb_s']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['fsync_s']:.0f} | "
-              f"{r['binlogs_per_fsync']:.1f} | {r['rss_mib']:.0f} | {r['raw_mb_s']:.1f} | "
+              f"{r['binlogs_per_fsync']:.1f} | {r['cpu_us_txn']:.0f} | {r['client_cpu_us_txn']:.0f} | "
+              f"{r['rss_mib']:.0f} | {r['raw_mb_s']:.1f} | "
               f"{r['mb_s'] / r['raw_mb_s']:.2f} |")
     if storage_rows:
         print()
@@ -383,7 +414,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     print("commit binlog sync = the writer waits for it; background = as TxnWriter (the upstream has "
           "committed), counted only once acknowledged.")
     print(f"raw = the same record sizes appended 64 per fdatasync on the same disk; client processes: "
-          f"{args.client_procs}; paths: " + ", ".join(f"{n} = {i or 'this tree'}" for n, i in variants) + ".")
+          f"{args.client_procs}; paths: " + ", ".join(
+              f"{n} = {i or 'this tree'}{f' (pump server {srv})' if srv else ''}" for n, i, srv in variants) + ".")
     return 0
 
 

@@ -495,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "back to back in the same run")
     b.add_argument("--no-storage", dest="storage", action="store_false",
                    help="skip the storage-alone cases (Storage.submit in one process, no gRPC)")
+    b.add_argument("--pump-servers", default="", metavar="KINDS",
+                   help="run every case on each of these Pump gRPC servers: asyncio,threads "
+                        "(default: the Pump's configured one)")
     b = bsub.add_parser(
         "writer", help="TxnWriter throughput with binlog vs the same transactions without", formatter_class=fmt,
         epilog="Example:\n  binlake bench writer --seconds 5 --clients 1,8\n",

@@ -24,7 +24,7 @@ from binlake.config import PumpSettings
 from binlake.proto import binlog_pb2
 from binlake.pump import gc
 from binlake.pump.metrics import PumpMetrics, lag_seconds
-from binlake.pump.server import PumpServer, PumpServicer
+from binlake.pump.server import PumpServer, PumpServicer, ThreadedPumpServer, ThreadedPumpServicer
 from binlake.pump.service import PumpService
 from binlake.pump.storage import Storage
 from binlake.registry.client import RegistryClient
@@ -69,7 +69,12 @@ class PumpNode:
             self.metrics_addr = ""
             self._pool = futures.ThreadPoolExecutor(max_workers=settings.grpc_workers, thread_name_prefix="pump-rpc")
             # Bound before the servicer exists: the node id may come from the port.
-            self._server = PumpServer(settings.addr, rpc.message_options(settings.max_binlog_bytes))
+            options = rpc.message_options(settings.max_binlog_bytes)
+            self._server: PumpServer | ThreadedPumpServer
+            if settings.server == "threads":
+                self._server = ThreadedPumpServer(settings.addr, options, settings.grpc_workers)
+            else:
+                self._server = PumpServer(settings.addr, options)
             host = settings.addr.rpartition(":")[0]
             port = self._server.port
             if port == 0:
@@ -83,7 +88,10 @@ class PumpNode:
                 read_batch_txns=settings.read_batch_txns, read_batch_bytes=settings.read_batch_bytes,
             )
             self.metrics = PumpMetrics(self._snapshot)
-            self._server.add(PumpServicer(self.service, self.metrics, self._pool))
+            if isinstance(self._server, ThreadedPumpServer):
+                self._server.add(ThreadedPumpServicer(self.service, self.metrics))
+            else:
+                self._server.add(PumpServicer(self.service, self.metrics, self._pool))
         except BaseException:
             if getattr(self, "_server", None) is not None:
                 self._server.stop(None)

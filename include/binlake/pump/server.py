@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -26,7 +27,7 @@ import grpc.aio
 from binlake import errors, rpc
 from binlake.proto import pump_pb2, pump_pb2_grpc
 from binlake.pump.metrics import PumpMetrics
-from binlake.pump.service import PumpService
+from binlake.pump.service import PendingWrite, PumpService
 from binlake.pump.storage import Results
 
 T = TypeVar("T")
@@ -231,6 +232,17 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
         )
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (each loop iteration costs a fraction of asyncio's,
+    and gRPC needs several per message), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
 class PumpServer:
     """The Pump's asyncio gRPC server on an event loop of its own thread.
 
@@ -239,7 +251,7 @@ class PumpServer:
     """
 
     def __init__(self, addr: str, options: list[tuple[str, Any]]) -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pump-grpc-loop", daemon=True)
         self._thread.start()
         self._server: grpc.aio.Server | None = None
@@ -287,3 +299,149 @@ class PumpServer:
     def wait_for_termination(self) -> None:
         """Block until the server stopped."""
         self._thread.join()
+
+
+# ---------------------------------------------------------------------------- thread-pool server
+
+
+class ThreadedPumpServicer(pump_pb2_grpc.PumpServicer):
+    """The same RPCs on a thread-pool server (``server = "threads"``): a stream's
+    batches are read by a thread of its own and answered, in order, by the
+    handler's thread once durable. Kept beside the asyncio servicer so the two
+    can be measured against each other on the same storage."""
+
+    def __init__(self, service: PumpService, metrics: PumpMetrics) -> None:
+        self.service = service
+        self.metrics = metrics
+
+    def _count_refusals(self, results: Results) -> None:
+        for err in results:
+            if err is not None:
+                self.metrics.refusals.labels(_code_name(err)).inc()
+
+    @rpc.servicer_method
+    def WriteBinlog(self, request: pump_pb2.WriteBinlogReq, context: grpc.ServicerContext) -> pump_pb2.WriteBinlogResp:
+        started = time.perf_counter()
+        if not request.payload:
+            # The seed's probe: an empty binlog checks the Pump would take a write.
+            self.service.probe(request.cluster_id)
+            return pump_pb2.WriteBinlogResp()
+        (err,) = self.service.write([request.payload], request.cluster_id)
+        self.metrics.latency.observe(time.perf_counter() - started)
+        self.metrics.requests.labels("WriteBinlog", _code_name(err)).inc()
+        if err is not None:
+            raise err
+        return pump_pb2.WriteBinlogResp()
+
+    @rpc.servicer_method
+    def WriteBinlogs(
+        self, request: pump_pb2.WriteBinlogsReq, context: grpc.ServicerContext
+    ) -> pump_pb2.WriteBinlogsResp:
+        started = time.perf_counter()
+        results = self.service.write(list(request.payloads), request.cluster_id)
+        self.metrics.latency.observe(time.perf_counter() - started)
+        self.metrics.requests.labels("WriteBinlogs", "OK").inc()
+        self._count_refusals(results)
+        return _response(results, request.batch_id)
+
+    def WriteBinlogStream(
+        self, request_iterator: Iterator[pump_pb2.WriteBinlogsReq], context: grpc.ServicerContext
+    ) -> Iterator[pump_pb2.WriteBinlogsResp]:
+        """Batches arrive on one stream; each is queued for group commit as soon as
+        it is read (a reader thread), and answered in order once durable."""
+        pending: queue.SimpleQueue[tuple[int, float, PendingWrite] | BaseException | None] = queue.SimpleQueue()
+
+        def read_requests() -> None:
+            try:
+                for req in request_iterator:
+                    started = time.perf_counter()
+                    try:
+                        write = self.service.write_async(list(req.payloads), req.cluster_id)
+                    except errors.BinlakeError as exc:
+                        pending.put(exc)
+                        return
+                    pending.put((req.batch_id, started, write))
+            except grpc.RpcError:
+                pass  # the client went away; answer what was queued
+            except Exception as exc:
+                pending.put(exc)
+            finally:
+                pending.put(None)
+
+        threading.Thread(target=read_requests, name="pump-stream-reader", daemon=True).start()
+        while True:
+            try:
+                item = pending.get(timeout=0.2)
+            except queue.Empty:
+                if self.service.closing:
+                    # Shutting down: end idle streams so a graceful stop need
+                    # not wait out its grace period; clients reconnect elsewhere.
+                    context.abort(grpc.StatusCode.UNAVAILABLE, f"pump {self.service.node_id} is shutting down")
+                continue
+            if item is None:
+                return
+            if isinstance(item, errors.BinlakeError):
+                context.abort(rpc.status_code(item), str(item))
+            if isinstance(item, BaseException):
+                context.abort(grpc.StatusCode.INTERNAL, f"write stream failed: {item}")
+            assert not isinstance(item, BaseException)
+            batch_id, started, write = item
+            try:
+                results = write.result()
+            except errors.BinlakeError as exc:
+                context.abort(rpc.status_code(exc), str(exc))
+            self.metrics.latency.observe(time.perf_counter() - started)
+            self.metrics.requests.labels("WriteBinlogStream", "OK").inc()
+            self._count_refusals(results)
+            yield _response(results, batch_id)
+
+    @rpc.servicer_stream
+    def PullBinlogs(
+        self, request: pump_pb2.PullBinlogsReq, context: grpc.ServicerContext
+    ) -> Iterator[pump_pb2.PullBinlogsResp]:
+        timeout = request.wait_timeout_ms / 1000.0 if request.wait_timeout_ms > 0 else 30.0
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout, max(0.0, remaining - 0.05))
+        for batch in self.service.pull(
+            request.start_ts, request.end_ts, wait=request.wait, wait_timeout_s=timeout,
+            max_txns=request.batch_max_txns, max_bytes=request.batch_max_bytes,
+        ):
+            if not context.is_active():
+                return
+            yield pump_pb2.PullBinlogsResp(binlogs=batch, node_id=self.service.node_id)
+
+    @rpc.servicer_method
+    def Status(self, request: pump_pb2.StatusReq, context: grpc.ServicerContext) -> pump_pb2.StatusResp:
+        s = self.service
+        st = s.storage
+        return pump_pb2.StatusResp(
+            node_id=s.node_id, state=s.state.value, safe_ts=st.safe_ts, max_commit_ts=st.max_commit_ts,
+            gc_ts=st.gc_ts, pending_txns=st.pending_count, storage_bytes=st.storage_bytes(),
+            disk_free_bytes=s.disk_free(), accepting_writes=s.accepting_writes(),
+        )
+
+
+class ThreadedPumpServer:
+    """``PumpServer``'s interface over a thread-pool gRPC server."""
+
+    def __init__(self, addr: str, options: list[tuple[str, Any]], workers: int) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pump-rpc")
+        self._server = rpc.server(self._pool, options)
+        self.port = rpc.add_port(self._server, addr)
+        self._stopped = False
+
+    def add(self, servicer: ThreadedPumpServicer) -> None:
+        pump_pb2_grpc.add_PumpServicer_to_server(servicer, self._server)  # type: ignore[no-untyped-call]
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self, grace: float | None) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._server.stop(grace).wait()
+
+    def wait_for_termination(self) -> None:
+        self._server.wait_for_termination()
