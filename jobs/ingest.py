@@ -9,6 +9,8 @@ stderr and status 3 when no retry can help (below a Pump's GC ts, overlapping
 an ingested window with other bounds, a bad argument) or 2 when a retry may
 (a Pump unreachable, a safe ts still below the window end); anything else
 exits non-zero with Spark's error. Airflow's ingest task fails at once on 3.
+A malformed argument (bad TSO, registry address, lake path or master) is one
+line and exit 2, before a JVM starts.
 """
 
 from __future__ import annotations

@@ -571,6 +571,12 @@ def _configure_tls(args: argparse.Namespace) -> None:
     settings = config.load(config.SecuritySettings, getattr(args, "config", None),
                            ca=args.ca, cert=args.cert, key=args.key)
     rpc.configure_tls(settings.files())
+    # Child processes (`binlake up`'s registry and Pumps, spark-submit) inherit the same
+    # files through the environment (paths only; the key's contents are never copied).
+    for name in ("ca", "cert", "key"):
+        value = getattr(settings, name)
+        if value:
+            os.environ[f"BINLAKE_SECURITY_{name.upper()}"] = value
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

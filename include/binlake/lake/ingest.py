@@ -235,17 +235,29 @@ def _missing_table(exc: decode.UnknownTableError, start_ts: int, end_ts: int,
         f"cannot be decoded: {exc} - {hint}{detail}")
 
 
+def delta_conflicts() -> tuple[type[BaseException], ...]:
+    """Delta's typed commit-conflict exceptions (ConcurrentAppendException, ProtocolChangedException
+    when two first ingests create a table, MetadataChangedException, ...). Importing
+    ``delta.exceptions.captured`` makes PySpark raise these instead of a generic error."""
+    import delta.exceptions.captured  # noqa: F401  (installs the conversion)
+    from delta import exceptions as dx
+
+    return (dx.DeltaConcurrentModificationException, dx.ConcurrentWriteException, dx.MetadataChangedException,
+            dx.ProtocolChangedException, dx.ConcurrentAppendException, dx.ConcurrentDeleteReadException,
+            dx.ConcurrentDeleteDeleteException, dx.ConcurrentTransactionException)
+
+
 def _retry_concurrent(what: str, fn: Callable[[], Any]) -> Any:
     """Run a Delta write again when a concurrent writer committed first (another
     window's ingest touching the same table): the write is idempotent."""
+    conflicts = delta_conflicts()
     for attempt in range(1, _CONCURRENT_RETRIES + 1):
         try:
             return fn()
-        except Exception as exc:  # Delta raises py4j-wrapped Concurrent*Exception
-            # ConcurrentAppendException, ProtocolChangedException ("... changed by a concurrent
-            # update", e.g. two first ingests creating the table), MetadataChangedException, ...
-            if "concurrent" not in (type(exc).__name__ + str(exc)[:2000]).lower() or attempt == _CONCURRENT_RETRIES:
+        except conflicts as exc:
+            if attempt == _CONCURRENT_RETRIES:
                 raise
+            log.info("%s: concurrent Delta commit (%s); retrying", what, type(exc).__name__)
             time.sleep(0.5 * attempt)
     return None
 
