@@ -426,13 +426,12 @@ class ThreadedPumpServer:
     """``PumpServer``'s interface over a thread-pool gRPC server."""
 
     def __init__(self, addr: str, options: list[tuple[str, Any]], workers: int) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pump-rpc")
-        self._server = rpc.server(self._pool, options)
+        self._server = rpc.create_server(workers, "pump-rpc", options)
         self.port = rpc.add_port(self._server, addr)
         self._stopped = False
 
     def add(self, servicer: ThreadedPumpServicer) -> None:
-        pump_pb2_grpc.add_PumpServicer_to_server(servicer, self._server)  # type: ignore[no-untyped-call]
+        pump_pb2_grpc.add_PumpServicer_to_server(servicer, self._server)
 
     def start(self) -> None:
         self._server.start()
