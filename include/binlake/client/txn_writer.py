@@ -672,8 +672,15 @@ class Txn:
             self._check_cols(info, row, "insert")
             self._encode(info, row)  # refuse what the codec cannot carry before the database sees it
         full = [{c.name: row.get(c.name) for c in info.columns} for row in rows]
-        self._exec(t.insert(), full)
-        stored = {tuple(r[k] for k in keys): r for r in self._by_keys(t, keys, [tuple(r[k] for k in keys) for r in full])}
+        dialect = self.conn.dialect
+        if dialect.insert_executemany_returning or (len(full) == 1 and dialect.insert_returning):
+            # The stored images come back with the insert (one round trip, not two).
+            result = self._exec(t.insert().returning(*t.c), full if len(full) > 1 else full[0])
+            returned = [dict(r._mapping) for r in result]
+        else:
+            self._exec(t.insert(), full)
+            returned = self._by_keys(t, keys, [tuple(r[k] for k in keys) for r in full])
+        stored = {tuple(r[k] for k in keys): r for r in returned}
         m = self._mut(info)
         for row in full:
             after = stored[tuple(row[k] for k in keys)] if len(stored) == len(full) else None
@@ -715,12 +722,21 @@ class Txn:
         if not before:
             return 0
         key_tuples = [tuple(r[k] for k in keys) for r in before]
+        returning = self.conn.dialect.update_returning
+        changed: list[dict[str, Any]] = []
         for i in range(0, len(key_tuples), 500):
             chunk = key_tuples[i:i + 500]
             clause = (t.c[keys[0]].in_([k[0] for k in chunk]) if len(keys) == 1
                       else sa.tuple_(*[t.c[k] for k in keys]).in_(chunk))
-            self._exec(t.update().where(clause).values(**values))
-        after = {tuple(r[k] for k in keys): r for r in self._by_keys(t, keys, key_tuples)}
+            stmt = t.update().where(clause).values(**values)
+            if returning:
+                # The after images come back with the update (one round trip, not two).
+                changed += [dict(r._mapping) for r in self._exec(stmt.returning(*t.c))]
+            else:
+                self._exec(stmt)
+        if not returning:
+            changed = self._by_keys(t, keys, key_tuples)
+        after = {tuple(r[k] for k in keys): r for r in changed}
         m = self._mut(info)
         for old in before:
             new = after[tuple(old[k] for k in keys)]
