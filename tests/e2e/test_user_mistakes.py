@@ -257,7 +257,8 @@ def cases(c: Ctx, parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
 @pytest.fixture
 def no_serving(monkeypatch: pytest.MonkeyPatch) -> None:
     """registry, pump and up stop where they would start serving (everything before,
-    including binding ports, opening data dirs and registering, really runs)."""
+    including binding ports, opening data dirs and registering, really runs); the
+    benchmarks themselves do not run (their arguments are checked before)."""
     from binlake import stack
     from binlake.pump import node
     from binlake.registry import server
@@ -275,6 +276,14 @@ def no_serving(monkeypatch: pytest.MonkeyPatch) -> None:
             self.stop()
         return 0
 
+    class _NoBenchmark:
+        # Benchmarks check their arguments before the module runs; running one
+        # (clusters, Spark) for an accepted value would only make the case slow.
+        @staticmethod
+        def main(args: Any) -> int:
+            return 0
+
+    monkeypatch.setattr(cli, "_bench_module", lambda name: _NoBenchmark)
     monkeypatch.setattr(server, "run", registry_run)
     monkeypatch.setattr(node, "run", pump_run)
     monkeypatch.setattr(stack.Stack, "run", up_run)
