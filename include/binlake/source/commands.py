@@ -53,6 +53,36 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="HOST:PORT of the TxnStatus service the Pumps ask (default: any free loopback port)")
     m.set_defaults(handler=_run_mysql)
 
+    b = bench.add_parser(
+        "source", help="MariaDB source row changes/s vs mysqlbinlog, and its overhead on the upstream",
+        formatter_class=fmt, epilog="Example:\n  binlake bench source --rows 1000000 --seconds 10\n",
+    )
+    b.add_argument("--rows", type=_positive, default=1_000_000, help="row changes in the binlog (default 1000000)")
+    b.add_argument("--rows-per-txn", type=_positive, default=1000, help="row changes per transaction (default 1000)")
+    b.add_argument("--seconds", type=float, default=10.0, help="each upstream throughput case (default 10)")
+    b.add_argument("--dir", help="scratch directory (default: a temp dir under bench/, removed after)")
+    b.set_defaults(handler=_bench)
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
+    return v
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import pathlib
+
+    # The benchmarks live in the repository's bench/ folder, beside their results.
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "bench"))
+    import source_bench  # type: ignore[import-not-found]
+
+    return int(source_bench.main(args))
+
 
 def _run_mysql(args: argparse.Namespace) -> int:
     from binlake.source.mysql.source import MySQLSource
