@@ -85,7 +85,10 @@ def main() -> int:
         rc = run(cluster)
         rc2, summary = act2(cluster, root)
         rc3 = act3(cluster, root, summary)
-        return rc or rc2 or rc3
+        from demo_sources import act_sources  # act 4: back up an existing MariaDB
+
+        rc4 = act_sources(cluster, root)
+        return rc or rc2 or rc3 or rc4
     except errors.BinlakeError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -12,14 +12,14 @@ from typing import Any
 
 import pymysql
 
-from binlake import codec, config, oracle
+from binlake import config
 from binlake.client.reader import pull_window
 from binlake.devdb import LocalMariaDB
 from binlake.proto import binlog_pb2
 from binlake.pump.node import PumpNode
 from binlake.registry.client import RegistryClient
 from binlake.registry.server import RegistryServer
-from binlake.source import schema as sc
+from binlake.source.replay import Replay  # noqa: F401 (re-exported for the tests)
 
 
 @dataclasses.dataclass
@@ -64,89 +64,6 @@ def sql(server: LocalMariaDB, *stmts: str, db: str | None = None) -> list[Any]:
     finally:
         conn.close()
     return out
-
-
-class Replay:
-    """Rows rebuilt from binlogs alone: table name -> {primary key: row}, via each
-    DDL binlog's TableInfo (as the lake's schema history decodes them)."""
-
-    def __init__(self) -> None:
-        self.infos: dict[int, binlog_pb2.TableInfo] = {}
-        self.rows: dict[int, dict[tuple[Any, ...], dict[str, Any]]] = {}
-        self.ddls = 0
-        self.changes = 0
-
-    def apply(self, binlogs: list[binlog_pb2.Binlog]) -> Replay:
-        for b in binlogs:
-            if b.ddl_query:
-                info = b.ddl_table
-                self.ddls += 1
-                if info.previous_table_id:
-                    self.infos.pop(info.previous_table_id, None)
-                    self.rows.pop(info.previous_table_id, None)
-                if info.dropped:
-                    self.infos.pop(info.table_id, None)
-                    self.rows.pop(info.table_id, None)
-                    continue
-                old = self.infos.get(info.table_id)
-                self.infos[info.table_id] = info
-                rows = self.rows.setdefault(info.table_id, {})
-                if old is not None:
-                    # Re-key rows under the new definition (renamed/dropped/added columns by id).
-                    by_id = {c.id: c.name for c in old.columns}
-                    new_names = {c.id: c.name for c in info.columns}
-                    rebuilt = {}
-                    for r in rows.values():
-                        ids = {cid: r[n] for cid, n in by_id.items() if n in r}
-                        nr = {new_names[cid]: ids.get(cid) for cid in new_names}
-                        rebuilt[self._key(info, nr)] = nr
-                    self.rows[info.table_id] = rebuilt
-                continue
-            for m in binlog_pb2.PrewriteValue.FromString(b.prewrite_value).mutations:
-                info = self.infos[m.table_id]
-                rows = self.rows[m.table_id]
-                it = {binlog_pb2.INSERT: iter(m.inserted_rows), binlog_pb2.UPDATE: iter(m.updated_rows),
-                      binlog_pb2.DELETE_ROW: iter(m.deleted_rows)}
-                for kind in m.sequence:
-                    data = next(it[kind])
-                    self.changes += 1
-                    if kind == binlog_pb2.INSERT:
-                        r = codec.decode_row(data, info)
-                        k = self._key(info, r)
-                        assert k not in rows, f"insert of an existing key {k} in {info.name}"
-                        rows[k] = r
-                    elif kind == binlog_pb2.UPDATE:
-                        old, new = codec.decode_update(data, info)
-                        had = rows.pop(self._key(info, old))
-                        assert had == old, f"update before image differs in {info.name}: {had} != {old}"
-                        rows[self._key(info, new)] = new
-                    else:
-                        r = codec.decode_row(data, info)
-                        assert rows.pop(self._key(info, r)) == r, f"delete image differs in {info.name}"
-        return self
-
-    @staticmethod
-    def _key(info: binlog_pb2.TableInfo, row: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(row[k] for k in sc.key_columns(info))
-
-    def table(self, name: str) -> tuple[binlog_pb2.TableInfo, list[dict[str, Any]]]:
-        for tid, info in self.infos.items():
-            if info.name == name:
-                return info, list(self.rows[tid].values())
-        raise KeyError(name)
-
-    def checksums(self) -> dict[str, tuple[int, str]]:
-        out = {}
-        for tid, info in self.infos.items():
-            acc = oracle._Acc()
-            js = [c.name for c in info.columns if c.type == binlog_pb2.JSON]
-            for r in self.rows[tid].values():
-                acc.add(oracle.row_hash(r, js))
-            out[info.name] = (acc.rows, acc.hex())
-        return out
-
-    def schema(self) -> dict[str, binlog_pb2.TableInfo]:
-        return {i.name: i for i in self.infos.values()}
 
 
 class SourceThread:

@@ -214,3 +214,20 @@ def test_dm_causality_case_as_plain_sql(mdb: LocalMariaDB, cluster: Cluster, tmp
     replay.rows[tid] = {(1,): {"id": 1, "uk": 1, "v": "a"}, (2,): {"id": 2, "uk": 2, "v": "b"}}
     replay.apply(binlogs)
     assert replay.checksums() == oracle.checksum(mdb.url_for(db), schema=replay.schema())
+
+
+@pytest.mark.slow
+def test_large_transaction(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    """100k row changes in one upstream transaction: one prewrite, one commit."""
+    db = fresh_db(mdb)
+    sql(mdb, "CREATE TABLE big (id INT PRIMARY KEY, v VARCHAR(32), n BIGINT)", db=db)
+    src = start_source(mdb, cluster, tmp_path / "src", db)
+    try:
+        sql(mdb, "INSERT INTO big SELECT seq, CONCAT('row-', seq), seq * 7 FROM seq_1_to_100000", db=db)
+        wait_caught_up(mdb, src.source, timeout=240)
+    finally:
+        src.stop()
+    binlogs = [b for b in cluster.binlogs() if not b.ddl_query]
+    assert len(binlogs) == 1
+    replay = check_equal(mdb, cluster, db)
+    assert replay.changes == 100_000

@@ -53,12 +53,70 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="HOST:PORT of the TxnStatus service the Pumps ask (default: any free loopback port)")
     m.set_defaults(handler=_run_mysql)
 
+    pg = ssub.add_parser(
+        "postgres", help="PostgreSQL logical decoding (pgoutput) -> Pumps", formatter_class=fmt,
+        epilog=(
+            "The server needs wal_level=logical; every published table REPLICA IDENTITY FULL.\n\n"
+            "Example:\n"
+            "  binlake source postgres --dsn postgresql://repl@db1:5432/shop --slot binlake --publication binlake \\\n"
+            "      --create --registry 127.0.0.1:8230 --data-dir data/source-pg\n"
+        ),
+    )
+    pg.add_argument("--dsn", required=True, help="postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
+    pg.add_argument("--slot", required=True, help="logical replication slot (pgoutput)")
+    pg.add_argument("--publication", required=True, help="publication naming the tables to back up")
+    pg.add_argument("--create", action="store_true",
+                    help="create the slot, and the publication FOR ALL TABLES, if missing")
+    pg.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT (default 127.0.0.1:8230)")
+    pg.add_argument("--data-dir", default="data/source-postgres",
+                    help="checkpoint and TSO journal (default data/source-postgres)")
+    pg.add_argument("--status-addr", default="127.0.0.1:0", help="HOST:PORT of the TxnStatus service")
+    pg.set_defaults(handler=_run_postgres)
+
+    b = bench.add_parser(
+        "source", help="MariaDB source row changes/s vs mysqlbinlog, and its overhead on the upstream",
+        formatter_class=fmt, epilog="Example:\n  binlake bench source --rows 1000000 --seconds 10\n",
+    )
+    b.add_argument("--rows", type=_positive, default=1_000_000, help="row changes in the binlog (default 1000000)")
+    b.add_argument("--rows-per-txn", type=_positive, default=1000, help="row changes per transaction (default 1000)")
+    b.add_argument("--seconds", type=float, default=10.0, help="each upstream throughput case (default 10)")
+    b.add_argument("--dir", help="scratch directory (default: a temp dir under bench/, removed after)")
+    b.set_defaults(handler=_bench)
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
+    return v
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import pathlib
+
+    # The benchmarks live in the repository's bench/ folder, beside their results.
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "bench"))
+    import source_bench  # type: ignore[import-not-found]
+
+    return int(source_bench.main(args))
+
 
 def _run_mysql(args: argparse.Namespace) -> int:
     from binlake.source.mysql.source import MySQLSource
 
     source = MySQLSource(args.dsn, server_id=args.server_id, registry=args.registry, data_dir=args.data_dir,
                          start=args.start, tables=args.tables, status_addr=args.status_addr)
+    return _run(source)
+
+
+def _run_postgres(args: argparse.Namespace) -> int:
+    from binlake.source.postgres.source import PostgresSource
+
+    source = PostgresSource(args.dsn, slot=args.slot, publication=args.publication, registry=args.registry,
+                            data_dir=args.data_dir, create=args.create, status_addr=args.status_addr)
     return _run(source)
 
 

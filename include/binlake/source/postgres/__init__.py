@@ -1,0 +1,1 @@
+"""The PostgreSQL logical-decoding source (pgoutput over a replication slot)."""
