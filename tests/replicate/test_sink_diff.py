@@ -128,3 +128,27 @@ def test_open_target_validates() -> None:
     assert sink.normalize_url("mysql://u@h/db").drivername == "mysql+pymysql"
     with pytest.raises(errors.Unavailable, match=r"cannot reach target postgresql\+psycopg://u:\*\*\*@127.0.0.1:1/db"):
         sink.open_target("postgresql://u:secret@127.0.0.1:1/db")
+
+
+def test_cli_diff_and_apply_exit_codes(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from binlake import cli
+
+    a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    for url, n in ((a, 5), (b, 4)):
+        with sink.open_target(url) as t:
+            t.create_table(table_info())
+            t.bulk_load(table_info(), rows(n))
+    assert cli.main(["diff", a, b, "--chunk-size", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "items" in out and "DIFF" in out and "missing   id=4" in out
+    assert cli.main(["diff", a, a]) == 0
+    assert "all OK" in capsys.readouterr().out
+    assert cli.main(["diff", a, "oracle://x/y"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unsupported database 'oracle'" in err[0]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "r"\nlake = "l"\ntarget = "sqlite:///x.db"\nmode = "consistent"\ncolour = 1\n')
+    assert cli.main(["apply", "--task", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"binlake apply: error: task file {bad}: colour: unknown key "
+                   "(config/task.sample.toml lists every key)"]
