@@ -14,6 +14,11 @@ The names, where they are, and what a crash there must not break:
 ``ingest-before-ledger``  ingest, after the window's change and DDL rows are
                           written, before its ``windows`` row (the window must
                           stay "not ingested" and a re-run must give the same tables)
+``snapshot-after-table``  snapshot, after a table's data, before the snapshot's
+                          marker row (no reader may use the partial snapshot)
+``history-before-catalog`` history, after a table's MERGE, before its catalog row
+                          (a re-run must rewind and leave the same table)
+``restore-before-manifest`` restore --out, after the tables, before the manifest
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from __future__ import annotations
 import os
 
 ENV = "BINLAKE_FAILPOINT"
-NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger")
+NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger", "snapshot-after-table",
+         "history-before-catalog", "restore-before-manifest")
 
 
 class FailpointError(Exception):
