@@ -59,7 +59,8 @@ def check(windows: Sequence[Mapping[str, Any]], ts: int, base_ts: int | None = N
             f"commit_ts {ts} ({_dt(ts)}) is before the oldest data the lake holds: its first window starts at "
             f"{first} ({_dt(first)}) and no snapshot at or below {ts} exists")
     done = [{"start_ts": s, "end_ts": e} for s, e in done_windows(windows)]
-    gaps = uncovered(done, lo, ts + 1)
+    # Over the whole ledger, so a gap is named whole (the window to ingest), not cut at T.
+    gaps = [(a, b) for a, b in uncovered(done, lo, end) if a <= ts]
     if gaps:
         a, b = gaps[0]
         raise errors.FailedPrecondition(
