@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Any
 
+import demo_restore
 from rich.console import Console
 
 from binlake import errors, tso
@@ -83,12 +84,14 @@ def main() -> int:
         cluster.start()
         say(f"registry at {cluster.registry_addr}; pumps " + ", ".join(f"{k}@{v}" for k, v in cluster.pump_addrs.items()))
         rc = run(cluster)
+        capture = demo_restore.Capture.start(root / "upstream.db", min_txns=1000)  # act 4's mid-run copy
         rc2, summary = act2(cluster, root)
         rc3 = act3(cluster, root, summary)
         from demo_sources import act_sources  # act 4: back up an existing MariaDB
 
         rc4 = act_sources(cluster, root)
-        return rc or rc2 or rc3 or rc4
+        rc5 = demo_restore.act4(root, capture)
+        return rc or rc2 or rc3 or rc4 or rc5
     except errors.BinlakeError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -255,6 +255,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "binlake.ctl_consumers",
     "binlake.source.commands",
     "binlake.replicate.commands",
+    "binlake.restore.commands",
 )
 
 

@@ -37,6 +37,11 @@ The names, where they are, and what a crash there must not break:
 ``apply-after-window``    apply, after a window committed (the checkpoint is its end)
 ``apply-after-group``     apply (parallel mode), in a Spark task after one conflict
                           group committed (a rerun applies only the other groups)
+``snapshot-after-table``  snapshot, after a table's data, before the snapshot's
+                          marker row (no reader may use the partial snapshot)
+``history-before-catalog`` history, after a table's MERGE, before its catalog row
+                          (a re-run must rewind and leave the same table)
+``restore-before-manifest`` restore --out, after the tables, before the manifest
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ NAMES = (
     "apply-before-commit",
     "apply-after-window",
     "apply-after-group",
+    "snapshot-after-table",
+    "history-before-catalog",
+    "restore-before-manifest",
 )
 _hits: dict[str, int] = {}
 

@@ -1,0 +1,215 @@
+"""``binlake snapshot``, ``binlake history``, ``binlake restore`` and ``binlake bench restore``.
+
+Registered in ``binlake.cli`` (``_COMMAND_MODULES``). Every refusal (a ts the
+ledger does not cover, an unknown table, an occupied --out, an unreachable
+target) is raised before anything is written and reaches the user as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+from binlake import errors, tso
+
+
+def _ts(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a commit_ts (a TSO such as 470614378216685568), got {text!r}; use --datetime for a time") \
+            from None
+    if not 0 < value < tso.MAX_TS:
+        raise argparse.ArgumentTypeError(f"a commit_ts is a positive integer below 2^63, got {value}")
+    return value
+
+
+def _tables(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise errors.InvalidArgument("--tables needs at least one table name (comma-separated, TABLE or DB.TABLE)")
+    return names
+
+
+def _lake_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"),
+                   help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
+    p.add_argument("--master", help="Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
+    p.add_argument("--tables", help="comma-separated TABLE or DB.TABLE names (default: every table)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
+
+
+def _time_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ts", type=_ts, help="commit_ts T: every transaction with commit_ts <= T, none after")
+    p.add_argument("--datetime", help="a datetime instead of --ts (ISO-8601; local time unless --tz or an offset)")
+    p.add_argument("--tz", help="time zone of --datetime (IANA name such as Europe/Paris, or UTC)")
+
+
+def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    p = sub.add_parser(
+        "snapshot", help="typed Delta tables of every table as of a commit_ts", formatter_class=fmt,
+        description=(
+            "Write each table (or --tables) as of commit_ts T to LAKE/snapshots/ts=T/ as typed Delta tables,\n"
+            "computed from the newest earlier snapshot plus the changes in between (or the whole history).\n"
+            "Restores at or after T then start from it."),
+        epilog=("Examples:\n  binlake snapshot --lake data/lake --ts 470614378216685568\n"
+                "  binlake snapshot --lake data/lake --datetime 2026-11-21T08:00 --tz UTC --tables accounts\n"))
+    _lake_args(p)
+    _time_args(p)
+    p.set_defaults(handler=snapshot_cmd)
+
+    p = sub.add_parser(
+        "history", help="bring the SCD2 history tables up to date with the ingested windows", formatter_class=fmt,
+        description=(
+            "Keep LAKE/history/t<table_id>: one typed row per version of each row with _valid_from_ts,\n"
+            "_valid_to_ts (null while current) and _op, applied window by window from the windows ledger.\n"
+            "The table at T:  WHERE _valid_from_ts <= T AND (_valid_to_ts IS NULL OR _valid_to_ts > T)"),
+        epilog="Example:\n  binlake history --lake data/lake\n")
+    _lake_args(p)
+    p.set_defaults(handler=history_cmd)
+
+    p = sub.add_parser(
+        "restore", help="rebuild every table as of a commit_ts (Delta tables or a target database)",
+        formatter_class=fmt,
+        description=(
+            "Rebuild every table (or --tables) as of commit_ts T (Reparo's stop-tso: every transaction with\n"
+            "commit_ts <= T, none after) from the newest snapshot at or below T plus the changes after it.\n"
+            "A T the windows ledger does not cover (above the newest window, in a gap, below the lake's\n"
+            "data) is refused with the window to ingest. --out writes typed Delta tables OUT/<db>.<table>;\n"
+            "--target creates the tables from the schema at T and bulk-loads them; --verify then runs\n"
+            "binlake diff against a source database."),
+        epilog=("Examples:\n  binlake restore --lake data/lake --ts 470614378216685568 --out data/restored\n"
+                "  binlake restore --lake data/lake --datetime '2026-11-21 08:00:00' --tz Europe/Paris \\\n"
+                "                  --tables accounts --target sqlite:///restored.db --verify sqlite:///up.db\n"))
+    _lake_args(p)
+    _time_args(p)
+    dest = p.add_mutually_exclusive_group()
+    dest.add_argument("--out", help="directory for the typed Delta tables")
+    dest.add_argument("--target", help="SQLAlchemy URL of a database to create and load the tables in")
+    p.add_argument("--verify", metavar="SOURCE_URL", help="after --target, compare with this database (binlake diff)")
+    p.add_argument("--replace", action="store_true", help="overwrite tables already in --out")
+    p.add_argument("--source", choices=["auto", "changes", "history"], default="auto",
+                   help="base: auto (newest snapshot, else the whole history), changes (whole history only), "
+                        "history (the history tables)")
+    p.set_defaults(handler=restore_cmd)
+
+    b = bench.add_parser(
+        "restore", help="restore at a late ts: whole history, snapshot, history tables vs SQLite replay",
+        formatter_class=fmt,
+        epilog="Example:\n  binlake bench restore --rows 1000000 --changes 5000000\n")
+    b.add_argument("--rows", type=int, default=1_000_000, help="rows of the table (default 1000000)")
+    b.add_argument("--changes", type=int, default=5_000_000, help="row changes of its history (default 5000000)")
+    b.add_argument("--master", help="Spark master (default local[*])")
+    b.add_argument("--dir", help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    b.set_defaults(handler=bench_cmd)
+
+
+def _session(args: argparse.Namespace) -> Any:
+    from binlake.lake.commands import session
+
+    return session(args.master, quiet=args.log_level != "DEBUG")
+
+
+def _check_lake(args: argparse.Namespace) -> str:
+    if not args.lake:
+        raise errors.InvalidArgument("no lake given: pass --lake DIR or set BINLAKE_LAKE_DIR")
+    return str(args.lake)
+
+
+def _resolve(args: argparse.Namespace) -> int:
+    from binlake.restore.restore import resolve_ts
+
+    return resolve_ts(args.ts, args.datetime, args.tz)
+
+
+def _run(args: argparse.Namespace, what: str, fn: Any) -> Any:
+    """Run ``fn(spark, progress)`` with a status line; Spark failures become one line."""
+    from rich.console import Console
+
+    from binlake.lake.commands import _spark_error
+
+    console = Console(stderr=True)
+    began = time.monotonic()
+    with console.status(what, spinner="dots") as status:
+        def progress(message: str) -> None:
+            status.update(f"[{time.monotonic() - began:5.1f}s] {message}")
+            if not args.json:
+                console.log(message, highlight=False)
+
+        status.update("starting Spark")
+        spark = _session(args)
+        try:
+            return fn(spark, progress)
+        except errors.BinlakeError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise errors.InvalidArgument(str(exc)) from None
+        except Exception as exc:
+            raise _spark_error(exc, what) from None
+
+
+def snapshot_cmd(args: argparse.Namespace) -> int:
+    from binlake.restore import snapshot
+
+    lake = _check_lake(args)
+    ts = _resolve(args)
+    tables = _tables(args.tables)
+    result = _run(args, f"snapshot at {ts}", lambda spark, say: snapshot.take(spark, lake, ts, tables, say))
+    if args.json:
+        print(json.dumps({"snapshot_ts": result.snapshot_ts, "rows": result.rows,
+                          "tables": [{"table": t, "rows": n, "base": b} for t, n, b in result.tables],
+                          "elapsed_s": round(result.elapsed_s, 3)}))
+    else:
+        print(result.summary())
+    return 0
+
+
+def history_cmd(args: argparse.Namespace) -> int:
+    from binlake.restore import history
+
+    lake = _check_lake(args)
+    tables = _tables(args.tables)
+    result = _run(args, "history tables", lambda spark, say: history.update(spark, lake, tables, say))
+    if args.json:
+        print(json.dumps({"applied_end_ts": result.applied_end_ts, "tables": dict(result.tables),
+                          "elapsed_s": round(result.elapsed_s, 3)}))
+    else:
+        print(result.summary())
+    return 0
+
+
+def restore_cmd(args: argparse.Namespace) -> int:
+    from binlake.restore import restore
+
+    lake = _check_lake(args)
+    ts = _resolve(args)
+    tables = _tables(args.tables)
+    if args.out is None and args.target is None:
+        raise errors.InvalidArgument("give a destination: --out DIR (Delta tables) or --target URL (a database)")
+    if args.verify and not args.target:
+        raise errors.InvalidArgument("--verify compares a target database with its source: use it with --target")
+    result = _run(args, f"restore to {ts}", lambda spark, say: restore.run(
+        spark, lake, ts, tables=tables, out=args.out, target=args.target, verify_url=args.verify,
+        replace=args.replace, source=args.source, progress=say))
+    if args.json:
+        print(json.dumps(result.to_dict(), sort_keys=True))
+    else:
+        print(result.summary())
+    return 0
+
+
+def bench_cmd(args: argparse.Namespace) -> int:
+    import importlib
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    sys.path.insert(0, os.path.join(root, "bench"))
+    bench = importlib.import_module("restore_bench")
+    return int(bench.main(args))

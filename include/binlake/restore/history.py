@@ -1,0 +1,248 @@
+"""History tables: one typed row per version of each upstream row (SCD type 2).
+
+``update(spark, lake)`` keeps ``history/t<table_id>`` per upstream table id with
+the table's columns plus::
+
+    _valid_from_ts  long     commit_ts of the transaction that wrote this version
+    _valid_to_ts    long     commit_ts of the next change of the key (update, delete,
+                             key change, TRUNCATE or DROP of the table); null while current
+    _op             string   insert or update: what wrote this version
+
+so the table at any T is plain Spark SQL::
+
+    SELECT * FROM delta.`LAKE/history/t<id>`
+    WHERE _valid_from_ts <= T AND (_valid_to_ts IS NULL OR _valid_to_ts > T)
+
+A version is per *transaction*: a row changed twice in one transaction has one
+version (the last image). Schema changes: columns are matched by id; the table
+has every column the upstream table ever had, named as most recently named;
+a column added later is null in versions written before it existed; a dropped
+column is kept, null in versions written after it was dropped (named
+``<name>__<id>`` if a live column took its name); a retyped column holds every
+version in its newest type. A rename or retype rebuilds the table in one pass.
+
+Maintenance is window by window, following the ``windows`` ledger from the lake's
+first window up to the first gap: the catalog (``layout.HISTORY_CATALOG_DDL``)
+records which ledger windows (with their ``ingested_at``) each table holds. A
+run applies the windows not recorded yet in one MERGE (closing the versions they
+end and adding the ones they begin), then records them. A window ingested again
+since it was applied, or a crash between the MERGE and the catalog write, rewinds
+the table to that window's start (versions from it deleted, versions it closed
+reopened) before applying again: running twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from binlake import errors, failpoint, tso
+from binlake.lake import decode
+from binlake.lake.ingest import is_delta, read_windows
+from binlake.proto import binlog_pb2
+from binlake.restore import columns as C
+from binlake.restore import coverage, layout, rebuild
+
+Progress = Callable[[str], None]
+META = ("_valid_from_ts", "_valid_to_ts", "_op")
+
+
+def catalog(spark: Any, lake: str) -> dict[int, dict[str, Any]]:
+    path = layout.history_catalog(lake)
+    if not is_delta(spark, path):
+        return {}
+    return {r["table_id"]: r.asDict() for r in spark.read.format("delta").load(path).collect()}
+
+
+def spec(schema: decode.SchemaHistory, table_id: int) -> list[C.Column]:
+    """The history table's columns: every column id the table ever had, newest name/type."""
+    newest: dict[int, binlog_pb2.ColumnInfo] = {}
+    order: list[int] = []
+    for _ts, info in schema.entries():
+        if info.table_id != table_id:
+            continue
+        for c in info.columns:
+            if c.id not in newest:
+                order.append(c.id)
+            newest[c.id] = c
+    last = max(((ts, info) for ts, info in schema.entries() if info.table_id == table_id), key=lambda x: x[0])[1]
+    live = {c.id for c in last.columns}
+    live_names = {c.name for c in last.columns}
+    out = []
+    for cid in order:
+        c = newest[cid]
+        name = c.name if cid in live or c.name not in live_names else f"{c.name}__{cid}"
+        out.append(C.Column(cid, name, c.type, c.sql_type))
+    return out
+
+
+def ended_ts(schema: decode.SchemaHistory, table_id: int) -> int | None:
+    """commit_ts at which the table id stopped existing (DROP, or TRUNCATE's new id), if it did."""
+    stamps = sorted(ts for ts, info in schema.entries() if info.table_id == table_id)
+    last = stamps[-1]
+    at = min(last + 1, tso.MAX_TS)
+    if schema.knows(table_id, at):
+        # Retired by a TRUNCATE: another id names this one as previous_table_id.
+        for ts, info in schema.entries():
+            if info.previous_table_id == table_id:
+                return ts
+        return None
+    return last
+
+
+def _versions(evts: Any, cols: Sequence[C.Column], key: Sequence[str], end: int | None) -> tuple[Any, Any]:
+    """(version rows with _valid_from_ts/_valid_to_ts/_op, first change per key) of events."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    rest = [c.name for c in cols if c.name not in key]
+    keys = [F.col(f"`{k}`") for k in key]
+    per_txn = evts.groupBy(*keys, "_ts").agg(
+        F.max_by(F.struct(*[F.col(f"`{n}`") for n in rest], "_del", "_op"), F.struct("_seq", "_sub")).alias("_l"))
+    w = Window.partitionBy(*keys).orderBy("_ts")
+    nxt = F.lead("_ts").over(w)
+    valid_to = nxt if end is None else F.coalesce(nxt, F.lit(end).cast("long"))
+    staged = per_txn.select(*keys, "_ts", "_l", valid_to.alias("_to"))
+    versions = staged.where(~F.col("_l._del")).select(
+        *[F.col(f"`{c.name}`") if c.name in key else F.col("_l").getField(c.name).alias(c.name) for c in cols],
+        F.col("_ts").alias("_valid_from_ts"), F.col("_to").alias("_valid_to_ts"),
+        F.when(F.col("_l._op") == "insert", "insert").otherwise("update").alias("_op"))
+    first = per_txn.groupBy(*keys).agg(F.min("_ts").alias("_first"))
+    return versions, first
+
+
+def _applied(row: dict[str, Any] | None) -> list[tuple[int, int, str]]:
+    if not row or not row.get("applied"):
+        return []
+    return [(int(a), int(b), str(c)) for a, b, c in json.loads(row["applied"])]
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryResult:
+    tables: list[tuple[str, str]]  # (db.table or id, what happened)
+    applied_end_ts: int
+    elapsed_s: float
+
+    def summary(self) -> str:
+        lines = [f"history tables up to {tso.format_ts(self.applied_end_ts)} (exclusive) in {self.elapsed_s:.1f}s"]
+        lines += [f"  {name:<40} {what}" for name, what in self.tables]
+        return "\n".join(lines)
+
+
+def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
+           progress: Progress | None = None) -> HistoryResult:
+    """Bring the history table of every table (or ``tables``, named as they are now)
+    up to the end of the ledger's contiguous windows."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    say = progress or (lambda _m: None)
+    started = time.monotonic()
+    windows = read_windows(spark, lake)
+    first, _ = coverage.lake_span(windows)
+    end = coverage.last_restorable(windows) + 1
+    ledger = [(int(w["start_ts"]), int(w["end_ts"]), str(w["ingested_at"])) for w in windows
+              if w.get("status") == "done" and int(w["end_ts"]) <= end and int(w["start_ts"]) >= first]
+    schema = rebuild.load_schema(spark, lake, end - 1)
+    ids = schema.table_ids()
+    if tables is not None:
+        ids = sorted(rebuild.select_tables(rebuild.tables_at(schema, end - 1), tables, end - 1))
+    cat = catalog(spark, lake)
+    changes = rebuild.changes_frame(spark, lake)
+    done: list[tuple[str, str]] = []
+    new_rows = []
+    for table_id in ids:
+        cols = spec(schema, table_id)
+        last_info = max(((ts, i) for ts, i in schema.entries() if i.table_id == table_id), key=lambda x: x[0])[1]
+        name = f"{last_info.db}.{last_info.name}"
+        key = [c.name for c in cols if c.id in set(last_info.primary_key)]
+        old = cat.get(table_id)
+        applied = _applied(old)
+        # Rewind to the first ledger window the table does not hold as it is now.
+        keep = 0
+        for have, want in zip(applied, ledger, strict=False):
+            if have != want:
+                break
+            keep += 1
+        rewind = ledger[keep][0] if keep < len(ledger) else None
+        same_cols = old is not None and C.from_json(json.loads(old["columns"])) == cols[:len(json.loads(old["columns"]))]
+        path = layout.history_table(lake, table_id)
+        fresh = old is None or not same_cols or keep == 0 or not is_delta(spark, path)
+        if not fresh and rewind is None and keep == len(applied):
+            done.append((name, "up to date"))
+            new_rows.append(old)
+            continue
+        lo = first if fresh else int(rewind or end)
+        gone = ended_ts(schema, table_id)
+        close_at = gone if gone is not None and gone < end else None
+        rows = rebuild.read_changes(changes, table_id, lo - 1, end - 1)
+        evts = rebuild.events(rows, rebuild.versions(schema, table_id), cols, key)
+        versions, first_change = _versions(evts, cols, key, close_at)
+        if fresh:
+            say(f"{name}: building the history table from the lake's start")
+            versions.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+            what = "built"
+        else:
+            say(f"{name}: applying windows from {tso.format_ts(lo)}")
+            table = DeltaTable.forPath(spark, path)
+            if lo < int(old["applied_end_ts"]):  # windows applied before are applied again
+                table.delete(F.col("_valid_from_ts") >= lo)
+                table.update(F.col("_valid_to_ts") >= lo, {"_valid_to_ts": F.lit(None).cast("long")})
+            have = {c.name for c in C.from_json(json.loads(old["columns"]))}
+            added = [c for c in cols if c.name not in have]
+            if added:
+                spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (" +
+                          ", ".join(f"`{c.name}` {c.spark_type()}" for c in added) + ")")
+            cond = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
+            src = (first_change.select(*[F.col(f"`{k}`") for k in key], F.col("_first"), F.lit("close").alias("_a"))
+                   .unionByName(versions.withColumn("_first", F.lit(None).cast("long")).withColumn("_a", F.lit("add")),
+                                allowMissingColumns=True))
+            (table.alias("t").merge(src.alias("s"), f"s._a = 'close' AND t._valid_to_ts IS NULL AND {cond}")
+             .whenMatchedUpdate(set={"_valid_to_ts": "s._first"})
+             .whenNotMatchedInsert(condition="s._a = 'add'",
+                                   values={**{f"`{c.name}`": f"s.`{c.name}`" for c in cols},
+                                           **{m: f"s.{m}" for m in META}})
+             .execute())
+            if close_at is not None:
+                table.update(F.col("_valid_to_ts").isNull(), {"_valid_to_ts": F.lit(close_at).cast("long")})
+            what = f"applied {len(ledger) - keep} window(s)"
+        failpoint.hit("history-before-catalog")
+        new_rows.append({"table_id": table_id, "db": last_info.db, "tbl": last_info.name, "path": path,
+                         "columns": json.dumps(C.to_json(cols)), "key_columns": json.dumps(key),
+                         "applied": json.dumps(ledger), "applied_end_ts": end, "ended_ts": gone,
+                         "updated_at": dt.datetime.now(dt.UTC).replace(tzinfo=None)})
+        done.append((name, what))
+    names = [n.split()[0] for n in layout.HISTORY_CATALOG_DDL.split(", ")]
+    df = spark.createDataFrame([tuple(r[n] for n in names) for r in new_rows], layout.HISTORY_CATALOG_DDL)
+    cpath = layout.history_catalog(lake)
+    if is_delta(spark, cpath) and tables is not None:
+        ids_sql = ",".join(str(i) for i in ids) or "-1"
+        df.write.format("delta").mode("overwrite").option("replaceWhere", f"table_id IN ({ids_sql})").save(cpath)
+    else:
+        df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(cpath)
+    return HistoryResult(done, end, time.monotonic() - started)
+
+
+def at(spark: Any, lake: str, table_id: int, ts: int) -> Any:
+    """The history table of ``table_id`` filtered to the versions valid at ``ts``."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("delta").load(layout.history_table(lake, table_id))
+    return df.where((F.col("_valid_from_ts") <= ts) & (F.col("_valid_to_ts").isNull() | (F.col("_valid_to_ts") > ts)))
+
+
+def base_at(spark: Any, lake: str, cat: dict[int, dict[str, Any]], table_id: int, ts: int,
+            name: str) -> rebuild.Base:
+    """A restore base from the history tables: the versions valid at ``ts`` (or at the
+    newest ts they hold, when they stop below it; the changes after are then read)."""
+    row = cat.get(table_id)
+    if row is None:
+        raise errors.FailedPrecondition(
+            f"table {name} has no history table yet: run `binlake history` (or restore without --source history)")
+    upto = min(ts, int(row["applied_end_ts"]) - 1)
+    cols = tuple(C.from_json(json.loads(row["columns"])))
+    return rebuild.Base(upto, "history", at(spark, lake, table_id, upto), cols)

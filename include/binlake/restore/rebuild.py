@@ -1,0 +1,219 @@
+"""The state of one upstream table at commit_ts T, computed in Spark.
+
+``state_at`` = a *base* (a snapshot's rows at its ts, the history tables'
+rows valid at a ts, or nothing at the lake's beginning) plus the table's
+changes with commit_ts in ``(base_ts, T]``, reduced to the last image per
+primary key:
+
+* every change becomes *events* on keys: an insert upserts its after image;
+  a delete deletes its before image's key; an update upserts its after image
+  and, when it moved the row to another key, first deletes the old key;
+* events are ordered by (commit_ts, seq, sub) - sub puts an update's delete of
+  the old key before its upsert - and the base's rows come before them all;
+* per key, the last event wins (one ``max_by`` aggregation, no sort of the whole
+  table); keys whose last event is a delete are gone.
+
+Images are parsed with ``from_json`` using the definition they were written with
+(the change row's ``schema_version``) and mapped by column id onto the
+definition in force at T (``columns``): added columns are null in older rows,
+dropped ones disappear, renamed ones keep their values, retyped ones are cast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from binlake import errors, tso
+from binlake.lake import decode
+from binlake.lake.ingest import CHANGES, DDL_HISTORY, is_delta, table_path
+from binlake.proto import binlog_pb2
+from binlake.restore import columns as C
+
+ORDER = ("_ts", "_seq", "_sub")
+
+
+@dataclasses.dataclass(frozen=True)
+class Base:
+    """Where a table's rebuild starts: ``frame`` (typed, columns ``cols``) holds its rows
+    at ``ts`` (every change with commit_ts <= ts applied); None = no rows."""
+
+    ts: int
+    kind: str  # "lake start", "snapshot", "history"
+    frame: Any = None
+    cols: tuple[C.Column, ...] = ()
+
+
+def load_schema(spark: Any, lake: str, upto_ts: int) -> decode.SchemaHistory:
+    """Every table definition of DDLs with commit_ts <= ``upto_ts`` (from ``ddl_history``)."""
+    path = table_path(lake, DDL_HISTORY)
+    if not is_delta(spark, path):
+        return decode.SchemaHistory()
+    rows = (spark.read.format("delta").load(path).where(f"commit_ts <= {int(upto_ts)}")
+            .select("commit_ts", "table_info").collect())
+    return decode.SchemaHistory.from_rows(rows)
+
+
+def tables_at(schema: decode.SchemaHistory, ts: int) -> dict[int, binlog_pb2.TableInfo]:
+    """table id -> definition of every table that exists once every transaction with
+    commit_ts <= ts committed (tables dropped or truncated by then are absent)."""
+    at = min(ts + 1, tso.MAX_TS)
+    out = {}
+    for table_id in schema.table_ids():
+        if schema.knows(table_id, at):
+            out[table_id] = schema.table(table_id, at)
+    return out
+
+
+def created_ts(schema: decode.SchemaHistory, table_id: int) -> int:
+    """The commit_ts of the first definition the history holds for ``table_id``."""
+    return min(ts for ts, info in schema.entries() if info.table_id == table_id)
+
+
+def versions(schema: decode.SchemaHistory, table_id: int) -> dict[int, binlog_pb2.TableInfo]:
+    """schema_version -> definition, for the change rows of ``table_id``."""
+    return {info.schema_version: info for _ts, info in schema.entries() if info.table_id == table_id}
+
+
+def select_tables(found: dict[int, binlog_pb2.TableInfo], names: Sequence[str] | None,
+                  ts: int) -> dict[int, binlog_pb2.TableInfo]:
+    """The tables named ``TABLE`` or ``DB.TABLE`` (as named at ts); every one when None."""
+    if names is None:
+        return dict(found)
+    out: dict[int, binlog_pb2.TableInfo] = {}
+    for name in names:
+        db, _, tbl = name.strip().rpartition(".")
+        hits = [i for i, info in found.items() if info.name == tbl and (not db or info.db == db)]
+        if not hits:
+            shown = ", ".join(sorted(f"{i.db}.{i.name}" for i in found.values())) or "none"
+            raise errors.InvalidArgument(
+                f"no table {name!r} exists at commit_ts {ts} (tables then: {shown})")
+        if len(hits) > 1:
+            raise errors.InvalidArgument(f"table name {name!r} is ambiguous at commit_ts {ts}: give DB.TABLE")
+        out[hits[0]] = found[hits[0]]
+    return out
+
+
+def changes_frame(spark: Any, lake: str) -> Any:
+    """The ``changes`` table (its Delta snapshot resolved once; filter it per table)."""
+    return spark.read.format("delta").load(table_path(lake, CHANGES))
+
+
+def read_changes(changes: Any, table_id: int, after_ts: int, upto_ts: int) -> Any:
+    """The change rows of ``table_id`` with commit_ts in ``(after_ts, upto_ts]``."""
+    from pyspark.sql import functions as F
+
+    lo = decode.commit_date(max(after_ts, 0)).isoformat()
+    hi = decode.commit_date(upto_ts).isoformat()
+    return (changes
+            # commit_date first: only the partitions of the range are listed.
+            .where(f"commit_date >= DATE'{lo}' AND commit_date <= DATE'{hi}'")
+            .where((F.col("commit_ts") > after_ts) & (F.col("commit_ts") <= upto_ts))
+            .where(F.col("table_id") == table_id))
+
+
+def _by_version(version_col: Any, parts: dict[int, Any]) -> Any:
+    """CASE schema_version WHEN v THEN parts[v] ... END (null for an unknown version)."""
+    from pyspark.sql import functions as F
+
+    expr = None
+    for version, value in parts.items():
+        expr = F.when(version_col == version, value) if expr is None else expr.when(version_col == version, value)
+    return expr
+
+
+def events(changes: Any, table_versions: dict[int, binlog_pb2.TableInfo], out: Sequence[C.Column],
+           key: Sequence[str]) -> Any:
+    """Key events of change rows (see the module doc): ``out`` columns typed, plus
+    ``_ts, _seq, _sub, _del`` and ``_op``. ``key`` names the primary-key columns in ``out``.
+
+    One pass over the rows whatever the number of schema versions: each image is
+    parsed once, with the schema of its own version (a CASE on ``schema_version``
+    in a projection of its own, which Spark does not inline into every column)."""
+    from pyspark.sql import functions as F
+
+    if not table_versions:
+        raise ValueError("no table definition to read the change rows with")
+    by_name = {c.name: c for c in out}
+    key_ids = [by_name[k].id for k in key]
+    ver = F.col("schema_version")
+    parsed_after: dict[int, Any] = {}
+    parsed_before: dict[int, Any] = {}
+    before_key: dict[int, Any] = {}
+    for version, info in sorted(table_versions.items()):
+        parsed_after[version] = F.from_json(F.col("after"), C.image_schema(info))
+        parsed_before[version] = F.from_json(F.col("before"), C.image_schema(info))
+        # The before image's key as the ingest writes keys (canonical JSON, sorted
+        # names): an update whose text differs moved the row. A false difference only
+        # adds a delete that the update's own upsert then overrides.
+        names = {c.id: c for c in info.columns}
+        src_key = sorted((names[i] for i in key_ids if i in names), key=lambda c: c.name)
+        key_schema = "struct<" + ", ".join(f"`{c.name}`: {C.json_type(c.type)}" for c in src_key) + ">"
+        before_key[version] = F.to_json(F.from_json(F.col("before"), key_schema))
+    # One parsed column per version (their struct types differ), null for other versions.
+    staged = changes.select(
+        "commit_ts", "seq", "op", "keys", "schema_version",
+        *[F.when(ver == v, e).alias(f"_a{v}") for v, e in parsed_after.items()],
+        *[F.when(ver == v, e).alias(f"_b{v}") for v, e in parsed_before.items()],
+        _by_version(ver, before_key).alias("_bk"))
+
+    def image(prefix: str) -> list[Any]:
+        return [_by_version(ver, {v: C.typed_field(F.col(f"{prefix}{v}"), info, c)
+                                  for v, info in table_versions.items()}).alias(c.name) for c in out]
+
+    moved = (F.col("op") == "delete") | ((F.col("op") == "update") & (F.col("keys") != F.col("_bk")))
+    pair = F.array(
+        F.struct(*image("_b"), F.lit(0).alias("_sub"), F.lit(True).alias("_del"), F.lit("delete").alias("_op"),
+                 moved.alias("_keep")),
+        F.struct(*image("_a"), F.lit(1).alias("_sub"), F.lit(False).alias("_del"), F.col("op").alias("_op"),
+                 (F.col("op") != "delete").alias("_keep")),
+    )
+    return (staged.select(F.col("commit_ts").alias("_ts"), F.col("seq").alias("_seq"), F.explode(pair).alias("_e"))
+            .where(F.col("_e._keep"))
+            .select(*[F.col("_e").getField(c.name).alias(c.name) for c in out], "_ts", "_seq", "_e._sub", "_e._del",
+                    "_e._op"))
+
+
+def base_events(base: Base, out: Sequence[C.Column]) -> Any:
+    from pyspark.sql import functions as F
+
+    return base.frame.select(
+        *C.typed_columns(base.cols, out), F.lit(base.ts).cast("long").alias("_ts"), F.lit(-1).alias("_seq"),
+        F.lit(0).alias("_sub"), F.lit(False).alias("_del"), F.lit("base").alias("_op"))
+
+
+def last_per_key(evts: Any, out: Sequence[C.Column], key: Sequence[str]) -> Any:
+    """Per key, the last event's row; keys whose last event is a delete are dropped."""
+    from pyspark.sql import functions as F
+
+    rest = [c.name for c in out if c.name not in key]
+    value = F.struct(*[F.col(f"`{n}`") for n in rest], F.col("_del"))
+    order = F.struct(*[F.col(n) for n in ORDER])
+    last = evts.groupBy(*[F.col(f"`{k}`") for k in key]).agg(F.max_by(value, order).alias("_last"))
+    return (last.where(~F.col("_last._del"))
+            .select(*[F.col(f"`{c.name}`") if c.name in key else F.col("_last").getField(c.name).alias(c.name)
+                      for c in out]))
+
+
+def state_at(spark: Any, changes: Any, schema: decode.SchemaHistory, table_id: int, ts: int, base: Base) -> Any:
+    """The typed rows of ``table_id`` at commit_ts ``ts`` (a lazy DataFrame with the
+    columns of the definition in force at ts, in definition order). ``changes``:
+    ``changes_frame(spark, lake)``."""
+    info = schema.table(table_id, min(ts + 1, tso.MAX_TS))
+    out = C.columns_of(info)
+    key = C.key_names(info)
+    if not key:
+        raise errors.FailedPrecondition(f"table {info.db}.{info.name} has no primary key: rows cannot be keyed")
+    parts = []
+    if base.frame is not None:
+        parts.append(base_events(base, out))
+    if base.ts < ts:
+        rows = read_changes(changes, table_id, base.ts, ts)
+        parts.append(events(rows, versions(schema, table_id), out, key))
+    if not parts:
+        return spark.createDataFrame([], ", ".join(f"`{c.name}` {c.spark_type()}" for c in out))
+    evts = parts[0]
+    for p in parts[1:]:
+        evts = evts.unionByName(p)
+    return last_per_key(evts, out, key)

@@ -1,0 +1,155 @@
+"""Snapshots: every table (or the chosen ones) as of commit_ts T, as typed Delta tables.
+
+``take(spark, lake, ts)`` computes each table from the newest earlier usable
+snapshot plus the changes in between (``rebuild``), or from the whole history
+when there is none, and writes ``snapshots/ts=T/t<table_id>`` with the columns
+of the table's definition at T. The catalog (``layout.SNAPSHOT_CATALOG_DDL``)
+gets one row per table, then the snapshot's marker row: a crash half way
+leaves no marker, so no reader uses the partial snapshot, and taking it again
+replaces its tables.
+
+``base_for(...)`` is how a restore (or the next snapshot) picks its base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from binlake import errors, failpoint, tso
+from binlake.lake import decode
+from binlake.lake.ingest import is_delta, read_windows
+from binlake.proto import binlog_pb2
+from binlake.restore import columns as C
+from binlake.restore import coverage, layout, rebuild
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotEntry:
+    snapshot_ts: int
+    table_id: int
+    db: str
+    tbl: str
+    path: str
+    rows: int
+    info: binlog_pb2.TableInfo | None
+    complete: bool
+
+
+def catalog(spark: Any, lake: str) -> list[SnapshotEntry]:
+    """The tables of every *valid* snapshot (one with its marker row), newest first."""
+    path = layout.snapshot_catalog(lake)
+    if not is_delta(spark, path):
+        return []
+    rows = spark.read.format("delta").load(path).collect()
+    markers = {r["snapshot_ts"]: bool(r["complete"]) for r in rows if r["table_id"] == layout.MARKER_TABLE_ID}
+    out = []
+    for r in rows:
+        ts = r["snapshot_ts"]
+        if ts not in markers:
+            continue
+        info = binlog_pb2.TableInfo.FromString(bytes(r["table_info"])) if r["table_info"] is not None else None
+        out.append(SnapshotEntry(ts, r["table_id"], r["db"] or "", r["tbl"] or "", r["path"] or "", r["rows"] or 0,
+                                 info, markers[ts]))
+    return sorted(out, key=lambda e: (-e.snapshot_ts, e.table_id))
+
+
+def base_for(spark: Any, entries: Sequence[SnapshotEntry], schema: decode.SchemaHistory, table_id: int,
+             ts: int) -> rebuild.Base:
+    """The newest base at or below ``ts`` for ``table_id``: a snapshot holding it, or a
+    complete snapshot taken before it existed (empty), else the lake's start."""
+    stamps = sorted({e.snapshot_ts for e in entries if e.snapshot_ts <= ts}, reverse=True)
+    for s in stamps:
+        at_s = [e for e in entries if e.snapshot_ts == s]
+        hit = next((e for e in at_s if e.table_id == table_id), None)
+        if hit is not None and hit.info is not None:
+            return rebuild.Base(s, "snapshot", spark.read.format("delta").load(hit.path),
+                                tuple(C.columns_of(hit.info)))
+        complete = any(e.table_id == layout.MARKER_TABLE_ID and e.complete for e in at_s)
+        if complete and table_id not in rebuild.tables_at(schema, s):
+            return rebuild.Base(s, "snapshot (table created later)")
+    return rebuild.Base(0, "lake start")
+
+
+def check_base(windows: list[dict[str, Any]], schema: decode.SchemaHistory, table_id: int, ts: int,
+               base: rebuild.Base, name: str) -> None:
+    """Refuse unless the ledger covers (base, ts] and, from the lake's start, the table
+    was created inside the lake's windows (its earlier rows would be missing)."""
+    if base.kind == "lake start":
+        coverage.check(windows, ts)
+        first, _ = coverage.lake_span(windows)
+        born = rebuild.created_ts(schema, table_id)
+        if born < first:
+            raise errors.FailedPrecondition(
+                f"table {name} was created at {tso.format_ts(born)}, before the lake's first window "
+                f"[{first}, ...): its rows from before that window are not in the lake and no snapshot holds them; "
+                f"ingest [{born}, {first}) first")
+    else:
+        coverage.check(windows, ts, base.ts)
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotResult:
+    snapshot_ts: int
+    tables: list[tuple[str, int, str]]  # (db.table, rows, base)
+    elapsed_s: float
+
+    @property
+    def rows(self) -> int:
+        return sum(n for _t, n, _b in self.tables)
+
+    def summary(self) -> str:
+        lines = [f"snapshot at {tso.format_ts(self.snapshot_ts)}: {len(self.tables)} table(s), {self.rows} rows "
+                 f"in {self.elapsed_s:.1f}s"]
+        lines += [f"  {name:<40} {rows:>10}  from {base}" for name, rows, base in self.tables]
+        return "\n".join(lines)
+
+
+def take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None,
+         progress: Progress | None = None) -> SnapshotResult:
+    """Write a snapshot of every table (or ``tables``) at commit_ts ``ts``."""
+    say = progress or (lambda _m: None)
+    started = time.monotonic()
+    windows = read_windows(spark, lake)
+    coverage.check(windows, ts)
+    schema = rebuild.load_schema(spark, lake, ts)
+    found = rebuild.tables_at(schema, ts)
+    chosen = rebuild.select_tables(found, tables, ts)
+    entries = [e for e in catalog(spark, lake) if e.snapshot_ts != ts]
+    plans = []
+    for table_id, info in sorted(chosen.items()):
+        base = base_for(spark, entries, schema, table_id, ts)
+        check_base(windows, schema, table_id, ts, base, f"{info.db}.{info.name}")
+        plans.append((table_id, info, base))
+    changes = rebuild.changes_frame(spark, lake)
+    rows_out = []
+    done = []
+    for table_id, info, base in plans:
+        name = f"{info.db}.{info.name}"
+        say(f"{name}: from {base.kind}" + (f" at {base.ts}" if base.ts else ""))
+        df = rebuild.state_at(spark, changes, schema, table_id, ts, base)
+        path = layout.snapshot_table(lake, ts, table_id)
+        df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+        n = spark.read.format("delta").load(path).count()
+        rows_out.append((ts, table_id, info.db, info.name, path, n, info.SerializeToString(), tables is None, _now()))
+        done.append((name, n, base.kind))
+        failpoint.hit("snapshot-after-table")
+    # Catalog rows of the tables, then the marker (the snapshot's commit point).
+    marker = (ts, layout.MARKER_TABLE_ID, None, None, None, sum(n for _a, n, _b in done), None, tables is None, _now())
+    cat = layout.snapshot_catalog(lake)
+    df = spark.createDataFrame([*rows_out, marker], layout.SNAPSHOT_CATALOG_DDL)
+    if is_delta(spark, cat):
+        # Replaces an earlier (possibly partial) snapshot at the same ts in one commit.
+        df.write.format("delta").mode("overwrite").option("replaceWhere", f"snapshot_ts = {int(ts)}").save(cat)
+    else:
+        df.write.format("delta").mode("overwrite").save(cat)
+    return SnapshotResult(ts, done, time.monotonic() - started)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)

@@ -1,0 +1,259 @@
+"""The bodies of the ``binlake_restore`` and ``binlake_maintenance`` tasks.
+
+Like ``ingest_tasks``, everything heavy (pyspark, gRPC, the lake) is imported
+inside the functions, so the DAG files parse in milliseconds and offline.
+Mistakes no retry can fix (a bad param, a ts the ledger does not cover, an
+unknown table, an occupied destination) fail at once (``AirflowFailException``);
+anything else raises an ordinary error for the DAG's retries.
+
+Restore runs write the rebuilt tables to ``out`` (or, for a ``target`` run, to
+``LAKE/restores/<run_id>``) in ``rebuild``; ``load`` bulk-loads the target from
+those Delta tables, so a retried load never rebuilds, and a retried rebuild
+replaces its own output (both idempotent for a run).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+
+from binlake_airflow import config
+
+log = logging.getLogger(__name__)
+
+# The maintenance DAG keeps every version Delta may still be reading for this
+# long (VACUUM's retention). Restores read the tables' *current* versions, which
+# VACUUM never removes, so any retention keeps every restore the ledger promises;
+# the floor only protects jobs still reading an older version while it runs.
+DEFAULT_VACUUM_RETENTION_HOURS = 168.0
+MIN_VACUUM_RETENTION_HOURS = 1.0
+# The GC report fails when the oldest window not ingested yet is this close to
+# a Pump's retention (default 7 days): the binlogs would be lost within a day.
+DEFAULT_GC_MARGIN_HOURS = 24.0
+
+
+def _fail(exc: BaseException) -> Exception:
+    from binlake import errors
+
+    if isinstance(exc, errors.BinlakeError) and (errors.is_final(exc) or isinstance(
+            exc, (errors.InvalidArgument, errors.NotFound, errors.AlreadyExists, errors.FailedPrecondition))):
+        return AirflowFailException(str(exc))
+    return AirflowException(str(exc))
+
+
+@contextmanager
+def _spark(name: str) -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    from binlake.lake.spark import LAKE_CONF, build_spark
+
+    # A session already running here (dag.test in a test process) is reused and left running.
+    owned = SparkSession.getActiveSession() is None
+    spark = build_spark(name, master=config.spark_master(), extra_conf=LAKE_CONF)
+    try:
+        yield spark
+    finally:
+        if owned:
+            spark.stop()
+
+
+# ---------------------------------------------------------------- binlake_restore
+def resolve(params: Mapping[str, Any], run_id: str) -> dict[str, Any]:
+    """Check the run's params and turn them into the restore's settings (T, tables,
+    destination). Everything checked here fails the run at once."""
+    from binlake import errors, tso
+    from binlake.restore.restore import resolve_ts
+
+    commit_ts = params.get("commit_ts")
+    when = params.get("datetime") or None
+    tz = params.get("tz") or None
+    out = params.get("out") or None
+    target = params.get("target") or None
+    verify = params.get("verify") or None
+    tables = [t.strip() for t in (params.get("tables") or []) if str(t).strip()] or None
+    try:
+        ts = resolve_ts(int(commit_ts) if commit_ts not in (None, "") else None, when, tz)
+        if (out is None) == (target is None):
+            raise errors.InvalidArgument("give exactly one destination: the param out (a directory) or target (a URL)")
+        if verify and not target:
+            raise errors.InvalidArgument("verify compares a target database: set target too")
+        lake = config.lake_dir()
+    except (errors.BinlakeError, config.ConfigError, ValueError) as exc:
+        raise AirflowFailException(f"bad params: {exc}") from None
+    staging = out or f"{lake.rstrip('/')}/restores/{_safe(run_id)}"
+    return {"ts": ts, "datetime": tso.to_datetime(ts).isoformat(), "tables": tables, "lake": lake,
+            "out": staging, "target": target, "verify": verify, "replace": bool(params.get("replace"))
+            or out is None}
+
+
+def _safe(run_id: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run_id)
+
+
+def check_coverage(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """Plan the restore: every table at T and its base, each checked against the ledger."""
+    from binlake import errors
+    from binlake.restore import restore
+
+    if resolved.get("target"):
+        try:  # an unreachable target is refused before any rebuild
+            restore.open_target(str(resolved["target"])).close()
+        except errors.BinlakeError as exc:
+            raise _fail(exc) from None
+    with _spark(f"binlake-restore-check-{resolved['ts']}") as spark:
+        try:
+            p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
+            restore.check_out(spark, resolved["out"], p, bool(resolved["replace"]))
+        except errors.BinlakeError as exc:
+            raise _fail(exc) from None
+    tables = [{"table": t.name, "base": t.base.kind, "base_ts": t.base.ts} for t in p.tables]
+    log.info("restore to %s: %s", resolved["ts"], tables)
+    return {"tables": tables}
+
+
+def rebuild(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """Rebuild every table at T into typed Delta tables (``out`` or the run's staging dir)."""
+    from binlake import errors
+    from binlake.restore import restore
+
+    with _spark(f"binlake-restore-{resolved['ts']}") as spark:
+        try:
+            p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
+            # A retry replaces what an earlier try of this run wrote.
+            result = restore.write_out(spark, p, resolved["out"], True, lambda m: log.info("restore: %s", m))
+        except errors.BinlakeError as exc:
+            raise _fail(exc) from None
+    log.info("%s", result.summary())
+    return result.to_dict()
+
+
+def load(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the tables in the target from the definitions at T and bulk-load them."""
+    from binlake import errors
+    from binlake.restore import restore
+
+    if not resolved.get("target"):
+        raise AirflowSkipException("no target: the restore is the Delta tables in out")
+    with _spark(f"binlake-restore-load-{resolved['ts']}") as spark:
+        try:
+            p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
+            target = restore.open_target(str(resolved["target"]))
+            try:
+                loaded = []
+                for t in p.tables:
+                    df = spark.read.format("delta").load(restore.out_path(resolved["out"], t.info))
+                    # A retry starts over: tables made by an earlier try are replaced.
+                    target.create_table(t.info, if_exists="replace")
+                    n = target.bulk_load(t.info, restore.python_rows(df, t.info))
+                    loaded.append({"table": t.name, "rows": int(n)})
+            finally:
+                target.close()
+        except errors.BinlakeError as exc:
+            raise _fail(exc) from None
+    return {"loaded": loaded}
+
+
+def verify(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    from binlake import errors
+    from binlake.restore import restore
+
+    if not (resolved.get("verify") and resolved.get("target")):
+        raise AirflowSkipException("no verify source given")
+    try:
+        ok, text = restore.verify(str(resolved["verify"]), str(resolved["target"]),
+                                  [t.rpartition(".")[2] for t in resolved.get("tables") or []] or None)
+    except errors.BinlakeError as exc:
+        raise _fail(exc) from None
+    if not ok:
+        raise AirflowFailException(f"the restored target differs from {resolved['verify']}: {text}")
+    return {"ok": True, "summary": text}
+
+
+# ---------------------------------------------------------------- binlake_maintenance
+def snapshot_latest() -> dict[str, Any]:
+    """A snapshot at the end of the ledger's contiguous windows (T = end - 1)."""
+    from binlake import errors
+    from binlake.lake.ingest import read_windows
+    from binlake.restore import coverage, snapshot
+
+    lake = config.lake_dir()
+    with _spark("binlake-maintenance-snapshot") as spark:
+        try:
+            ts = coverage.last_restorable(read_windows(spark, lake))
+            if any(e.snapshot_ts == ts for e in snapshot.catalog(spark, lake)):
+                return {"snapshot_ts": ts, "taken": False}
+            result = snapshot.take(spark, lake, ts, progress=lambda m: log.info("snapshot: %s", m))
+        except errors.NotFound as exc:
+            raise AirflowSkipException(str(exc)) from None
+        except errors.BinlakeError as exc:
+            raise _fail(exc) from None
+    log.info("%s", result.summary())
+    return {"snapshot_ts": ts, "taken": True, "rows": result.rows}
+
+
+def history_update() -> dict[str, Any]:
+    from binlake import errors
+    from binlake.restore import history
+
+    with _spark("binlake-maintenance-history") as spark:
+        try:
+            result = history.update(spark, config.lake_dir(), progress=lambda m: log.info("history: %s", m))
+        except errors.NotFound as exc:
+            raise AirflowSkipException(str(exc)) from None
+        except errors.BinlakeError as exc:
+            raise _fail(exc) from None
+    log.info("%s", result.summary())
+    return {"applied_end_ts": result.applied_end_ts, "tables": len(result.tables)}
+
+
+def vacuum_retention_hours() -> float:
+    text = config.setting("binlake_vacuum_retention_hours", ("BINLAKE_VACUUM_RETENTION_HOURS",),
+                          str(DEFAULT_VACUUM_RETENTION_HOURS))
+    try:
+        hours = float(text or "")
+    except ValueError:
+        hours = -1.0
+    if hours < MIN_VACUUM_RETENTION_HOURS:
+        raise AirflowFailException(
+            f"binlake_vacuum_retention_hours must be a number >= {MIN_VACUUM_RETENTION_HOURS}, got {text!r}")
+    return hours
+
+
+def optimize_vacuum() -> dict[str, Any]:
+    """OPTIMIZE (compact small files) and VACUUM every lake table, snapshot and history table."""
+    from binlake.restore import maintenance
+
+    hours = vacuum_retention_hours()
+    with _spark("binlake-maintenance-optimize") as spark:
+        done = maintenance.optimize_vacuum(spark, config.lake_dir(), hours, lambda m: log.info("%s", m))
+    return {"tables": done, "retention_hours": hours}
+
+
+def gc_report(at: dt.datetime | None) -> dict[str, Any]:
+    """Each Pump's GC ts against the oldest window the lake has not ingested, as of
+    ``at`` (the run's data interval end); fails when binlogs of it are gone, or will
+    be within the margin."""
+    from binlake import errors
+    from binlake.restore import maintenance
+
+    margin = float(config.setting("binlake_gc_margin_hours", ("BINLAKE_GC_MARGIN_HOURS",),
+                                  str(DEFAULT_GC_MARGIN_HOURS)) or DEFAULT_GC_MARGIN_HOURS)
+    if at is None:
+        raise AirflowFailException("the GC report needs the run's data interval (a scheduled or backfilled run)")
+    with _spark("binlake-maintenance-gc-report") as spark:
+        try:
+            report = maintenance.gc_report(spark, config.lake_dir(), config.registry_addr(), margin,
+                                           now=at)
+        except errors.BinlakeError as exc:
+            raise _fail(exc) from None
+    for line in report.lines():
+        log.info("%s", line)
+    if not report.ok:
+        raise AirflowFailException("Pump GC report: " + "; ".join(report.problems))
+    return {"pumps": len(report.rows), "oldest_uningested_ts": report.oldest_uningested_ts}
+

@@ -1,0 +1,126 @@
+"""Fixtures for point-in-time tests: the shared Spark session, and an upstream whose
+real state was captured at known commit_ts values while a workload ran.
+
+The truth is the upstream itself: the workload runs in slices; between two
+slices every writer is idle (quiesced), a TSO is taken (``ctl ts``'s call) and
+the upstream's checksums and a copy of its file are kept. Every transaction of
+the earlier slices committed below that TSO and every later one above it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pumpkit import wait_until
+from pyspark.sql import SparkSession
+
+from binlake import errors, oracle
+from binlake.client.txn_writer import TxnWriter
+from binlake.devcluster import DevCluster
+from binlake.lake import ingest
+from binlake.lake import source as lake_source
+from binlake.lake.planner import plan_window
+from binlake.lake.spark import build_spark
+from binlake.source import workload as wl
+
+PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    # The same settings as tests/spark/conftest.py: getOrCreate hands every fixture
+    # the one session of this process, so the JVM starts once per test run.
+    session = build_spark("binlake-tests", "local[2]", ui=False, shuffle_partitions=2,
+                          extra_conf={"spark.databricks.delta.snapshotPartitions": "2"})
+    yield session
+    session.stop()
+
+
+@dataclasses.dataclass
+class Capture:
+    """The upstream's state once every transaction with commit_ts <= ts had committed."""
+
+    ts: int
+    checksums: dict[str, tuple[int, str]]
+    copy: pathlib.Path | None
+    bank_total: Any = None
+    accounts: int = 0
+
+
+@dataclasses.dataclass
+class Upstream:
+    url: str
+    registry: str
+    start_ts: int
+    end_ts: int
+    captures: list[Capture]
+    commit_ts: list[int]  # every commit_ts the workload made
+
+
+def wait_safe(registry: str, ts: int) -> None:
+    def passed() -> bool:
+        try:
+            lake_source.check_pumps(plan_window(registry, 0, ts))
+        except errors.FailedPrecondition:
+            return False
+        return True
+
+    wait_until(passed, 30, 0.1, f"pumps' safe ts to pass {ts}")
+
+
+def bank_state(url: str) -> tuple[Any, int]:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table(wl.BANK_TABLE):
+                return None, 0
+            # Balances are decimals stored as text in SQLite: sum them exactly in Python.
+            from decimal import Decimal
+
+            rows = conn.execute(sa.text(f"SELECT balance FROM {wl.BANK_TABLE}")).all()
+            return sum((Decimal(str(r[0])) for r in rows), Decimal(0)), len(rows)
+    finally:
+        engine.dispose()
+
+
+def run_captured(url: str, registry: str, plan: list[wl.LogicalTxn], cuts: int, copies: pathlib.Path | None,
+                 clients: int = 2) -> Upstream:
+    """Run ``plan`` in ``cuts`` slices, capturing the upstream after each."""
+    from binlake.registry.client import RegistryClient
+
+    captures: list[Capture] = []
+    n = len(plan)
+    bounds = [round(i * n / cuts) for i in range(cuts + 1)]
+    start_ts = end_ts = 0
+    with TxnWriter(url, registry=registry) as writer, RegistryClient(registry) as reg:
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            summary = wl.run(writer, plan[a:b], clients=clients, progress=False)
+            assert summary.errors == 0, summary.error_messages
+            start_ts = start_ts or summary.start_ts
+            ts = reg.get_ts()  # every writer is idle: all committed so far are below ts
+            copy = None
+            if copies is not None and url.startswith("sqlite:///"):
+                copy = copies / f"cut{i}.db"
+                shutil.copyfile(url.removeprefix("sqlite:///"), copy)
+            total, accounts = bank_state(url)
+            captures.append(Capture(ts, oracle.checksum(url), copy, total, accounts))
+        end_ts = reg.get_ts()
+    wait_safe(registry, end_ts)
+    return Upstream(url, registry, start_ts, end_ts, captures, [])
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    with DevCluster(tmp_path_factory.mktemp("cluster"), pumps=2, pump_args=PUMP_ARGS) as c:
+        yield c
+
+
+def ingest_all(spark: SparkSession, lake: str, registry: str, bounds: list[int]) -> list[ingest.IngestResult]:
+    return [ingest.ingest_window(spark, lake, registry, a, b) for a, b in zip(bounds, bounds[1:], strict=False)]

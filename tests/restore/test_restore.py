@@ -1,0 +1,214 @@
+"""Restore to a commit_ts against the truth: the upstream's own state captured at known ts.
+
+One SQLite upstream runs the ``mixed`` workload (bank transfers, OLTP with key
+changes, and DDL: add/drop/rename/retype column, rename/truncate/create/drop
+table) in four slices through TxnWriter and two Pump processes; after each
+slice the upstream's checksums are taken at a fresh TSO. The binlogs are
+ingested in three windows whose bounds fall between the captures. Restoring to
+each captured ts must give exactly the captured checksums, whichever base the
+restore starts from (the whole history, a snapshot, the history tables).
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+import os
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import Upstream, ingest_all, run_captured
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from binlake import cli, errors, failpoint, tso
+from binlake.devcluster import DevCluster
+from binlake.lake.ingest import read_windows
+from binlake.restore import checks, history, layout, restore, snapshot
+from binlake.source import workload as wl
+
+ACCOUNTS = 20
+# One workload, four captures, three ingests, then many Spark restores: minutes on two cores.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+@pytest.fixture(scope="module")
+def captured(cluster: DevCluster, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[tuple[Upstream, str, list[int]]]:
+    root = tmp_path_factory.mktemp("restore")
+    plan = wl.plan("mixed", 2, 180, 5, large_txn_rows=150, large_txn_every=60, ddl_every=8, table_rows=60,
+                   accounts=ACCOUNTS)
+    up = run_captured(f"sqlite:///{root / 'up.db'}", cluster.registry_addr, plan, 4, None)
+    a, b = up.start_ts, up.end_ts
+    bounds = [a + (b - a) * i // 3 for i in range(4)]
+    lake = str(root / "lake")
+    ingest_all(spark, lake, cluster.registry_addr, bounds)
+    yield up, lake, bounds
+
+
+def checksums_at(spark: SparkSession, lake: str, ts: int, source: str = "changes",
+                 tables: list[str] | None = None) -> tuple[dict[str, tuple[int, str]], list[str]]:
+    p = restore.plan(spark, lake, ts, tables, source)
+    frames = restore.frames(spark, p)
+    got = {t.info.name: checks.frame_checksum(frames[t.table_id], t.info) for t in p.tables}
+    return got, [t.base.kind for t in p.tables]
+
+
+def test_restore_from_the_whole_history_equals_the_upstream_at_every_capture(
+        spark: SparkSession, captured: tuple[Upstream, str, list[int]]) -> None:
+    up, lake, _bounds = captured
+    # The workload's DDL changed the set of tables between captures (renames, truncates).
+    assert len({frozenset(c.checksums) for c in up.captures}) > 1
+    for cap in up.captures:
+        got, bases = checksums_at(spark, lake, cap.ts)
+        assert got == cap.checksums, f"at {cap.ts}"
+        assert set(bases) == {"lake start"}
+
+
+def test_restore_out_writes_typed_delta_tables_and_a_manifest(
+        spark: SparkSession, captured: tuple[Upstream, str, list[int]], tmp_path: pathlib.Path) -> None:
+    up, lake, _ = captured
+    cap = up.captures[1]
+    out = tmp_path / "out"
+    result = restore.run(spark, lake, cap.ts, out=str(out))
+    manifest = json.loads((out / restore.MANIFEST).read_text())
+    assert manifest["ts"] == cap.ts and manifest["rows"] == sum(n for n, _ in cap.checksums.values())
+    assert {t.split(".")[1] for t, _, _ in result.tables} == set(cap.checksums)
+    schema = restore.plan(spark, lake, cap.ts).tables
+    for t in schema:
+        df = spark.read.format("delta").load(restore.out_path(str(out), t.info))
+        assert checks.frame_checksum(df, t.info) == cap.checksums[t.info.name]
+    accounts = spark.read.format("delta").load(str(out / f"main.{wl.BANK_TABLE}"))
+    types = dict(accounts.dtypes)
+    assert types["id"] == "bigint" and types["balance"] == "decimal(20,2)" and types["owner"] == "string"
+    # Restoring into the same --out again is refused unless --replace.
+    with pytest.raises(errors.AlreadyExists, match="--replace"):
+        restore.run(spark, lake, cap.ts, out=str(out))
+
+
+def test_bank_total_and_accounts_hold_at_many_ts(
+        spark: SparkSession, captured: tuple[Upstream, str, list[int]]) -> None:
+    up, lake, bounds = captured
+    # Window edges +-1, inside windows, and the captures.
+    points = sorted({bounds[1] - 1, bounds[1], bounds[1] + 1, bounds[2] - 1, bounds[2],
+                     (bounds[0] + bounds[1]) // 2 + 12345, (bounds[2] + bounds[3]) // 2, up.captures[0].ts,
+                     bounds[3] - 1})
+    expected = decimal.Decimal(ACCOUNTS * 1000)
+    for ts in points:
+        if ts < up.captures[0].ts // 2:
+            continue
+        p = restore.plan(spark, lake, ts, [wl.BANK_TABLE])
+        df = restore.frames(spark, p)[p.tables[0].table_id]
+        row = df.agg(F.sum("balance").alias("total"), F.count("*").alias("n")).collect()[0]
+        if row["n"] == 0:  # before the accounts were loaded
+            continue
+        assert (row["total"], row["n"]) == (expected, ACCOUNTS), f"at {ts}"
+    for cap in up.captures:
+        assert (cap.bank_total, cap.accounts) == (expected, ACCOUNTS)
+
+
+def test_snapshot_plus_changes_equals_whole_history_equals_history_tables(
+        spark: SparkSession, captured: tuple[Upstream, str, list[int]]) -> None:
+    up, lake, _ = captured
+    first = snapshot.take(spark, lake, up.captures[1].ts)
+    assert first.rows == sum(n for n, _ in up.captures[1].checksums.values())
+    # A second snapshot starts from the first one.
+    second = snapshot.take(spark, lake, up.captures[2].ts)
+    assert {base for _t, _n, base in second.tables} <= {"snapshot", "snapshot (table created later)", "lake start"}
+    assert "snapshot" in {base for _t, _n, base in second.tables}
+    made = history.update(spark, lake)
+    assert made.applied_end_ts == read_windows(spark, lake)[-1]["end_ts"]
+    for cap in up.captures[1:]:
+        from_snapshot, bases = checksums_at(spark, lake, cap.ts, "auto")
+        assert "snapshot" in bases
+        from_history, hbases = checksums_at(spark, lake, cap.ts, "history")
+        assert set(hbases) == {"history"}
+        whole, _ = checksums_at(spark, lake, cap.ts, "changes")
+        assert from_snapshot == whole == from_history == cap.checksums, f"at {cap.ts}"
+    # The snapshot's own tables equal the upstream at its ts.
+    for e in snapshot.catalog(spark, lake):
+        if e.snapshot_ts == up.captures[1].ts and e.info is not None:
+            df = spark.read.format("delta").load(e.path)
+            assert checks.frame_checksum(df, e.info) == up.captures[1].checksums[e.tbl]
+
+
+def test_history_tables_are_plain_sql_at_any_ts_and_idempotent(
+        spark: SparkSession, captured: tuple[Upstream, str, list[int]]) -> None:
+    up, lake, _ = captured
+    history.update(spark, lake)
+    cat = history.catalog(spark, lake)
+    before = {tid: sorted(map(tuple, spark.read.format("delta").load(row["path"]).collect()), key=repr)
+              for tid, row in cat.items()}
+    again = history.update(spark, lake)
+    assert {what for _n, what in again.tables} == {"up to date"}
+    after = {tid: sorted(map(tuple, spark.read.format("delta").load(row["path"]).collect()), key=repr)
+             for tid, row in history.catalog(spark, lake).items()}
+    assert after == before
+    # The documented query, in plain Spark SQL, on the bank table.
+    bank = next(row for row in cat.values() if row["tbl"] == wl.BANK_TABLE)
+    for cap in up.captures:
+        total, n = spark.sql(
+            f"SELECT sum(balance), count(*) FROM delta.`{bank['path']}` "
+            f"WHERE _valid_from_ts <= {cap.ts} AND (_valid_to_ts IS NULL OR _valid_to_ts > {cap.ts})").collect()[0]
+        assert (total, n) == (cap.bank_total, cap.accounts)
+    hist = spark.read.format("delta").load(bank["path"])
+    assert {r["_op"] for r in hist.select("_op").distinct().collect()} == {"insert", "update"}
+    # A version never ends before it begins; at most one open version per key.
+    assert hist.where("_valid_to_ts <= _valid_from_ts").count() == 0
+    assert hist.where("_valid_to_ts IS NULL").groupBy("id").count().where("count > 1").count() == 0
+
+
+def test_refusals_name_the_fix_and_write_nothing(
+        spark: SparkSession, captured: tuple[Upstream, str, list[int]], tmp_path: pathlib.Path) -> None:
+    up, lake, bounds = captured
+    out = tmp_path / "never"
+    cases: list[tuple[Any, type[Exception], str]] = [
+        (bounds[3], errors.FailedPrecondition, f"ingest \\[{bounds[3]}, {bounds[3] + 1}\\)"),  # above the lake
+        (bounds[0] - 1, errors.FailedPrecondition, "before the oldest data the lake holds"),
+    ]
+    for ts, exc, message in cases:
+        with pytest.raises(exc, match=message):
+            restore.run(spark, lake, ts, out=str(out))
+    with pytest.raises(errors.InvalidArgument, match="no table 'nope' exists at commit_ts"):
+        restore.run(spark, lake, up.captures[0].ts, tables=["nope"], out=str(out))
+    with pytest.raises(errors.InvalidArgument, match="exactly one destination"):
+        restore.run(spark, lake, up.captures[0].ts)
+    assert not out.exists()
+    # The same through the CLI: one line, exit status 2.
+    code = cli.main(["restore", "--lake", lake, "--ts", str(bounds[3] + 10), "--out", str(out), "--json"])
+    assert code == 2 and not out.exists()
+    assert cli.main(["restore", "--lake", lake, "--datetime", "yesterday", "--out", str(out)]) == 2
+
+
+def test_a_snapshot_killed_half_way_is_never_used(
+        spark: SparkSession, captured: tuple[Upstream, str, list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    up, lake, _ = captured
+    ts = up.captures[3].ts
+    monkeypatch.setenv(failpoint.ENV, "snapshot-after-table:raise")
+    with pytest.raises(failpoint.FailpointError):
+        snapshot.take(spark, lake, ts)
+    monkeypatch.delenv(failpoint.ENV)
+    assert os.path.isdir(layout.snapshot_table(lake, ts, min(restore.plan(spark, lake, ts).tables,
+                                                             key=lambda t: t.table_id).table_id))
+    assert ts not in {e.snapshot_ts for e in snapshot.catalog(spark, lake)}
+    got, bases = checksums_at(spark, lake, ts, "auto")
+    assert got == up.captures[3].checksums and ts not in {0}
+    # Taken again, it completes and is used.
+    snapshot.take(spark, lake, ts)
+    got, bases = checksums_at(spark, lake, ts, "auto")
+    assert got == up.captures[3].checksums
+
+
+def test_datetime_converts_as_reparo_does() -> None:
+    ts = restore.resolve_ts(datetime="2026-11-21T08:00:00", tz="Europe/Paris")
+    assert ts == tso.compose(int(tso.to_datetime(ts).timestamp() * 1000), 0)
+    assert tso.to_datetime(ts).hour == 7  # 08:00 in Paris is 07:00 UTC in November
+    assert restore.resolve_ts(datetime="2026-11-21T08:00:00+00:00") == restore.resolve_ts(
+        datetime="2026-11-21T08:00:00", tz="UTC")
+    for kwargs, message in (({}, "exactly one"), ({"commit_ts": 5, "datetime": "2026-01-01"}, "exactly one"),
+                            ({"datetime": "2026-11-21", "tz": "Mars/Base"}, "unknown time zone"),
+                            ({"commit_ts": -3}, "positive integer"), ({"datetime": "noon"}, "cannot read")):
+        with pytest.raises(errors.InvalidArgument, match=message):
+            restore.resolve_ts(**kwargs)
