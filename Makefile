@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.binlake-setup
 
-.PHONY: setup test demo up proto proto-check bench lint clean
+.PHONY: setup test demo up proto proto-check bench lint typecheck clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,10 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check include tests dags plugins jobs scripts bench
 	$(BIN)/python scripts/gen_proto.py --check
+
+# Fully typed packages (mypy's settings are in pyproject.toml).
+typecheck: setup
+	$(BIN)/mypy --strict include/binlake/pump
 
 clean:
 	rm -rf $(VENV) jars/lib .pytest_cache
