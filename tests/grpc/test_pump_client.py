@@ -324,3 +324,21 @@ def test_background_commits_land_and_retry_after_a_pump_restart(
         done.append((start, commit_ts))
     addr = pump_factory.nodes[-1].addr
     assert served_by(addr, done[0][0], commit_ts + 1) == done
+
+
+def test_a_broken_channel_fails_writes_promptly_and_never_wedges_the_sender(
+    pump_factory: PumpFactory, registry: RegistryServer, reg: RegistryClient
+) -> None:
+    import time
+
+    node = pump_factory.start("b1")
+    with make_client(registry, write_timeout_s=5.0) as client:
+        run_txn(client, reg)
+        conn = client._conn("b1")
+        conn._lt.run(conn._channel.close())  # as if the channel died under the client
+        for _ in range(3):  # each write fails on its own, quickly: the sender is not stuck
+            t0 = time.monotonic()
+            with pytest.raises(errors.Unavailable):
+                conn.write(prewrite(reg.get_ts()).SerializeToString())
+            assert time.monotonic() - t0 < 4.0
+    assert node.storage.pending_count == 0

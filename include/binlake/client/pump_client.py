@@ -178,6 +178,21 @@ class PumpConn:
             self._sender = self._loop.create_task(self._send_loop())
 
     async def _send_loop(self) -> None:
+        try:
+            await self._send_batches()
+        except Exception as exc:  # never leave writers waiting on a sender that died
+            log.exception("pump client: sender for pump %s failed", self.node_id)
+            with self._lock:
+                pending = list(self._queue)
+                self._queue.clear()
+                self._scheduled = False
+            failure = errors.Unavailable(f"write to pump {self.node_id} failed: {exc}")
+            for item in pending:
+                if not item.future.done():
+                    item.future.set_exception(failure)
+            self._done(len(pending))
+
+    async def _send_batches(self) -> None:
         settings = self.settings
         while True:
             with self._lock:
@@ -198,7 +213,14 @@ class PumpConn:
                 cluster_id=self.cluster_id, payloads=[i.payload for i in batch], batch_id=next(self._batch_ids)
             )
             if stream is None or stream.broken:
-                stream = self._stream = _Stream(self)
+                try:
+                    stream = self._stream = _Stream(self)
+                except Exception as exc:
+                    failure = errors.Unavailable(f"cannot open a write stream to pump {self.node_id}: {exc}")
+                    for item in batch:
+                        item.future.set_exception(failure)
+                    self._done(len(batch))
+                    raise
             await stream.send(req.batch_id, batch, req)
 
     def _done(self, n: int) -> None:

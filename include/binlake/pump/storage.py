@@ -15,10 +15,12 @@ Write path, in two stages of one writer thread:
    publishes the new safe ts and max commit ts. Readers see a window only once
    the index covers it, so a window at or below the safe ts is always complete.
 
-Why one thread and not an indexer thread of its own: measured on the 2-core
-machine, a second busy Python thread costs the writer more in GIL hand-offs
-than the index work itself (see bench/RESULTS.md); done when the writer would
-otherwise sleep, the index work is off every acknowledgement's path.
+Why one thread and not an indexer thread of its own: a second busy Python
+thread competes for the GIL with the writer and the RPC threads on every batch
+(a first version had one; profiled at 64 writers it spent a quarter of the
+Pump's samples, mostly getting the GIL back). Done when the writer would
+otherwise sleep, the index work is off every acknowledgement's path without
+another hand-off.
 
 Why acknowledging before indexing is safe: the value log is the source of
 truth and the index lags it by design (its batch is written without a sync of
