@@ -56,9 +56,9 @@ def readiness(window: Window, safe_ts: int, gc_ts: int) -> Readiness:
 def gone_error(window: Window, pump: str, gc_ts: int) -> errors.OutOfRange:
     """The refusal for a window below a Pump's GC ts (same words everywhere)."""
     return errors.OutOfRange(
-        f"window {window} starts below pump {pump}'s GC ts {tso.format_ts(gc_ts)}: those binlogs were "
-        "removed (retention, or a hard GC limit past a consumer's checkpoint); start the window at or above "
-        "the GC ts (or restore from a snapshot)")
+        f"window {window} starts below pump {pump}'s GC ts {tso.format_ts(gc_ts)}: its binlogs before that "
+        "were removed after their retention (or by a hard GC limit past a consumer's checkpoint); start the "
+        "window at or above the GC ts (or restore from a snapshot)")
 
 
 def waiting_error(window: Window, pump: str, safe_ts: int) -> errors.FailedPrecondition:

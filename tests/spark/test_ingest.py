@@ -260,6 +260,30 @@ def test_the_lake_holds_pump_gc_at_the_end_of_its_contiguous_ledger(
     assert lake_in_order["lake"] in mine.description
 
 
+def test_a_crash_before_the_checkpoint_only_holds_gc_longer(
+    spark: SparkSession, cluster: DevCluster, upstream: dict[str, Any], tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ingest dies after the window's ledger row but before the lake's checkpoint
+    moves: the checkpoint stays at the window start (GC held, nothing lost), and the
+    next ingest moves it to the end of the whole contiguous ledger."""
+    lake = str(tmp_path / "lake")
+    w1, w2, _ = upstream["windows"]
+    monkeypatch.setenv(failpoint.ENV, "ingest-before-checkpoint:raise")
+    with pytest.raises(failpoint.FailpointError):
+        ingest.ingest_window(spark, lake, cluster.registry_addr, *w1)
+    monkeypatch.delenv(failpoint.ENV)
+    assert [(w["start_ts"], w["end_ts"]) for w in ingest.read_windows(spark, lake)] == [w1]
+
+    def lake_checkpoint() -> int:
+        with RegistryClient(cluster.registry_addr) as reg:
+            return {c.consumer_id: c.checkpoint_ts for c in reg.list_consumers()}[checkpoint.consumer_id(lake)]
+
+    assert lake_checkpoint() == w1[0]
+    ingest.ingest_window(spark, lake, cluster.registry_addr, *w2)
+    assert lake_checkpoint() == w2[1]
+
+
 def test_overlapping_window_is_refused(
     spark: SparkSession, cluster: DevCluster, upstream: dict[str, Any], lake_in_order: dict[str, Any]
 ) -> None:
