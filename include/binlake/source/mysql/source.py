@@ -260,7 +260,11 @@ class MySQLSource:
                     head = q.split(None, 1)[0].upper() if q else ""
                     if head == "BEGIN" or head == "XA":
                         txn = txn or _Txn()
-                    elif head == "COMMIT":
+                    elif head in ("SAVEPOINT", "RELEASE") or (head == "ROLLBACK" and " TO " in q.upper()):
+                        # Inside a transaction (the rows logged are what stayed): never a checkpoint here.
+                        continue
+                    elif head in ("COMMIT", "ROLLBACK"):
+                        # ROLLBACK ends a group whose logged rows (non-transactional tables) stay applied.
                         self._end_txn(txn, stream, ev)
                         txn = None
                     else:
