@@ -539,7 +539,7 @@ class Catalog:
                         for inner in c.expressions:
                             if isinstance(inner, exp.PrimaryKey):
                                 new.primary_key = [_col_name(new, k) for k in _key_names(inner)]
-            elif isinstance(action, (exp.AlterRename, exp.RenameTable)):
+            elif isinstance(action, exp.AlterRename):
                 target = action.this
                 new.db, new.name = _table_ref(target, new.db) if isinstance(target, exp.Table) else (new.db,
                                                                                                      target.name)
