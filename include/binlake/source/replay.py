@@ -66,11 +66,11 @@ class Replay:
                             raise AssertionError(f"insert of an existing key {k} in {info.name}")
                         rows[k] = r
                     elif kind == binlog_pb2.UPDATE:
-                        old, new = codec.decode_update(data, info)
-                        had = rows.pop(self._key(info, old))
-                        if had != old:
-                            raise AssertionError(f"update before image differs in {info.name}: {had} != {old}")
-                        rows[self._key(info, new)] = new
+                        before, after = codec.decode_update(data, info)
+                        had = rows.pop(self._key(info, before))
+                        if had != before:
+                            raise AssertionError(f"update before image differs in {info.name}: {had} != {before}")
+                        rows[self._key(info, after)] = after
                     else:
                         r = codec.decode_row(data, info)
                         if rows.pop(self._key(info, r)) != r:

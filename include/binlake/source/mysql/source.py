@@ -49,14 +49,14 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
-from binlake import codec, errors
+from binlake import errors
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
 from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
-from binlake.source.mysql.values import convert_row, prepare_table_map
+from binlake.source.mysql.values import RowEncoder, prepare_table_map
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,7 @@ class MySQLSource:
         self.lag_s = 0.0
         self._last_save = 0.0
         self._dirty = False
+        self._encoders: dict[tuple[int, int], RowEncoder] = {}
         self.on_transaction: Callable[[int, int], None] | None = None  # (start_ts, commit_ts), for tests/bench
 
     def stop(self) -> None:
@@ -260,7 +261,11 @@ class MySQLSource:
                     head = q.split(None, 1)[0].upper() if q else ""
                     if head == "BEGIN" or head == "XA":
                         txn = txn or _Txn()
-                    elif head == "COMMIT":
+                    elif head in ("SAVEPOINT", "RELEASE") or (head == "ROLLBACK" and " TO " in q.upper()):
+                        # Inside a transaction (the rows logged are what stayed): never a checkpoint here.
+                        continue
+                    elif head in ("COMMIT", "ROLLBACK"):
+                        # ROLLBACK ends a group whose logged rows (non-transactional tables) stay applied.
                         self._end_txn(txn, stream, ev)
                         txn = None
                     else:
@@ -303,33 +308,31 @@ class MySQLSource:
 
     # ------------------------------------------------------------------ transactions
     def _rows(self, txn: _Txn, t: MyTable, ev: Any) -> None:
-        info = self._info(t)
+        enc = self._encoder(t)
         m = txn.mut(t.table_id)
         try:
-            for row in ev.rows:
-                if isinstance(ev, WriteRowsEvent):
-                    m.inserted_rows.append(codec.encode_row(convert_row(row["values"], t), info))
+            if isinstance(ev, WriteRowsEvent):
+                for row in ev.rows:
+                    m.inserted_rows.append(enc.encode(row["values"]))
                     m.sequence.append(binlog_pb2.INSERT)
-                elif isinstance(ev, UpdateRowsEvent):
-                    m.updated_rows.append(codec.encode_update(convert_row(row["before_values"], t),
-                                                              convert_row(row["after_values"], t), info))
+            elif isinstance(ev, UpdateRowsEvent):
+                for row in ev.rows:
+                    m.updated_rows.append(enc.encode_update(row["before_values"], row["after_values"]))
                     m.sequence.append(binlog_pb2.UPDATE)
-                else:
-                    m.deleted_rows.append(codec.encode_row(convert_row(row["values"], t), info))
+            else:
+                for row in ev.rows:
+                    m.deleted_rows.append(enc.encode(row["values"]))
                     m.sequence.append(binlog_pb2.DELETE_ROW)
-                txn.rows += 1
+            txn.rows += len(ev.rows)
         except (TypeError, ValueError) as exc:
             raise errors.FailedPrecondition(f"{t.full_name}: a value binlake cannot carry: {exc}") from None
 
-    _info_cache: dict[tuple[int, int], binlog_pb2.TableInfo]
-
-    def _info(self, t: MyTable) -> binlog_pb2.TableInfo:
-        cache = self.__dict__.setdefault("_info_cache", {})
+    def _encoder(self, t: MyTable) -> RowEncoder:
         key = (t.table_id, t.schema_version)
-        info = cache.get(key)
-        if info is None:
-            info = cache[key] = t.to_info()
-        return info
+        enc = self._encoders.get(key)
+        if enc is None:
+            enc = self._encoders[key] = RowEncoder(t, t.to_info())
+        return enc
 
     def _end_txn(self, txn: _Txn | None, stream: BinLogStreamReader, ev: Any) -> None:
         file, pos = stream.log_file, stream.log_pos

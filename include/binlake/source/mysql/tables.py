@@ -458,6 +458,17 @@ class Catalog:
         words = sql.strip().split(None, 3)
         head = " ".join(w.upper() for w in words[:2])
         if head in ("ALTER TABLE", "CREATE TABLE", "DROP TABLE", "RENAME TABLE", "TRUNCATE TABLE"):
+            # Only a statement on a table we track (or want) matters; read its name from the tokens.
+            try:
+                toks = [t.text.strip("`") for t in sqlglot.tokenize(sql, read="mysql")[2:6]]
+            except sqlglot.errors.TokenError:
+                toks = []
+            while toks and toks[0].upper() in ("IF", "NOT", "EXISTS", "IGNORE", "ONLINE"):
+                toks.pop(0)
+            if toks:
+                db, name = (toks[0], toks[2]) if len(toks) > 2 and toks[1] == "." else (default_db, toks[0])
+                if not wanted(db, name) or (head != "CREATE TABLE" and self.get(db, name) is None):
+                    return []
             raise errors.FailedPrecondition(
                 f"cannot follow DDL {sql.strip()[:200]!r} ({why}); the table definitions would go wrong, so the "
                 "source stops here: exclude the table with --tables or restart from a snapshot after it"
@@ -528,7 +539,7 @@ class Catalog:
                         for inner in c.expressions:
                             if isinstance(inner, exp.PrimaryKey):
                                 new.primary_key = [_col_name(new, k) for k in _key_names(inner)]
-            elif isinstance(action, (exp.AlterRename, exp.RenameTable)):
+            elif isinstance(action, exp.AlterRename):
                 target = action.this
                 new.db, new.name = _table_ref(target, new.db) if isinstance(target, exp.Table) else (new.db,
                                                                                                      target.name)

@@ -65,33 +65,33 @@ class _Reader:
         self.i += 1
         return c
 
-    def int(self, n: int) -> int:
+    def num(self, n: int) -> int:
         fmt = {1: ">b", 2: ">h", 4: ">i", 8: ">q"}[n]
         v = struct.unpack_from(fmt, self.d, self.i)[0]
         self.i += n
         return int(v)
 
-    def str(self) -> str:
+    def text(self) -> str:
         end = self.d.index(b"\0", self.i)
         s = self.d[self.i:end].decode()
         self.i = end + 1
         return s
 
-    def bytes(self, n: int) -> bytes:
+    def raw(self, n: int) -> bytes:
         b = self.d[self.i:self.i + n]
         self.i += n
         return b
 
-    def tuple(self) -> list[bytes | None | str]:
+    def tuple_data(self) -> list[bytes | None | str]:
         out: list[bytes | None | str] = []
-        for _ in range(self.int(2)):
+        for _ in range(self.num(2)):
             kind = self.byte()
             if kind == "n":
                 out.append(None)
             elif kind == "u":
                 out.append("unchanged")
             else:
-                out.append(self.bytes(self.int(4)))
+                out.append(self.raw(self.num(4)))
         return out
 
 
@@ -243,14 +243,14 @@ class PostgresSource:
                     assert txn is not None
                     self._change(kind, r, txn)
                 elif kind == "T":
-                    n = r.int(4)
-                    r.int(1)
+                    n = r.num(4)
+                    r.num(1)
                     for _ in range(n):
-                        self._truncate(r.int(4), msg.data_start)
+                        self._truncate(r.num(4), msg.data_start)
                 elif kind == "C":
-                    r.int(1)
-                    r.int(8)
-                    end_lsn = r.int(8)
+                    r.num(1)
+                    r.num(8)
+                    end_lsn = r.num(8)
                     if txn:
                         value = binlog_pb2.PrewriteValue(schema_version=int(st.get("schema_version", 0)),
                                                          mutations=list(txn.values()))
@@ -279,14 +279,14 @@ class PostgresSource:
             cur.send_feedback(write_lsn=saved, flush_lsn=saved, reply=False)
 
     def _relation(self, r: _Reader) -> None:
-        oid = r.int(4)
-        ns, name = r.str(), r.str()
+        oid = r.num(4)
+        ns, name = r.text(), r.text()
         ident = r.byte()
         cols: list[MyColumn] = []
         oids: list[int] = []
-        for _ in range(r.int(2)):
-            r.int(1)
-            cname, toid, typmod = r.str(), r.int(4), r.int(4)
+        for _ in range(r.num(2)):
+            r.num(1)
+            cname, toid, typmod = r.text(), r.num(4), r.num(4)
             kind = _TYPES.get(toid)
             if kind is None:
                 raise errors.FailedPrecondition(
@@ -366,7 +366,7 @@ class PostgresSource:
         self._ddl(oid, new, old, f"TRUNCATE TABLE {old.db}.{old.name}", key=f"truncate:{oid}:{lsn}", truncate=True)
 
     def _change(self, kind: str, r: _Reader, txn: dict[int, binlog_pb2.TableMutation]) -> None:
-        oid = r.int(4)
+        oid = r.num(4)
         t = self.tables[oid]
         oids = self.oids[oid]
         info = t.to_info()
@@ -386,20 +386,20 @@ class PostgresSource:
         try:
             if kind == "I":
                 r.byte()
-                m.inserted_rows.append(codec.encode_row(row(r.tuple()), info))
+                m.inserted_rows.append(codec.encode_row(row(r.tuple_data()), info))
                 m.sequence.append(binlog_pb2.INSERT)
             elif kind == "U":
                 k = r.byte()
                 if k not in ("O", "K"):
                     raise errors.FailedPrecondition(f"{t.full_name}: an update without its old image; set "
                                                     f"REPLICA IDENTITY FULL")
-                old = row(r.tuple())
+                old = row(r.tuple_data())
                 r.byte()
-                m.updated_rows.append(codec.encode_update(old, row(r.tuple()), info))
+                m.updated_rows.append(codec.encode_update(old, row(r.tuple_data()), info))
                 m.sequence.append(binlog_pb2.UPDATE)
             else:
                 r.byte()
-                m.deleted_rows.append(codec.encode_row(row(r.tuple()), info))
+                m.deleted_rows.append(codec.encode_row(row(r.tuple_data()), info))
                 m.sequence.append(binlog_pb2.DELETE_ROW)
         except (TypeError, ValueError) as exc:
             raise errors.FailedPrecondition(f"{t.full_name}: {exc}") from None
