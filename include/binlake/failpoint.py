@@ -35,8 +35,8 @@ The names, where they are, and what a crash there must not break:
 ``apply-before-commit``   apply (consistent mode), a window's rows and checkpoint
                           written, before the target commit (nothing of it may show)
 ``apply-after-window``    apply, after a window committed (the checkpoint is its end)
-``apply-after-group``     apply (parallel mode), in a Spark task after one conflict
-                          group committed (a rerun applies only the other groups)
+``apply-after-group``     apply (parallel mode), in a Spark task after its conflict
+                          groups committed (a rerun applies only the other groups)
 ``snapshot-after-table``  snapshot, after a table's data, before the snapshot's
                           marker row (no reader may use the partial snapshot)
 ``history-before-catalog`` history, after a table's MERGE, before its catalog row

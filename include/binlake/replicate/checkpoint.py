@@ -72,6 +72,8 @@ def done_groups(conn: Connection, task: str, seg_end: int) -> set[int]:
     return {int(r[0]) for r in rows}
 
 
-def mark_group(conn: Connection, task: str, seg_end: int, grp: int, window_start: int, window_end: int) -> None:
-    conn.execute(table.insert().values(task=task, grp=grp, seg_end=seg_end, ts=seg_end,
-                                       window_start=window_start, window_end=window_end))
+def mark_groups(conn: Connection, task: str, seg_end: int, groups: list[int], window_start: int,
+                window_end: int) -> None:
+    if groups:
+        conn.execute(table.insert(), [{"task": task, "grp": g, "seg_end": seg_end, "ts": seg_end,
+                                       "window_start": window_start, "window_end": window_end} for g in groups])

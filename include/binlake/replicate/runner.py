@@ -22,9 +22,10 @@ the checkpoint moves past it (a crash between the two re-runs the DDL, which
 is idempotent, see ``target_ddl``).
 
 ``parallel`` mode splits each batch into conflict groups (``causality``) and
-applies them concurrently in Spark tasks, each group in its own transaction
-with its own checkpoint row; once every group of a batch is in, the task's
-checkpoint moves to the batch's end. A rerun skips the groups already in.
+applies them concurrently in Spark tasks: each Spark task writes its groups in
+one transaction, with one checkpoint row per group; once every group of a batch
+is in, the task's checkpoint moves to the batch's end. A rerun skips the groups
+already in (a group is in or not, never half).
 
 Normal mode checks the target against the log: a key the window deletes or
 updates must be there, a key it inserts must not (``TargetDiverged`` names the
@@ -512,7 +513,8 @@ class Applier:
                 groups = causality.group(batch.changes, keys)
                 with target.engine.connect() as conn:
                     done = checkpoint.done_groups(conn, self.task.name, batch.end)
-                work = [(g, [dataclasses.astuple(c) for c in changes]) for g, changes in enumerate(groups)
+                work = [(g, [(c.table, c.op, c.before, c.after, c.commit_ts, c.seq) for c in changes])
+                        for g, changes in enumerate(groups)
                         if g not in done]
                 infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
                 if work:
@@ -554,7 +556,7 @@ class Applier:
                     os.environ[failpoint.ENV] = saved
 
         results = self.spark.sparkContext.parallelize(work, slices).mapPartitions(apply_part).collect()
-        failures = [msg for _g, _n, msg in results if msg]
+        failures = [msg for _groups, _n, msg in results if msg]
         if failures:
             raise TargetDiverged(failures[0]) if failures[0].startswith("target table") else \
                 errors.FailedPrecondition(failures[0])
@@ -563,33 +565,37 @@ class Applier:
 
 def apply_groups(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int, safe: bool,
                  items: Iterable[tuple[int, list[tuple[Any, ...]]]]) -> Iterator[tuple[int, int, str]]:
-    """Run in a Spark task: apply conflict groups, each in its own transaction with
-    its checkpoint row; yields (group, rows written, error message or "")."""
+    """Run in a Spark task: apply the conflict groups it was given that are not in
+    yet, in one target transaction with one checkpoint row per group; yields
+    (groups applied, rows written, error message or "").
+
+    The groups of a batch never touch the same key, so one task writes all of its
+    groups as one set of batched statements (each group's changes keep their
+    order); concurrency is between the tasks."""
     infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
     target = sink.open_target(url)
     try:
-        for g, raw_changes in items:
-            changes = [Change(*t) for t in raw_changes]
+        with target.engine.connect() as conn:
+            conn.begin()
+            done = checkpoint.done_groups(conn, task_name, seg_end)
+            todo = [(g, raw) for g, raw in items if g not in done]
             by_table: dict[str, list[Change]] = {}
-            for c in changes:
-                by_table.setdefault(c.table, []).append(c)
+            for _g, raw_changes in todo:
+                for t in raw_changes:
+                    c = Change(*t)
+                    by_table.setdefault(c.table, []).append(c)
             n = 0
-            with target.engine.connect() as conn:
-                conn.begin()
-                try:
-                    if g in checkpoint.done_groups(conn, task_name, seg_end):
-                        conn.rollback()
-                        continue
-                    for name, cs in by_table.items():
-                        n += write_changes(target, conn, infos[name], cs, safe)
-                    checkpoint.mark_group(conn, task_name, seg_end, g, a, b)
-                    conn.commit()
-                except _Mismatch as m:
-                    conn.rollback()
-                    yield g, 0, str(_diagnose(target, m, f"window [{a}, {b}) (group {g})"))
-                    return
-            failpoint.hit("apply-after-group")
-            yield g, n, ""
+            try:
+                for name, cs in by_table.items():
+                    n += write_changes(target, conn, infos[name], cs, safe)
+            except _Mismatch as m:
+                conn.rollback()
+                yield 0, 0, str(_diagnose(target, m, f"window [{a}, {b})"))
+                return
+            checkpoint.mark_groups(conn, task_name, seg_end, [g for g, _raw in todo], a, b)
+            conn.commit()
+        failpoint.hit("apply-after-group")
+        yield len(todo), n, ""
     finally:
         target.close()
 
