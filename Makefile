@@ -34,6 +34,7 @@ bench: setup
 	$(BIN)/binlake bench pump
 	$(BIN)/binlake bench writer
 	$(BIN)/binlake bench ingest
+	$(BIN)/binlake bench apply
 
 lint: setup
 	$(BIN)/ruff check include tests dags plugins jobs scripts bench

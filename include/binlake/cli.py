@@ -183,6 +183,7 @@ def _run_up(args: argparse.Namespace) -> int:
 # ``handler(args) -> int`` (exit status). Errors it raises go through ``main``
 # like every other command's. One line a module, so commands stay findable.
 _COMMAND_MODULES: tuple[str, ...] = (
+    "binlake.replicate.commands",
     "binlake.restore.commands",
 )
 

@@ -14,6 +14,11 @@ The names, where they are, and what a crash there must not break:
 ``ingest-before-ledger``  ingest, after the window's change and DDL rows are
                           written, before its ``windows`` row (the window must
                           stay "not ingested" and a re-run must give the same tables)
+``apply-before-commit``   apply (consistent mode), a window's rows and checkpoint
+                          written, before the target commit (nothing of it may show)
+``apply-after-window``    apply, after a window committed (the checkpoint is its end)
+``apply-after-group``     apply (parallel mode), in a Spark task after one conflict
+                          group committed (a rerun applies only the other groups)
 ``snapshot-after-table``  snapshot, after a table's data, before the snapshot's
                           marker row (no reader may use the partial snapshot)
 ``history-before-catalog`` history, after a table's MERGE, before its catalog row
@@ -26,8 +31,9 @@ from __future__ import annotations
 import os
 
 ENV = "BINLAKE_FAILPOINT"
-NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger", "snapshot-after-table",
-         "history-before-catalog", "restore-before-manifest")
+NAMES = ("before-db-commit", "after-db-commit", "ingest-before-ledger", "apply-before-commit",
+         "apply-after-window", "apply-after-group", "snapshot-after-table", "history-before-catalog",
+         "restore-before-manifest")
 
 
 class FailpointError(Exception):

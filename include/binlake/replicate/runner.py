@@ -1,0 +1,624 @@
+"""The apply: every ingested window after the target's checkpoint, in commit_ts
+order, filtered, routed, compacted and written to the target, exactly once.
+
+Per window ``[a, b)`` (from the lake's ``windows`` ledger; a gap stops the
+apply naming the missing window):
+
+1. read the window's ``changes`` (and its DDLs from ``ddl_history``) with Spark,
+   evaluating the task's expression filters there (Spark SQL over the images);
+2. drop what the filters and event filters exclude, decode the images with the
+   table definition in force at each change's commit_ts, route the table;
+3. cut the window at its DDLs into batches; for each batch, compact every
+   table's changes to one per key and write them: deletes of the keys that go
+   away or change, then inserts of the final rows (safe mode: deletes of every
+   touched key, then upserts), and then the DDL;
+4. move the checkpoint, in the same target transaction as the data.
+
+``consistent`` mode writes the whole window in one transaction (PostgreSQL and
+SQLite run DDL inside it too), so the target always equals the upstream at the
+end of some window. On MySQL/MariaDB a DDL commits by itself: the batch before
+it commits with the checkpoint at the DDL's commit_ts, then the DDL runs and
+the checkpoint moves past it (a crash between the two re-runs the DDL, which
+is idempotent, see ``target_ddl``).
+
+``parallel`` mode splits each batch into conflict groups (``causality``) and
+applies them concurrently in Spark tasks, each group in its own transaction
+with its own checkpoint row; once every group of a batch is in, the task's
+checkpoint moves to the batch's end. A rerun skips the groups already in.
+
+Normal mode checks the target against the log: a key the window deletes or
+updates must be there, a key it inserts must not (``TargetDiverged`` names the
+table and key, and the window's transaction is rolled back). Safe mode (DM's,
+for the windows after a restored snapshot) does not check, and converges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from binlake import errors, failpoint, tso
+from binlake.lake import decode, ingest
+from binlake.proto import binlog_pb2
+from binlake.replicate import causality, checkpoint, compactor, rules, sink, target_ddl
+from binlake.replicate.compactor import DELETE, INSERT, UPDATE, Change
+from binlake.replicate.task import Task
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+class TargetDiverged(errors.Conflict):
+    """The target does not hold what the log says it must (changed by hand)."""
+
+
+@dataclasses.dataclass
+class ApplySummary:
+    task: str
+    target: str
+    windows: int = 0
+    changes_by_op: Counter[str] = dataclasses.field(default_factory=Counter)
+    rows_written: int = 0  # rows deleted + inserted/upserted after compaction
+    ddls: int = 0
+    filtered: int = 0
+    elapsed_s: float = 0.0
+    checkpoint_ts: int = 0
+    first_window: tuple[int, int] | None = None
+    last_window: tuple[int, int] | None = None
+    behind: int = 0
+
+    @property
+    def changes(self) -> int:
+        return sum(self.changes_by_op.values())
+
+    def summary(self) -> str:
+        rate = self.changes / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        ops = ", ".join(f"{self.changes_by_op.get(op, 0):,} {op}" for op in (INSERT, UPDATE, DELETE))
+        lines = [f"apply {self.task} -> {self.target}",
+                 f"  windows      {self.windows}" + (f"  [{self.first_window[0]} .. {self.last_window[1]})"
+                                                     if self.first_window and self.last_window else ""),
+                 f"  row changes  {self.changes:,} ({ops}); {self.filtered:,} filtered out",
+                 f"  rows written {self.rows_written:,} after compaction",
+                 f"  DDLs         {self.ddls}",
+                 f"  rate         {rate:,.0f} row changes/s in {self.elapsed_s:.1f}s",
+                 f"  checkpoint   {self.checkpoint_ts} ({_dt(self.checkpoint_ts)})"]
+        if self.behind:
+            lines.append(f"  not applied  {self.behind} later window(s) (beyond --until)")
+        return "\n".join(lines)
+
+
+def _dt(ts: int) -> str:
+    return tso.to_datetime(ts).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if ts > 0 else "-"
+
+
+@dataclasses.dataclass
+class _Batch:
+    """The changes before one DDL (or the window's end), then that DDL."""
+
+    end: int  # the DDL's commit_ts, or the window's end
+    changes: list[Change]
+    infos: dict[str, binlog_pb2.TableInfo]  # target table -> its definition during the batch
+    ddl: dict[str, Any] | None = None
+
+
+def _key_names(info: binlog_pb2.TableInfo) -> list[str]:
+    by_id = {c.id: c.name for c in info.columns}
+    pk = [by_id[i] for i in info.primary_key]
+    if pk:
+        return pk
+    for uk in info.unique_keys:
+        cols = [c for c in info.columns if c.id in uk.column_ids]
+        if cols and all(not c.nullable for c in cols):
+            return [by_id[i] for i in uk.column_ids]
+    return []
+
+
+def table_keys(info: binlog_pb2.TableInfo) -> causality.TableKeys:
+    by_id = {c.id: c.name for c in info.columns}
+    return causality.TableKeys(tuple(_key_names(info)),
+                               tuple((k.name, tuple(by_id[i] for i in k.column_ids)) for k in info.unique_keys))
+
+
+# ---------------------------------------------------------------- writing one batch
+def write_changes(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo, changes: Sequence[Change],
+                  safe: bool) -> int:
+    """Write one table's changes (commit order) in the caller's transaction; rows written."""
+    key = _key_names(info)
+    if not key:
+        return _write_keyless(target, conn, info, changes)
+    final = compactor.compact(changes, key)
+    gone = [c for c in final if c.op != INSERT]
+    rows = [c.after for c in final if c.after is not None]
+
+    def k(image: dict[str, Any] | None) -> tuple[Any, ...]:
+        assert image is not None
+        return tuple(image[c] for c in key)
+
+    if safe:
+        # Every key the batch touches, including those compaction cancels out (an
+        # insert then a delete): the target may hold any of them already.
+        touched = {k(image): None for c in changes for image in (c.before, c.after) if image is not None}
+        keys = list(touched)
+        target.delete_keys(conn, info, keys)
+        target.upsert_rows(conn, info, rows)
+        return len(keys) + len(rows)
+    keys = [k(c.before) for c in gone]
+    deleted = target.delete_keys(conn, info, keys)
+    if deleted != len(keys):
+        raise _Mismatch(info, keys, [k(c.after) for c in final if c.op == INSERT])
+    try:
+        target.insert_rows(conn, info, rows)
+    except sa.exc.IntegrityError as exc:
+        raise _Mismatch(info, keys, [k(c.after) for c in final if c.op == INSERT], sink.first_line(exc)) from None
+    except Exception as exc:  # psycopg raises its own UniqueViolation from COPY
+        if type(exc).__name__ in ("UniqueViolation", "IntegrityError"):
+            raise _Mismatch(info, keys, [k(c.after) for c in final if c.op == INSERT], str(exc).splitlines()[0]) \
+                from None
+        raise
+    return len(keys) + len(rows)
+
+
+def _write_keyless(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo,
+                   changes: Sequence[Change]) -> int:
+    """A table without a key: each change on its own, in commit order."""
+    n = 0
+    for c in changes:
+        if c.before is not None:
+            n += target.delete_one(conn, info, c.before)
+        if c.after is not None:
+            n += target.insert_rows(conn, info, [c.after])
+    return n
+
+
+class _Mismatch(Exception):
+    """Normal mode found the target not as the log says (diagnosed after rollback)."""
+
+    def __init__(self, info: binlog_pb2.TableInfo, must_exist: list[tuple[Any, ...]],
+                 must_not_exist: list[tuple[Any, ...]], detail: str = "") -> None:
+        super().__init__(info.name)
+        self.info, self.must_exist, self.must_not_exist, self.detail = info, must_exist, must_not_exist, detail
+
+
+def _diagnose(target: sink.Target, m: _Mismatch, where: str) -> TargetDiverged:
+    key = _key_names(m.info)
+    show = lambda t: ", ".join(f"{c}={v!r}" for c, v in zip(key, t, strict=True))  # noqa: E731
+    with target.engine.connect() as conn:
+        have_old = target.existing_keys(conn, m.info, m.must_exist) if m.must_exist else set()
+        have_new = target.existing_keys(conn, m.info, m.must_not_exist) if m.must_not_exist else set()
+    norm = {tuple(str(v) for v in t) for t in have_old}
+    missing = [t for t in m.must_exist if tuple(str(v) for v in t) not in norm]
+    norm_new = {tuple(str(v) for v in t) for t in have_new}
+    extra = [t for t in m.must_not_exist if tuple(str(v) for v in t) in norm_new]
+    if missing:
+        what = f"the row with key {show(missing[0])} that {where} updates or deletes is not in the target"
+    elif extra:
+        what = f"the row with key {show(extra[0])} that {where} inserts is already in the target"
+    else:
+        what = f"{where} cannot be written: {m.detail or 'row counts differ'}"
+    more = len(missing) + len(extra) - 1
+    return TargetDiverged(
+        f"target table {m.info.name}: {what}" + (f" (and {more} more)" if more > 0 else "") +
+        "; the target was changed outside binlake (`binlake diff` shows how); nothing of the window was "
+        "committed. Repair the target (diff --fix-sql), or rerun with safe mode (safe_mode_until_ts)")
+
+
+# ---------------------------------------------------------------- the runner
+class Applier:
+    """Applies a task's windows; one per run (``run``)."""
+
+    def __init__(self, spark: Any, task: Task, *, lake: str | None = None, target_url: str | None = None,
+                 progress: Progress | None = None) -> None:
+        if not isinstance(task, Task):
+            raise TypeError(f"task must be a replicate.task.Task, got {type(task).__name__}")
+        self.spark = spark
+        self.task = task
+        self.lake = ingest.check_lake(lake or task.lake)
+        url = target_url or task.target
+        if "://" not in url:
+            raise errors.InvalidArgument(
+                f"task {task.name}: target {url!r} is an Airflow Connection id; only the binlake_apply DAG "
+                "resolves those: give a database URL (sqlite:///PATH, postgresql://..., mysql://...)")
+        self.target_url = url
+        self.rules = rules.Rules(task)
+        self.progress = progress or (lambda _msg: None)
+
+    # -- planning
+    def _windows(self) -> list[dict[str, Any]]:
+        return [w for w in ingest.read_windows(self.spark, self.lake) if w.get("status", "done") == "done"]
+
+    def plan(self, start: int, until_ts: int | None) -> tuple[list[dict[str, Any]], int]:
+        """The windows to apply from checkpoint ts ``start`` (0: from the first), and
+        how many later ones ``until_ts`` leaves out. Refuses gaps."""
+        windows = self._windows()
+        todo = [w for w in windows if int(w["end_ts"]) > start]
+        if start > 0 and todo and int(todo[0]["start_ts"]) > start:
+            a, b = start, int(todo[0]["start_ts"])
+            raise errors.FailedPrecondition(
+                f"window [{a}, {b}) ({_dt(a)} .. {_dt(b)}) is missing from the lake's windows ledger: ingest it "
+                "(or backfill the ingest DAG) and apply again")
+        for prev, nxt in zip(todo, todo[1:], strict=False):
+            if int(prev["end_ts"]) != int(nxt["start_ts"]):
+                a, b = int(prev["end_ts"]), int(nxt["start_ts"])
+                if until_ts is not None and a >= until_ts:
+                    break
+                raise errors.FailedPrecondition(
+                    f"window [{a}, {b}) ({_dt(a)} .. {_dt(b)}) is missing from the lake's windows ledger: ingest "
+                    "it (or backfill the ingest DAG) and apply again")
+        if until_ts is not None:
+            kept = [w for w in todo if int(w["end_ts"]) <= until_ts]
+            return kept, len(todo) - len(kept)
+        return todo, 0
+
+    def status(self) -> dict[str, Any]:
+        target = sink.open_target(self.target_url)
+        try:
+            with target.engine.connect() as conn:
+                cp = checkpoint.read(conn, self.task.name)
+        finally:
+            target.close()
+        windows = self._windows()
+        ts = cp.ts if cp else 0
+        behind = [w for w in windows if int(w["end_ts"]) > ts]
+        latest = max((int(w["end_ts"]) for w in windows), default=0)
+        return {"task": self.task.name, "target": str(target), "checkpoint_ts": ts,
+                "checkpoint_time": _dt(ts) if cp else "-", "windows_behind": len(behind),
+                "lake_end_ts": latest,
+                "lag_s": round(max(0.0, (tso.to_datetime(latest) - tso.to_datetime(ts)).total_seconds()), 3)
+                if cp and latest else None}
+
+    # -- reading
+    def _ddl_rows(self) -> list[dict[str, Any]]:
+        path = ingest.table_path(self.lake, ingest.DDL_HISTORY)
+        if not ingest.is_delta(self.spark, path):
+            return []
+        rows = (self.spark.read.format("delta").load(path)
+                .select("commit_ts", "table_id", "previous_table_id", "dropped", "table_info", "query")
+                .orderBy("commit_ts").collect())
+        return [r.asDict() for r in rows]
+
+    def _read_changes(self, lo: int, hi: int) -> tuple[list[Any], set[tuple[int, int]]]:
+        path = ingest.table_path(self.lake, ingest.CHANGES)
+        if not ingest.is_delta(self.spark, path):
+            return [], set()
+        d0, d1 = decode.commit_date(lo), decode.commit_date(max(lo, hi - 1))
+        df = (self.spark.read.format("delta").load(path)
+              .where(f"commit_date >= DATE'{d0}' AND commit_date <= DATE'{d1}' "
+                     f"AND commit_ts >= {int(lo)} AND commit_ts < {int(hi)}"))
+        rows = df.select("commit_ts", "seq", "table_id", "op", "before", "after").orderBy("commit_ts", "seq").collect()
+        skip = self._expr_skips(df, rows) if self.task.expr_filters else set()
+        return rows, skip
+
+    def _expr_skips(self, df: Any, rows: Sequence[Any]) -> set[tuple[int, int]]:
+        """(commit_ts, seq) of changes an expression filter removes, evaluated by Spark."""
+        from pyspark.sql import functions as F
+
+        from binlake.replicate import exprs
+
+        skip: set[tuple[int, int]] = set()
+        seen: dict[tuple[int, int], binlog_pb2.TableInfo] = {}
+        for r in rows:
+            try:
+                info = self.history.table(r["table_id"], r["commit_ts"])
+            except decode.UnknownTableError:
+                continue
+            seen.setdefault((info.table_id, info.schema_version), info)
+        for (table_id, version), info in seen.items():
+            filters = self.rules.expr_filters(info.db, info.name)
+            if not filters:
+                continue
+            schema = exprs.spark_schema(info)
+            part = df.where((F.col("table_id") == table_id) & (F.col("schema_version") == version)).select(
+                F.col("commit_ts").alias("__binlake_ts"), F.col("seq").alias("__binlake_seq"),
+                F.col("op").alias("__binlake_op"),
+                F.from_json("before", schema).alias("__binlake_b"), F.from_json("after", schema).alias("__binlake_a"))
+            for i, ef in enumerate(self.task.expr_filters):
+                if ef not in filters:
+                    continue
+                for op, image, expr, key in (
+                        ("insert", "__binlake_a", ef.insert_value_expr, "insert_value_expr"),
+                        ("update", "__binlake_b", ef.update_old_value_expr, "update_old_value_expr"),
+                        ("update", "__binlake_a", ef.update_new_value_expr, "update_new_value_expr"),
+                        ("delete", "__binlake_b", ef.delete_value_expr, "delete_value_expr")):
+                    if not expr:
+                        continue
+                    sel = part.where(F.col("__binlake_op") == op).select("__binlake_ts", "__binlake_seq",
+                                                                          f"{image}.*")
+                    try:
+                        hits = sel.where(expr).select("__binlake_ts", "__binlake_seq").collect()
+                    except Exception as exc:  # AnalysisException / ParseException: the user's expression
+                        first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+                        raise errors.InvalidArgument(
+                            f"task {self.task.name}: expr_filters.{i}.{key} {expr!r} is not a valid predicate over "
+                            f"{info.db}.{info.name} ({', '.join(c.name for c in info.columns)}): {first[:300]}"
+                        ) from None
+                    skip.update((int(h[0]), int(h[1])) for h in hits)
+        return skip
+
+    # -- building batches
+    def _batches(self, window: dict[str, Any], lo: int, summary: ApplySummary) -> list[_Batch]:
+        hi = int(window["end_ts"])
+        ddls = [d for d in self.ddl_rows if lo <= int(d["commit_ts"]) < hi]
+        has_rows = int(window.get("rows") or 0) > 0
+        rows, skip = self._read_changes(lo, hi) if has_rows else ([], set())
+        batches: list[_Batch] = []
+        cuts = [int(d["commit_ts"]) for d in ddls] + [hi]
+        it = iter(rows)
+        pending = next(it, None)
+        for i, end in enumerate(cuts):
+            batch = _Batch(end, [], {}, ddls[i] if i < len(ddls) else None)
+            while pending is not None and int(pending["commit_ts"]) < end:
+                self._add(batch, pending, skip, summary)
+                pending = next(it, None)
+            batches.append(batch)
+        return batches
+
+    def _add(self, batch: _Batch, row: Any, skip: set[tuple[int, int]], summary: ApplySummary) -> None:
+        ts, seq, op = int(row["commit_ts"]), int(row["seq"]), row["op"]
+        info = self.history.table(int(row["table_id"]), ts)
+        if not self.rules.replicated(info.db, info.name) or op in self.rules.ignored(info.db, info.name) \
+                or (ts, seq) in skip:
+            summary.filtered += 1
+            return
+        tinfo = self._target_info(info)
+        place = self.rules.place(info.db, info.name)
+        before = decode.image_values(row["before"], info)
+        after = decode.image_values(row["after"], info)
+        if place.extract_column:
+            for image in (before, after):
+                if image is not None:
+                    image[place.extract_column] = place.extract_value
+        batch.changes.append(Change(tinfo.name, op, before, after, ts, seq))
+        batch.infos[tinfo.name] = tinfo
+        summary.changes_by_op[op] += 1
+
+    def _target_info(self, info: binlog_pb2.TableInfo) -> binlog_pb2.TableInfo:
+        cached = self._tinfo.get(id(info))
+        if cached is None or cached[0] is not info:
+            cached = (info, self.rules.target_info(info))
+            self._tinfo[id(info)] = cached
+        return cached[1]
+
+    def _ddl_change(self, ddl: dict[str, Any]) -> tuple[str, binlog_pb2.TableInfo, binlog_pb2.TableInfo | None] | None:
+        """(kind, new target definition, old target definition) of a DDL row, or None
+        when the task does not replicate it."""
+        raw = ddl.get("table_info")
+        if not raw:
+            return None
+        info = binlog_pb2.TableInfo.FromString(bytes(raw))
+        ts = int(ddl["commit_ts"])
+        prev_id = info.previous_table_id or info.table_id
+        try:
+            old = self.history.table(prev_id, ts)
+        except decode.UnknownTableError:
+            old = None
+        kind = rules.ddl_kind(old, info)
+        name_db = (old.db, old.name) if kind == "drop table" and old is not None else (info.db, info.name)
+        if not self.rules.replicated(*name_db) or kind in self.rules.ignored(*name_db):
+            return None
+        new_t = self.rules.target_info(info)
+        old_t = self.rules.target_info(old) if old is not None else None
+        if kind == "drop table":
+            new_t = old_t if old_t is not None else new_t
+        return kind, new_t, old_t
+
+    # -- running
+    def run(self, until_ts: int | None = None) -> ApplySummary:
+        began = time.monotonic()
+        target = sink.open_target(self.target_url)
+        summary = ApplySummary(self.task.name, str(target))
+        try:
+            checkpoint.ensure(target.engine)
+            with target.engine.connect() as conn:
+                cp = checkpoint.read(conn, self.task.name)
+            start = cp.ts if cp else (self.task.start_after_ts + 1 if self.task.start_after_ts else 0)
+            windows, summary.behind = self.plan(start, until_ts)
+            self.ddl_rows = self._ddl_rows()
+            self.history = decode.SchemaHistory.from_rows(self.ddl_rows)
+            self._tinfo: dict[int, tuple[binlog_pb2.TableInfo, binlog_pb2.TableInfo]] = {}
+            if cp is None and start == 0 and windows:
+                self._bootstrap(target, int(windows[0]["start_ts"]), summary)
+            summary.checkpoint_ts = start
+            for n, w in enumerate(windows, start=1):
+                a, b = int(w["start_ts"]), int(w["end_ts"])
+                lo = max(a, start)
+                # Safe mode for the configured windows, and for the first one after a restored
+                # snapshot: the snapshot may already hold part of that window.
+                safe = a < self.task.safe_mode_until_ts or (cp is None and self.task.start_after_ts > 0 and n == 1)
+                batches = self._batches(w, lo, summary)
+                if self.task.mode == "parallel":
+                    self._apply_parallel(target, batches, a, b, safe, summary)
+                else:
+                    self._apply_consistent(target, batches, a, b, safe, summary)
+                summary.windows += 1
+                summary.first_window = summary.first_window or (a, b)
+                summary.last_window = (a, b)
+                summary.checkpoint_ts = start = b
+                self.progress(f"[{_bar(n, len(windows))}] {n}/{len(windows)} window [{a}, {b}) {_dt(b)}  "
+                              f"{summary.changes:,} row changes, {summary.ddls} DDL")
+                failpoint.hit("apply-after-window")
+        finally:
+            target.close()
+        summary.elapsed_s = time.monotonic() - began
+        return summary
+
+    def _bootstrap(self, target: sink.Target, first_start: int, summary: ApplySummary) -> None:
+        """A target with no checkpoint, applied from the lake's first window: create
+        the tables whose DDLs precede it (the lake holds them in ddl_history)."""
+        with target.engine.connect() as conn:
+            conn.begin()
+            for ddl in self.ddl_rows:
+                if int(ddl["commit_ts"]) >= first_start:
+                    break
+                change = self._ddl_change(ddl)
+                if change is not None:
+                    target_ddl.apply_ddl(target, conn, change[0], change[2], change[1])
+                    summary.ddls += 1
+            conn.commit()
+
+    def _apply_consistent(self, target: sink.Target, batches: list[_Batch], a: int, b: int, safe: bool,
+                          summary: ApplySummary) -> None:
+        transactional = sink_transactional(target)
+        with target.engine.connect() as conn:
+            conn.begin()
+            try:
+                for batch in batches:
+                    summary.rows_written += self._write_batch(target, conn, batch, safe, f"window [{a}, {b})")
+                    if batch.ddl is None:
+                        continue
+                    change = self._ddl_change(batch.ddl)
+                    ddl_ts = int(batch.ddl["commit_ts"])
+                    if change is None:
+                        continue
+                    if not transactional:
+                        checkpoint.write(conn, self.task.name, ddl_ts, a, b)
+                        conn.commit()
+                        conn.begin()
+                    target_ddl.apply_ddl(target, conn, change[0], change[2], change[1])
+                    summary.ddls += 1
+                    if not transactional:
+                        checkpoint.write(conn, self.task.name, ddl_ts + 1, a, b)
+                        conn.commit()
+                        conn.begin()
+                checkpoint.write(conn, self.task.name, b, a, b)
+                failpoint.hit("apply-before-commit")
+                conn.commit()
+            except _Mismatch as m:
+                conn.rollback()
+                raise _diagnose(target, m, f"window [{a}, {b})") from None
+
+    def _write_batch(self, target: sink.Target, conn: Connection, batch: _Batch, safe: bool, where: str) -> int:
+        by_table: dict[str, list[Change]] = {}
+        for c in batch.changes:
+            by_table.setdefault(c.table, []).append(c)
+        n = 0
+        for name, changes in by_table.items():
+            n += write_changes(target, conn, batch.infos[name], changes, safe)
+        return n
+
+    def _apply_parallel(self, target: sink.Target, batches: list[_Batch], a: int, b: int, safe: bool,
+                        summary: ApplySummary) -> None:
+        for batch in batches:
+            if batch.changes:
+                keys = {name: table_keys(info) for name, info in batch.infos.items()}
+                groups = causality.group(batch.changes, keys)
+                with target.engine.connect() as conn:
+                    done = checkpoint.done_groups(conn, self.task.name, batch.end)
+                work = [(g, [dataclasses.astuple(c) for c in changes]) for g, changes in enumerate(groups)
+                        if g not in done]
+                infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
+                if work:
+                    summary.rows_written += self._run_groups(work, infos, batch.end, a, b, safe)
+            with target.engine.connect() as conn:
+                conn.begin()
+                if batch.ddl is not None:
+                    ddl_ts = int(batch.ddl["commit_ts"])
+                    checkpoint.write(conn, self.task.name, ddl_ts, a, b)
+                    conn.commit()
+                    conn.begin()
+                    change = self._ddl_change(batch.ddl)
+                    if change is not None:
+                        target_ddl.apply_ddl(target, conn, change[0], change[2], change[1])
+                        summary.ddls += 1
+                    checkpoint.write(conn, self.task.name, ddl_ts + 1, a, b)
+                else:
+                    checkpoint.write(conn, self.task.name, batch.end, a, b)
+                conn.commit()
+
+    def _run_groups(self, work: list[tuple[int, list[tuple[Any, ...]]]], infos: dict[str, bytes], seg_end: int,
+                    a: int, b: int, safe: bool) -> int:
+        url, name = self.target_url, self.task.name
+        # The apply's failpoint holds in its Spark tasks too (they run in other processes).
+        fail_spec = os.environ.get(failpoint.ENV, "")
+        slices = max(1, min(self.task.parallel_tasks, len(work)))
+
+        def apply_part(items: Iterable[tuple[int, list[tuple[Any, ...]]]]) -> Iterator[tuple[int, int, str]]:
+            # Python workers are reused across tasks: set the failpoint for this task only.
+            saved = os.environ.get(failpoint.ENV)
+            if fail_spec:
+                os.environ[failpoint.ENV] = fail_spec
+            try:
+                yield from apply_groups(url, name, infos, seg_end, a, b, safe, items)
+            finally:
+                if saved is None:
+                    os.environ.pop(failpoint.ENV, None)
+                else:
+                    os.environ[failpoint.ENV] = saved
+
+        results = self.spark.sparkContext.parallelize(work, slices).mapPartitions(apply_part).collect()
+        failures = [msg for _g, _n, msg in results if msg]
+        if failures:
+            raise TargetDiverged(failures[0]) if failures[0].startswith("target table") else \
+                errors.FailedPrecondition(failures[0])
+        return sum(n for _g, n, _m in results)
+
+
+def apply_groups(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int, safe: bool,
+                 items: Iterable[tuple[int, list[tuple[Any, ...]]]]) -> Iterator[tuple[int, int, str]]:
+    """Run in a Spark task: apply conflict groups, each in its own transaction with
+    its checkpoint row; yields (group, rows written, error message or "")."""
+    infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
+    target = sink.open_target(url)
+    try:
+        for g, raw_changes in items:
+            changes = [Change(*t) for t in raw_changes]
+            by_table: dict[str, list[Change]] = {}
+            for c in changes:
+                by_table.setdefault(c.table, []).append(c)
+            n = 0
+            with target.engine.connect() as conn:
+                conn.begin()
+                try:
+                    if g in checkpoint.done_groups(conn, task_name, seg_end):
+                        conn.rollback()
+                        continue
+                    for name, cs in by_table.items():
+                        n += write_changes(target, conn, infos[name], cs, safe)
+                    checkpoint.mark_group(conn, task_name, seg_end, g, a, b)
+                    conn.commit()
+                except _Mismatch as m:
+                    conn.rollback()
+                    yield g, 0, str(_diagnose(target, m, f"window [{a}, {b}) (group {g})"))
+                    return
+            failpoint.hit("apply-after-group")
+            yield g, n, ""
+    finally:
+        target.close()
+
+
+def summary_dict(s: ApplySummary) -> dict[str, Any]:
+    """The summary as JSON-ready values (jobs, the DAG's XCom, ``--json``)."""
+    return {"task": s.task, "target": s.target, "windows": s.windows, "changes_by_op": dict(s.changes_by_op),
+            "changes": s.changes, "rows_written": s.rows_written, "ddls": s.ddls, "filtered": s.filtered,
+            "checkpoint_ts": s.checkpoint_ts, "elapsed_s": round(s.elapsed_s, 3), "behind": s.behind}
+
+
+def sink_transactional(target: sink.Target) -> bool:
+    return target.dialect in ("postgresql", "sqlite")
+
+
+def _bar(n: int, total: int, width: int = 20) -> str:
+    done = width * n // max(1, total)
+    return "#" * done + "." * (width - done)
+
+
+def parse_until(until_ts: int | None, until: str | None) -> int | None:
+    """``--until-ts`` or ``--until`` (a datetime, UTC unless it has a zone) as a ts."""
+    if until_ts is not None and until is not None:
+        raise errors.InvalidArgument("give --until-ts or --until, not both")
+    if until is not None:
+        try:
+            return tso.parse_datetime(until)
+        except ValueError as exc:
+            raise errors.InvalidArgument(f"--until: {exc}") from None
+    if until_ts is not None and until_ts <= 0:
+        raise errors.InvalidArgument(f"--until-ts must be a positive TSO, got {until_ts}")
+    return until_ts

@@ -1,0 +1,348 @@
+"""Target databases: open one from a SQLAlchemy URL, create tables from binlake's
+table definitions, load rows in bulk, and write compacted changes in batches.
+
+Dialects: SQLite, PostgreSQL (psycopg) and MySQL/MariaDB (pymysql). Column
+types are the upstream writer's (``binlake.source.dialect``), so a value reads
+back from a target exactly as it does from an upstream of the same dialect.
+
+Every table the sink creates is recorded in the target's ``_binlake_schema``
+(the shape the upstream writer uses), so ``binlake.oracle`` and ``diff`` type
+the target's columns by binlake's definitions (SQLite stores decimals as text).
+
+Writes are whole batches, never a statement per row:
+
+* deletes: ``DELETE ... WHERE key IN (...)`` (a row-value IN for composite keys);
+* inserts: PostgreSQL ``COPY`` into the table, elsewhere multi-row INSERT;
+* upserts (safe mode): multi-row ``INSERT ... ON CONFLICT DO UPDATE``
+  (PostgreSQL, SQLite) or ``ON DUPLICATE KEY UPDATE`` (MySQL/MariaDB).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql as sa_mysql
+from sqlalchemy.dialects import postgresql as sa_pg
+from sqlalchemy.dialects import sqlite as sa_sqlite
+from sqlalchemy.engine import Connection
+
+from binlake import errors
+from binlake.proto import binlog_pb2
+from binlake.source import dialect as dl
+
+# _binlake_schema in a target: one row per table the sink created, keyed by table_id.
+# Invariant: ``info`` is the definition the target table ``name`` has now (``name``
+# is the target's name, which a route may have changed), written in the same
+# transaction as the DDL where the dialect's DDL is transactional, right after it on MySQL.
+SCHEMA_TABLE = "_binlake_schema"
+
+_DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
+            "mysql": "mysql+pymysql", "mariadb": "mysql+pymysql"}
+_ALLOWED = {"sqlite", "sqlite+pysqlite", "postgresql+psycopg", "mysql+pymysql", "mariadb+pymysql"}
+IF_EXISTS = ("fail", "skip", "replace")
+# Bound parameters per statement stay below every dialect's limit (SQLite 32766,
+# PostgreSQL 65535); 1,000 rows a statement is where larger batches stop paying.
+_MAX_PARAMS = 30_000
+_MAX_ROWS = 1_000
+
+_md = sa.MetaData()
+_schema = sa.Table(SCHEMA_TABLE, _md, sa.Column("table_id", sa.BigInteger, primary_key=True, autoincrement=False),
+                   sa.Column("name", sa.String(128), nullable=False),
+                   sa.Column("info", sa.LargeBinary, nullable=False),
+                   sa.Column("dropped", sa.Boolean(create_constraint=False), nullable=False))
+
+
+def normalize_url(url: str) -> sa.engine.URL:
+    """``url`` parsed, with bare ``postgresql://`` / ``mysql://`` given binlake's drivers;
+    ``errors.InvalidArgument`` for anything else."""
+    if not isinstance(url, str) or not url.strip():
+        raise errors.InvalidArgument(f"target must be a database URL such as sqlite:///replica.db, got {url!r}")
+    try:
+        parsed = sa.engine.make_url(url.strip())
+    except sa.exc.ArgumentError:
+        raise errors.InvalidArgument(
+            f"target {url!r} is not a database URL: use sqlite:///PATH, postgresql://USER@HOST/DB "
+            "or mysql://USER@HOST/DB") from None
+    name = parsed.drivername
+    if name in _DRIVERS:
+        parsed = parsed.set(drivername=_DRIVERS[name])
+    elif name not in _ALLOWED:
+        raise errors.InvalidArgument(
+            f"target {parsed.render_as_string(hide_password=True)!r}: unsupported database {name!r} "
+            "(use sqlite, postgresql[+psycopg] or mysql[+pymysql])")
+    if parsed.drivername.startswith("mariadb"):
+        parsed = parsed.set(drivername="mysql+pymysql")
+    if parsed.drivername.startswith("sqlite") and not parsed.database:
+        raise errors.InvalidArgument("target sqlite:// needs a file path (sqlite:///PATH): an in-memory "
+                                     "database would vanish with the connection")
+    return parsed
+
+
+def open_target(url: str) -> Target:
+    """Connect to the target at ``url`` (checked with one round trip)."""
+    parsed = normalize_url(url)
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if parsed.drivername.startswith("sqlite"):
+        # A parallel apply writes from several connections: wait for the lock, do not fail.
+        kwargs["connect_args"] = {"timeout": 120}
+        path = pathlib.Path(parsed.database or "")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(parsed, **kwargs)
+    if parsed.drivername.startswith("sqlite"):
+        sa.event.listen(engine, "connect", _sqlite_on_connect)
+        sa.event.listen(engine, "begin", _sqlite_on_begin)
+    shown = parsed.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except sa.exc.DBAPIError as exc:
+        engine.dispose()
+        raise errors.Unavailable(f"cannot reach target {shown}: {first_line(exc)}") from None
+    return Target(engine)
+
+
+def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
+    # SQLAlchemy emits BEGIN itself: pysqlite's implicit transactions start only at
+    # the first INSERT/UPDATE/DELETE, which would leave a leading DDL outside the
+    # window's transaction. WAL keeps readers (diff, status) from blocking the apply.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    # Take the write lock at the start: parallel groups then wait for each other
+    # (busy timeout) instead of failing when a read lock cannot be upgraded.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return lines[0] if lines else type(orig).__name__
+
+
+class Target:
+    """One target database."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        if not isinstance(engine, sa.Engine):
+            raise TypeError(f"engine must be a SQLAlchemy Engine, got {type(engine).__name__}")
+        self.engine = engine
+        self.dialect: str = engine.dialect.name
+
+    def __str__(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    __repr__ = __str__
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ schema
+    def table_names(self) -> list[str]:
+        return sa.inspect(self.engine).get_table_names()
+
+    def has_table(self, name: str, conn: Connection | None = None) -> bool:
+        return sa.inspect(conn if conn is not None else self.engine).has_table(name)
+
+    def sa_table(self, info: binlog_pb2.TableInfo) -> sa.Table:
+        return dl.sa_table(info, self.dialect)
+
+    def create_table(self, info: binlog_pb2.TableInfo, *, if_exists: str = "fail") -> None:
+        """Create ``info.name`` with binlake's column types and unique keys.
+        ``if_exists``: "fail" (errors.FailedPrecondition), "skip" (leave it) or "replace"."""
+        _check_info(info)
+        if if_exists not in IF_EXISTS:
+            raise ValueError(f"if_exists must be one of {', '.join(IF_EXISTS)}, got {if_exists!r}")
+        with self.engine.connect() as conn:
+            conn.begin()
+            self.create_table_in(conn, info, if_exists=if_exists)
+            conn.commit()
+
+    def create_table_in(self, conn: Connection, info: binlog_pb2.TableInfo, *, if_exists: str = "fail") -> bool:
+        """``create_table`` inside the caller's transaction; whether a table was created."""
+        if self.has_table(info.name, conn):
+            if if_exists == "skip":
+                return False
+            if if_exists == "fail":
+                raise errors.FailedPrecondition(
+                    f"target {self} already has a table {info.name}: drop it, or load with if_exists='replace'")
+            self.execute_ddl(conn, dl.drop_table_sql(self.engine, info.name))
+        self.execute_ddl(conn, dl.create_table_sql(self.engine, info))
+        self.record_schema(conn, info)
+        return True
+
+    def execute_ddl(self, conn: Connection, statements: Sequence[str]) -> None:
+        for stmt in statements:
+            conn.exec_driver_sql(stmt)
+
+    def record_schema(self, conn: Connection, info: binlog_pb2.TableInfo, *, dropped: bool = False) -> None:
+        """Record ``info`` as the definition of target table ``info.name``."""
+        _schema.create(conn, checkfirst=True)
+        conn.execute(_schema.delete().where(sa.or_(_schema.c.name == info.name,
+                                                   _schema.c.table_id == info.table_id)))
+        if not dropped:
+            conn.execute(_schema.insert().values(table_id=info.table_id, name=info.name,
+                                                 info=info.SerializeToString(), dropped=False))
+
+    def forget_schema(self, conn: Connection, name: str) -> None:
+        if self.has_table(SCHEMA_TABLE, conn):
+            conn.execute(_schema.delete().where(_schema.c.name == name))
+
+    def recorded_schema(self, conn: Connection | None = None) -> dict[str, binlog_pb2.TableInfo]:
+        """Target table name -> the definition the sink recorded for it."""
+        def read(c: Connection) -> dict[str, binlog_pb2.TableInfo]:
+            if not self.has_table(SCHEMA_TABLE, c):
+                return {}
+            rows = c.execute(sa.select(_schema.c.name, _schema.c.info).where(_schema.c.dropped.is_(False)))
+            return {name: binlog_pb2.TableInfo.FromString(bytes(raw)) for name, raw in rows}
+
+        if conn is not None:
+            return read(conn)
+        with self.engine.connect() as c:
+            return read(c)
+
+    # ------------------------------------------------------------------ rows
+    def bulk_load(self, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Append ``rows`` (column name -> Python value; missing columns are NULL) to
+        table ``info.name`` in one transaction; the number of rows loaded."""
+        _check_info(info)
+        with self.engine.connect() as conn:
+            conn.begin()
+            n = self.insert_rows(conn, info, rows)
+            conn.commit()
+        return n
+
+    def insert_rows(self, conn: Connection, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Plain INSERT of ``rows`` (PostgreSQL: COPY) in the caller's transaction."""
+        names = [c.name for c in info.columns]
+        if self.dialect == "postgresql":
+            return _copy_rows(conn, info, names, rows)
+        table = self.sa_table(info)
+        n = 0
+        for batch in _batches(rows, names):
+            conn.execute(table.insert(), batch)
+            n += len(batch)
+        return n
+
+    def upsert_rows(self, conn: Connection, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Multi-row upsert on the primary key (insert, or overwrite every column)."""
+        table = self.sa_table(info)
+        names = [c.name for c in info.columns]
+        key = _key_names(info)
+        n = 0
+        for batch in _batches(rows, names):
+            if self.dialect == "postgresql":
+                pg = sa_pg.insert(table).values(batch)
+                stmt: Any = pg.on_conflict_do_update(
+                    index_elements=key, set_={c: pg.excluded[c] for c in names if c not in key} or None)
+                if len(names) == len(key):
+                    stmt = pg.on_conflict_do_nothing(index_elements=key)
+            elif self.dialect == "mysql":
+                my = sa_mysql.insert(table).values(batch)
+                stmt = my.on_duplicate_key_update({c: my.inserted[c] for c in names})
+            else:
+                lite = sa_sqlite.insert(table).values(batch)
+                stmt = lite.on_conflict_do_update(
+                    index_elements=key, set_={c: lite.excluded[c] for c in names if c not in key})
+                if len(names) == len(key):
+                    stmt = lite.on_conflict_do_nothing(index_elements=key)
+            conn.execute(stmt)
+            n += len(batch)
+        return n
+
+    def delete_keys(self, conn: Connection, info: binlog_pb2.TableInfo, keys: Sequence[tuple[Any, ...]]) -> int:
+        """``DELETE ... WHERE key IN (...)`` in batches; the number of rows deleted."""
+        table = self.sa_table(info)
+        cols = [table.c[name] for name in _key_names(info)]
+        per = max(1, min(_MAX_ROWS, _MAX_PARAMS // len(cols)))
+        n = 0
+        for i in range(0, len(keys), per):
+            chunk = list(keys[i:i + per])
+            if len(cols) == 1:
+                clause = cols[0].in_([k[0] for k in chunk])
+            else:
+                clause = sa.tuple_(*cols).in_(chunk)
+            n += conn.execute(table.delete().where(clause)).rowcount
+        return n
+
+    def existing_keys(self, conn: Connection, info: binlog_pb2.TableInfo,
+                      keys: Sequence[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+        """Which of ``keys`` the target table holds (as the target returns them)."""
+        table = self.sa_table(info)
+        cols = [table.c[name] for name in _key_names(info)]
+        found: set[tuple[Any, ...]] = set()
+        per = max(1, min(_MAX_ROWS, _MAX_PARAMS // len(cols)))
+        for i in range(0, len(keys), per):
+            chunk = list(keys[i:i + per])
+            clause = cols[0].in_([k[0] for k in chunk]) if len(cols) == 1 else sa.tuple_(*cols).in_(chunk)
+            found.update(tuple(r) for r in conn.execute(sa.select(*cols).where(clause)))
+        return found
+
+    def delete_one(self, conn: Connection, info: binlog_pb2.TableInfo, row: Mapping[str, Any]) -> int:
+        """Delete one row equal to ``row`` in every column (tables without a key)."""
+        table = self.sa_table(info)
+        cond = sa.and_(*[table.c[c.name].is_(None) if row.get(c.name) is None
+                         else table.c[c.name] == row[c.name] for c in info.columns
+                         if c.type != binlog_pb2.JSON])
+        if self.dialect == "mysql":
+            return conn.execute(table.delete().where(cond).with_dialect_options(mysql_limit=1)).rowcount
+        rid = "ctid" if self.dialect == "postgresql" else "rowid"
+        inner = sa.select(sa.literal_column(rid)).select_from(table).where(cond).limit(1).scalar_subquery()
+        return conn.execute(table.delete().where(sa.literal_column(rid) == inner)).rowcount
+
+
+def _key_names(info: binlog_pb2.TableInfo) -> list[str]:
+    by_id = {c.id: c.name for c in info.columns}
+    names = [by_id[i] for i in info.primary_key]
+    if not names:
+        raise errors.FailedPrecondition(f"table {info.name} has no primary key")
+    return names
+
+
+def _check_info(info: Any) -> None:
+    if not isinstance(info, binlog_pb2.TableInfo):
+        raise TypeError(f"info must be a binlog_pb2.TableInfo, got {type(info).__name__}")
+    if not info.name or not info.columns:
+        raise ValueError("info must name the table and list its columns")
+
+
+def _batches(rows: Iterable[Mapping[str, Any]], names: Sequence[str]) -> Iterable[list[dict[str, Any]]]:
+    per = max(1, min(_MAX_ROWS, _MAX_PARAMS // max(1, len(names))))
+    batch: list[dict[str, Any]] = []
+    for row in rows:
+        batch.append({n: row.get(n) for n in names})
+        if len(batch) >= per:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _copy_rows(conn: Connection, info: binlog_pb2.TableInfo, names: Sequence[str],
+               rows: Iterable[Mapping[str, Any]]) -> int:
+    """PostgreSQL COPY FROM STDIN on the caller's connection (inside its transaction)."""
+    from psycopg.types.json import Jsonb
+
+    json_cols = {c.name for c in info.columns if c.type == binlog_pb2.JSON}
+    q = conn.dialect.identifier_preparer.quote
+    sql = f"COPY {q(info.name)} ({', '.join(q(n) for n in names)}) FROM STDIN"
+    raw: Any = conn.connection.dbapi_connection
+    n = 0
+    with raw.cursor() as cur, cur.copy(sql) as copy:
+        for row in rows:
+            copy.write_row([Jsonb(row.get(c)) if c in json_cols and row.get(c) is not None else row.get(c)
+                            for c in names])
+            n += 1
+    return n

@@ -1,0 +1,112 @@
+"""The bodies of the ``binlake_apply`` tasks, kept out of the DAG file.
+
+Task files come from the setting ``binlake_apply_tasks`` (Airflow Variable, else
+env ``BINLAKE_APPLY_TASKS``, else ``config/tasks``): a directory (every
+``*.toml`` in it) or a comma-separated list of files. A task file's ``target``
+is a SQLAlchemy URL or the id of an Airflow Connection (resolved here, when the
+task runs). Each run applies every ingested window up to the newest one the
+triggering Asset events announce (all ingested windows when run by hand), in
+order from the target's checkpoint.
+
+Errors no retry can fix (a bad task file, a target changed by hand:
+``binlake.errors.is_final``) fail the task at once (``AirflowFailException``);
+anything else (an unreachable target, a window not ingested yet) is retried.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from binlake_airflow import config
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TASK_DIR = "config/tasks"
+
+
+def task_files(setting: str | None = None) -> list[str]:
+    """The task files to run, absolute paths, sorted (fails when there are none)."""
+    text = setting if setting is not None else config.setting(
+        "binlake_apply_tasks", ("BINLAKE_APPLY_TASKS",), DEFAULT_TASK_DIR)
+    assert text is not None
+    files: list[Path] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        path = Path(part).expanduser()
+        path = path if path.is_absolute() else config.PROJECT_ROOT / path
+        if path.is_dir():
+            files.extend(sorted(path.glob("*.toml")))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise AirflowFailException(f"binlake_apply_tasks: {path} is neither a task file nor a directory")
+    if not files:
+        raise AirflowFailException(f"binlake_apply_tasks ({text}): no task files (*.toml) found")
+    return [str(f) for f in files]
+
+
+def until_ts(events: Iterable[Mapping[str, Any]]) -> int | None:
+    """The newest window end the triggering Asset events announce (None: no events)."""
+    ends = [int(e["end_ts"]) for e in events if e and e.get("end_ts") is not None]
+    return max(ends) if ends else None
+
+
+def resolve_target(target: str) -> str:
+    """A task file's target as a SQLAlchemy URL (an Airflow Connection id is looked up)."""
+    if "://" in target:
+        return target
+    from airflow.sdk import BaseHook
+
+    try:
+        conn = BaseHook.get_connection(target)
+    except Exception as exc:
+        raise AirflowFailException(f"target {target!r} is no URL and no Airflow Connection: {exc}") from None
+    uri = conn.get_uri()
+    # Airflow spells PostgreSQL "postgres://"; binlake's sink maps both spellings.
+    return uri
+
+
+def apply(task_file: str, until: int | None) -> dict[str, Any]:
+    """Apply one task file's windows up to ``until``; the summary."""
+    from binlake import errors
+    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.replicate import runner, task
+
+    try:
+        t = task.load(task_file)
+        url = resolve_target(t.target)
+        spark = build_spark("binlake-apply", config.spark_master(), extra_conf=LAKE_CONF)
+        summary = runner.Applier(spark, t, target_url=url, progress=log.info).run(until)
+    except errors.BinlakeError as exc:
+        if errors.is_final(exc):
+            raise AirflowFailException(f"apply {task_file}: {exc}") from None
+        raise AirflowException(f"apply {task_file}: {exc}") from None
+    log.info("%s", summary.summary())
+    out = runner.summary_dict(summary)
+    out["task_file"] = task_file
+    return out
+
+
+def diff(result: Mapping[str, Any]) -> dict[str, Any]:
+    """Compare the task's target with its ``diff_source``, when the task file names one."""
+    from binlake import errors
+    from binlake.replicate import task
+    from binlake.replicate.diff import diff_databases
+
+    t = task.load(str(result["task_file"]))
+    if not t.diff_source:
+        return {"task": t.name, "diff": "skipped (no diff_source in the task file)"}
+    try:
+        report = diff_databases(t.diff_source, resolve_target(t.target))
+    except errors.BinlakeError as exc:
+        raise AirflowException(f"diff {t.name}: {exc}") from None
+    log.info("%s", report.summary())
+    if not report.ok:
+        raise AirflowFailException(f"diff {t.name}: the target differs from {t.diff_source}:\n{report.summary()}")
+    return {"task": t.name, "diff": "OK", "tables": len(report.tables)}
