@@ -35,6 +35,7 @@ bench: setup
 	$(BIN)/binlake bench writer
 	$(BIN)/binlake bench ingest
 	$(BIN)/binlake bench apply
+	$(BIN)/binlake bench restore
 
 lint: setup
 	$(BIN)/ruff check include tests dags plugins jobs scripts bench

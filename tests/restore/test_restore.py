@@ -23,7 +23,7 @@ from conftest import Upstream, ingest_all, run_captured
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from binlake import cli, errors, failpoint, tso
+from binlake import cli, errors, failpoint, oracle, tso
 from binlake.devcluster import DevCluster
 from binlake.lake.ingest import read_windows
 from binlake.restore import checks, history, layout, restore, snapshot
@@ -40,7 +40,7 @@ def captured(cluster: DevCluster, spark: SparkSession, tmp_path_factory: pytest.
     root = tmp_path_factory.mktemp("restore")
     plan = wl.plan("mixed", 2, 180, 5, large_txn_rows=150, large_txn_every=60, ddl_every=8, table_rows=60,
                    accounts=ACCOUNTS)
-    up = run_captured(f"sqlite:///{root / 'up.db'}", cluster.registry_addr, plan, 4, None)
+    up = run_captured(f"sqlite:///{root / 'up.db'}", cluster.registry_addr, plan, 4, root)
     a, b = up.start_ts, up.end_ts
     bounds = [a + (b - a) * i // 3 for i in range(4)]
     lake = str(root / "lake")
@@ -86,6 +86,25 @@ def test_restore_out_writes_typed_delta_tables_and_a_manifest(
     # Restoring into the same --out again is refused unless --replace.
     with pytest.raises(errors.AlreadyExists, match="--replace"):
         restore.run(spark, lake, cap.ts, out=str(out))
+
+
+def test_restore_into_a_target_database_verified_by_diff(
+        spark: SparkSession, captured: tuple[Upstream, str, list[int]], tmp_path: pathlib.Path) -> None:
+    up, lake, _ = captured
+    cap = up.captures[2]
+    assert cap.copy is not None
+    source = f"sqlite:///{cap.copy}"
+    target = f"sqlite:///{tmp_path / 'restored.db'}"
+    result = restore.run(spark, lake, cap.ts, target=target, verify_url=source)
+    assert result.verified is not None and result.verified.startswith("clean"), result.verified
+    assert result.rows == sum(n for n, _ in cap.checksums.values())
+    assert oracle.checksum(target, list(cap.checksums), schema=oracle.load_schema(source)) == cap.checksums
+    # An unreachable target is refused before anything is rebuilt; an existing table is not overwritten.
+    with pytest.raises(errors.Unavailable, match="cannot reach target"):
+        restore.run(spark, lake, cap.ts, target="postgresql+psycopg://nobody@127.0.0.1:1/none")
+    with pytest.raises(errors.BinlakeError):
+        restore.run(spark, lake, cap.ts, target=target)
+    assert oracle.checksum(target, list(cap.checksums), schema=oracle.load_schema(source)) == cap.checksums
 
 
 def test_bank_total_and_accounts_hold_at_many_ts(

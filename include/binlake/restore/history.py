@@ -154,7 +154,7 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
     cat = catalog(spark, lake)
     changes = rebuild.changes_frame(spark, lake)
     done: list[tuple[str, str]] = []
-    new_rows = []
+    new_rows: list[dict[str, Any]] = []
     for table_id in ids:
         cols = spec(schema, table_id)
         last_info = max(((ts, i) for ts, i in schema.entries() if i.table_id == table_id), key=lambda x: x[0])[1]
@@ -164,8 +164,8 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
         applied = _applied(old)
         # Rewind to the first ledger window the table does not hold as it is now.
         keep = 0
-        for have, want in zip(applied, ledger, strict=False):
-            if have != want:
+        for held, want in zip(applied, ledger, strict=False):
+            if held != want:
                 break
             keep += 1
         rewind = ledger[keep][0] if keep < len(ledger) else None
@@ -173,6 +173,7 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
         path = layout.history_table(lake, table_id)
         fresh = old is None or not same_cols or keep == 0 or not is_delta(spark, path)
         if not fresh and rewind is None and keep == len(applied):
+            assert old is not None
             done.append((name, "up to date"))
             new_rows.append(old)
             continue
@@ -187,6 +188,7 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
             versions.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
             what = "built"
         else:
+            assert old is not None  # not fresh: the table and its catalog row exist
             say(f"{name}: applying windows from {tso.format_ts(lo)}")
             table = DeltaTable.forPath(spark, path)
             if lo < int(old["applied_end_ts"]):  # windows applied before are applied again

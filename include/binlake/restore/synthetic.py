@@ -73,7 +73,7 @@ def build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows:
     first = t0 - 3  # the first window holds the CREATE TABLE too
     bounds = [first + (end - first) * i // windows for i in range(windows + 1)]
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
-    ledger = [(a, b, ["bench"], {"bench": 0}, {}, 0, 0, 0, "done", now) for a, b in zip(bounds, bounds[1:],
+    ledger: list[tuple[Any, ...]] = [(a, b, ["bench"], {"bench": 0}, {}, 0, 0, 0, "done", now) for a, b in zip(bounds, bounds[1:],
                                                                                         strict=False)]
     spark.createDataFrame(ledger, WINDOWS_DDL).write.format("delta").mode("overwrite").save(
         table_path(lake, "windows"))
