@@ -36,8 +36,10 @@ from typing import Any
 
 # plugins/binlake_airflow/config.py -> parents[2] is the project root.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-# The spark-submit entry point of the ingest (a path only: nothing is read here).
-INGEST_JOB = PROJECT_ROOT / "jobs" / "ingest.py"
+# The spark-submit entry point of the ingest (a path only: nothing is read here):
+# $BINLAKE_INGEST_JOB where binlake is deployed without this checkout's jobs/,
+# else the checkout's (the environment is free to read at parse time).
+INGEST_JOB = Path(os.environ.get("BINLAKE_INGEST_JOB", "").strip() or PROJECT_ROOT / "jobs" / "ingest.py")
 
 DEFAULT_REGISTRY = "127.0.0.1:8230"
 DEFAULT_LAKE_DIR = "data/lake"

@@ -28,7 +28,8 @@ def test_readiness(safe_ts: int, gc_ts: int, expected: Readiness) -> None:
 
 
 def test_refusals_name_the_pump_and_its_ts() -> None:
-    assert "below pump p1's GC ts 11 (" in str(gone_error(Window(10, 20), "p1", 11))
+    gone = str(gone_error(Window(10, 20), "p1", 11))
+    assert "below pump p1's GC ts 11 (" in gone and "removed after their retention" in gone
     assert errors.is_final(gone_error(Window(10, 20), "p1", 11))
     waiting = waiting_error(Window(10, 20), "p1", 19)
     assert "above pump p1's safe ts 19 (" in str(waiting) and not errors.is_final(waiting)
