@@ -86,6 +86,14 @@ def test_journal_survives_a_torn_tail_and_rolls_back_orphans(tmp_path: pathlib.P
     again.close()
 
 
+def test_one_source_per_data_dir(tmp_path: pathlib.Path) -> None:
+    first = SourceState(tmp_path)
+    with pytest.raises(errors.FailedPrecondition, match="another source is running"):
+        SourceState(tmp_path)
+    first.close()
+    SourceState(tmp_path).close()  # released on close (and by the kernel on kill -9)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["source", "mysql", "--dsn", "foo", "--server-id", "3"], "is not a MySQL URL"),
     (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--start", "binlog.1:x"],

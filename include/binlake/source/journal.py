@@ -24,6 +24,10 @@ Files:
     acknowledged too; ``schema`` is the source's table definitions as of that
     position. It is never inside a transaction (the seed's savepoint rule).
 
+``LOCK``
+    Held (flock) while a source runs: two sources on one data dir would
+    interleave their journals and checkpoints.
+
 The recovery argument (kill -9 anywhere): on restart the source resumes at
 ``position``, so nothing after the last acknowledged transaction is lost.
 A transaction re-read from the upstream log is looked up by its KEY (its
@@ -43,6 +47,7 @@ upstream's commit order; a re-sent transaction keeps its old, still ordered, TSO
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import pathlib
@@ -80,6 +85,14 @@ class SourceState:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise errors.InvalidArgument(f"cannot use --data-dir {self.dir}: {exc}") from None
+        self._lockfile = (self.dir / "LOCK").open("a")
+        try:
+            fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lockfile.close()
+            raise errors.FailedPrecondition(
+                f"another source is running on --data-dir {self.dir}; stop it first, or use another data dir"
+            ) from None
         self._lock = threading.Lock()
         self._by_key: dict[str, Decision] = {}
         self._by_start: dict[int, Decision] = {}
@@ -232,3 +245,4 @@ class SourceState:
 
     def close(self) -> None:
         self._journal.close()
+        self._lockfile.close()  # releases the flock
