@@ -218,17 +218,18 @@ class SourceState:
             d = self._by_key[key]
             d.commit_ts = commit_ts
             d.pump = pump
+            if len(self._by_key) > 2 * KEEP_DECIDED:
+                # Bounded memory for a long run: the oldest half is far behind any
+                # checkpoint (taken every second); its lines stay in the file until
+                # the next start's compaction, which keeps the newest KEEP_DECIDED.
+                for old in list(self._by_key)[:KEEP_DECIDED]:
+                    gone = self._by_key.pop(old)
+                    self._by_start.pop(gone.start_ts, None)
 
     def abandon(self, start_ts: int) -> None:
         with self._lock:
             self._append({"s": start_ts, "r": 1})
             self._rolled_back.add(start_ts)
-
-    def forget_before(self, keys: set[str]) -> None:
-        """Drop decided keys from memory (their lines stay until the next start's compaction)."""
-        with self._lock:
-            for k in keys:
-                self._by_key.pop(k, None)
 
     # -- TxnStatus
     def txn_status(self, start_ts: int) -> tuple[str, int]:
