@@ -233,3 +233,22 @@ def test_large_transaction(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathli
     assert len(binlogs) == 1
     replay = check_equal(mdb, cluster, db)
     assert replay.changes == 100_000
+
+
+def test_start_at_a_gtid(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    """--start gtid:SET (MariaDB's domain-server-seq): streams from just after that GTID and
+    checkpoints file:pos from then on."""
+    db = fresh_db(mdb)
+    sql(mdb, "CREATE TABLE g (id INT PRIMARY KEY)", "INSERT INTO g VALUES (1)", db=db)  # before the GTID: not sent
+    gtid = sql(mdb, "SELECT @@gtid_binlog_pos")[0][0]
+    sql(mdb, "INSERT INTO g VALUES (2)", "INSERT INTO g VALUES (3)", db=db)
+    src = SourceThread(source(mdb, cluster, tmp_path / "src", db, start=f"gtid:{gtid}")).start()
+    assert src.source.ready.wait(60)
+    try:
+        sql(mdb, "INSERT INTO g VALUES (4)", db=db)
+        wait_caught_up(mdb, src.source)
+    finally:
+        src.stop()
+    replay = Replay().apply(cluster.binlogs())
+    assert sorted(r["id"] for r in replay.table("g")[1]) == [2, 3, 4]
+    assert src.source.file.startswith("binlog.")

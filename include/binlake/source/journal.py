@@ -24,6 +24,10 @@ Files:
     acknowledged too; ``schema`` is the source's table definitions as of that
     position. It is never inside a transaction (the seed's savepoint rule).
 
+``LOCK``
+    Held (flock) while a source runs: two sources on one data dir would
+    interleave their journals and checkpoints.
+
 The recovery argument (kill -9 anywhere): on restart the source resumes at
 ``position``, so nothing after the last acknowledged transaction is lost.
 A transaction re-read from the upstream log is looked up by its KEY (its
@@ -43,6 +47,7 @@ upstream's commit order; a re-sent transaction keeps its old, still ordered, TSO
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import pathlib
@@ -80,6 +85,14 @@ class SourceState:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise errors.InvalidArgument(f"cannot use --data-dir {self.dir}: {exc}") from None
+        self._lockfile = (self.dir / "LOCK").open("a")
+        try:
+            fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lockfile.close()
+            raise errors.FailedPrecondition(
+                f"another source is running on --data-dir {self.dir}; stop it first, or use another data dir"
+            ) from None
         self._lock = threading.Lock()
         self._by_key: dict[str, Decision] = {}
         self._by_start: dict[int, Decision] = {}
@@ -205,17 +218,18 @@ class SourceState:
             d = self._by_key[key]
             d.commit_ts = commit_ts
             d.pump = pump
+            if len(self._by_key) > 2 * KEEP_DECIDED:
+                # Bounded memory for a long run: the oldest half is far behind any
+                # checkpoint (taken every second); its lines stay in the file until
+                # the next start's compaction, which keeps the newest KEEP_DECIDED.
+                for old in list(self._by_key)[:KEEP_DECIDED]:
+                    gone = self._by_key.pop(old)
+                    self._by_start.pop(gone.start_ts, None)
 
     def abandon(self, start_ts: int) -> None:
         with self._lock:
             self._append({"s": start_ts, "r": 1})
             self._rolled_back.add(start_ts)
-
-    def forget_before(self, keys: set[str]) -> None:
-        """Drop decided keys from memory (their lines stay until the next start's compaction)."""
-        with self._lock:
-            for k in keys:
-                self._by_key.pop(k, None)
 
     # -- TxnStatus
     def txn_status(self, start_ts: int) -> tuple[str, int]:
@@ -232,3 +246,4 @@ class SourceState:
 
     def close(self) -> None:
         self._journal.close()
+        self._lockfile.close()  # releases the flock

@@ -182,8 +182,12 @@ class MySQLSource:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> None:
-        self.emitter = Emitter(self.registry_addr, self.state, kind="mysql", status_addr=self._status_addr,
-                               client_settings=self._client_settings)
+        try:
+            self.emitter = Emitter(self.registry_addr, self.state, kind="mysql", status_addr=self._status_addr,
+                                   client_settings=self._client_settings)
+        except BaseException:
+            self.state.close()
+            raise
         try:
             info = self._open()
             log.info("mysql source %s: %s %s from %s:%d, %d tables, writer %s", self.dsn, "MariaDB" if info.mariadb

@@ -515,6 +515,7 @@ class Catalog:
                 if kind == "COLUMN":
                     n = _col_name(new, target)
                     new.columns = [c for c in new.columns if c.name != n]
+                    new.column_ids.pop(n, None)  # retired for good, even if re-added by this statement
                     new.primary_key = [k for k in new.primary_key if k != n]
                     new.unique_keys = {k: [c for c in v if c != n] for k, v in new.unique_keys.items()}
                     new.unique_keys = {k: v for k, v in new.unique_keys.items() if v}

@@ -211,9 +211,13 @@ class PostgresSource:
         import psycopg2
         import psycopg2.extras
 
-        self._setup()
-        self.emitter = Emitter(self.registry_addr, self.state, kind="postgres", status_addr=self._status_addr,
-                               client_settings=self._client_settings)
+        try:
+            self._setup()
+            self.emitter = Emitter(self.registry_addr, self.state, kind="postgres", status_addr=self._status_addr,
+                                   client_settings=self._client_settings)
+        except BaseException:
+            self.state.close()
+            raise
         try:
             st = self.state.state
             self.lsn = int(st.get("lsn", 0))

@@ -1,0 +1,109 @@
+"""Pure parts of the sources: DDL tracking with sqlglot, the TSO journal and
+checkpoint, and the CLI's one-line refusals (no servers needed)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from binlake import cli, errors
+from binlake.proto import binlog_pb2
+from binlake.source import txn_status
+from binlake.source.journal import SourceState
+from binlake.source.mysql.tables import Catalog, TableFilter, assign_ids
+
+WANT = TableFilter("app.*")
+
+
+def track(c: Catalog, sql: str, db: str = "app", version: int = 1, table_id: int = 100) -> list[object]:
+    changes = c.apply(sql, db, WANT)
+    for ch in changes:
+        if ch.before is not None:
+            c.remove(ch.before.db, ch.before.name)
+        if ch.after is not None:
+            assign_ids(ch.after, ch.before, ch.before.table_id if ch.before else table_id, version)
+            c.put(ch.after)
+    return changes
+
+
+def test_create_alter_rename_keep_column_ids() -> None:
+    c = Catalog(db_charsets={"app": "latin1"})
+    track(c, "CREATE TABLE t (id BIGINT UNSIGNED NOT NULL, a VARCHAR(10), b DECIMAL(40,20), "
+             "s SET('x','y'), PRIMARY KEY (id), UNIQUE KEY ua (a)) DEFAULT CHARSET=utf8mb4")
+    t = c.get("app", "t")
+    assert t is not None
+    assert [(x.name, x.kind) for x in t.columns] == [("id", "uint"), ("a", "string"), ("b", "decimal"),
+                                                       ("s", "string")]
+    assert t.columns[1].charset == "utf8mb4" and t.columns[2].precision == 40 and t.columns[3].values == ["x", "y"]
+    assert t.primary_key == ["id"] and t.unique_keys == {"ua": ["a"]}
+    track(c, "ALTER TABLE t CHANGE a name VARCHAR(20), DROP COLUMN b, ADD COLUMN b INT FIRST", version=2)
+    t = c.get("app", "t")
+    assert t is not None
+    assert [x.name for x in t.columns] == ["b", "id", "name", "s"]
+    assert t.column_ids == {"id": 1, "name": 2, "s": 4, "b": 5}  # rename keeps 2; re-added b gets a new id
+    assert t.unique_keys == {"ua": ["name"]}
+    track(c, "RENAME TABLE t TO u", version=3)
+    assert c.get("app", "t") is None and c.get("app", "u") is not None
+
+
+def test_untracked_and_unparseable_statements() -> None:
+    c = Catalog()
+    assert c.apply("CREATE TABLE other.x (id INT PRIMARY KEY)", "app", WANT) == []
+    assert c.apply("GRANT SELECT ON *.* TO 'u'@'%'", "app", WANT) == []
+    assert c.apply("ALTER TABLE other.x ADD SPATIAL INDEX (g)", "app", WANT) == []
+    with pytest.raises(errors.FailedPrecondition, match="app.g.p has type geometry"):
+        c.apply("CREATE TABLE g (id INT PRIMARY KEY, p GEOMETRY)", "app", WANT)
+    with pytest.raises(errors.FailedPrecondition, match="cannot follow DDL"):
+        c.apply("CREATE TABLE h (id INT PRIMARY KEY, p POINT)", "app", WANT)  # beyond the parser: refused
+    (ch,) = c.apply("CREATE TABLE nopk (a INT)", "app", WANT)
+    with pytest.raises(errors.FailedPrecondition, match="no primary key"):
+        assign_ids(ch.after, None, 100, 1)  # type: ignore[arg-type]
+
+
+def test_journal_survives_a_torn_tail_and_rolls_back_orphans(tmp_path: pathlib.Path) -> None:
+    st = SourceState(tmp_path)
+    info = binlog_pb2.TableInfo(table_id=7, name="t")
+    st.begin("f:10", 100, [info])
+    st.decide("f:10", 105, "p1")
+    st.begin("f:20", 110)  # prewrite may be out; no commit_ts minted
+    assert st.txn_status(100) == (txn_status.COMMITTED, 105)
+    assert st.txn_status(110) == (txn_status.RUNNING, 0)
+    st.save(position=["f", 10])
+    st.close()
+    with (tmp_path / "journal.log").open("a") as f:
+        f.write('{"k": "f:30", "s"')  # killed mid-write
+    again = SourceState(tmp_path)
+    d = again.decision("f:10")
+    assert d is not None and (d.start_ts, d.commit_ts, d.pump) == (100, 105, "p1")
+    assert d.ddl is not None and d.ddl[0].table_id == 7
+    assert again.decision("f:20") is None
+    assert again.txn_status(110) == (txn_status.ROLLED_BACK, 0)  # the orphan, rolled back at start
+    assert again.txn_status(999) == (txn_status.ROLLED_BACK, 0)
+    assert again.state["position"] == ["f", 10]
+    assert json.loads((tmp_path / "state.json").read_text())["position"] == ["f", 10]
+    again.close()
+
+
+def test_one_source_per_data_dir(tmp_path: pathlib.Path) -> None:
+    first = SourceState(tmp_path)
+    with pytest.raises(errors.FailedPrecondition, match="another source is running"):
+        SourceState(tmp_path)
+    first.close()
+    SourceState(tmp_path).close()  # released on close (and by the kernel on kill -9)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["source", "mysql", "--dsn", "foo", "--server-id", "3"], "is not a MySQL URL"),
+    (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--start", "binlog.1:x"],
+     "expected now, FILE:POS"),
+    (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--tables", "nodot"],
+     "must be DB.TABLE"),
+    (["source", "postgres", "--dsn", "mysql://x", "--slot", "s", "--publication", "p"], "not a PostgreSQL URL"),
+])
+def test_cli_refuses_bad_input_in_one_line(argv: list[str], message: str, tmp_path: pathlib.Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*argv, "--data-dir", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
