@@ -131,6 +131,23 @@ def _int_list(text: str) -> str:
     return text
 
 
+def _include_dir(text: str) -> str:
+    """Another checkout's include dir (``bench pump --baseline``): a binlake package in it."""
+    if not (pathlib.Path(text) / "binlake" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an include dir with a binlake package in it (e.g. `git archive main include | "
+            "tar -x -C /tmp/base`, then /tmp/base/include)")
+    return text
+
+
+def _pump_servers(text: str) -> str:
+    """Comma-separated Pump gRPC server kinds (``bench pump --pump-servers``); the text itself."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    if text and not kinds or any(k not in ("asyncio", "threads") for k in kinds):
+        raise argparse.ArgumentTypeError(f"expected asyncio and/or threads (comma-separated), got {text!r}")
+    return text
+
+
 def _datetime_arg(text: str) -> int:
     try:
         return tso.parse_datetime(text)
@@ -491,12 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="writer threads are spread over this many client processes (default 1)")
     b.add_argument("--no-tso-per-txn", dest="tso_per_txn", action="store_false",
                    help="skip the extra case that fetches two TSOs per transaction from the registry")
-    b.add_argument("--baseline", metavar="INCLUDE_DIR",
+    b.add_argument("--baseline", metavar="INCLUDE_DIR", type=_include_dir,
                    help="also run every case on another checkout's Pump and client (its include dir), "
                         "back to back in the same run")
     b.add_argument("--no-storage", dest="storage", action="store_false",
                    help="skip the storage-alone cases (Storage.submit in one process, no gRPC)")
-    b.add_argument("--pump-servers", default="", metavar="KINDS",
+    b.add_argument("--pump-servers", default="", metavar="KINDS", type=_pump_servers,
                    help="run every case on each of these Pump gRPC servers: asyncio,threads "
                         "(default: the Pump's configured one)")
     b = bsub.add_parser(

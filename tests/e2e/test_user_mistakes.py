@@ -49,6 +49,9 @@ class Ctx:
     file: pathlib.Path  # a regular file (not a directory)
     sqlite: str  # URL of an existing SQLite database
     tomls: dict[str, tuple[pathlib.Path, str]]  # name -> (file, what the message must name)
+    task: pathlib.Path  # a valid replication task file (the empty lake -> SQLite)
+    tasks: dict[str, tuple[pathlib.Path, str]]  # malformed task files -> what the message must name
+    dead_port: int  # a port nothing listens on, for unreachable databases
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +77,29 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctx]:
     unknown.write_text("[registry]\nbogus_key = 1\n[pump]\nbogus_key = 1\n[security]\nbogus_key = 1\n")
     bad_value = tmp / "value.toml"
     bad_value.write_text("[registry]\ntso_window_ms = -5\n[pump]\ntxn_timeout_s = -5\n")
+    lake_dir, replica = tmp / "lake", tmp / "replica.db"
+    task_head = f'name = "walk"\nlake = "{lake_dir}"\ntarget = "sqlite:///{replica}"\n'
+    task = tmp / "task.toml"
+    task.write_text(task_head + 'mode = "consistent"\n')
+    task_bad = tmp / "task-bad.toml"
+    task_bad.write_text(task_head + 'mode = "consistent\n')
+    task_unknown = tmp / "task-unknown.toml"
+    task_unknown.write_text(task_head + 'mode = "consistent"\nbogus_key = 1\n')
+    task_value = tmp / "task-value.toml"
+    task_value.write_text(task_head + 'mode = "sideways"\nbatch_rows = -5\n')
+    task_missing_key = tmp / "task-nomode.toml"
+    task_missing_key.write_text(task_head)
     yield Ctx(
         registry=server.addr, tmp=tmp, busy=f"127.0.0.1:{listener.getsockname()[1]}", free_port=free_port(),
         file=plain,
         sqlite=f"sqlite:///{db}",
         tomls={"missing": (tmp / "missing.toml", "missing.toml"), "malformed": (bad_toml, "bad.toml"),
                "unknown": (unknown, "bogus_key"), "value": (bad_value, "-5")},
+        task=task,
+        tasks={"missing": (tmp / "no-task.toml", "no-task.toml"), "malformed": (task_bad, "task-bad.toml"),
+               "unknown": (task_unknown, "bogus_key"), "value": (task_value, "sideways"),
+               "missing key": (task_missing_key, "mode"), "a directory": (tmp / "lake", "lake")},
+        dead_port=free_port(),
     )
     listener.close()
     server.stop(0.5)
@@ -116,14 +136,36 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("bench", "pump"): {"--seconds": "0.1", "--dir": str(c.tmp / "bench")},
         ("bench", "writer"): {"--seconds": "0.1"},
         ("bench", "ingest"): {"--rows": "10", "--dir": str(c.tmp / "bench"), "--master": "local[1]"},
+        ("bench", "source"): {"--rows": "10", "--seconds": "0.1", "--dir": str(c.tmp / "bench")},
+        ("bench", "restore"): {"--rows": "10", "--changes": "10", "--dir": str(c.tmp / "bench"),
+                               "--master": "local[1]"},
+        # The sources' databases are unreachable on purpose (a real server would make
+        # the baseline stream forever): every other option is checked before connecting.
+        ("source", "mysql"): {"--dsn": f"mysql://root@127.0.0.1:{c.dead_port}", "--server-id": "4001",
+                              "--registry": c.registry, "--data-dir": str(c.tmp / "src-mysql"),
+                              "--start": "now", "--tables": "app.*", "--status-addr": "127.0.0.1:0"},
+        ("source", "postgres"): {"--dsn": f"postgresql://u@127.0.0.1:{c.dead_port}/db", "--slot": "binlake",
+                                 "--publication": "binlake", "--registry": c.registry,
+                                 "--data-dir": str(c.tmp / "src-pg"), "--status-addr": "127.0.0.1:0"},
+        ("apply",): {"#0": "status", "--task": str(c.task), "--lake": lake, "--target": f"sqlite:///{c.tmp / 'replica.db'}",
+                     "--master": "local[1]"},
+        ("diff",): {"#0": c.sqlite, "#1": c.sqlite, "--tables": "t", "--chunk-size": "100",
+                    "--fix-sql": str(c.tmp / "fix.sql")},
+        ("snapshot",): {"--lake": lake, "--master": "local[1]", "--tables": "t", "--datetime": "2026-11-21T08:00",
+                        "--tz": "UTC"},
+        ("history",): {"--lake": lake, "--master": "local[1]", "--tables": "t"},
+        ("restore",): {"--lake": lake, "--master": "local[1]", "--tables": "t", "--datetime": "2026-11-21T08:00",
+                       "--tz": "UTC", "--target": f"sqlite:///{c.tmp / 'restored.db'}", "--verify": c.sqlite},
     }
 
 
 # ------------------------------------------------------------------------ malformed values
-_ADDRS = {"addr", "registry", "registry_addr", "advertise_addr", "metrics_addr"}
-_LISTEN = {"addr", "metrics_addr", "registry_addr"}
-_DIRS = {"data_dir", "dir", "dags_folder", "plugins_folder"}
-_URLS = {"upstream", "url", "schema_from"}
+_ADDRS = {"addr", "registry", "registry_addr", "advertise_addr", "metrics_addr", "status_addr"}
+_LISTEN = {"addr", "metrics_addr", "registry_addr", "status_addr"}
+_DIRS = {"data_dir", "dir", "dags_folder", "plugins_folder", "out", "baseline"}
+_URLS = {"upstream", "url", "schema_from", "source", "target", "verify"}
+_NAMES = {"slot", "publication"}  # PostgreSQL identifiers
+_TIMES = {"until", "datetime"}  # free-form datetimes
 _LISTS = {"pumps", "tables", "writers", "sizes", "clients"}
 _IDS = {"node_id", "consumer_id", "pump"}
 _PEMS = {"ca", "cert", "key"}
@@ -140,6 +182,9 @@ _BY_TYPE: dict[str, list[str]] = {
     "int": ["abc", "-1"],
     "float": ["abc", "-1", "nan"],
     "_int_list": ["", ",", "a,b", "0"],
+    "_ts": ["abc", "-1", str(1 << 63)],
+    "_positive": ["abc", "0", "-3", ""],
+    "_server_id": ["abc", "0", "-1", str(1 << 32)],
 }
 
 
@@ -166,6 +211,24 @@ def malformed(action: argparse.Action, c: Ctx) -> list[tuple[str, tuple[str, ...
         return [(NOWHERE, ()), ("", ()), (str(c.file), ())]
     if dest == "master":
         return [("bogus-master", ()), ("", ())]
+    if dest == "task":
+        return [(str(path), (named,)) for path, named in c.tasks.values()]
+    if dest == "dsn":
+        # A wrong scheme for one source kind, an unreachable server for the other.
+        return [("bogus://x", ()), ("", ()), (f"mysql://root@127.0.0.1:{c.dead_port}", ("127.0.0.1",)),
+                (f"postgresql://u@127.0.0.1:{c.dead_port}/db", ("127.0.0.1",))]
+    if dest in _NAMES:
+        return [("", ()), ("has space", ()), ("1starts_with_digit", ()), ("x" * 64, ())]
+    if dest in _TIMES:
+        return [("yesterday", ()), ("", ()), ("2026-13-45T99:00", ())]
+    if dest == "tz":
+        return [("Mars/Olympus", ()), ("", ())]
+    if dest == "start":  # a binlog position
+        return [("bogus", ()), ("", ()), ("binlog.000001:2", ()), ("gtid:", ())]
+    if dest == "fix_sql":
+        return [(NOWHERE, ()), (str(c.tmp), ()), ("", ())]
+    if dest == "pump_servers":
+        return [("bogus", ()), (",", ())]
     if dest in _LISTS:
         return [("", ()), (",", ())]
     if dest in _IDS:
@@ -233,7 +296,12 @@ def cases(c: Ctx, parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
                     names += (value,)
                 if action.option_strings:
                     opt = action.option_strings[-1]
-                    argv = [*path, *_argv({**base, opt: value}, positionals)]
+                    # Options exclusive with this one leave the baseline, so argparse's
+                    # "not allowed with" is not what reports the value.
+                    rivals = {o for g in leaf._mutually_exclusive_groups if action in g._group_actions
+                              for a in g._group_actions if a is not action for o in a.option_strings}
+                    kept = {k: v for k, v in base.items() if k not in rivals}
+                    argv = [*path, *_argv({**kept, opt: value}, positionals)]
                 else:
                     index = [a for a in leaf._actions if not a.option_strings].index(action)
                     pos = list(positionals)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 from typing import Any
@@ -53,6 +52,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
 def apply_command(args: argparse.Namespace) -> int:
     from binlake.replicate import runner, task
 
+    _check_apply_args(args)
     t = task.load(args.task)
     until = runner.parse_until(args.until_ts, args.until)
     if args.action == "status" and (until is not None):
@@ -85,12 +85,29 @@ def apply_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_apply_args(args: argparse.Namespace) -> None:
+    """The flags that override the task file, checked before Spark starts."""
+    from binlake import argcheck
+
+    if not args.task.strip():
+        raise errors.InvalidArgument("--task is empty: give a task file (see config/task.sample.toml)")
+    if args.lake is not None:
+        argcheck.lake("--lake", args.lake)
+    if args.target is not None:
+        argcheck.reachable_db("--target", args.target)
+
+
 def diff_command(args: argparse.Namespace) -> int:
+    from binlake import argcheck
     from binlake.replicate.diff import diff_databases
 
-    tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else None
-    if args.fix_sql and os.path.isdir(args.fix_sql):
-        raise errors.InvalidArgument(f"--fix-sql {args.fix_sql} is a directory; give a file name")
+    argcheck.db_url("SOURCE", args.source)
+    argcheck.db_url("TARGET", args.target)
+    tables = argcheck.names("--tables", args.tables, "accounts,orders")
+    if args.chunk_size < 1:
+        raise errors.InvalidArgument(f"--chunk-size must be a positive number of rows, got {args.chunk_size}")
+    if args.fix_sql is not None:
+        argcheck.writable_file("--fix-sql", args.fix_sql)
     report = diff_databases(args.source, args.target, tables, args.chunk_size, args.fix_sql)
     print(report.summary())
     return 0 if report.ok else 1

@@ -196,6 +196,8 @@ def parse(doc: dict[str, Any], where: str = "task") -> Task:
 def load(path: str | pathlib.Path) -> Task:
     """Read and validate a task file."""
     p = pathlib.Path(path)
+    if p.is_dir():
+        raise errors.InvalidArgument(f"task file {p} is a directory: give the task's TOML file")
     if not p.is_file():
         raise errors.InvalidArgument(f"task file {p} does not exist (see config/task.sample.toml)")
     try:

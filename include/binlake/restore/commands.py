@@ -103,10 +103,10 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "restore", help="restore at a late ts: whole history, snapshot, history tables vs SQLite replay",
         formatter_class=fmt,
         epilog="Example:\n  binlake bench restore --rows 1000000 --changes 5000000\n")
-    b.add_argument("--rows", type=int, default=1_000_000, help="rows of the table (default 1000000)")
-    b.add_argument("--changes", type=int, default=5_000_000, help="row changes of its history (default 5000000)")
+    b.add_argument("--rows", type=_count, default=1_000_000, help="rows of the table (default 1000000)")
+    b.add_argument("--changes", type=_count, default=5_000_000, help="row changes of its history (default 5000000)")
     b.add_argument("--master", help="Spark master (default local[*])")
-    b.add_argument("--dir", help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--dir", type=_bench_dir, help="scratch directory (default: a temp dir under bench/)")
     b.add_argument("--keep", action="store_true", help="keep the scratch directory")
     b.set_defaults(handler=bench_cmd)
 
@@ -117,10 +117,26 @@ def _session(args: argparse.Namespace) -> Any:
     return session(args.master, quiet=args.log_level != "DEBUG")
 
 
+def _count(text: str) -> int:
+    from binlake.cli import _positive_int
+
+    return _positive_int(text)
+
+
+def _bench_dir(text: str) -> str:
+    from binlake.cli import _scratch_dir
+
+    return _scratch_dir(text)
+
+
 def _check_lake(args: argparse.Namespace) -> str:
-    if not args.lake:
+    from binlake import argcheck
+
+    if args.lake is None:
         raise errors.InvalidArgument("no lake given: pass --lake DIR or set BINLAKE_LAKE_DIR")
-    return str(args.lake)
+    if getattr(args, "tz", None) is not None and not args.tz.strip():
+        raise errors.InvalidArgument("--tz is empty: give an IANA time zone such as Europe/Paris, or UTC")
+    return argcheck.lake("--lake", args.lake)
 
 
 def _resolve(args: argparse.Namespace) -> int:
@@ -193,6 +209,14 @@ def restore_cmd(args: argparse.Namespace) -> int:
     tables = _tables(args.tables)
     if args.out is None and args.target is None:
         raise errors.InvalidArgument("give a destination: --out DIR (Delta tables) or --target URL (a database)")
+    from binlake import argcheck
+
+    if args.out is not None:
+        argcheck.writable_dir("--out", args.out)
+    if args.target is not None:
+        argcheck.db_url("--target", args.target)
+    if args.verify is not None:
+        argcheck.reachable_db("--verify", args.verify)
     if args.verify and not args.target:
         raise errors.InvalidArgument("--verify compares a target database with its source: use it with --target")
     result = _run(args, f"restore to {ts}", lambda spark, say: restore.run(
@@ -206,10 +230,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
 
 
 def bench_cmd(args: argparse.Namespace) -> int:
-    import importlib
-    import sys
+    # bench/restore_bench.py, found the way every benchmark is (``cli._bench_module``).
+    from binlake.cli import _bench_module
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    sys.path.insert(0, os.path.join(root, "bench"))
-    bench = importlib.import_module("restore_bench")
-    return int(bench.main(args))
+    return int(_bench_module("restore").main(args))

@@ -7,6 +7,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 from typing import Any
 
 from binlake import errors
@@ -79,8 +80,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     )
     b.add_argument("--rows", type=_positive, default=1_000_000, help="row changes in the binlog (default 1000000)")
     b.add_argument("--rows-per-txn", type=_positive, default=1000, help="row changes per transaction (default 1000)")
-    b.add_argument("--seconds", type=float, default=10.0, help="each upstream throughput case (default 10)")
-    b.add_argument("--dir", help="scratch directory (default: a temp dir under bench/, removed after)")
+    b.add_argument("--seconds", type=_positive_seconds, default=10.0, help="each upstream throughput case (default 10)")
+    b.add_argument("--dir", type=_bench_dir, help="scratch directory (default: a temp dir under bench/, removed after)")
     b.set_defaults(handler=_bench)
 
 
@@ -94,19 +95,43 @@ def _positive(text: str) -> int:
     return v
 
 
+def _positive_seconds(text: str) -> float:
+    from binlake.cli import _positive_float
+
+    return _positive_float(text)
+
+
+def _bench_dir(text: str) -> str:
+    from binlake.cli import _scratch_dir
+
+    return _scratch_dir(text)
+
+
 def _bench(args: argparse.Namespace) -> int:
-    import pathlib
+    # bench/source_bench.py, found the way every benchmark is (``cli._bench_module``).
+    from binlake.cli import _bench_module
 
-    # The benchmarks live in the repository's bench/ folder, beside their results.
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "bench"))
-    import source_bench  # type: ignore[import-not-found]
+    return int(_bench_module("source").main(args))
 
-    return int(source_bench.main(args))
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every option checked before any connection: with the database down, a wrong
+    --registry or --data-dir is still reported as itself."""
+    from binlake import argcheck
+
+    argcheck.addr("--registry", args.registry)
+    argcheck.listen_addr("--status-addr", args.status_addr)
+    argcheck.writable_dir("--data-dir", args.data_dir)
+    if not args.dsn.strip():
+        raise errors.InvalidArgument("--dsn is empty: give the database's URL (see --help)")
 
 
 def _run_mysql(args: argparse.Namespace) -> int:
+    from binlake import argcheck
     from binlake.source.mysql.source import MySQLSource
 
+    _check_args(args)
+    argcheck.names("--tables", args.tables, "shop.*,app.orders")
     source = MySQLSource(args.dsn, server_id=args.server_id, registry=args.registry, data_dir=args.data_dir,
                          start=args.start, tables=args.tables, status_addr=args.status_addr)
     return _run(source)
@@ -114,6 +139,11 @@ def _run_mysql(args: argparse.Namespace) -> int:
 
 def _run_postgres(args: argparse.Namespace) -> int:
     from binlake.source.postgres.source import PostgresSource
+
+    _check_args(args)
+    for flag, name in (("--slot", args.slot), ("--publication", args.publication)):
+        if len(name) > 63:  # PostgreSQL truncates longer identifiers silently
+            raise errors.InvalidArgument(f"{flag} {name[:20]}...: at most 63 characters, got {len(name)}")
 
     source = PostgresSource(args.dsn, slot=args.slot, publication=args.publication, registry=args.registry,
                             data_dir=args.data_dir, create=args.create, status_addr=args.status_addr)
@@ -125,8 +155,10 @@ def _run(source: Any) -> int:
         log.info("signal %d: stopping after the current transaction", signum)
         source.stop()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    # Only the main thread may install handlers (an embedding program runs us elsewhere).
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
     try:
         source.run()
     except errors.BinlakeError:

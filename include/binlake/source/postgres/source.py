@@ -170,7 +170,9 @@ class PostgresSource:
         try:
             level = self._sql("SHOW wal_level")[0][0]
         except psycopg2.OperationalError as exc:
-            raise errors.Unavailable(f"cannot connect to {self.dsn.split('@')[-1]}: {str(exc).strip()}") from None
+            raise errors.Unavailable(
+                f"cannot connect to {self.dsn.split('@')[-1]}: {(str(exc).strip() or type(exc).__name__).splitlines()[0]}"
+            ) from None
         if level != "logical":
             raise errors.FailedPrecondition(
                 f"wal_level is {level}; logical decoding needs wal_level=logical in postgresql.conf (then restart)"
