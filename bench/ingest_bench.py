@@ -356,9 +356,9 @@ def main(args: argparse.Namespace | None = None) -> int:
         return 2
     if getattr(args, "decode_only", False):
         return decode_only(args)
-    from binlake.devcluster import DevCluster
     from binlake.lake.ingest import ingest_window
     from binlake.lake.spark import build_spark
+    from binlake.testing.devcluster import DevCluster
 
     base = pathlib.Path(args.dir) if args.dir else ROOT / "bench"
     base.mkdir(parents=True, exist_ok=True)

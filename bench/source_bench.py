@@ -97,9 +97,9 @@ def _workload(port: int, seconds: float) -> float:
 
 def main(args: argparse.Namespace | None = None) -> int:
     from binlake import config
-    from binlake.devdb import LocalMariaDB
     from binlake.pump.node import PumpNode
     from binlake.registry.server import RegistryServer
+    from binlake.testing.devdb import LocalMariaDB
 
     rows = int(getattr(args, "rows", 1_000_000))
     per_txn = int(getattr(args, "rows_per_txn", 1000))

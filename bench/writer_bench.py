@@ -66,7 +66,7 @@ def _measure(clients: int, seconds: float, one_txn: Callable[[int, int], None]) 
 
 def run_db(name: str, url_plain: str, url_binlog: str, registry: str, clients_list: list[int],
            seconds: float) -> list[dict]:
-    from binlake.client.txn_writer import TxnWriter
+    from binlake.source.txn_writer import TxnWriter
 
     rows = []
     plain = _plain_setup(url_plain)
@@ -128,8 +128,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     if not clients or min(clients) < 1 or args.seconds <= 0:
         print("bench writer: --clients and --seconds must be positive", file=sys.stderr)
         return 2
-    from binlake import devdb
-    from binlake.devcluster import DevCluster
+    from binlake.testing import devdb
+    from binlake.testing.devcluster import DevCluster
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="writer-bench-", dir=ROOT / "bench"))
     cluster = DevCluster(root / "cluster", pumps=1, pump_args=["--stop-write-at-free-bytes", "0"])

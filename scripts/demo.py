@@ -42,12 +42,12 @@ from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_window
 from binlake.config import ClientSettings
 from binlake.ctl import binlog_to_json, pumps_table
-from binlake.devcluster import DevCluster
 from binlake.proto import binlog_pb2 as bp
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
 from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 from binlake.stack import local_airflow
+from binlake.testing.devcluster import DevCluster
 
 WRITERS = 8
 RUN_SECONDS = 6.0
@@ -245,8 +245,8 @@ def replay(binlogs: list[bp.Binlog], url: str) -> dict[str, int]:
 
 def act2(cluster: DevCluster, root: pathlib.Path) -> tuple[int, Any]:
     from binlake import oracle
-    from binlake.client.txn_writer import TxnWriter
     from binlake.source import workload
+    from binlake.source.txn_writer import TxnWriter
 
     print()
     upstream = f"sqlite:///{root}/upstream.db"

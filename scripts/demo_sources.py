@@ -54,9 +54,9 @@ def _position(data_dir: pathlib.Path) -> tuple[str, int]:
 def act_sources(cluster: Any, root: pathlib.Path) -> int:
     from binlake import oracle
     from binlake.client.reader import pull_window
-    from binlake.devdb import LocalMariaDB
     from binlake.registry.client import RegistryClient
     from binlake.source.replay import Replay
+    from binlake.testing.devdb import LocalMariaDB
 
     if not LocalMariaDB.available():
         _say("act 4 skipped: MariaDB is not installed (apt-get install mariadb-server)")

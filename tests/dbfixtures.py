@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from binlake.devdb import LocalMariaDB, LocalPostgres
+from binlake.testing.devdb import LocalMariaDB, LocalPostgres
 
 UPSTREAMS = ("sqlite", "postgresql", "mariadb")
 

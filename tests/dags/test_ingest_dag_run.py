@@ -37,12 +37,12 @@ from pumpkit import now_ts
 from pyspark.sql import SparkSession
 
 from binlake import tso
-from binlake.client.txn_writer import TxnWriter
-from binlake.devcluster import DevCluster
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
 from binlake.registry.server import RegistryServer
 from binlake.source.schema import ColumnDef as C
+from binlake.source.txn_writer import TxnWriter
+from binlake.testing.devcluster import DevCluster
 
 pytestmark = pytest.mark.timeout(600)
 

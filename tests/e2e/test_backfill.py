@@ -59,11 +59,11 @@ from pyspark.sql import SparkSession
 from upkit import PUMP_ARGS, binlake_up, clean_env
 
 from binlake import tso
-from binlake.client.txn_writer import TxnWriter
 from binlake.lake import decode, ingest
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.source.schema import ColumnDef as C
+from binlake.source.txn_writer import TxnWriter
 
 # Short windows keep the workload (three of them) shorter than Airflow's start,
 # during which it runs.

@@ -13,9 +13,9 @@ import pytest
 
 from binlake import cli, oracle
 from binlake.client.reader import pull_window
-from binlake.client.txn_writer import TxnWriter
-from binlake.devcluster import DevCluster
 from binlake.source import workload as wl
+from binlake.source.txn_writer import TxnWriter
+from binlake.testing.devcluster import DevCluster
 
 ARGS = ["--profile", "mixed", "--txns", "300", "--tables", "2", "--seed", "7", "--large-txn-rows", "300",
         "--large-txn-every", "100", "--table-rows", "200", "--accounts", "50"]

@@ -15,6 +15,7 @@ from pumpkit import PumpFactory, commit, prewrite, start_registry, wait_until
 from tlskit import CA, Leaf
 
 from binlake import cli, config, errors, rpc
+from binlake.client import txn_status as status_client
 from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_window
 from binlake.proto import registry_pb2, registry_pb2_grpc
@@ -61,7 +62,7 @@ def test_tls_cluster_path_and_refused_clients(
             wait_until(lambda: node.storage.safe_ts > commit_ts, 10, what="safe ts past the transaction")
             assert [b.start_ts for b in pull_window({"p1": node.addr}, start, commit_ts + 1)] == [start]
         # The writer's status service, as a Pump asks it about a missing commit.
-        assert txn_status.query_status(status_server.addr, 12345) == (txn_status.COMMITTED, 12346)
+        assert status_client.query_status(status_server.addr, 12345) == (status_client.COMMITTED, 12346)
 
         # Plaintext, no client certificate, or one from another CA: refused.
         with grpc.insecure_channel(registry.addr) as ch, pytest.raises(grpc.RpcError) as plain:

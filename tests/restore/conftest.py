@@ -20,13 +20,13 @@ from pumpkit import wait_until
 from pyspark.sql import SparkSession
 
 from binlake import errors, oracle
-from binlake.client.txn_writer import TxnWriter
-from binlake.devcluster import DevCluster
 from binlake.lake import ingest
 from binlake.lake import source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.lake.spark import build_spark
 from binlake.source import workload as wl
+from binlake.source.txn_writer import TxnWriter
+from binlake.testing.devcluster import DevCluster
 
 PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
 

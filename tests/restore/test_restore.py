@@ -24,10 +24,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from binlake import cli, errors, failpoint, oracle, tso
-from binlake.devcluster import DevCluster
 from binlake.lake.ingest import read_windows
 from binlake.restore import checks, history, layout, restore, snapshot
 from binlake.source import workload as wl
+from binlake.testing.devcluster import DevCluster
 
 ACCOUNTS = 20
 # One workload, four captures, three ingests, then many Spark restores: minutes on two cores.

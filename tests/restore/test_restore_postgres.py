@@ -11,10 +11,10 @@ from conftest import ingest_all, run_captured
 from dbfixtures import postgres_server  # noqa: F401
 from pyspark.sql import SparkSession
 
-from binlake.devcluster import DevCluster
-from binlake.devdb import LocalPostgres
 from binlake.restore import checks, restore
 from binlake.source import workload as wl
+from binlake.testing.devcluster import DevCluster
+from binlake.testing.devdb import LocalPostgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

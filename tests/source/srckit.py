@@ -14,12 +14,12 @@ import pymysql
 
 from binlake import config
 from binlake.client.reader import pull_window
-from binlake.devdb import LocalMariaDB
 from binlake.proto import binlog_pb2
 from binlake.pump.node import PumpNode
 from binlake.registry.client import RegistryClient
 from binlake.registry.server import RegistryServer
 from binlake.source.replay import Replay  # noqa: F401 (re-exported for the tests)
+from binlake.testing.devdb import LocalMariaDB
 
 
 @dataclasses.dataclass

@@ -11,8 +11,8 @@ import pytest
 from srckit import Cluster, Replay, SourceThread, sql, start_cluster
 
 from binlake import errors, oracle
-from binlake.devdb import LocalMariaDB
 from binlake.source.mysql.source import MySQLSource
+from binlake.testing.devdb import LocalMariaDB
 
 pytestmark = pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
                                 "mariadb-server); CI always has it")

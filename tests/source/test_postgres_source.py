@@ -17,8 +17,8 @@ from pumpkit import wait_until
 from srckit import Cluster, Replay, SourceThread, start_cluster
 
 from binlake import errors, oracle
-from binlake.devdb import LocalPostgres
 from binlake.source.postgres.source import PostgresSource
+from binlake.testing.devdb import LocalPostgres
 
 pytestmark = pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQL not installed (apt-get install "
                                 "postgresql); CI always has it")

@@ -26,14 +26,14 @@ from pyspark.sql import SparkSession
 
 from binlake import errors, failpoint, oracle, tso
 from binlake.client.reader import pull_window
-from binlake.client.txn_writer import TxnWriter
-from binlake.devcluster import DevCluster
 from binlake.lake import checkpoint, decode, ingest
 from binlake.lake import source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.source import workload as wl
+from binlake.source.txn_writer import TxnWriter
+from binlake.testing.devcluster import DevCluster
 
 PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
 

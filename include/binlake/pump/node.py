@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent import futures
 
 from binlake import errors, rpc, tso
+from binlake.client import txn_status
 from binlake.config import PumpSettings
 from binlake.proto import binlog_pb2
 from binlake.pump import gc
@@ -29,7 +30,6 @@ from binlake.pump.service import PumpService
 from binlake.pump.storage import Storage
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord, NodeState
-from binlake.source import txn_status
 
 log = logging.getLogger(__name__)
 

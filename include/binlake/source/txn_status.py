@@ -16,13 +16,13 @@ from typing import Protocol
 import grpc
 
 from binlake import errors, rpc
+
+# The states and the client side live in binlake.client.txn_status (all a Pump
+# needs); the writers that serve them import the states from here too.
+from binlake.client.txn_status import COMMITTED, ROLLED_BACK, RUNNING, STATES
 from binlake.proto import upstream_pb2, upstream_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-RUNNING = "running"
-COMMITTED = "committed"
-ROLLED_BACK = "rolled_back"
 
 
 class StatusProvider(Protocol):
@@ -51,11 +51,6 @@ class MemoryStatusProvider:
             return self._outcomes.get(start_ts, (RUNNING, 0))
 
 
-_STATES = {
-    RUNNING: upstream_pb2.RUNNING,
-    COMMITTED: upstream_pb2.COMMITTED,
-    ROLLED_BACK: upstream_pb2.ROLLED_BACK,
-}
 
 
 class _Servicer(upstream_pb2_grpc.TxnStatusServicer):
@@ -67,7 +62,7 @@ class _Servicer(upstream_pb2_grpc.TxnStatusServicer):
         if request.start_ts <= 0:
             raise errors.InvalidArgument(f"start_ts must be > 0, got {request.start_ts}")
         state, commit_ts = self._provider.txn_status(request.start_ts)
-        return upstream_pb2.GetTxnStatusResp(state=_STATES[state], commit_ts=commit_ts)
+        return upstream_pb2.GetTxnStatusResp(state=STATES[state], commit_ts=commit_ts)
 
 
 class TxnStatusServer:
@@ -91,13 +86,4 @@ class TxnStatusServer:
         self._server.stop(grace).wait()
 
 
-def query_status(addr: str, start_ts: int, timeout_s: float = 5.0) -> tuple[str, int]:
-    """Ask the writer at ``addr`` about ``start_ts``."""
-    with rpc.channel(addr) as channel:
-        stub = upstream_pb2_grpc.TxnStatusStub(channel)
-        try:
-            resp = stub.GetTxnStatus(upstream_pb2.GetTxnStatusReq(start_ts=start_ts), timeout=timeout_s)
-        except grpc.RpcError as exc:
-            raise rpc.from_rpc_error(exc, f"txn status of {start_ts} from writer {addr}") from None
-    names = {v: k for k, v in _STATES.items()}
-    return names[resp.state], resp.commit_ts
+__all__ = ["COMMITTED", "ROLLED_BACK", "RUNNING", "MemoryStatusProvider", "StatusProvider", "TxnStatusServer"]

@@ -43,6 +43,7 @@ import sqlalchemy as sa
 
 from binlake import errors
 from binlake.source.schema import ColumnDef
+from binlake.source.txn_writer import TxnWriter
 
 PROFILES = ("oltp", "bank", "ddl", "mixed")
 BANK_TABLE = "accounts"
@@ -117,7 +118,7 @@ class _Counts:
     deletes: int = 0
 
 
-class _Txn(Protocol):  # the part of binlake.client.txn_writer.Txn the operations use
+class _Txn(Protocol):  # the part of binlake.source.txn_writer.Txn the operations use
     writer: Any
 
     def insert_many(self, table: str, rows: Sequence[dict[str, Any]]) -> None: ...
@@ -1132,8 +1133,6 @@ def bank_total(url: str, table: str = BANK_TABLE) -> Decimal:
 # ---------------------------------------------------------------- the command
 def command(args: argparse.Namespace, registry: str) -> int:
     """``binlake workload``: plan, run, print the summary."""
-    from binlake.client.txn_writer import TxnWriter
-
     txns = plan(args.profile, args.tables, args.txns, args.seed, large_txn_rows=args.large_txn_rows,
                 large_txn_every=args.large_txn_every, ddl_every=args.ddl_every, table_rows=args.table_rows,
                 accounts=args.accounts)

@@ -133,7 +133,7 @@ class _LocalServer:
             self.port = self._fixed_port or free_port()
             log_size = self.log_path.stat().st_size if self.log_path.exists() else 0
             with self.log_path.open("ab") as log:
-                log.write(f"\n--- binlake.devdb: starting {self.kind} on 127.0.0.1:{self.port}\n".encode())
+                log.write(f"\n--- binlake.testing.devdb: starting {self.kind} on 127.0.0.1:{self.port}\n".encode())
                 log.flush()
                 self.proc = subprocess.Popen(
                     self._server_command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -300,7 +300,7 @@ class LocalPostgres(_LocalServer):
 
     def _run_tool(self, args: list[str], what: str) -> None:
         with self.log_path.open("ab") as log:
-            log.write(f"\n--- binlake.devdb: {' '.join(args)}\n".encode())
+            log.write(f"\n--- binlake.testing.devdb: {' '.join(args)}\n".encode())
             log.flush()
             res = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  timeout=START_TIMEOUT_S, **self._popen_kwargs())
@@ -464,7 +464,7 @@ class LocalMariaDB(_LocalServer):
             "--skip-test-db", "--skip-name-resolve", *self._user_args(),
         ]
         with self.log_path.open("ab") as log:
-            log.write(f"\n--- binlake.devdb: {' '.join(args)}\n".encode())
+            log.write(f"\n--- binlake.testing.devdb: {' '.join(args)}\n".encode())
             log.flush()
             res = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  timeout=START_TIMEOUT_S)
