@@ -576,7 +576,7 @@ def _bench_module(name: str) -> Any:
     kit = path.parent / "benchkit.py"
     if kit.is_file() and "benchkit" not in sys.modules:
         _load_file("benchkit", kit)
-    return _load_file(f"binlake_bench_{name}", path)
+    return _load_file(f"{name}_bench", path)
 
 
 def _load_file(name: str, path: pathlib.Path) -> Any:
