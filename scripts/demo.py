@@ -20,6 +20,10 @@ the Pumps' safe ts, ingests it with Spark into the Delta change table and
 publishes the asset. The demo prints the ``windows`` ledger and checks that
 the change table holds exactly the workload's row changes and DDLs, with no
 gap between windows, and that running a window again changes nothing.
+
+Act 4 - apply: the ``binlake_apply`` DAG applies the lake to a SQLite target
+and ``binlake diff`` against the upstream prints every table OK
+(``scripts/demo_apply.py``).
 """
 
 from __future__ import annotations
@@ -87,11 +91,14 @@ def main() -> int:
         capture = demo_restore.Capture.start(root / "upstream.db", min_txns=1000)  # act 4's mid-run copy
         rc2, summary = act2(cluster, root)
         rc3 = act3(cluster, root, summary)
-        from demo_sources import act_sources  # act 4: back up an existing MariaDB
+        from demo_apply import act4  # act 4: the apply DAG and binlake diff
 
-        rc4 = act_sources(cluster, root)
-        rc5 = demo_restore.act4(root, capture)
-        return rc or rc2 or rc3 or rc4 or rc5
+        rc4 = act4(root, _airflow_env(cluster, root), f"sqlite:///{root}/upstream.db") if not rc3 else 1
+        rc5 = demo_restore.act4(root, capture)  # act 5: restore to a mid-run commit_ts
+        from demo_sources import act_sources  # act 6: back up an existing MariaDB
+
+        rc6 = act_sources(cluster, root)
+        return rc or rc2 or rc3 or rc4 or rc5 or rc6
     except errors.BinlakeError as exc:
         say(f"FAILED: {exc}")
         return 1
