@@ -44,8 +44,11 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="this replica's server id (unique among the server's replicas)")
     m.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT (default 127.0.0.1:8230)")
     m.add_argument("--start", default=None,
-                   help="where a new --data-dir starts: now (default), FILE:POS or gtid:SET; "
+                   help="where a new --data-dir starts: now (default), snapshot (the chosen tables' rows "
+                        "first, then the binlog from that snapshot), FILE:POS or gtid:SET; "
                         "ignored once a checkpoint exists")
+    m.add_argument("--snapshot-batch-rows", type=_positive, default=10_000,
+                   help="rows per transaction of a --start snapshot (default 10000)")
     m.add_argument("--tables", default=None, help="DB.TABLE globs, comma-separated (default: every non-system table)")
     m.add_argument("--data-dir", default="data/source-mysql",
                    help="checkpoint and TSO journal (default data/source-mysql)")
@@ -108,7 +111,8 @@ def _run_mysql(args: argparse.Namespace) -> int:
     from binlake.source.mysql.source import MySQLSource
 
     source = MySQLSource(args.dsn, server_id=args.server_id, registry=args.registry, data_dir=args.data_dir,
-                         start=args.start, tables=args.tables, status_addr=args.status_addr)
+                         start=args.start, tables=args.tables, status_addr=args.status_addr,
+                         snapshot_batch_rows=args.snapshot_batch_rows)
     return _run(source)
 
 

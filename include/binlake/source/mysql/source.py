@@ -55,6 +55,7 @@ from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
 from binlake.source.mysql import server as srv
+from binlake.source.mysql import snapshot
 from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
 
@@ -70,7 +71,7 @@ _EVENTS = [RotateEvent, GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent, Table
 
 
 def parse_start(start: str | None) -> tuple[str, Any]:
-    """``now`` | ``FILE:POS`` | ``gtid:SET`` -> (kind, value)."""
+    """``now`` | ``snapshot`` | ``FILE:POS`` | ``gtid:SET`` -> (kind, value)."""
     if start is None or start == "now":
         return "now", None
     if start.startswith("gtid:"):
@@ -79,7 +80,7 @@ def parse_start(start: str | None) -> tuple[str, Any]:
             raise errors.InvalidArgument("--start gtid: needs a GTID set, e.g. gtid:0-1-42")
         return "gtid", gtid
     if start == "snapshot":
-        raise errors.InvalidArgument("--start snapshot is not supported yet; use --start now (or FILE:POS)")
+        return "snapshot", None
     file, sep, pos = start.rpartition(":")
     if not sep or not file or not pos.isdigit() or int(pos) < 4:
         raise errors.InvalidArgument(
@@ -105,11 +106,15 @@ class MySQLSource:
 
     def __init__(self, dsn: str, *, server_id: int, registry: str, data_dir: str, start: str | None = None,
                  tables: str | None = None, status_addr: str = "127.0.0.1:0",
-                 client_settings: ClientSettings | None = None, heartbeat_s: float = 1.0) -> None:
+                 client_settings: ClientSettings | None = None, heartbeat_s: float = 1.0,
+                 snapshot_batch_rows: int = snapshot.BATCH_ROWS) -> None:
         if not isinstance(server_id, int) or not 1 <= server_id < 2**32:
             raise errors.InvalidArgument(f"--server-id must be in 1..4294967295, got {server_id!r}")
         self.dsn = srv.parse_dsn(dsn)
         self.server_id = server_id
+        if not isinstance(snapshot_batch_rows, int) or snapshot_batch_rows < 1:
+            raise errors.InvalidArgument(f"--snapshot-batch-rows must be a positive number, got {snapshot_batch_rows!r}")
+        self.snapshot_batch_rows = snapshot_batch_rows
         self.registry_addr = registry
         self.start_kind, self.start_value = parse_start(start)
         self.filter = TableFilter(tables)
@@ -152,6 +157,13 @@ class MySQLSource:
                 self.file, self.pos = st["position"]
                 srv.check_position(conn, self.file, self.pos)
                 self.catalog = Catalog.from_json(st["schema"])
+            elif st.get("snapshot") and self._snapshot_decided(st["snapshot"]):
+                if st.get("server") != info.identity:
+                    raise errors.FailedPrecondition(
+                        f"the server's identity changed ({st.get('server')} -> {info.identity}) during the snapshot "
+                        f"in {self.state.dir}; start a new --data-dir"
+                    )
+                self._finish_snapshot(conn)
             else:
                 self._first_start(conn, info)
         finally:
@@ -159,6 +171,9 @@ class MySQLSource:
         return info
 
     def _first_start(self, conn: Any, info: srv.ServerInfo) -> None:
+        if self.start_kind == "snapshot":
+            self._take_snapshot(info)
+            return
         if self.start_kind == "pos":
             self.file, self.pos = self.start_value
             srv.check_position(conn, self.file, self.pos)
@@ -178,6 +193,89 @@ class MySQLSource:
                 ddl = str(cur.fetchone()[1])
             self.catalog.remove(t.db, t.name)
             self._send_ddl(f"init:{self.file}:{self.pos}:{name}", ddl, DdlChange(t.db, t.name, t, None))
+        self._checkpoint(force=True)
+
+    # ------------------------------------------------------------------ snapshot
+    # The snapshot is one all-or-nothing group: every DDL and row batch is
+    # prewritten (journaled start_ts, Pumps hold it as running), then the
+    # ``snapshot`` marker is saved, then all commit_ts are decided in ONE journal
+    # line (the commit point), then the commits are sent, then the checkpoint
+    # moves to the snapshot's position and the marker goes. A crash before the
+    # commit point: the journal's load rolls every start_ts back (TxnStatus says
+    # so to the Pumps), nothing was served, and the restart takes a new snapshot.
+    # After it: the marker names the decided keys, and the restart re-sends their
+    # commits with the journaled (start_ts, commit_ts), which the Pumps/reader
+    # drop as copies, then streams from the marker's position. No row is served
+    # twice, none lost.
+
+    def _take_snapshot(self, info: srv.ServerInfo) -> None:
+        assert self.emitter is not None
+        conn, self.file, self.pos = snapshot.open_snapshot(self.dsn, info.mariadb)
+        try:
+            self.catalog = load_catalog(conn, self.filter)
+            ddls: dict[str, str] = {}
+            with conn.cursor() as cur:
+                for name, t in self.catalog.tables.items():
+                    cur.execute(f"SHOW CREATE TABLE `{t.db}`.`{t.name}`")
+                    ddls[name] = str(cur.fetchone()[1])
+            snapshot.raw_results(conn)
+            self.state.save(server=info.identity, next_table_id=FIRST_TABLE_ID, schema_version=0)
+            tag = f"snap:{self.file}:{self.pos}"
+            group: list[tuple[str, int, str]] = []
+            for name in sorted(ddls):
+                t = self.catalog.tables[name]
+                self.catalog.remove(t.db, t.name)
+                self._send_ddl(f"{tag}:ddl:{name}", ddls[name], DdlChange(t.db, t.name, t, None), group=group)
+            rows = 0
+            for name in sorted(ddls):
+                t = self.catalog.tables[name]
+                enc = self._encoder(t)
+                for n, batch in enumerate(snapshot.batches(conn, t, self.snapshot_batch_rows)):
+                    m = binlog_pb2.TableMutation(table_id=t.table_id)
+                    try:
+                        m.inserted_rows.extend(enc.encode(r) for r in batch)
+                    except (TypeError, ValueError) as exc:
+                        raise errors.FailedPrecondition(f"{t.full_name}: a value binlake cannot carry: {exc}") from None
+                    m.sequence.extend([binlog_pb2.INSERT] * len(batch))
+                    value = binlog_pb2.PrewriteValue(schema_version=int(self.state.state["schema_version"]),
+                                                     mutations=[m])
+                    key = f"{tag}:{name}:{n}"
+                    start_ts, pump = self.emitter.prewrite(key, value)
+                    group.append((key, start_ts, pump))
+                    rows += len(batch)
+                    if self._stop.is_set():
+                        # Nothing decided yet: stopping here is a rollback; the next start snapshots again.
+                        raise errors.Unavailable("stopped during the snapshot; the next start takes it again")
+        finally:
+            conn.close()  # ends the snapshot transaction (read only)
+        # The marker: the position, the definitions there, and the group's keys.
+        self.state.save(snapshot={"position": [self.file, self.pos], "schema": self.catalog.to_json(),
+                                  "keys": [list(g) for g in group], "rows": rows})
+        self.emitter.commit_group(group)
+        self.transactions += len(group)
+        self.row_changes += rows
+        log.info("mysql source: snapshot of %d tables, %d rows in %d transactions at %s:%d", len(ddls), rows,
+                 len(group), self.file, self.pos)
+        self.state.state.pop("snapshot", None)
+        self._checkpoint(force=True)
+
+    def _snapshot_decided(self, marker: dict[str, Any]) -> bool:
+        keys = marker.get("keys") or []
+        # Decided in one journal line: the first key stands for all.
+        return not keys or self.state.decision(str(keys[0][0])) is not None
+
+    def _finish_snapshot(self, conn: Any) -> None:
+        """Restart after the snapshot's commit point: re-send its commits with the journaled TSOs."""
+        assert self.emitter is not None
+        marker = self.state.state["snapshot"]
+        for key, _start, _pump in marker["keys"]:
+            self.emitter.emit(str(key), binlog_pb2.PrewriteValue())  # decided: re-sends only the commit
+        self.file, self.pos = str(marker["position"][0]), int(marker["position"][1])
+        srv.check_position(conn, self.file, self.pos)
+        self.catalog = Catalog.from_json(marker["schema"])
+        self.state.state.pop("snapshot", None)
+        log.info("mysql source: snapshot at %s:%d completed after a restart (%d commits re-sent)", self.file,
+                 self.pos, len(marker["keys"]))
         self._checkpoint(force=True)
 
     # ------------------------------------------------------------------ main loop
@@ -362,7 +460,7 @@ class MySQLSource:
         self._dirty = True
         self._checkpoint(force=True)
 
-    def _send_ddl(self, key: str, sql: str, ch: DdlChange) -> None:
+    def _send_ddl(self, key: str, sql: str, ch: DdlChange, group: list[tuple[str, int, str]] | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
         version = int(st.get("schema_version", 0)) + 1
@@ -391,7 +489,12 @@ class MySQLSource:
                 ch.after.table_id, ch.after.schema_version = info.table_id, info.schema_version
                 ch.after.column_ids = {c.name: c.id for c in info.columns}
                 ch.after.next_column_id = info.next_column_id
-        self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
+        if group is None:
+            self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
+        else:  # part of the snapshot's group: decided with it
+            start_ts, pump = self.emitter.prewrite(key, binlog_pb2.PrewriteValue(schema_version=version),
+                                                   ddl=(sql, [info]))
+            group.append((key, start_ts, pump))
         if ch.before is not None:
             self.catalog.remove(ch.before.db, ch.before.name)
         if ch.after is not None:
