@@ -47,7 +47,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="where a new --data-dir starts: now (default), snapshot (the chosen tables' rows "
                         "first, then the binlog from that snapshot), FILE:POS or gtid:SET; "
                         "ignored once a checkpoint exists")
-    m.add_argument("--snapshot-batch-rows", type=_positive, default=10_000,
+    m.add_argument("--snapshot-batch-rows", type=int, default=10_000,
                    help="rows per transaction of a --start snapshot (default 10000)")
     m.add_argument("--tables", default=None, help="DB.TABLE globs, comma-separated (default: every non-system table)")
     m.add_argument("--data-dir", default="data/source-mysql",
