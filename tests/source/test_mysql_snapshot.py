@@ -69,7 +69,7 @@ def source(mdb: LocalMariaDB, cluster: Cluster, data: pathlib.Path, db: str) -> 
 
 def dml(mdb: LocalMariaDB, db: str, i: int) -> None:
     sql(mdb, "BEGIN", f"UPDATE acc SET bal = bal + 1 WHERE id = {i}", f"DELETE FROM acc WHERE id = {ROWS - i}",
-        f"INSERT INTO acc VALUES ({ROWS + i}, 1, 'new', 'a', 'y', b'0', NULL)", "COMMIT", db=db)
+        f"INSERT INTO acc VALUES ({ROWS + i}, 1, 'new', 'a', '', b'0', NULL)", "COMMIT", db=db)
 
 
 def checkpoint(data: pathlib.Path) -> tuple[str, int]:

@@ -39,6 +39,7 @@ from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.constants import NONE_SOURCE
 from pymysqlreplication.event import (
     GtidEvent,
     HeartbeatLogEvent,
@@ -415,15 +416,16 @@ class MySQLSource:
         try:
             if isinstance(ev, WriteRowsEvent):
                 for row in ev.rows:
-                    m.inserted_rows.append(enc.encode(row["values"]))
+                    m.inserted_rows.append(enc.encode(_values(row, "values", "none_sources")))
                     m.sequence.append(binlog_pb2.INSERT)
             elif isinstance(ev, UpdateRowsEvent):
                 for row in ev.rows:
-                    m.updated_rows.append(enc.encode_update(row["before_values"], row["after_values"]))
+                    m.updated_rows.append(enc.encode_update(_values(row, "before_values", "before_none_sources"),
+                                                            _values(row, "after_values", "after_none_sources")))
                     m.sequence.append(binlog_pb2.UPDATE)
             else:
                 for row in ev.rows:
-                    m.deleted_rows.append(enc.encode(row["values"]))
+                    m.deleted_rows.append(enc.encode(_values(row, "values", "none_sources")))
                     m.sequence.append(binlog_pb2.DELETE_ROW)
             txn.rows += len(ev.rows)
         except (TypeError, ValueError) as exc:
@@ -512,6 +514,16 @@ class MySQLSource:
         self.state.save(position=[self.file, self.pos], schema=self.catalog.to_json())
         self._last_save = now
         self._dirty = False
+
+
+def _values(row: dict[str, Any], key: str, nones: str) -> dict[str, Any]:
+    """The row image, with an empty SET as the empty set (mysql-replication reports it
+    as None, telling it apart from NULL only in the row's none-sources)."""
+    values: dict[str, Any] = row[key]
+    empty = [k for k, why in (row.get(nones) or {}).items() if why == NONE_SOURCE.EMPTY_SET]
+    if not empty:
+        return values
+    return {**values, **dict.fromkeys(empty, frozenset())}
 
 
 def _schema(ev: QueryEvent) -> str:
