@@ -90,6 +90,10 @@ def parse_start(start: str | None) -> tuple[str, Any]:
     return "pos", (file, int(pos))
 
 
+class _SnapshotStopped(Exception):
+    """stop() during the snapshot, before its commit point."""
+
+
 class _Txn:
     def __init__(self) -> None:
         self.mutations: dict[int, binlog_pb2.TableMutation] = {}
@@ -246,7 +250,7 @@ class MySQLSource:
                     rows += len(batch)
                     if self._stop.is_set():
                         # Nothing decided yet: stopping here is a rollback; the next start snapshots again.
-                        raise errors.Unavailable("stopped during the snapshot; the next start takes it again")
+                        raise _SnapshotStopped
         finally:
             conn.close()  # ends the snapshot transaction (read only)
         # The marker: the position, the definitions there, and the group's keys.
@@ -288,7 +292,12 @@ class MySQLSource:
             self.state.close()
             raise
         try:
-            info = self._open()
+            try:
+                info = self._open()
+            except _SnapshotStopped:
+                log.info("mysql source: stopped during the snapshot; nothing of it was served, the next start "
+                         "takes it again")
+                return
             log.info("mysql source %s: %s %s from %s:%d, %d tables, writer %s", self.dsn, "MariaDB" if info.mariadb
                      else "MySQL", info.version, self.file or f"gtid {self.start_value}", self.pos,
                      len(self.catalog.tables), self.emitter.writer_id)
