@@ -85,7 +85,7 @@ def parse_start(start: str | None) -> tuple[str, Any]:
     file, sep, pos = start.rpartition(":")
     if not sep or not file or not pos.isdigit() or int(pos) < 4:
         raise errors.InvalidArgument(
-            f"--start {start!r}: expected now, FILE:POS (e.g. binlog.000003:1234, POS >= 4) or gtid:SET"
+            f"--start {start!r}: expected now, FILE:POS (e.g. binlog.000003:1234, POS >= 4), gtid:SET or snapshot"
         )
     return "pos", (file, int(pos))
 
