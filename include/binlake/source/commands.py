@@ -37,6 +37,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "  binlake source mysql --dsn mysql://repl:pw@db1:3306 --server-id 4001 --registry 127.0.0.1:8230 \\\n"
             "      --data-dir data/source-db1 --tables 'shop.*'\n"
             "  binlake source mysql --dsn mysql://root@127.0.0.1:3306 --server-id 4001 --start binlog.000042:4\n"
+            "  binlake source mysql --dsn mysql://root@127.0.0.1:3306 --server-id 4001 --start snapshot \\\n"
+            "      --tables 'shop.*'   # the rows already there first, then the binlog from that snapshot\n"
         ),
     )
     m.add_argument("--dsn", required=True, help="mysql://USER[:PASSWORD]@HOST[:PORT]")
