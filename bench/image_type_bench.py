@@ -40,13 +40,15 @@ def make_rows(rows: int, path: pathlib.Path) -> None:
     from ingest_bench import POOL, RowFactory, bench_table
 
     from binlake import tso
-    from binlake.lake import decode, source
+    from binlake.lake import source
+    from binlake.lake.change_decoder import ChangeDecoder
+    from binlake.lake.schema_history import SchemaHistory
     from binlake.proto import binlog_pb2
 
     table = bench_table()
     factory = RowFactory(table, 7)
-    history = decode.SchemaHistory.from_tables([table])
-    decoder = decode.ChangeDecoder(history, "pump1")
+    history = SchemaHistory.from_tables([table])
+    decoder = ChangeDecoder(history, "pump1")
     rng = random.Random(7)
     ts = tso.compose(int(time.time() * 1000))
     batches = []

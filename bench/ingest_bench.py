@@ -272,7 +272,9 @@ class PeakRSS:
 def decode_only(args: argparse.Namespace) -> int:
     """``--decode-only``: CPU µs per row change of ChangeDecoder.add (and of add +
     the Arrow batch), Python path vs native, on the benchmark's own rows."""
-    from binlake.lake import decode
+    from binlake.lake.change_decoder import ChangeDecoder
+    from binlake.lake.native import native_available, native_import_error
+    from binlake.lake.schema_history import SchemaHistory
     from binlake.lake.source import BATCH_ROWS, changes_batch
     from binlake.proto import binlog_pb2
     from binlake.tso import compose
@@ -283,19 +285,19 @@ def decode_only(args: argparse.Namespace) -> int:
     txns = [binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=base + 2 * i, commit_ts=base + 2 * i + 1,
                               prewrite_value=v.SerializeToString()) for i, v in enumerate(values)]
     del values
-    history = decode.SchemaHistory.from_tables([table])
+    history = SchemaHistory.from_tables([table])
     modes = [("python", False)]
-    if decode.native_available():
+    if native_available():
         modes.append(("native", True))
     else:
-        print(f"  the native decoder is not built ({decode.native_import_error()}): Python path only",
+        print(f"  the native decoder is not built ({native_import_error()}): Python path only",
               file=sys.stderr)
 
     # The two paths must agree before their speed means anything (a sample of transactions).
     sample = txns[: max(1, 20_000 // args.rows_per_txn)]
     outputs = []
     for _, native in modes:
-        decoder = decode.ChangeDecoder(history, "pump1", native=native)
+        decoder = ChangeDecoder(history, "pump1", native=native)
         for txn in sample:
             decoder.add(txn)
         outputs.append(decoder.take())
@@ -304,7 +306,7 @@ def decode_only(args: argparse.Namespace) -> int:
         return 1
 
     def run(native: bool, arrow: bool) -> float:
-        decoder = decode.ChangeDecoder(history, "pump1", native=native)
+        decoder = ChangeDecoder(history, "pump1", native=native)
         t0 = time.process_time()
         for txn in txns:
             decoder.add(txn)

@@ -59,7 +59,9 @@ from pyspark.sql import SparkSession
 from upkit import PUMP_ARGS, binlake_up, clean_env
 
 from binlake import tso
-from binlake.lake import decode, ingest
+from binlake.lake import ingest
+from binlake.lake.image import image_values
+from binlake.lake.rows import OPS
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.source.schema import ColumnDef as C
@@ -355,9 +357,9 @@ def test_backfill_fills_historical_windows_newest_first(tmp_path: pathlib.Path) 
     counts = collections.Counter((r.tbl, r.op) for r in lake_changes)
     assert counts == collections.Counter((c.tbl, c.op) for c in expected)
     assert {(r.tbl, r.op) for r in lake_changes} == {
-        (t, o) for t in ("items", "events") for o in decode.OPS} - {("events", "update")}
+        (t, o) for t in ("items", "events") for o in OPS} - {("events", "update")}
     got = [Change(r.commit_ts, r.tbl, r.op, json.loads(r.keys),
-                  decode.image_values(r.after, tables[(r.table_id, r.schema_version)])) for r in lake_changes]
+                  image_values(r.after, tables[(r.table_id, r.schema_version)])) for r in lake_changes]
 
     def order(c: Change) -> tuple[int, str, str, int]:
         return c.commit_ts, c.tbl, c.op, c.key["id"]

@@ -26,9 +26,11 @@ from pyspark.sql import SparkSession
 
 from binlake import errors, failpoint, oracle, tso
 from binlake.client.reader import pull_window
-from binlake.lake import checkpoint, decode, ingest
+from binlake.lake import checkpoint, ingest
 from binlake.lake import source as lake_source
+from binlake.lake.image import image_values
 from binlake.lake.planner import plan_window
+from binlake.lake.rows import OPS
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.source import workload as wl
@@ -133,7 +135,7 @@ def lake_checksums(spark: SparkSession, lake: str, current: dict[str, binlog_pb2
         total = xor = count = 0
         json_cols = [c.name for c in info.columns if c.type == binlog_pb2.JSON]
         for after, _ver, old in state.get(info.table_id, {}).values():
-            values = decode.image_values(after, old)
+            values = image_values(after, old)
             by_id = {c.id: values[c.name] for c in old.columns}
             row = {c.name: by_id.get(c.id) for c in info.columns}
             h = oracle.row_hash(row, json_cols)
@@ -152,7 +154,7 @@ def test_windows_hold_exactly_the_workloads_row_changes(
 
     got = {(r["table_id"], r["op"]): r["count"] for r in changes.groupBy("table_id", "op").count().collect()}
     assert got == expected_counts(cluster, summary.start_ts, summary.end_ts)
-    per_op = {op: sum(n for (_, o), n in got.items() if o == op) for op in decode.OPS}
+    per_op = {op: sum(n for (_, o), n in got.items() if o == op) for op in OPS}
     assert per_op == {"insert": summary.inserts, "update": summary.updates, "delete": summary.deletes}
 
     assert sum(r.rows for r in results) == changes.count() == sum(got.values())

@@ -14,6 +14,13 @@ from hypothesis import strategies as st
 
 from binlake import codec, tso
 from binlake.lake import decode
+from binlake.lake import image as lake_image
+from binlake.lake.change_decoder import ChangeDecoder, change_rows
+from binlake.lake.ddl_rows import ddl_row
+from binlake.lake.image import image_values, value_json
+from binlake.lake.rows import commit_date
+from binlake.lake.schema_history import SchemaHistory, UnknownTableError
+from binlake.lake.txn import CorruptBinlogError
 from binlake.proto import binlog_pb2
 from binlake.source import schema as sc
 from binlake.source.schema import ColumnDef, new_table
@@ -97,14 +104,14 @@ def mutation(info: binlog_pb2.TableInfo, *changes: tuple[str, dict | None, dict 
     ("string", None, "null"),
 ])
 def test_image_json_of_each_type(col_type: str, value: object, text: str) -> None:
-    assert decode.value_json(value, col_type) == text
+    assert value_json(value, col_type) == text
 
 
 def test_image_is_canonical_sorted_and_compact() -> None:
     info = table(extra=[ColumnDef("b", "int"), ColumnDef("a", "json")])
     row = codec.encode_row({"id": 7, "v": None, "b": 3, "a": {"z": 1, "y": [True]}}, info)
-    history = decode.SchemaHistory.from_tables([info])
-    rows = decode.change_rows(txn(10, TS, mutation(info, ("insert", None, {"id": 7, "b": 3, "a": {"z": 1, "y": [True]}}))),
+    history = SchemaHistory.from_tables([info])
+    rows = change_rows(txn(10, TS, mutation(info, ("insert", None, {"id": 7, "b": 3, "a": {"z": 1, "y": [True]}}))),
                               history)
     assert rows[0]["after"] == '{"a":{"y":[true],"z":1},"b":3,"id":7,"v":null}'
     assert rows[0]["keys"] == '{"id":7}'
@@ -123,11 +130,11 @@ def test_images_read_back_exactly(data: st.DataObject) -> None:
         name = f"c{i}_{t}"
         info.columns.add(id=10 + i, name=name, type=codec.type_code(t), nullable=True)
         row[name] = data.draw(st.none() | VALUES[t])
-    history = decode.SchemaHistory.from_tables([info])
-    out = decode.change_rows(txn(10, TS, mutation(info, ("insert", None, row))), history)
+    history = SchemaHistory.from_tables([info])
+    out = change_rows(txn(10, TS, mutation(info, ("insert", None, row))), history)
     expected = codec.decode_row(codec.encode_row(row, info), info)
-    assert decode.image_values(out[0]["after"], info) == expected
-    assert decode.image_values(out[0]["keys"], new_table(100, "app", "t", [ColumnDef("id", "int", False)],
+    assert image_values(out[0]["after"], info) == expected
+    assert image_values(out[0]["keys"], new_table(100, "app", "t", [ColumnDef("id", "int", False)],
                                                          ["id"], None, 1)) == {"id": expected["id"]}
 
 
@@ -142,7 +149,7 @@ def _datums() -> st.SearchStrategy[tuple[binlog_pb2.Datum, int]]:
 @given(_datums())
 def test_fast_datum_path_equals_the_reference(pair: tuple[binlog_pb2.Datum, int]) -> None:
     datum, col_type = pair
-    assert decode._datum_bytes_json(datum.SerializeToString(), col_type) == decode._datum_json(datum, col_type)
+    assert lake_image._datum_bytes_json(datum.SerializeToString(), col_type) == lake_image._datum_json(datum, col_type)
 
 
 @pytest.mark.parametrize("raw", [
@@ -155,7 +162,7 @@ def test_fast_datum_path_equals_the_reference(pair: tuple[binlog_pb2.Datum, int]
     binlog_pb2.Datum(int_value=-(2**63)).SerializeToString(),
 ])
 def test_fast_datum_path_handles_unusual_encodings(raw: bytes) -> None:
-    assert decode._datum_bytes_json(raw, binlog_pb2.STRING) == decode._datum_json(
+    assert lake_image._datum_bytes_json(raw, binlog_pb2.STRING) == lake_image._datum_json(
         binlog_pb2.Datum.FromString(raw), binlog_pb2.STRING)
 
 
@@ -163,13 +170,13 @@ def test_fast_datum_path_handles_unusual_encodings(raw: bytes) -> None:
 def test_seq_runs_across_tables_and_keys_follow_the_images() -> None:
     a = table(100, "a")
     b = table(101, "b", pk=["id", "v"])
-    history = decode.SchemaHistory.from_tables([a, b])
+    history = SchemaHistory.from_tables([a, b])
     t = txn(10, TS,
             mutation(a, ("insert", None, {"id": 1, "v": "x"}),
                      ("update", {"id": 1, "v": "x"}, {"id": 2, "v": "y"}),  # a primary-key change
                      ("delete", {"id": 2, "v": "y"}, None)),
             mutation(b, ("insert", None, {"id": 5, "v": "k"})))
-    rows = decode.change_rows(t, history, pump="pump1")
+    rows = change_rows(t, history, pump="pump1")
     assert [(r["seq"], r["tbl"], r["op"]) for r in rows] == [
         (0, "a", "insert"), (1, "a", "update"), (2, "a", "delete"), (3, "b", "insert")]
     ins, upd, dele, other = rows
@@ -179,7 +186,7 @@ def test_seq_runs_across_tables_and_keys_follow_the_images() -> None:
     assert other["keys"] == '{"id":5,"v":"k"}'
     assert {r["commit_ts"] for r in rows} == {TS} and {r["start_ts"] for r in rows} == {10}
     assert {r["pump"] for r in rows} == {"pump1"} and {r["db"] for r in rows} == {"app"}
-    assert ins["commit_date"] == decode.commit_date(TS) == tso.to_datetime(TS).date()
+    assert ins["commit_date"] == commit_date(TS) == tso.to_datetime(TS).date()
     assert ins["schema_version"] == 1 and other["table_id"] == 101
 
 
@@ -188,7 +195,7 @@ def test_sequence_order_interleaves_kinds() -> None:
     m = mutation(info, ("insert", None, {"id": 1}), ("delete", {"id": 9}, None))
     # Execution order: delete first, then insert, as the sequence says.
     m.sequence[:] = [binlog_pb2.DELETE_ROW, binlog_pb2.INSERT]
-    rows = decode.change_rows(txn(10, TS, m), decode.SchemaHistory.from_tables([info]))
+    rows = change_rows(txn(10, TS, m), SchemaHistory.from_tables([info]))
     assert [(r["seq"], r["op"], r["keys"]) for r in rows] == [(0, "delete", '{"id":9}'), (1, "insert", '{"id":1}')]
 
 
@@ -196,7 +203,7 @@ def test_ddl_inside_the_window_applies_to_later_transactions_only() -> None:
     v1 = table()
     v2 = sc.add_column(sc.rename_column(v1, "v", "w", 2), ColumnDef("z", "int"), 2)
     renamed = sc.rename_table(v2, "t2", 3)
-    history = decode.SchemaHistory()
+    history = SchemaHistory()
     txns = [
         txn(1, TS + 1, version=1, ddl=("CREATE TABLE t", v1)),
         txn(2, TS + 3, mutation(v1, ("insert", None, {"id": 1, "v": "a"}))),
@@ -221,49 +228,49 @@ def test_ddl_inside_the_window_applies_to_later_transactions_only() -> None:
 
 def test_unknown_table_is_an_error_naming_it() -> None:
     info = table(555)
-    with pytest.raises(decode.UnknownTableError, match="table id 555") as err:
-        decode.change_rows(txn(10, TS, mutation(info, ("insert", None, {"id": 1}))), decode.SchemaHistory())
+    with pytest.raises(UnknownTableError, match="table id 555") as err:
+        change_rows(txn(10, TS, mutation(info, ("insert", None, {"id": 1}))), SchemaHistory())
     assert err.value.table_id == 555
 
 
 def test_corrupt_and_malformed_transactions_are_refused() -> None:
     info = table()
-    history = decode.SchemaHistory.from_tables([info])
+    history = SchemaHistory.from_tables([info])
     bad = binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=1, commit_ts=TS, prewrite_value=b"\xff\xff")
-    with pytest.raises(decode.CorruptBinlogError, match="start_ts 1"):
-        decode.change_rows(bad, history)
+    with pytest.raises(CorruptBinlogError, match="start_ts 1"):
+        change_rows(bad, history)
     m = mutation(info, ("insert", None, {"id": 1}))
     m.sequence.append(binlog_pb2.INSERT)  # two in the sequence, one row
-    with pytest.raises(decode.CorruptBinlogError, match="sequence lists 2"):
-        decode.change_rows(txn(1, TS, m), history)
+    with pytest.raises(CorruptBinlogError, match="sequence lists 2"):
+        change_rows(txn(1, TS, m), history)
     m = binlog_pb2.TableMutation(table_id=100, inserted_rows=[b"\x0a\x05\xff"], sequence=[binlog_pb2.INSERT])
-    with pytest.raises(decode.CorruptBinlogError, match="does not decode"):
-        decode.change_rows(txn(1, TS, m), history)
+    with pytest.raises(CorruptBinlogError, match="does not decode"):
+        change_rows(txn(1, TS, m), history)
     with pytest.raises(ValueError, match="not a complete transaction"):
-        decode.change_rows(binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=1), history)
+        change_rows(binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=1), history)
     with pytest.raises(TypeError, match="Binlog"):
-        decode.change_rows(b"raw", history)  # type: ignore[arg-type]
+        change_rows(b"raw", history)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="SchemaHistory"):
-        decode.ChangeDecoder({})  # type: ignore[arg-type]
+        ChangeDecoder({})  # type: ignore[arg-type]
 
 
 def test_transactions_out_of_order_are_refused() -> None:
     with pytest.raises(ValueError, match="out of commit_ts order"):
-        decode.decode_window([txn(1, TS + 5), txn(2, TS + 1)], decode.SchemaHistory())
+        decode.decode_window([txn(1, TS + 5), txn(2, TS + 1)], SchemaHistory())
 
 
 # ---------------------------------------------------------------- schema history
 def test_history_answers_as_of_a_commit_ts() -> None:
     v1 = table()
     v2 = sc.add_column(v1, ColumnDef("z", "int"), 2)
-    history = decode.SchemaHistory()
+    history = SchemaHistory()
     history.add(200, v2)  # added out of order: lookups still see commit_ts order
     history.add(100, v1)
     assert history.table(100, 101) == v1
     assert history.table(100, 200) == v1  # a DDL is in force only after its own commit_ts
     assert history.table(100, 201) == v2
     assert history.table(100) == v2
-    with pytest.raises(decode.UnknownTableError, match="first DDL in the history committed later"):
+    with pytest.raises(UnknownTableError, match="first DDL in the history committed later"):
         history.table(100, 100)
     history.add(200, v2)  # the same DDL again changes nothing
     assert len(history) == 2
@@ -273,14 +280,14 @@ def test_truncate_retires_the_old_id_and_drop_ends_the_table() -> None:
     v1 = table()
     truncated = sc.truncate_table(v1, 101, 2)
     dropped = sc.drop_table(truncated, 3)
-    history = decode.SchemaHistory.from_tables([v1], commit_ts=10)
+    history = SchemaHistory.from_tables([v1], commit_ts=10)
     history.add(20, truncated)
     history.add(30, dropped)
     assert history.table(100, 15) == v1
-    with pytest.raises(decode.UnknownTableError, match="replaced by table id 101"):
+    with pytest.raises(UnknownTableError, match="replaced by table id 101"):
         history.table(100, 25)
     assert history.table(101, 25) == truncated
-    with pytest.raises(decode.UnknownTableError, match=r"table id 101 \(app.t\).*was dropped"):
+    with pytest.raises(UnknownTableError, match=r"table id 101 \(app.t\).*was dropped"):
         history.table(101, 35)
     assert not history.knows(101, 35) and history.knows(101, 25)
 
@@ -289,7 +296,7 @@ def test_history_snapshot_and_transport() -> None:
     v1, other = table(), table(101, "o")
     v2 = sc.add_column(v1, ColumnDef("z", "int"), 2)
     v3 = sc.rename_table(v2, "t3", 3)
-    history = decode.SchemaHistory()
+    history = SchemaHistory()
     for ts, info in ((10, v1), (11, other), (20, v2), (40, v3)):
         history.add(ts, info)
     snap = history.snapshot(30)
@@ -297,17 +304,17 @@ def test_history_snapshot_and_transport() -> None:
     for at in (30, 40, 41, 10**6):
         for table_id in (100, 101):
             assert snap.table(table_id, at) == history.table(table_id, at)
-    back = decode.SchemaHistory.from_json(history.to_json())
+    back = SchemaHistory.from_json(history.to_json())
     assert list(back.entries()) == list(history.entries())
     rows = [{"commit_ts": ts, "table_info": info.SerializeToString()} for ts, info in history.entries()]
     rows.append({"commit_ts": 50, "table_info": None})  # a DDL without a definition
-    assert list(decode.SchemaHistory.from_rows(rows).entries()) == list(history.entries())
+    assert list(SchemaHistory.from_rows(rows).entries()) == list(history.entries())
     with pytest.raises(ValueError, match="schema history"):
-        decode.SchemaHistory.from_json("[[1, \"not base64!\"]]")
+        SchemaHistory.from_json("[[1, \"not base64!\"]]")
 
 
 def test_history_validates_its_inputs() -> None:
-    history = decode.SchemaHistory()
+    history = SchemaHistory()
     with pytest.raises(TypeError, match="TableInfo"):
         history.add(1, "t")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="TSO"):
@@ -322,17 +329,17 @@ def test_history_validates_its_inputs() -> None:
 
 def test_image_values_checks_its_input() -> None:
     info = table()
-    assert decode.image_values(None, info) is None
+    assert image_values(None, info) is None
     with pytest.raises(ValueError, match="does not"):
-        decode.image_values('{"id":1,"nope":2}', info)
+        image_values('{"id":1,"nope":2}', info)
     with pytest.raises(ValueError, match="JSON object"):
-        decode.image_values("[1]", info)
+        image_values("[1]", info)
 
 
 def test_ddl_row_of_a_ddl_without_a_definition() -> None:
     b = txn(1, TS, version=7)
     b.ddl_query = b"CREATE DATABASE x"
-    row = decode.ddl_row(b)
+    row = ddl_row(b)
     assert (row["schema_version"], row["table_id"], row["table_info"], row["dropped"]) == (7, None, None, False)
     with pytest.raises(ValueError, match="not a DDL"):
-        decode.ddl_row(txn(1, TS))
+        ddl_row(txn(1, TS))

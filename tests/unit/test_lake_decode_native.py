@@ -19,7 +19,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from binlake import codec, errors, tso
-from binlake.lake import decode, source
+from binlake.lake import image as lake_image
+from binlake.lake import native as lake_native
+from binlake.lake import source
+from binlake.lake.change_decoder import ChangeDecoder
+from binlake.lake.native import (
+    NATIVE_DECODE_ENV,
+    StringColumn,
+    native_available,
+    native_enabled,
+    native_import_error,
+)
+from binlake.lake.rows import CHANGE_COLUMNS
+from binlake.lake.schema_history import SchemaHistory
+from binlake.lake.txn import CorruptBinlogError
 from binlake.proto import binlog_pb2
 
 TS = tso.compose(1_795_000_000_000)  # 2026-11-18
@@ -29,7 +42,7 @@ DAY_US = 86_400_000_000
 DT_MIN_US, DT_MAX_US = -62_135_596_800_000_000, 253_402_300_799_999_999
 COLUMN_TYPES = [binlog_pb2.ColumnType.Value(n) for n in binlog_pb2.ColumnType.keys()]
 
-needs_native = pytest.mark.skipif(not decode.native_available(), reason="binlake.lake._imagec is not built "
+needs_native = pytest.mark.skipif(not native_available(), reason="binlake.lake._imagec is not built "
                                   "(test_the_extension_is_built says how to build it)")
 
 
@@ -37,9 +50,9 @@ needs_native = pytest.mark.skipif(not decode.native_available(), reason="binlake
 def test_the_extension_is_built() -> None:
     """CI runs on a fresh machine: a build that silently failed (setup.py marks the
     extension optional) must fail here, not just make decoding slower."""
-    assert decode.native_available(), (
+    assert native_available(), (
         "the C extension binlake.lake._imagec did not import "
-        f"({decode.native_import_error()}). Build it with `make setup` (or `.venv/bin/pip install --no-deps -e .`) "
+        f"({native_import_error()}). Build it with `make setup` (or `.venv/bin/pip install --no-deps -e .`) "
         "on a machine with a C compiler (gcc) and the Python headers; pip prints the compiler error "
         "(it is optional, so the install itself succeeds without it).")
 
@@ -47,19 +60,19 @@ def test_the_extension_is_built() -> None:
 @needs_native
 def test_the_switch_and_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     info = _table([(1, "id", binlog_pb2.INT)], [1])
-    history = decode.SchemaHistory.from_tables([info])
-    monkeypatch.delenv(decode.NATIVE_DECODE_ENV, raising=False)
-    decoder = decode.ChangeDecoder(history)
+    history = SchemaHistory.from_tables([info])
+    monkeypatch.delenv(NATIVE_DECODE_ENV, raising=False)
+    decoder = ChangeDecoder(history)
     assert decoder.native and decoder._plan(100, TS).native is not None
-    monkeypatch.setenv(decode.NATIVE_DECODE_ENV, "0")
-    assert not decode.native_enabled()
-    decoder = decode.ChangeDecoder(history)
+    monkeypatch.setenv(NATIVE_DECODE_ENV, "0")
+    assert not native_enabled()
+    decoder = ChangeDecoder(history)
     assert not decoder.native and decoder._plan(100, TS).native is None
-    assert decode.ChangeDecoder(history, native=True).native  # an explicit choice wins
-    monkeypatch.setattr(decode, "_imagec", None)  # as on a machine where it was not built
-    assert not decode.native_enabled() and not decode.ChangeDecoder(history).native
+    assert ChangeDecoder(history, native=True).native  # an explicit choice wins
+    monkeypatch.setattr(lake_native, "_imagec", None)  # as on a machine where it was not built
+    assert not native_enabled() and not ChangeDecoder(history).native
     with pytest.raises(errors.FailedPrecondition, match="not built"):
-        decode.ChangeDecoder(history, native=True)
+        ChangeDecoder(history, native=True)
 
 
 # ---------------------------------------------------------------- helpers
@@ -126,14 +139,14 @@ def _txn(mutation: binlog_pb2.TableMutation) -> binlog_pb2.Binlog:
     return binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=7, commit_ts=TS, prewrite_value=value.SerializeToString())
 
 
-def _decode_both(txn: binlog_pb2.Binlog, history: decode.SchemaHistory) -> tuple[Any, ...]:
+def _decode_both(txn: binlog_pb2.Binlog, history: SchemaHistory) -> tuple[Any, ...]:
     """ChangeDecoder.add in Python and natively: the same rows, or the same error;
     and the same Arrow batch (the native path builds it from C buffers, the
     Python path from lists of str)."""
     out = []
     batches = []
     for native in (False, True):
-        decoder = decode.ChangeDecoder(history, "pump1", native=native)
+        decoder = ChangeDecoder(history, "pump1", native=native)
         try:
             decoder.add(txn)
             out.append(("ok", decoder.take()))
@@ -265,7 +278,7 @@ def test_native_equals_python_on_generated_tables(case: tuple[binlog_pb2.TableIn
     64-bit edges, dates from year 1 to 9999, updates (changed and unchanged columns)
     and deletes: identical change rows, row by row and through ChangeDecoder."""
     info, m = case
-    plan = decode._TablePlan(info, native=True)
+    plan = lake_image.TablePlan(info, native=True)
     assert plan.native is not None
     # Valid values in the codec's encoding (whatever the order of entries, duplicates,
     # extra or missing columns): all decoded natively, none handed to Python.
@@ -273,7 +286,7 @@ def test_native_equals_python_on_generated_tables(case: tuple[binlog_pb2.TableIn
         assert _check_row(plan, data) is not None, "a row of valid values went to the Python path"
     for data in m.updated_rows:
         assert _check_row(plan, data, update=True) is not None, "an update of valid values went to the Python path"
-    result = _decode_both(_txn(m), decode.SchemaHistory.from_tables([info]))
+    result = _decode_both(_txn(m), SchemaHistory.from_tables([info]))
     assert result[0] == "ok"
 
 
@@ -284,12 +297,12 @@ def test_refused_values_give_the_same_error(case: tuple[binlog_pb2.TableInfo, bi
     """NaN, infinities and dates beyond year 9999 among valid values: the native path
     hands those rows to Python, so the change rows or the CorruptBinlogError are the same."""
     info, m = case
-    plan = decode._TablePlan(info, native=True)
+    plan = lake_image.TablePlan(info, native=True)
     for data in [*m.inserted_rows, *m.deleted_rows]:
         _check_row(plan, data)
     for data in m.updated_rows:
         _check_row(plan, data, update=True)
-    _decode_both(_txn(m), decode.SchemaHistory.from_tables([info]))
+    _decode_both(_txn(m), SchemaHistory.from_tables([info]))
 
 
 VALUES = {
@@ -317,7 +330,7 @@ def test_rows_the_codec_writes_are_decoded_natively(data: st.DataObject) -> None
     for i, t in enumerate(types):
         values[f"c{i}_{t}"] = data.draw(st.none() | VALUES[t])
     row = codec.encode_row(values, info)
-    plan = decode._TablePlan(info, native=True)
+    plan = lake_image.TablePlan(info, native=True)
     assert _check_row(plan, row) is not None
     changed = dict(values, **{f"c0_{types[0]}": data.draw(st.none() | VALUES[types[0]])})
     assert _check_row(plan, codec.encode_update(values, changed, info), update=True) is not None
@@ -356,13 +369,13 @@ EDGE_CASES: list[tuple[int, binlog_pb2.Datum, bool]] = [
 @needs_native
 @pytest.mark.parametrize(("col_type", "datum", "natively"), EDGE_CASES)
 def test_edge_values(col_type: int, datum: binlog_pb2.Datum, natively: bool) -> None:
-    plan = decode._TablePlan(_table([(3, "v", col_type), (1, "id", binlog_pb2.INT)], [1]), native=True)
+    plan = lake_image.TablePlan(_table([(3, "v", col_type), (1, "id", binlog_pb2.INT)], [1]), native=True)
     row = _raw_row([(1, _datum(int_value=5).SerializeToString()), (3, datum.SerializeToString())])
     native = _check_row(plan, row)
     assert (native is not None) == natively
     if not natively:  # Python refuses these: so does ChangeDecoder, the same way
         m = binlog_pb2.TableMutation(table_id=100, inserted_rows=[row], sequence=[binlog_pb2.INSERT])
-        assert _decode_both(_txn(m), decode.SchemaHistory.from_tables([plan.info]))[1] is decode.CorruptBinlogError
+        assert _decode_both(_txn(m), SchemaHistory.from_tables([plan.info]))[1] is CorruptBinlogError
 
 
 # ---------------------------------------------------------------- garbled bytes
@@ -396,11 +409,11 @@ UNUSUAL_DATUMS = [
 @pytest.mark.parametrize("col_type", [binlog_pb2.STRING, binlog_pb2.BOOL])
 def test_unusual_datum_encodings(raw: bytes, col_type: int) -> None:
     info = _table([(1, "id", binlog_pb2.INT), (2, "v", col_type)], [1])
-    plan = decode._TablePlan(info, native=True)
+    plan = lake_image.TablePlan(info, native=True)
     row = _raw_row([(1, b"\x10\x02"), (2, raw)])
     _check_row(plan, row)
     m = binlog_pb2.TableMutation(table_id=100, inserted_rows=[row], sequence=[binlog_pb2.INSERT])
-    _decode_both(_txn(m), decode.SchemaHistory.from_tables([info]))
+    _decode_both(_txn(m), SchemaHistory.from_tables([info]))
 
 
 # Row-level encodings no codec writes.
@@ -425,7 +438,7 @@ def test_an_update_image_given_twice_is_merged() -> None:
     both rows (the later one winning a column both hold). The native path hands such
     an update to Python."""
     info = _table([(1, "id", binlog_pb2.INT), (2, "a", binlog_pb2.INT), (3, "b", binlog_pb2.INT)], [1])
-    plan = decode._TablePlan(info, native=True)
+    plan = lake_image.TablePlan(info, native=True)
     one = _raw_row([(1, b"\x10\x02"), (2, b"\x10\x04")])
     two = _raw_row([(3, b"\x10\x06"), (2, b"\x10\x08")])
     for data in (_ld(0x0A, one) + _ld(0x0A, two), _ld(0x12, one) + _ld(0x12, two) + _ld(0x0A, one)):
@@ -437,13 +450,13 @@ def test_an_update_image_given_twice_is_merged() -> None:
 @pytest.mark.parametrize("row", UNUSUAL_ROWS)
 def test_unusual_row_encodings(row: bytes) -> None:
     info = _table([(1, "id", binlog_pb2.INT), (0, "zero", binlog_pb2.INT)], [1])
-    plan = decode._TablePlan(info, native=True)
+    plan = lake_image.TablePlan(info, native=True)
     _check_row(plan, row)
     for upd in (_ld(0x0A, row), _ld(0x12, row), _ld(0x0A, row) + _ld(0x0A, row), _ld(0x12, row) + _ld(0x0A, row),
                 _ld(0x1A, row)):
         _check_row(plan, upd, update=True)
     m = binlog_pb2.TableMutation(table_id=100, inserted_rows=[row], sequence=[binlog_pb2.INSERT])
-    _decode_both(_txn(m), decode.SchemaHistory.from_tables([info]))
+    _decode_both(_txn(m), SchemaHistory.from_tables([info]))
 
 
 @st.composite
@@ -477,7 +490,7 @@ def test_garbled_bytes_give_the_same_result_or_error(case: tuple[binlog_pb2.Tabl
     only where Python gives the same answer, so ChangeDecoder gives the same rows or
     the same CorruptBinlogError (class and message) either way."""
     info, data, update = case
-    plan = decode._TablePlan(info, native=True)
+    plan = lake_image.TablePlan(info, native=True)
     _check_row(plan, data, update=update)
     m = binlog_pb2.TableMutation(table_id=100)
     if update:
@@ -486,7 +499,7 @@ def test_garbled_bytes_give_the_same_result_or_error(case: tuple[binlog_pb2.Tabl
     else:
         m.inserted_rows.append(data)
         m.sequence.append(binlog_pb2.INSERT)
-    _decode_both(_txn(m), decode.SchemaHistory.from_tables([info]))
+    _decode_both(_txn(m), SchemaHistory.from_tables([info]))
 
 
 @needs_native
@@ -494,10 +507,10 @@ def test_fallback_is_per_row_and_errors_keep_their_order() -> None:
     """A row the extension does not decode is decoded by Python in place (the rows
     around it stay native); a bad sequence gives the Python loop's own errors."""
     info = _table([(1, "id", binlog_pb2.INT), (2, "v", binlog_pb2.STRING)], [1])
-    history = decode.SchemaHistory.from_tables([info])
+    history = SchemaHistory.from_tables([info])
     good = codec.encode_row({"id": 1, "v": "é"}, info)
     odd = _ld(0x0A, _ld(0x12, b"\x10\x04") + b"\x08\x01")  # value before id: valid, not what the codec writes
-    plan = decode._TablePlan(info, native=True)
+    plan = lake_image.TablePlan(info, native=True)
     assert plan.native.images(odd) is None and plan.images(odd) == ('{"id":2,"v":null}', '{"id":2}')
     m = binlog_pb2.TableMutation(table_id=100, inserted_rows=[good, odd, good], sequence=[binlog_pb2.INSERT] * 3)
     rows = _decode_both(_txn(m), history)[1]
@@ -516,19 +529,19 @@ def test_fallback_is_per_row_and_errors_keep_their_order() -> None:
 @needs_native
 def test_a_definition_with_a_column_id_twice_is_decoded_in_python() -> None:
     info = _table([(1, "id", binlog_pb2.INT), (2, "a", binlog_pb2.STRING), (2, "b", binlog_pb2.INT)], [1])
-    assert decode._TablePlan(info, native=True).native is None
+    assert lake_image.TablePlan(info, native=True).native is None
     with pytest.raises(ValueError, match="appears twice"):
-        decode._imagec.Plan([(2, '"a":', binlog_pb2.STRING), (2, '"b":', binlog_pb2.INT)], [])
+        lake_native._imagec.Plan([(2, '"a":', binlog_pb2.STRING), (2, '"b":', binlog_pb2.INT)], [])
     m = binlog_pb2.TableMutation(table_id=100, inserted_rows=[_raw_row([(1, b"\x10\x02"), (2, b"\x10\x04")])],
                                  sequence=[binlog_pb2.INSERT])
-    assert _decode_both(_txn(m), decode.SchemaHistory.from_tables([info]))[1]["after"] == ['{"a":2,"b":2,"id":1}']
+    assert _decode_both(_txn(m), SchemaHistory.from_tables([info]))[1]["after"] == ['{"a":2,"b":2,"id":1}']
 
 
 @needs_native
 def test_a_float_is_reprs_text() -> None:
     """Floats use float.__repr__'s own formatting (shortest round trip, '.0' added)."""
     info = _table([(1, "f", binlog_pb2.FLOAT)], [])
-    plan = decode._TablePlan(info, native=True)
+    plan = lake_image.TablePlan(info, native=True)
     for bits in (0, 1, 0x7FEFFFFFFFFFFFFF, 0x0010000000000000, 0x3FB999999999999A, 0x8000000000000001,
                  0x4340000000000000, 0x3EE4F8B588E368F1):
         x = struct.unpack("<d", struct.pack("<Q", bits))[0]
@@ -537,7 +550,7 @@ def test_a_float_is_reprs_text() -> None:
 
 
 # ---------------------------------------------------------------- Arrow batches
-def _read_both(txns: list[binlog_pb2.Binlog], history: decode.SchemaHistory, batch_rows: int,
+def _read_both(txns: list[binlog_pb2.Binlog], history: SchemaHistory, batch_rows: int,
                monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
     """``source.read_changes`` over ``txns`` (the Pump stream stubbed) with the Python
     path and the native one: their batches must be equal one by one."""
@@ -545,7 +558,7 @@ def _read_both(txns: list[binlog_pb2.Binlog], history: decode.SchemaHistory, bat
     part = source.PumpWindow("pump1", "127.0.0.1:1", 0, tso.MAX_TS, [], "")
     out = []
     for switch in ("0", "1"):
-        monkeypatch.setenv(decode.NATIVE_DECODE_ENV, switch)
+        monkeypatch.setenv(NATIVE_DECODE_ENV, switch)
         out.append(list(source.read_changes(part, history, batch_rows=batch_rows)))
     py, native = out
     assert [b.num_rows for b in py] == [b.num_rows for b in native]
@@ -576,18 +589,18 @@ def test_batches_across_transactions_and_the_batch_size(
             info.table_id = m.table_id = 100 + i
             infos.append(info)
             txns.append(_txn_at(i, m))
-        py, _native = _read_both(txns, decode.SchemaHistory.from_tables(infos), batch_rows, monkeypatch)
+        py, _native = _read_both(txns, SchemaHistory.from_tables(infos), batch_rows, monkeypatch)
         assert sum(b.num_rows for b in py) == sum(len(m.sequence) for _, m in cases)
 
 
 @needs_native
 def test_empty_batches_and_a_batch_of_nulls(monkeypatch: pytest.MonkeyPatch) -> None:
     info = _table([(1, "id", binlog_pb2.INT), (2, "v", binlog_pb2.STRING)], [1])
-    history = decode.SchemaHistory.from_tables([info])
+    history = SchemaHistory.from_tables([info])
     for native in (False, True):  # nothing decoded: an empty batch of the right schema
-        batch = source.changes_batch(decode.ChangeDecoder(history, native=native).take())
-        assert batch.num_rows == 0 and batch.schema.names == [n for n, _ in decode.CHANGE_COLUMNS]
-    _assert_same_batch(*(source.changes_batch(decode.ChangeDecoder(history, native=n).take()) for n in (False, True)))
+        batch = source.changes_batch(ChangeDecoder(history, native=native).take())
+        assert batch.num_rows == 0 and batch.schema.names == [n for n, _ in CHANGE_COLUMNS]
+    _assert_same_batch(*(source.changes_batch(ChangeDecoder(history, native=n).take()) for n in (False, True)))
     assert _read_both([], history, 4, monkeypatch) == [[], []]
     row = codec.encode_row({"id": 1, "v": "é"}, info)
     deletes = binlog_pb2.TableMutation(table_id=100, deleted_rows=[row] * 9, sequence=[binlog_pb2.DELETE_ROW] * 9)
@@ -595,10 +608,10 @@ def test_empty_batches_and_a_batch_of_nulls(monkeypatch: pytest.MonkeyPatch) -> 
     py, native = _read_both([_txn_at(0, deletes), _txn_at(1, inserts)], history, 9, monkeypatch)
     assert [b.column("after").null_count for b in native] == [9, 0]
     assert [b.column("before").null_count for b in native] == [0, 9]
-    decoder = decode.ChangeDecoder(history, native=True)  # a StringColumn reads like the list it stands for
+    decoder = ChangeDecoder(history, native=True)  # a StringColumn reads like the list it stands for
     decoder.add(_txn_at(0, deletes))
     after, before = decoder.take()["after"], decoder.columns["before"]
-    assert isinstance(after, decode.StringColumn) and after == [None] * 9 and before == []
+    assert isinstance(after, StringColumn) and after == [None] * 9 and before == []
     decoder.add(_txn_at(1, inserts))
     keys = decoder.take()["keys"]
     assert keys[0] == keys[-1] == '{"id":1}' and list(keys) == ['{"id":1}'] * 9 and len(keys) == 9
@@ -617,7 +630,7 @@ def test_rows_decoded_in_python_keep_their_place_in_a_native_batch(monkeypatch: 
         columns=[binlog_pb2.ColumnInfo(id=1, name="id", type=binlog_pb2.INT),
                  binlog_pb2.ColumnInfo(id=2, name="a", type=binlog_pb2.STRING),
                  binlog_pb2.ColumnInfo(id=2, name="b", type=binlog_pb2.INT)])
-    history = decode.SchemaHistory.from_tables([info, twice])
+    history = SchemaHistory.from_tables([info, twice])
     good = codec.encode_row({"id": 1, "v": 'é"\n'}, info)
     odd = _ld(0x0A, _ld(0x12, b"\x10\x04") + b"\x08\x01")  # valid, not the codec's encoding: decoded in Python
     nan = _raw_row([(1, b"\x10\x02"), (2, _datum(float_value=math.nan).SerializeToString())])
@@ -629,7 +642,7 @@ def test_rows_decoded_in_python_keep_their_place_in_a_native_batch(monkeypatch: 
                   binlog_pb2.INSERT, binlog_pb2.UPDATE, binlog_pb2.DELETE_ROW])
     other = binlog_pb2.TableMutation(table_id=200, inserted_rows=[_raw_row([(1, b"\x10\x06"), (2, b"\x10\x08")])],
                                      sequence=[binlog_pb2.INSERT])
-    plan = decode._TablePlan(info, native=True)
+    plan = lake_image.TablePlan(info, native=True)
     assert plan.native.images(odd) is None and plan.native.update_images(odd_upd) is None
     txns = [_txn_at(0, mixed, other), _txn_at(1, other, mixed), _txn_at(2, mixed)]
     for batch_rows in (1, 4, 9, 100):
@@ -637,16 +650,16 @@ def test_rows_decoded_in_python_keep_their_place_in_a_native_batch(monkeypatch: 
         rows = [r for b in native for r in b.to_pylist()]
         assert [r["op"] for r in rows[:9]] == ["insert", "update", "insert", "update", "delete", "insert", "update",
                                                "delete", "insert"]
-        assert [r["after"] for r in rows[:3]] == [decode._TablePlan(info).images(good)[0], '{"id":1,"v":"b"}',
+        assert [r["after"] for r in rows[:3]] == [lake_image.TablePlan(info).images(good)[0], '{"id":1,"v":"b"}',
                                                   '{"id":2,"v":null}']
         assert rows[8]["tbl"] == "twice" and rows[8]["after"] == '{"a":4,"b":4,"id":3}'
     # A mutation that fails after some native rows: none of its rows stay, on either path.
     failing = binlog_pb2.TableMutation(table_id=100, inserted_rows=[good, good, nan], sequence=[binlog_pb2.INSERT] * 3)
     left = []
     for native in (False, True):
-        decoder = decode.ChangeDecoder(history, "pump1", native=native)
+        decoder = ChangeDecoder(history, "pump1", native=native)
         decoder.add(txns[0])
-        with pytest.raises(decode.CorruptBinlogError, match="a row does not decode"):
+        with pytest.raises(CorruptBinlogError, match="a row does not decode"):
             decoder.add(_txn_at(5, other, failing))
         assert len(decoder) == 10  # txns[0], then the other table's row of the failing transaction
         left.append(source.changes_batch(decoder.take()))

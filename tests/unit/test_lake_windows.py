@@ -8,8 +8,9 @@ import argparse
 import pytest
 
 from binlake import errors, tso
-from binlake.lake import commands, decode, ingest
+from binlake.lake import commands, ingest
 from binlake.lake import source as ls
+from binlake.lake.schema_history import SchemaHistory
 from binlake.proto import binlog_pb2
 from binlake.source import schema as sc
 from binlake.source.schema import ColumnDef, new_table
@@ -62,7 +63,7 @@ def test_window_index_travels_as_json() -> None:
 
 def test_table_op_counts_name_tables_as_they_were_then() -> None:
     v1 = new_table(100, "app", "t", [ColumnDef("id", "int", False)], ["id"], None, 1)
-    history = decode.SchemaHistory.from_tables([v1], commit_ts=1)
+    history = SchemaHistory.from_tables([v1], commit_ts=1)
     history.add(50, sc.rename_table(v1, "t2", 2))
     index = ls.WindowIndex(1, 100, mutations=[(10, 100, 2, 1, 0), (60, 100, 0, 0, 3), (70, 100, 1, 0, 0)])
     assert ingest._table_op_counts(index, history) == {

@@ -1,13 +1,13 @@
 /*
  * binlake.lake._imagec - native accelerator for the hot step of decoding
  * binlogs into change rows: serialized Row / UpdatedRow bytes + a per-table
- * plan -> image JSON strings (the canonical format binlake.lake.decode's
+ * plan -> image JSON strings (the canonical format binlake.lake.image's
  * module docstring defines).
  *
  * THE CONTRACT: exact equality with the pure-Python path, or no answer.
  *
  *   For every input, a string this module returns is byte-for-byte the string
- *   binlake.lake.decode._TablePlan.images / update_images (the reference)
+ *   binlake.lake.image.TablePlan.images / update_images (the reference)
  *   returns for the same bytes. Whenever the input is anything this code does
  *   not handle *exactly* - bytes that are not the canonical encoding the codec
  *   writes (unknown fields, repeated fields, fields out of order, over-long
@@ -23,7 +23,7 @@
  * over the bytes into a buffer and one str per image.
  *
  * How the reference is mirrored, datum by datum (see _datum_bytes_json and
- * _datum_json in decode.py):
+ * _datum_json in image.py):
  *   - empty datum bytes (missing column) and is_null (tag 0x08, whatever
  *     follows, as the Python fast path does): null;
  *   - string / decimal (0x32 / 0x2A): a length that spans exactly the rest,
@@ -47,7 +47,7 @@
  * skipped, plan columns the row lacks are null. In an update, a column whose
  * datum bytes did not change reuses the before image's text, as Python does.
  *
- * The API (used by decode._TablePlan; the column order, the '"name":' texts and
+ * The API (used by image.TablePlan; the column order, the '"name":' texts and
  * the key columns all come from the Python plan, so they cannot differ):
  *   Plan(cols, key_idx)          cols: [(column id, '"name":', type)] in image order
  *   plan.images(row)             -> (image, key image) or None (ask Python)

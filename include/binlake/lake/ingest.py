@@ -3,9 +3,9 @@
 ``ingest_window(spark, lake, registry, start_ts, end_ts)`` writes three Delta
 tables under ``lake``:
 
-``changes``      one row per row change (``decode.CHANGE_COLUMNS``), partitioned
+``changes``      one row per row change (``CHANGE_COLUMNS``), partitioned
                  by ``commit_date``
-``ddl_history``  one row per DDL (``decode.DDL_COLUMNS``)
+``ddl_history``  one row per DDL (``DDL_COLUMNS``)
 ``windows``      one row per ingested window: ``start_ts, end_ts, pumps,
                  rows_per_pump, rows_per_table_op ('db.tbl:op' -> count), txns,
                  rows, ddls, status ('done'), ingested_at``
@@ -48,9 +48,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, rpc, tso
-from binlake.lake import checkpoint, decode
+from binlake.lake import checkpoint
 from binlake.lake import source as lake_source
+from binlake.lake.ddl_rows import ddl_row
 from binlake.lake.planner import check_window, pumps_for_window
+from binlake.lake.rows import DDL_COLUMNS, DDL_HISTORY_DDL, commit_date
+from binlake.lake.schema_history import SchemaHistory, UnknownTableError
 from binlake.registry.client import RegistryClient
 
 if TYPE_CHECKING:
@@ -183,20 +186,20 @@ def uncovered(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> 
     return gaps
 
 
-def load_history(spark: SparkSession, lake: str, before_ts: int) -> decode.SchemaHistory:
+def load_history(spark: SparkSession, lake: str, before_ts: int) -> SchemaHistory:
     """The definitions ``ddl_history`` holds from DDLs committed before ``before_ts``."""
     return _load_ddl_history(spark, lake, before_ts, before_ts)[0]
 
 
-def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int, end_ts: int) -> tuple[decode.SchemaHistory, int]:
+def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int, end_ts: int) -> tuple[SchemaHistory, int]:
     """(definitions from DDLs before ``start_ts``, DDL rows already in ``[start_ts, end_ts)``)."""
     path = table_path(lake, DDL_HISTORY)
     if not is_delta(spark, path):
-        return decode.SchemaHistory(), 0
+        return SchemaHistory(), 0
     rows = (spark.read.format("delta").load(path).where(f"commit_ts < {int(end_ts)}")
             .select("commit_ts", "table_info").collect())
     before = [r for r in rows if r["commit_ts"] < start_ts]
-    return decode.SchemaHistory.from_rows(before), len(rows) - len(before)
+    return SchemaHistory.from_rows(before), len(rows) - len(before)
 
 
 def _history_from_pumps(registry: str, gaps: list[tuple[int, int]]) -> tuple[list[Any], list[str]]:
@@ -225,7 +228,7 @@ def _history_from_pumps(registry: str, gaps: list[tuple[int, int]]) -> tuple[lis
     return lake_source.scan_ddls(addrs, ranges), lost
 
 
-def _missing_table(exc: decode.UnknownTableError, start_ts: int, end_ts: int,
+def _missing_table(exc: UnknownTableError, start_ts: int, end_ts: int,
                    lost: list[str], used: tuple[int, int]) -> errors.BinlakeError:
     hint = ("its DDL is in no ingested window and the Pumps no longer hold it (below their GC ts)" if lost else
             "its DDL is in no ingested window and on no Pump")
@@ -346,7 +349,7 @@ def ingest_window(
         for at in (lo, hi):
             try:
                 history.table(table_id, at)
-            except decode.UnknownTableError as exc:
+            except UnknownTableError as exc:
                 raise _missing_table(exc, start_ts, end_ts, lost, (lo, hi)) from None
     per_table_op = _table_op_counts(index, history)
 
@@ -421,8 +424,8 @@ def ingest_window(
 
 
 def _ddl_frame(spark: SparkSession, txns: list[Any]) -> DataFrame:
-    rows = [decode.ddl_row(t) for t in txns]
-    return spark.createDataFrame([tuple(r[n] for n, _ in decode.DDL_COLUMNS) for r in rows], decode.DDL_HISTORY_DDL)
+    rows = [ddl_row(t) for t in txns]
+    return spark.createDataFrame([tuple(r[n] for n, _ in DDL_COLUMNS) for r in rows], DDL_HISTORY_DDL)
 
 
 def _merge_ddls(spark: SparkSession, path: str, txns: list[Any]) -> None:
@@ -445,8 +448,8 @@ def _merge_ddls(spark: SparkSession, path: str, txns: list[Any]) -> None:
 def _window_predicate(start_ts: int, end_ts: int) -> str:
     # The partition column bounds the files Delta must consider (and the
     # conflicts it checks against concurrent ingests of other dates).
-    first = decode.commit_date(start_ts).isoformat()
-    last = decode.commit_date(end_ts - 1).isoformat()
+    first = commit_date(start_ts).isoformat()
+    last = commit_date(end_ts - 1).isoformat()
     return (f"commit_date >= DATE'{first}' AND commit_date <= DATE'{last}' "
             f"AND commit_ts >= {start_ts} AND commit_ts < {end_ts}")
 
@@ -458,7 +461,7 @@ def _replace(df: Any, path: str, where: str, partition_by: list[str] | None = No
     writer.save(path)
 
 
-def _table_op_counts(index: lake_source.WindowIndex, history: decode.SchemaHistory) -> dict[str, int]:
+def _table_op_counts(index: lake_source.WindowIndex, history: SchemaHistory) -> dict[str, int]:
     """'db.tbl:op' -> row changes, naming each table as it was named when its
     transaction committed (a table renamed inside the window counts under both names)."""
     out: dict[str, int] = {}

@@ -5,7 +5,7 @@ Usage (``register(spark)`` once per session)::
     spark.read.format("binlake")
         .option("registry", "127.0.0.1:8230")
         .option("start_ts", a).option("end_ts", b)
-        .load()                       # change rows (decode.CHANGE_COLUMNS)
+        .load()                       # change rows (CHANGE_COLUMNS)
 
 Options (all strings, as Spark passes them):
 
@@ -14,7 +14,7 @@ Options (all strings, as Spark passes them):
 ``end_ts``          window end, exclusive, a TSO (required)
 ``pumps``           comma-separated Pump ids to read (default: every Pump the
                     registry says may hold the window)
-``kind``            ``changes`` (default) or ``ddl`` (``decode.DDL_COLUMNS`` rows)
+``kind``            ``changes`` (default) or ``ddl`` (``DDL_COLUMNS`` rows)
 ``sub_window``      split each Pump's window into sub-windows of this many ts
                     (one input partition each; default: one per Pump)
 ``schema_history``  the table definitions in force at ``start_ts``, as
@@ -59,8 +59,13 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from binlake import errors, rpc, tso
-from binlake.lake import decode
+from binlake.lake.change_decoder import ChangeDecoder
+from binlake.lake.ddl_rows import ddl_row
+from binlake.lake.native import StringColumn
 from binlake.lake.planner import WindowPlan, check_window, plan_window
+from binlake.lake.rows import CHANGE_COLUMNS, CHANGES_DDL, DDL_COLUMNS, DDL_HISTORY_DDL
+from binlake.lake.schema_history import SchemaHistory, UnknownTableError
+from binlake.lake.txn import CorruptBinlogError, parse_prewrite
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
 from binlake.window import Readiness, gone_error, readiness, waiting_error
 
@@ -213,7 +218,7 @@ def _scan_pump(node_id: str, addr: str, start_ts: int, end_ts: int) -> _PumpScan
     for txn in pull_resumable(node_id, addr, start_ts, end_ts):
         if txn.ddl_query:
             scan.ddls.append(txn)
-        value = decode.parse_prewrite(txn)
+        value = parse_prewrite(txn)
         muts = [(txn.commit_ts, m.table_id, len(m.inserted_rows), len(m.updated_rows), len(m.deleted_rows))
                 for m in value.mutations]
         if muts:
@@ -412,7 +417,7 @@ class BinlakeDataSource(DataSource):
 
     def schema(self) -> str:
         kind = ReadOptions.parse(self.options).kind
-        return decode.CHANGES_DDL if kind == "changes" else decode.DDL_HISTORY_DDL
+        return CHANGES_DDL if kind == "changes" else DDL_HISTORY_DDL
 
     def reader(self, schema: Any) -> BinlakeReader:
         return BinlakeReader(ReadOptions.parse(self.options))
@@ -434,8 +439,8 @@ class BinlakeReader(DataSourceReader):
         else:
             index = index_window(plan.addrs, o.start_ts, o.end_ts)
         if o.kind == "ddl":
-            return [DdlRows([decode.ddl_row(t) for _pump, t in index.ddls])]
-        history = decode.SchemaHistory.from_json(o.schema_history) if o.schema_history else decode.SchemaHistory()
+            return [DdlRows([ddl_row(t) for _pump, t in index.ddls])]
+        history = SchemaHistory.from_json(o.schema_history) if o.schema_history else SchemaHistory()
         for _pump, ddl in index.ddls:
             history.apply(ddl)
         # Only what lookups at or after the window start can need travels to the executors.
@@ -458,12 +463,12 @@ class BinlakeReader(DataSourceReader):
             if partition.rows:
                 yield _ddl_batch(partition.rows)
             return
-        yield from read_changes(partition, decode.SchemaHistory.from_json(partition.history))
+        yield from read_changes(partition, SchemaHistory.from_json(partition.history))
 
 
-def read_changes(part: PumpWindow, history: decode.SchemaHistory, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
+def read_changes(part: PumpWindow, history: SchemaHistory, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
     """Stream one Pump's sub-window and yield its change rows as Arrow record batches."""
-    decoder = decode.ChangeDecoder(history, part.pump)
+    decoder = ChangeDecoder(history, part.pump)
     skip = set(part.skip)
     for txn in pull_resumable(part.pump, part.addr, part.start_ts, part.end_ts):
         if txn.start_ts in skip:
@@ -493,10 +498,10 @@ def changes_batch(columns: Mapping[str, Any]) -> Any:
 
     types = _arrow_types()
     arrays = []
-    for name, kind in decode.CHANGE_COLUMNS:
+    for name, kind in CHANGE_COLUMNS:
         values = columns[name]
         arrow_type = pa.date32() if kind == "date" else types[kind]
-        if isinstance(values, decode.StringColumn):
+        if isinstance(values, StringColumn):
             validity = None if values.validity is None else pa.py_buffer(values.validity)
             arrays.append(pa.Array.from_buffers(
                 arrow_type, len(values), [validity, pa.py_buffer(values.offsets), pa.py_buffer(values.data)],
@@ -509,7 +514,7 @@ def changes_batch(columns: Mapping[str, Any]) -> Any:
             arrays.append(pa.array(list(values), pa.int32()).cast(pa.date32()))
         else:
             arrays.append(pa.array(list(values), arrow_type))
-    return pa.RecordBatch.from_arrays(arrays, names=[n for n, _ in decode.CHANGE_COLUMNS])
+    return pa.RecordBatch.from_arrays(arrays, names=[n for n, _ in CHANGE_COLUMNS])
 
 
 def _ddl_batch(rows: list[dict[str, Any]]) -> Any:
@@ -517,8 +522,8 @@ def _ddl_batch(rows: list[dict[str, Any]]) -> Any:
 
     types = _arrow_types()
     return pa.RecordBatch.from_arrays(
-        [pa.array([r[name] for r in rows], types[kind]) for name, kind in decode.DDL_COLUMNS],
-        names=[n for n, _ in decode.DDL_COLUMNS])
+        [pa.array([r[name] for r in rows], types[kind]) for name, kind in DDL_COLUMNS],
+        names=[n for n, _ in DDL_COLUMNS])
 
 
 def register(spark: SparkSession) -> None:
@@ -528,6 +533,9 @@ def register(spark: SparkSession) -> None:
 
 # ---------------------------------------------------------------- errors out of Spark
 _ERROR_LINE = re.compile(r"^binlake(?:\.\w+)*\.(\w+): (.+)$", re.MULTILINE)
+# The decoding errors outside binlake.errors a worker may raise, by class name.
+_DECODE_ERRORS: dict[str, type[errors.BinlakeError]] = {
+    "CorruptBinlogError": CorruptBinlogError, "UnknownTableError": UnknownTableError}
 
 
 def binlake_error(exc: BaseException) -> errors.BinlakeError | None:
@@ -537,7 +545,7 @@ def binlake_error(exc: BaseException) -> errors.BinlakeError | None:
     if not matches:
         return None
     name, message = matches[-1]
-    cls = getattr(errors, name, None) or getattr(decode, name, None)
+    cls = getattr(errors, name, None) or _DECODE_ERRORS.get(name)
     if not (isinstance(cls, type) and issubclass(cls, errors.BinlakeError)):
         return None
     try:
