@@ -181,9 +181,9 @@ def main(args: argparse.Namespace | None = None) -> int:
     if not set(targets) <= {"postgresql", "sqlite"} or not set(modes) <= {"consistent", "parallel"}:
         print("bench apply: --targets from postgresql,sqlite; --modes from consistent,parallel", file=sys.stderr)
         return 2
-    from binlake.devdb import LocalPostgres
     from binlake.lake.spark import LAKE_CONF, build_spark
     from binlake.replicate import runner, task
+    from binlake.testing.devdb import LocalPostgres
 
     root = Path(tempfile.mkdtemp(prefix="apply-bench-"))
     pg = None

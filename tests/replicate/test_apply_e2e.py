@@ -30,8 +30,6 @@ from pumpkit import wait_until
 from pyspark.sql import SparkSession
 
 from binlake import errors, failpoint, oracle
-from binlake.client.txn_writer import TxnWriter
-from binlake.devcluster import DevCluster
 from binlake.lake import ingest
 from binlake.lake import source as lake_source
 from binlake.lake.planner import plan_window
@@ -39,6 +37,8 @@ from binlake.registry.client import RegistryClient
 from binlake.replicate import checkpoint, diff, runner, sink, task
 from binlake.source import schema as sc
 from binlake.source import workload as wl
+from binlake.source.txn_writer import TxnWriter
+from binlake.testing.devcluster import DevCluster
 
 # One cluster, upstream and lake for the module: the setup is most of the time.
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]

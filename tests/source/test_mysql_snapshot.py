@@ -16,9 +16,9 @@ from pumpkit import Processes, wait_until
 from srckit import Cluster, Replay, SourceThread, sql, start_cluster
 
 from binlake import failpoint, oracle
-from binlake.devdb import LocalMariaDB
 from binlake.source.journal import SourceState
 from binlake.source.mysql.source import MySQLSource
+from binlake.testing.devdb import LocalMariaDB
 
 pytestmark = pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
                                 "mariadb-server); CI always has it")
