@@ -257,15 +257,3 @@ def main(args: argparse.Namespace | None = None) -> int:
         if pg is not None:
             pg.stop()
         shutil.rmtree(root, ignore_errors=True)
-
-
-def register(bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
-    b = bench.add_parser(
-        "apply", help="apply row changes/s into PostgreSQL/SQLite vs row-by-row and COPY", formatter_class=fmt,
-        epilog="Example:\n  binlake bench apply --changes 200000 --windows 10\n")
-    b.add_argument("--changes", type=int, default=1_000_000, help="row changes (default 1,000,000)")
-    b.add_argument("--windows", type=int, default=10, help="lake windows they are cut into (default 10)")
-    b.add_argument("--targets", default="postgresql,sqlite", help="comma-separated (default postgresql,sqlite)")
-    b.add_argument("--modes", default="consistent,parallel", help="comma-separated (default both)")
-    b.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
-    b.set_defaults(handler=main)
