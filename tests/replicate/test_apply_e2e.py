@@ -223,21 +223,27 @@ def test_target_changed_by_hand_stops_with_table_and_key(spark: SparkSession, la
     url = f"sqlite:///{tmp_path / 'hand.db'}"
     t = make_task(lake, url)
     w = upstream["windows"]
-    runner.Applier(spark, t).run(until_ts=w[0][1])
-    # A row window 2 updates or deletes first thing (before any of its DDLs), removed by hand.
-    first_ddl = spark.read.format("delta").load(f"{lake}/ddl_history").where(
-        f"commit_ts >= {w[1][0]} AND commit_ts < {w[1][1]}").agg({"commit_ts": "min"}).first()[0] or w[1][1]
-    rows = spark.read.format("delta").load(f"{lake}/changes").where(
-        f"commit_ts >= {w[1][0]} AND commit_ts < {first_ddl}").orderBy("commit_ts", "seq").collect()
-    touched: set[tuple[str, Any]] = set()
+    # A row some window after the first updates or deletes before any DDL on its table
+    # in that window (and before anything re-inserts it), removed by hand. Which window
+    # holds one depends on where the workload's windows were cut, so look in each.
+    ddls = spark.read.format("delta").load(f"{lake}/ddl_history").select("commit_ts", "table_id").collect()
+    changes = spark.read.format("delta").load(f"{lake}/changes").orderBy("commit_ts", "seq").collect()
     victim = None
-    for r in rows:
-        image = json.loads(r.before or r.after)
-        if r.op != "insert" and (r.tbl, image["id"]) not in touched:
-            victim = (r.tbl, image["id"])
+    for k in range(1, len(w)):
+        start, end = w[k]
+        touched: set[tuple[str, Any]] = set()
+        for r in (c for c in changes if start <= c.commit_ts < end):
+            if any(start <= d.commit_ts <= r.commit_ts and d.table_id == r.table_id for d in ddls):
+                continue  # the table changed shape in this window before this row
+            image = json.loads(r.before or r.after)
+            if r.op != "insert" and (r.tbl, image["id"]) not in touched:
+                victim = (r.tbl, image["id"])
+                break
+            touched.add((r.tbl, json.loads(r.after or r.before)["id"]))
+        if victim is not None:
             break
-        touched.add((r.tbl, json.loads(r.after or r.before)["id"]))
-    assert victim is not None
+    assert victim is not None, "no window after the first updates or deletes a row it did not insert"
+    runner.Applier(spark, t).run(until_ts=start)
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DELETE FROM {victim[0]} WHERE id = {victim[1]}")
@@ -247,7 +253,7 @@ def test_target_changed_by_hand_stops_with_table_and_key(spark: SparkSession, la
                        match=rf"target table {victim[0]}: the row with key id={victim[1]} .* not in the target"):
         runner.Applier(spark, t).run()
     assert oracle.checksum(url) == before  # no partial window committed
-    assert read_checkpoint(url, t.name).ts == w[0][1]
+    assert read_checkpoint(url, t.name).ts == start
 
 
 def _cli_apply(task_file: pathlib.Path, *extra: str, fail: str | None = None) -> subprocess.CompletedProcess[str]:
