@@ -60,7 +60,7 @@ def session(master: str | None = None, quiet: bool = True) -> SparkSession:
 
 
 def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
-    from binlake.lake.source import binlake_error
+    from binlake.lake.spark_errors import binlake_error
 
     err = binlake_error(exc)
     if err is not None:
@@ -72,7 +72,7 @@ def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
 # ---------------------------------------------------------------- binlake ingest
 def ingest(args: argparse.Namespace, registry: str) -> int:
     from binlake.lake.ingest import ingest_window
-    from binlake.lake.source import plan_read
+    from binlake.lake.pump_check import plan_read
 
     start, end = window_args(args)
     writable_lake(args.lake)
