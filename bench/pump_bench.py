@@ -23,9 +23,13 @@ import tempfile
 import threading
 import time
 
-from benchkit import percentile, run_threads
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Worker processes are spawned and import this module (and benchkit) by name:
+# this folder must be on their path; the binlake command itself never adds it.
+if str(ROOT / "bench") not in sys.path:
+    sys.path.insert(0, str(ROOT / "bench"))
+
+from benchkit import percentile, run_threads  # noqa: E402
 
 
 class _BlockTS:

@@ -59,9 +59,9 @@ def act_sources(cluster: Any, root: pathlib.Path) -> int:
     from binlake.testing.devdb import LocalMariaDB
 
     if not LocalMariaDB.available():
-        _say("act 4 skipped: MariaDB is not installed (apt-get install mariadb-server)")
+        _say("act 6 skipped: MariaDB is not installed (apt-get install mariadb-server)")
         return 0
-    _say("act 4: back up an existing MariaDB (binlog_format=ROW) with `binlake source mysql`")
+    _say("act 6: back up an existing MariaDB (binlog_format=ROW) with `binlake source mysql`")
     server = LocalMariaDB(root / "mariadb-upstream", binlog=True).start()
     port = server.port
     data = root / "source-mysql"
@@ -118,7 +118,7 @@ def act_sources(cluster: Any, root: pathlib.Path) -> int:
         print(f"  upstream transactions: {txns}; served by the Pumps (after the duplicate rule): {dml}; "
               f"DDL binlogs: {sum(1 for b in mine if b.ddl_query)}")
         print(f"  orders: upstream {up.get('orders')}, rebuilt from binlogs {replay.checksums().get('orders')}")
-        print("VERDICT (act 4):", "PASS - the source backed up the MariaDB through a kill -9: every transaction "
+        print("VERDICT (act 6):", "PASS - the source backed up the MariaDB through a kill -9: every transaction "
               "exactly once, rows equal" if ok else "FAIL")
         return 0 if ok else 1
     finally:

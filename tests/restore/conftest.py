@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import shutil
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -108,7 +108,13 @@ def run_captured(url: str, registry: str, plan: list[wl.LogicalTxn], cuts: int, 
             copy = None
             if copies is not None and url.startswith("sqlite:///"):
                 copy = copies / f"cut{i}.db"
-                shutil.copyfile(url.removeprefix("sqlite:///"), copy)
+                # SQLite's online backup, not a file copy: the upstream runs in WAL mode,
+                # and its newest commits may still be in the -wal file.
+                src = sqlite3.connect(url.removeprefix("sqlite:///"))
+                dst = sqlite3.connect(copy)
+                src.backup(dst)
+                src.close()
+                dst.close()
             total, accounts = bank_state(url)
             captures.append(Capture(ts, oracle.checksum(url), copy, total, accounts))
         end_ts = reg.get_ts()

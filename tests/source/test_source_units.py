@@ -86,6 +86,31 @@ def test_journal_survives_a_torn_tail_and_rolls_back_orphans(tmp_path: pathlib.P
     again.close()
 
 
+def test_a_group_decision_is_all_or_none(tmp_path: pathlib.Path) -> None:
+    st = SourceState(tmp_path)
+    st.begin("snap:a", 10)
+    st.begin("snap:b", 11)
+    with pytest.raises(ValueError, match="never begun"):
+        st.decide_many([("snap:zz", 20, "p1")])
+    st.decide_many([("snap:a", 20, "p1"), ("snap:b", 21, "p2")])
+    st.begin("snap2:a", 30)
+    st.begin("snap2:b", 31)
+    st.close()
+    with (tmp_path / "journal.log").open("a") as f:
+        f.write('{"m": [["snap2:a", 40, "p1"], ["snap2:b", 4')  # killed mid-write: none decided
+    again = SourceState(tmp_path)
+    assert again.txn_status(20 - 10) == (txn_status.COMMITTED, 20)
+    assert again.txn_status(11) == (txn_status.COMMITTED, 21)
+    d = again.decision("snap:b")
+    assert d is not None and d.pump == "p2"
+    assert again.txn_status(30) == (txn_status.ROLLED_BACK, 0)
+    assert again.txn_status(31) == (txn_status.ROLLED_BACK, 0)
+    again.close()
+    third = SourceState(tmp_path)  # the compacted journal keeps the group's decisions
+    assert third.txn_status(11) == (txn_status.COMMITTED, 21) and third.txn_status(31) == (txn_status.ROLLED_BACK, 0)
+    third.close()
+
+
 def test_one_source_per_data_dir(tmp_path: pathlib.Path) -> None:
     first = SourceState(tmp_path)
     with pytest.raises(errors.FailedPrecondition, match="another source is running"):
@@ -98,6 +123,8 @@ def test_one_source_per_data_dir(tmp_path: pathlib.Path) -> None:
     (["source", "mysql", "--dsn", "foo", "--server-id", "3"], "is not a MySQL URL"),
     (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--start", "binlog.1:x"],
      "expected now, FILE:POS"),
+    (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--start", "snapshot",
+      "--snapshot-batch-rows", "0"], "must be a positive number"),
     (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--tables", "nodot"],
      "must be DB.TABLE"),
     (["source", "postgres", "--dsn", "mysql://x", "--slot", "s", "--publication", "p"], "not a PostgreSQL URL"),

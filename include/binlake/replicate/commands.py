@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from binlake import errors
@@ -40,13 +40,48 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     d.add_argument("--fix-sql", help="write the statements that make TARGET equal to SOURCE to this file")
     d.set_defaults(handler=diff_command)
 
-    # The benchmark lives in the repository's bench/ folder, beside its results.
-    bench_dir = pathlib.Path(__file__).resolve().parents[3] / "bench"
-    if (bench_dir / "apply_bench.py").is_file():
-        sys.path.insert(0, str(bench_dir))
-        import apply_bench
+    b = bench.add_parser(
+        "apply", help="apply row changes/s into PostgreSQL/SQLite vs row-by-row and COPY", formatter_class=fmt,
+        epilog="Example:\n  binlake bench apply --changes 200000 --windows 10\n")
+    b.add_argument("--changes", type=_at_least(1000), default=1_000_000, help="row changes (default 1,000,000)")
+    b.add_argument("--windows", type=_at_least(1), default=10, help="lake windows they are cut into (default 10)")
+    b.add_argument("--targets", type=_subset("postgresql", "sqlite"), default="postgresql,sqlite",
+                   help="comma-separated, from postgresql,sqlite (default both)")
+    b.add_argument("--modes", type=_subset("consistent", "parallel"), default="consistent,parallel",
+                   help="comma-separated, from consistent,parallel (default both)")
+    b.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    b.set_defaults(handler=bench_apply_command)
 
-        apply_bench.register(bench, fmt)
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+
+    parse.__name__ = "_positive_int"  # reported like the other positive counts
+    return parse
+
+
+def _subset(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items or not set(items) <= set(allowed):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list from {', '.join(allowed)}, got {text!r}")
+        return ",".join(items)
+
+    return parse
+
+
+def bench_apply_command(args: argparse.Namespace) -> int:
+    # bench/apply_bench.py, found the way every benchmark is (``cli._bench_module``).
+    from binlake.cli import _bench_module
+
+    return int(_bench_module("apply").main(args))
 
 
 def apply_command(args: argparse.Namespace) -> int:

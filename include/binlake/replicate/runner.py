@@ -356,15 +356,21 @@ class Applier:
         pending = next(it, None)
         for i, end in enumerate(cuts):
             batch = _Batch(end, [], {}, ddls[i] if i < len(ddls) else None)
+            # No DDL inside a batch: one definition per table id for all of it.
+            defs: dict[int, binlog_pb2.TableInfo] = {}
             while pending is not None and int(pending["commit_ts"]) < end:
-                self._add(batch, pending, skip, summary)
+                self._add(batch, pending, skip, summary, defs)
                 pending = next(it, None)
             batches.append(batch)
         return batches
 
-    def _add(self, batch: _Batch, row: Any, skip: set[tuple[int, int]], summary: ApplySummary) -> None:
+    def _add(self, batch: _Batch, row: Any, skip: set[tuple[int, int]], summary: ApplySummary,
+             defs: dict[int, binlog_pb2.TableInfo]) -> None:
         ts, seq, op = int(row["commit_ts"]), int(row["seq"]), row["op"]
-        info = self.history.table(int(row["table_id"]), ts)
+        table_id = int(row["table_id"])
+        info = defs.get(table_id)
+        if info is None:
+            info = defs[table_id] = self.history.table(table_id, ts)
         if not self.rules.replicated(info.db, info.name) or op in self.rules.ignored(info.db, info.name) \
                 or (ts, seq) in skip:
             summary.filtered += 1

@@ -48,12 +48,23 @@ def optimize_vacuum(spark: Any, lake: str, retention_hours: float,
 
     say = progress or (lambda _m: None)
     done = []
-    for path in lake_tables(spark, lake):
-        table = DeltaTable.forPath(spark, path)
-        table.optimize().executeCompaction()
-        table.vacuum(retention_hours)
-        say(f"optimized and vacuumed {path} (retention {retention_hours:g} h)")
-        done.append(path)
+    # VACUUM lists a table's directories with this many tasks (10,000 by default):
+    # minutes of task overhead for a lake's small tables. A few per core is plenty.
+    key = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, str(max(2, 2 * int(spark.sparkContext.defaultParallelism))))
+    try:
+        for path in lake_tables(spark, lake):
+            table = DeltaTable.forPath(spark, path)
+            table.optimize().executeCompaction()
+            table.vacuum(retention_hours)
+            say(f"optimized and vacuumed {path} (retention {retention_hours:g} h)")
+            done.append(path)
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
     return done
 
 

@@ -38,6 +38,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "  binlake source mysql --dsn mysql://repl:pw@db1:3306 --server-id 4001 --registry 127.0.0.1:8230 \\\n"
             "      --data-dir data/source-db1 --tables 'shop.*'\n"
             "  binlake source mysql --dsn mysql://root@127.0.0.1:3306 --server-id 4001 --start binlog.000042:4\n"
+            "  binlake source mysql --dsn mysql://root@127.0.0.1:3306 --server-id 4001 --start snapshot \\\n"
+            "      --tables 'shop.*'   # the rows already there first, then the binlog from that snapshot\n"
         ),
     )
     m.add_argument("--dsn", required=True, help="mysql://USER[:PASSWORD]@HOST[:PORT]")
@@ -45,8 +47,11 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="this replica's server id (unique among the server's replicas)")
     m.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT (default 127.0.0.1:8230)")
     m.add_argument("--start", default=None,
-                   help="where a new --data-dir starts: now (default), FILE:POS or gtid:SET; "
+                   help="where a new --data-dir starts: now (default), snapshot (the chosen tables' rows "
+                        "first, then the binlog from that snapshot), FILE:POS or gtid:SET; "
                         "ignored once a checkpoint exists")
+    m.add_argument("--snapshot-batch-rows", type=int, default=10_000,
+                   help="rows per transaction of a --start snapshot (default 10000)")
     m.add_argument("--tables", default=None, help="DB.TABLE globs, comma-separated (default: every non-system table)")
     m.add_argument("--data-dir", default="data/source-mysql",
                    help="checkpoint and TSO journal (default data/source-mysql)")
@@ -133,7 +138,8 @@ def _run_mysql(args: argparse.Namespace) -> int:
     _check_args(args)
     argcheck.names("--tables", args.tables, "shop.*,app.orders")
     source = MySQLSource(args.dsn, server_id=args.server_id, registry=args.registry, data_dir=args.data_dir,
-                         start=args.start, tables=args.tables, status_addr=args.status_addr)
+                         start=args.start, tables=args.tables, status_addr=args.status_addr,
+                         snapshot_batch_rows=args.snapshot_batch_rows)
     return _run(source)
 
 

@@ -68,6 +68,20 @@ class Emitter:
             self._commit(d.start_ts, d.commit_ts, d.pump)
             self.resent += 1
             return d.start_ts, d.commit_ts
+        start_ts, pump = self.prewrite(key, value, ddl)
+        failpoint.hit("source-after-prewrite")
+        commit_ts = self.registry.get_ts()
+        self.state.decide(key, commit_ts, pump)
+        failpoint.hit("source-before-commit")
+        self._commit(start_ts, commit_ts, pump)
+        failpoint.hit("source-after-commit")
+        self.sent += 1
+        return start_ts, commit_ts
+
+    def prewrite(self, key: str, value: binlog_pb2.PrewriteValue,
+                 ddl: tuple[str, Sequence[binlog_pb2.TableInfo]] | None = None) -> tuple[int, str]:
+        """Phase one only: start_ts, journal it, prewrite; return (start_ts, pump). Until a
+        ``c`` line decides it, the Pumps hold it as running (TxnStatus) and a restart rolls it back."""
         start_ts = self.registry.get_ts()
         infos = list(ddl[1]) if ddl is not None else None
         self.state.begin(key, start_ts, infos)
@@ -78,15 +92,21 @@ class Emitter:
             prewrite.ddl_query = ddl[0].encode()
             prewrite.ddl_job_id = info.schema_version
             prewrite.ddl_table.CopyFrom(info)
-        pump = self.client.write_prewrite(prewrite)
-        failpoint.hit("source-after-prewrite")
-        commit_ts = self.registry.get_ts()
-        self.state.decide(key, commit_ts, pump)
+        return start_ts, self.client.write_prewrite(prewrite)
+
+    def commit_group(self, items: Sequence[tuple[str, int, str]]) -> list[int]:
+        """Decide prewritten transactions (key, start_ts, pump) all at once, then commit each.
+
+        The commit_ts are taken in the order given and journaled in ONE line: a crash
+        leaves either none of them decided (all rolled back at restart) or all of
+        them (a restart re-sends the commits with the same TSOs)."""
+        decisions = [(key, self.registry.get_ts(), pump) for key, _start, pump in items]
+        self.state.decide_many(decisions)
         failpoint.hit("source-before-commit")
-        self._commit(start_ts, commit_ts, pump)
-        failpoint.hit("source-after-commit")
-        self.sent += 1
-        return start_ts, commit_ts
+        for (_key, start_ts, _p), (_k, commit_ts, pump) in zip(items, decisions, strict=True):
+            self._commit(start_ts, commit_ts, pump)
+            self.sent += 1
+        return [c for _k, c, _p in decisions]
 
     def ddl_decision(self, key: str) -> list[binlog_pb2.TableInfo] | None:
         """The table definitions a decided DDL transaction KEY was sent with, if any."""

@@ -12,6 +12,9 @@ Files:
     * ``{"k": KEY, "c": COMMIT_TS, "p": PUMP}`` written after that Pump
       acknowledged the prewrite, before the commit binlog is sent;
     * ``{"s": START_TS, "r": 1}`` a start_ts abandoned (rolled back).
+    * ``{"m": [[KEY, COMMIT_TS, PUMP], ...]}`` several transactions decided
+      together (a snapshot): one line, so a crash decides all of them or none
+      (a torn last line is read as never written).
 
     Invariant: a KEY is decided at most once: once it has a ``c`` line, every
     later copy of that transaction carries exactly that ``(start_ts, commit_ts)``;
@@ -170,6 +173,10 @@ class SourceState:
         return rec
 
     def _apply(self, rec: dict[str, Any]) -> None:
+        if "m" in rec:
+            for key, commit_ts, pump in rec["m"]:
+                self._apply({"k": key, "c": commit_ts, "p": pump})
+            return
         if rec.get("r"):
             self._rolled_back.add(int(rec["s"]))
             return
@@ -225,6 +232,17 @@ class SourceState:
                 for old in list(self._by_key)[:KEEP_DECIDED]:
                     gone = self._by_key.pop(old)
                     self._by_start.pop(gone.start_ts, None)
+
+    def decide_many(self, decisions: list[tuple[str, int, str]]) -> None:
+        """Decide every (key, commit_ts, pump) in one fsync'ed journal line (all or none)."""
+        with self._lock:
+            for key, _c, _p in decisions:
+                if key not in self._by_key:
+                    raise ValueError(f"transaction {key!r} was never begun")
+            self._append({"m": [[k, c, p] for k, c, p in decisions]})
+            for key, commit_ts, pump in decisions:
+                d = self._by_key[key]
+                d.commit_ts, d.pump = commit_ts, pump
 
     def abandon(self, start_ts: int) -> None:
         with self._lock:

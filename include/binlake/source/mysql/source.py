@@ -39,6 +39,7 @@ from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.constants import NONE_SOURCE
 from pymysqlreplication.event import (
     GtidEvent,
     HeartbeatLogEvent,
@@ -55,6 +56,7 @@ from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
 from binlake.source.mysql import server as srv
+from binlake.source.mysql import snapshot
 from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
 
@@ -70,7 +72,7 @@ _EVENTS = [RotateEvent, GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent, Table
 
 
 def parse_start(start: str | None) -> tuple[str, Any]:
-    """``now`` | ``FILE:POS`` | ``gtid:SET`` -> (kind, value)."""
+    """``now`` | ``snapshot`` | ``FILE:POS`` | ``gtid:SET`` -> (kind, value)."""
     if start is None or start == "now":
         return "now", None
     if start.startswith("gtid:"):
@@ -79,13 +81,17 @@ def parse_start(start: str | None) -> tuple[str, Any]:
             raise errors.InvalidArgument("--start gtid: needs a GTID set, e.g. gtid:0-1-42")
         return "gtid", gtid
     if start == "snapshot":
-        raise errors.InvalidArgument("--start snapshot is not supported yet; use --start now (or FILE:POS)")
+        return "snapshot", None
     file, sep, pos = start.rpartition(":")
     if not sep or not file or not pos.isdigit() or int(pos) < 4:
         raise errors.InvalidArgument(
-            f"--start {start!r}: expected now, FILE:POS (e.g. binlog.000003:1234, POS >= 4) or gtid:SET"
+            f"--start {start!r}: expected now, FILE:POS (e.g. binlog.000003:1234, POS >= 4), gtid:SET or snapshot"
         )
     return "pos", (file, int(pos))
+
+
+class _SnapshotStopped(Exception):
+    """stop() during the snapshot, before its commit point."""
 
 
 class _Txn:
@@ -105,11 +111,15 @@ class MySQLSource:
 
     def __init__(self, dsn: str, *, server_id: int, registry: str, data_dir: str, start: str | None = None,
                  tables: str | None = None, status_addr: str = "127.0.0.1:0",
-                 client_settings: ClientSettings | None = None, heartbeat_s: float = 1.0) -> None:
+                 client_settings: ClientSettings | None = None, heartbeat_s: float = 1.0,
+                 snapshot_batch_rows: int = snapshot.BATCH_ROWS) -> None:
         if not isinstance(server_id, int) or not 1 <= server_id < 2**32:
             raise errors.InvalidArgument(f"--server-id must be in 1..4294967295, got {server_id!r}")
         self.dsn = srv.parse_dsn(dsn)
         self.server_id = server_id
+        if not isinstance(snapshot_batch_rows, int) or snapshot_batch_rows < 1:
+            raise errors.InvalidArgument(f"--snapshot-batch-rows must be a positive number, got {snapshot_batch_rows!r}")
+        self.snapshot_batch_rows = snapshot_batch_rows
         self.registry_addr = registry
         self.start_kind, self.start_value = parse_start(start)
         self.filter = TableFilter(tables)
@@ -152,6 +162,13 @@ class MySQLSource:
                 self.file, self.pos = st["position"]
                 srv.check_position(conn, self.file, self.pos)
                 self.catalog = Catalog.from_json(st["schema"])
+            elif st.get("snapshot") and self._snapshot_decided(st["snapshot"]):
+                if st.get("server") != info.identity:
+                    raise errors.FailedPrecondition(
+                        f"the server's identity changed ({st.get('server')} -> {info.identity}) during the snapshot "
+                        f"in {self.state.dir}; start a new --data-dir"
+                    )
+                self._finish_snapshot(conn)
             else:
                 self._first_start(conn, info)
         finally:
@@ -159,6 +176,9 @@ class MySQLSource:
         return info
 
     def _first_start(self, conn: Any, info: srv.ServerInfo) -> None:
+        if self.start_kind == "snapshot":
+            self._take_snapshot(info)
+            return
         if self.start_kind == "pos":
             self.file, self.pos = self.start_value
             srv.check_position(conn, self.file, self.pos)
@@ -180,6 +200,89 @@ class MySQLSource:
             self._send_ddl(f"init:{self.file}:{self.pos}:{name}", ddl, DdlChange(t.db, t.name, t, None))
         self._checkpoint(force=True)
 
+    # ------------------------------------------------------------------ snapshot
+    # The snapshot is one all-or-nothing group: every DDL and row batch is
+    # prewritten (journaled start_ts, Pumps hold it as running), then the
+    # ``snapshot`` marker is saved, then all commit_ts are decided in ONE journal
+    # line (the commit point), then the commits are sent, then the checkpoint
+    # moves to the snapshot's position and the marker goes. A crash before the
+    # commit point: the journal's load rolls every start_ts back (TxnStatus says
+    # so to the Pumps), nothing was served, and the restart takes a new snapshot.
+    # After it: the marker names the decided keys, and the restart re-sends their
+    # commits with the journaled (start_ts, commit_ts), which the Pumps/reader
+    # drop as copies, then streams from the marker's position. No row is served
+    # twice, none lost.
+
+    def _take_snapshot(self, info: srv.ServerInfo) -> None:
+        assert self.emitter is not None
+        conn, self.file, self.pos = snapshot.open_snapshot(self.dsn, info.mariadb)
+        try:
+            self.catalog = load_catalog(conn, self.filter)
+            ddls: dict[str, str] = {}
+            with conn.cursor() as cur:
+                for name, t in self.catalog.tables.items():
+                    cur.execute(f"SHOW CREATE TABLE `{t.db}`.`{t.name}`")
+                    ddls[name] = str(cur.fetchone()[1])
+            snapshot.raw_results(conn)
+            self.state.save(server=info.identity, next_table_id=FIRST_TABLE_ID, schema_version=0)
+            tag = f"snap:{self.file}:{self.pos}"
+            group: list[tuple[str, int, str]] = []
+            for name in sorted(ddls):
+                t = self.catalog.tables[name]
+                self.catalog.remove(t.db, t.name)
+                self._send_ddl(f"{tag}:ddl:{name}", ddls[name], DdlChange(t.db, t.name, t, None), group=group)
+            rows = 0
+            for name in sorted(ddls):
+                t = self.catalog.tables[name]
+                enc = self._encoder(t)
+                for n, batch in enumerate(snapshot.batches(conn, t, self.snapshot_batch_rows)):
+                    m = binlog_pb2.TableMutation(table_id=t.table_id)
+                    try:
+                        m.inserted_rows.extend(enc.encode(r) for r in batch)
+                    except (TypeError, ValueError) as exc:
+                        raise errors.FailedPrecondition(f"{t.full_name}: a value binlake cannot carry: {exc}") from None
+                    m.sequence.extend([binlog_pb2.INSERT] * len(batch))
+                    value = binlog_pb2.PrewriteValue(schema_version=int(self.state.state["schema_version"]),
+                                                     mutations=[m])
+                    key = f"{tag}:{name}:{n}"
+                    start_ts, pump = self.emitter.prewrite(key, value)
+                    group.append((key, start_ts, pump))
+                    rows += len(batch)
+                    if self._stop.is_set():
+                        # Nothing decided yet: stopping here is a rollback; the next start snapshots again.
+                        raise _SnapshotStopped
+        finally:
+            conn.close()  # ends the snapshot transaction (read only)
+        # The marker: the position, the definitions there, and the group's keys.
+        self.state.save(snapshot={"position": [self.file, self.pos], "schema": self.catalog.to_json(),
+                                  "keys": [list(g) for g in group], "rows": rows})
+        self.emitter.commit_group(group)
+        self.transactions += len(group)
+        self.row_changes += rows
+        log.info("mysql source: snapshot of %d tables, %d rows in %d transactions at %s:%d", len(ddls), rows,
+                 len(group), self.file, self.pos)
+        self.state.state.pop("snapshot", None)
+        self._checkpoint(force=True)
+
+    def _snapshot_decided(self, marker: dict[str, Any]) -> bool:
+        keys = marker.get("keys") or []
+        # Decided in one journal line: the first key stands for all.
+        return not keys or self.state.decision(str(keys[0][0])) is not None
+
+    def _finish_snapshot(self, conn: Any) -> None:
+        """Restart after the snapshot's commit point: re-send its commits with the journaled TSOs."""
+        assert self.emitter is not None
+        marker = self.state.state["snapshot"]
+        for key, _start, _pump in marker["keys"]:
+            self.emitter.emit(str(key), binlog_pb2.PrewriteValue())  # decided: re-sends only the commit
+        self.file, self.pos = str(marker["position"][0]), int(marker["position"][1])
+        srv.check_position(conn, self.file, self.pos)
+        self.catalog = Catalog.from_json(marker["schema"])
+        self.state.state.pop("snapshot", None)
+        log.info("mysql source: snapshot at %s:%d completed after a restart (%d commits re-sent)", self.file,
+                 self.pos, len(marker["keys"]))
+        self._checkpoint(force=True)
+
     # ------------------------------------------------------------------ main loop
     def run(self) -> None:
         try:
@@ -189,7 +292,12 @@ class MySQLSource:
             self.state.close()
             raise
         try:
-            info = self._open()
+            try:
+                info = self._open()
+            except _SnapshotStopped:
+                log.info("mysql source: stopped during the snapshot; nothing of it was served, the next start "
+                         "takes it again")
+                return
             log.info("mysql source %s: %s %s from %s:%d, %d tables, writer %s", self.dsn, "MariaDB" if info.mariadb
                      else "MySQL", info.version, self.file or f"gtid {self.start_value}", self.pos,
                      len(self.catalog.tables), self.emitter.writer_id)
@@ -317,15 +425,16 @@ class MySQLSource:
         try:
             if isinstance(ev, WriteRowsEvent):
                 for row in ev.rows:
-                    m.inserted_rows.append(enc.encode(row["values"]))
+                    m.inserted_rows.append(enc.encode(_values(row, "values", "none_sources")))
                     m.sequence.append(binlog_pb2.INSERT)
             elif isinstance(ev, UpdateRowsEvent):
                 for row in ev.rows:
-                    m.updated_rows.append(enc.encode_update(row["before_values"], row["after_values"]))
+                    m.updated_rows.append(enc.encode_update(_values(row, "before_values", "before_none_sources"),
+                                                            _values(row, "after_values", "after_none_sources")))
                     m.sequence.append(binlog_pb2.UPDATE)
             else:
                 for row in ev.rows:
-                    m.deleted_rows.append(enc.encode(row["values"]))
+                    m.deleted_rows.append(enc.encode(_values(row, "values", "none_sources")))
                     m.sequence.append(binlog_pb2.DELETE_ROW)
             txn.rows += len(ev.rows)
         except (TypeError, ValueError) as exc:
@@ -362,7 +471,7 @@ class MySQLSource:
         self._dirty = True
         self._checkpoint(force=True)
 
-    def _send_ddl(self, key: str, sql: str, ch: DdlChange) -> None:
+    def _send_ddl(self, key: str, sql: str, ch: DdlChange, group: list[tuple[str, int, str]] | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
         version = int(st.get("schema_version", 0)) + 1
@@ -391,7 +500,12 @@ class MySQLSource:
                 ch.after.table_id, ch.after.schema_version = info.table_id, info.schema_version
                 ch.after.column_ids = {c.name: c.id for c in info.columns}
                 ch.after.next_column_id = info.next_column_id
-        self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
+        if group is None:
+            self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
+        else:  # part of the snapshot's group: decided with it
+            start_ts, pump = self.emitter.prewrite(key, binlog_pb2.PrewriteValue(schema_version=version),
+                                                   ddl=(sql, [info]))
+            group.append((key, start_ts, pump))
         if ch.before is not None:
             self.catalog.remove(ch.before.db, ch.before.name)
         if ch.after is not None:
@@ -409,6 +523,16 @@ class MySQLSource:
         self.state.save(position=[self.file, self.pos], schema=self.catalog.to_json())
         self._last_save = now
         self._dirty = False
+
+
+def _values(row: dict[str, Any], key: str, nones: str) -> dict[str, Any]:
+    """The row image, with an empty SET as the empty set (mysql-replication reports it
+    as None, telling it apart from NULL only in the row's none-sources)."""
+    values: dict[str, Any] = row[key]
+    empty = [k for k, why in (row.get(nones) or {}).items() if why == NONE_SOURCE.EMPTY_SET]
+    if not empty:
+        return values
+    return {**values, **dict.fromkeys(empty, frozenset())}
 
 
 def _schema(ev: QueryEvent) -> str:

@@ -1,0 +1,259 @@
+"""``binlake bench apply``: row changes/s from the lake into PostgreSQL and SQLite.
+
+A sysbench-like table (``sbtest1``: id, k, c char(120), pad char(60)) receives
+N row changes, 70 % inserts, 20 % updates (k and c), 10 % deletes, in
+transactions of 10, written straight into a lake (``changes``, ``ddl_history``,
+``windows``: the format the ingest writes) as W windows. Then, in one run:
+
+* ``binlake apply`` (the real runner: Spark reads each window, compaction,
+  batched statements, checkpoint) into PostgreSQL and SQLite, consistent and
+  parallel mode, each into an empty database;
+* the naive replayer: one statement per row change in commit order, one
+  transaction per window (the baseline the apply must beat by 10x);
+* PostgreSQL COPY of the same final rows into an empty table (the limit).
+
+Prints seconds, row changes/s, the ratios, and the peak RSS of this process
+(the Spark JVM's memory is not in it; it is bounded by -Xmx).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+TABLE = "sbtest1"
+TXN = 10
+
+
+def _image(row: dict[str, Any]) -> str:
+    return json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def generate(n: int, seed: int = 7) -> tuple[list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]],
+                                              dict[int, dict[str, Any]]]:
+    """The row changes (op, before, after) and the final rows."""
+    rng = random.Random(seed)
+    live: dict[int, dict[str, Any]] = {}
+    ids: list[int] = []
+    out: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
+    next_id = 1
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.7 or len(ids) < 100:
+            row = {"id": next_id, "k": rng.randrange(1_000_000), "c": f"{rng.getrandbits(240):060x}" * 2,
+                   "pad": f"{rng.getrandbits(128):032x}" + "-" * 28}
+            live[next_id] = row
+            ids.append(next_id)
+            next_id += 1
+            out.append(("insert", None, row))
+        else:
+            i = rng.randrange(len(ids))
+            key = ids[i]
+            before = live[key]
+            if r < 0.9:
+                after = dict(before, k=rng.randrange(1_000_000), c=f"{rng.getrandbits(240):060x}" * 2)
+                live[key] = after
+                out.append(("update", before, after))
+            else:
+                ids[i] = ids[-1]
+                ids.pop()
+                del live[key]
+                out.append(("delete", before, None))
+    return out, live
+
+
+def write_lake(spark: Any, lake: str, changes: list[Any], windows: int
+               ) -> tuple[list[tuple[int, int]], Any, list[int]]:
+    """The lake of ``changes``: windows, the table definition, row changes per window."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from binlake import tso
+    from binlake.lake import decode, ingest
+    from binlake.source import schema as sc
+
+    info = sc.new_table(100, "main", TABLE, [sc.ColumnDef("id", "int", False), sc.ColumnDef("k", "int"),
+                                             sc.ColumnDef("c", "string", length=120),
+                                             sc.ColumnDef("pad", "string", length=60)], ["id"], None, 1)
+    base = tso.from_datetime(dt.datetime(2026, 11, 20, 8, 0, tzinfo=dt.UTC))
+    create_ts = base + 1
+    ddl = {"commit_ts": create_ts, "start_ts": base, "schema_version": 1, "db": "main", "tbl": TABLE,
+           "table_id": 100, "previous_table_id": 0, "dropped": False, "query": f"CREATE TABLE {TABLE} (...)",
+           "table_info": info.SerializeToString(), "table_json": decode.table_json(info)}
+    spark.createDataFrame([ddl], decode.DDL_HISTORY_DDL).write.format("delta").mode("overwrite").save(
+        ingest.table_path(lake, ingest.DDL_HISTORY))
+    cols: dict[str, list[Any]] = {name: [] for name, _ in decode.CHANGE_COLUMNS}
+    step = 1 << 18  # one transaction per millisecond
+    for i, (op, before, after) in enumerate(changes):
+        ts = create_ts + step * (1 + i // TXN)
+        key = after if after is not None else before
+        assert key is not None
+        for name, value in (("commit_ts", ts), ("start_ts", ts - 1), ("seq", i % TXN),
+                            ("commit_date", decode.commit_date(ts)), ("db", "main"), ("tbl", TABLE),
+                            ("table_id", 100), ("op", op), ("keys", _image({"id": key["id"]})),
+                            ("before", _image(before) if before else None), ("after", _image(after) if after else None),
+                            ("schema_version", 1), ("pump", "pump1")):
+            cols[name].append(value)
+    end = create_ts + step * (2 + len(changes) // TXN)
+    table = pa.table(cols)
+    df = spark.createDataFrame(table, decode.CHANGES_DDL)
+    df.write.format("delta").mode("overwrite").partitionBy("commit_date").save(ingest.table_path(lake, ingest.CHANGES))
+    cuts = [base] + [base + (end - base) * (j + 1) // windows for j in range(windows)]
+    bounds = list(zip(cuts, cuts[1:], strict=False))
+    ts_list = cols["commit_ts"]
+    rows = []
+    counts = []
+    for a, b in bounds:
+        count = sum(1 for t in ts_list if a <= t < b)
+        counts.append(count)
+        rows.append((a, b, ["pump1"], {"pump1": count}, {f"main.{TABLE}:x": count}, count // TXN, count,
+                     1 if a <= create_ts < b else 0, "done", dt.datetime(2026, 11, 20, 9, 0)))
+    spark.createDataFrame(rows, ingest.WINDOWS_DDL).write.format("delta").mode("overwrite").save(
+        ingest.table_path(lake, ingest.WINDOWS))
+    return bounds, info, counts
+
+
+def naive_replay(url: str, info: Any, changes: list[Any], per_window: list[int]) -> float:
+    """One statement per row change, commit order, one transaction per window."""
+    from binlake.replicate import sink
+
+    with sink.open_target(url) as t:
+        t.create_table(info)
+        raw: Any = t.engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            mark = "%s" if t.dialect != "sqlite" else "?"
+            ins = f"INSERT INTO {TABLE} (id, k, c, pad) VALUES ({mark}, {mark}, {mark}, {mark})"
+            upd = f"UPDATE {TABLE} SET k = {mark}, c = {mark}, pad = {mark} WHERE id = {mark}"
+            dele = f"DELETE FROM {TABLE} WHERE id = {mark}"
+            started = time.perf_counter()
+            i = 0
+            for n in per_window:
+                for op, before, after in changes[i:i + n]:
+                    if op == "insert":
+                        cur.execute(ins, (after["id"], after["k"], after["c"], after["pad"]))
+                    elif op == "update":
+                        cur.execute(upd, (after["k"], after["c"], after["pad"], after["id"]))
+                    else:
+                        cur.execute(dele, (before["id"],))
+                raw.commit()
+                i += n
+            return time.perf_counter() - started
+        finally:
+            raw.close()
+
+
+def copy_final(url: str, info: Any, final: dict[int, dict[str, Any]]) -> float:
+    from binlake.replicate import sink
+
+    with sink.open_target(url) as t:
+        t.create_table(info)
+        started = time.perf_counter()
+        t.bulk_load(info, final.values())
+        return time.perf_counter() - started
+
+
+def main(args: argparse.Namespace | None = None) -> int:
+    if args is None:
+        parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("--changes", type=int, default=1_000_000)
+        parser.add_argument("--windows", type=int, default=10)
+        parser.add_argument("--targets", default="postgresql,sqlite")
+        parser.add_argument("--modes", default="consistent,parallel")
+        parser.add_argument("--master", default="local[2]")
+        args = parser.parse_args()
+    if args.changes < 1000 or args.windows < 1:
+        print("bench apply: --changes must be at least 1000 and --windows positive", file=sys.stderr)
+        return 2
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not set(targets) <= {"postgresql", "sqlite"} or not set(modes) <= {"consistent", "parallel"}:
+        print("bench apply: --targets from postgresql,sqlite; --modes from consistent,parallel", file=sys.stderr)
+        return 2
+    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.replicate import runner, task
+    from binlake.testing.devdb import LocalPostgres
+
+    root = Path(tempfile.mkdtemp(prefix="apply-bench-"))
+    pg = None
+    try:
+        print(f"generating {args.changes:,} row changes (70% insert, 20% update, 10% delete) ...", flush=True)
+        changes, final = generate(args.changes)
+        spark = build_spark("binlake-bench-apply", args.master, shuffle_partitions=4, extra_conf=LAKE_CONF)
+        spark.sparkContext.setLogLevel("ERROR")
+        lake = str(root / "lake")
+        bounds, info, counts = write_lake(spark, lake, changes, args.windows)
+        print(f"lake written: {len(bounds)} windows, {len(final):,} final rows", flush=True)
+        # Warm the JVM (classes, Delta's log reader) so the first measured case is not charged for it.
+        from binlake.lake import ingest
+
+        ingest.read_windows(spark, lake)
+        spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES)).count()
+        per_window = counts
+        if "postgresql" in targets:
+            root.chmod(0o755)
+            pg = LocalPostgres(root / "pg").start()
+
+        def new_url(kind: str) -> str:
+            if kind == "sqlite":
+                return f"sqlite:///{root / f'{uuid.uuid4().hex[:8]}.db'}"
+            assert pg is not None
+            return str(pg.create_database(f"b_{uuid.uuid4().hex[:10]}"))
+
+        results: list[tuple[str, str, float]] = []
+        baseline: dict[str, float] = {}
+        for kind in targets:
+            baseline[kind] = naive_replay(new_url(kind), info, changes, per_window)
+            print(f"  {kind:<10} row-by-row      {baseline[kind]:8.1f}s", flush=True)
+        copy_s = copy_final(new_url("postgresql"), info, final) if "postgresql" in targets else 0.0
+        if copy_s:
+            print(f"  postgresql COPY final rows {copy_s:8.1f}s", flush=True)
+        for kind in targets:
+            for mode in modes:
+                url = new_url(kind)
+                t = task.Task(name="bench", lake=lake, target=url, mode=mode)  # type: ignore[arg-type]
+                started = time.perf_counter()
+                summary = runner.Applier(spark, t).run()
+                took = time.perf_counter() - started
+                assert summary.changes == len(changes), (summary.changes, len(changes))
+                if kind == "sqlite":
+                    check = sqlite3.connect(url.removeprefix("sqlite:///"))
+                    n = check.execute(f"SELECT count(*) FROM {TABLE}").fetchone()[0]
+                    check.close()
+                    assert n == len(final), (n, len(final))
+                results.append((kind, mode, took))
+                print(f"  {kind:<10} apply {mode:<10} {took:8.1f}s", flush=True)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print()
+        print(f"binlake bench apply --changes {args.changes} --windows {args.windows}  "
+              f"({len(final):,} final rows; peak RSS of this process {rss:.0f} MiB)")
+        print()
+        print("| target | mode | seconds | row changes/s | x row-by-row | / COPY |")
+        print("|---|---|---:|---:|---:|---:|")
+        for kind in targets:
+            b = baseline[kind]
+            print(f"| {kind} | row-by-row (naive) | {b:.1f} | {len(changes) / b:,.0f} | 1.0 | "
+                  f"{(copy_s / b) if kind == 'postgresql' and copy_s else 0:.2f} |")
+        if copy_s:
+            print(f"| postgresql | COPY of the final rows | {copy_s:.1f} | {len(changes) / copy_s:,.0f} | "
+                  f"{baseline['postgresql'] / copy_s:.1f} | 1.00 |")
+        for kind, mode, took in results:
+            ratio_copy = f"{copy_s / took:.2f}" if kind == "postgresql" and copy_s else "-"
+            print(f"| {kind} | binlake apply {mode} | {took:.1f} | {len(changes) / took:,.0f} | "
+                  f"{baseline[kind] / took:.1f} | {ratio_copy} |")
+        return 0
+    finally:
+        if pg is not None:
+            pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
