@@ -40,7 +40,7 @@ def make_rows(rows: int, path: pathlib.Path) -> None:
     from ingest_bench import POOL, RowFactory, bench_table
 
     from binlake import tso
-    from binlake.lake import source
+    from binlake.lake.arrow_batches import changes_batch
     from binlake.lake.change_decoder import ChangeDecoder
     from binlake.lake.schema_history import SchemaHistory
     from binlake.proto import binlog_pb2
@@ -72,9 +72,9 @@ def make_rows(rows: int, path: pathlib.Path) -> None:
         decoder.add(binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=ts + 2 * t, commit_ts=ts + 2 * t + 1,
                                       prewrite_value=value.SerializeToString()))
         if len(decoder) >= 50_000:
-            batches.append(source.changes_batch(decoder.take()))
+            batches.append(changes_batch(decoder.take()))
     if len(decoder):
-        batches.append(source.changes_batch(decoder.take()))
+        batches.append(changes_batch(decoder.take()))
     pq.write_table(pa.Table.from_batches(batches), path)
 
 

@@ -272,10 +272,10 @@ class PeakRSS:
 def decode_only(args: argparse.Namespace) -> int:
     """``--decode-only``: CPU µs per row change of ChangeDecoder.add (and of add +
     the Arrow batch), Python path vs native, on the benchmark's own rows."""
+    from binlake.lake.arrow_batches import BATCH_ROWS, changes_batch
     from binlake.lake.change_decoder import ChangeDecoder
     from binlake.lake.native import native_available, native_import_error
     from binlake.lake.schema_history import SchemaHistory
-    from binlake.lake.source import BATCH_ROWS, changes_batch
     from binlake.proto import binlog_pb2
     from binlake.tso import compose
 

@@ -30,6 +30,7 @@ from binlake.lake import checkpoint, ingest
 from binlake.lake import source as lake_source
 from binlake.lake.image import image_values
 from binlake.lake.planner import plan_window
+from binlake.lake.pump_check import check_pumps
 from binlake.lake.rows import OPS
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
@@ -49,7 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
 def wait_safe(cluster: DevCluster, ts: int) -> None:
     def passed() -> bool:
         try:
-            lake_source.check_pumps(plan_window(cluster.registry_addr, 0, ts))
+            check_pumps(plan_window(cluster.registry_addr, 0, ts))
         except errors.FailedPrecondition:
             return False
         return True

@@ -112,7 +112,7 @@ def test_image_is_canonical_sorted_and_compact() -> None:
     row = codec.encode_row({"id": 7, "v": None, "b": 3, "a": {"z": 1, "y": [True]}}, info)
     history = SchemaHistory.from_tables([info])
     rows = change_rows(txn(10, TS, mutation(info, ("insert", None, {"id": 7, "b": 3, "a": {"z": 1, "y": [True]}}))),
-                              history)
+                       history)
     assert rows[0]["after"] == '{"a":{"y":[true],"z":1},"b":3,"id":7,"v":null}'
     assert rows[0]["keys"] == '{"id":7}'
     assert json.loads(rows[0]["after"]) == {"a": {"y": [True], "z": 1}, "b": 3, "id": 7, "v": None}
@@ -135,7 +135,7 @@ def test_images_read_back_exactly(data: st.DataObject) -> None:
     expected = codec.decode_row(codec.encode_row(row, info), info)
     assert image_values(out[0]["after"], info) == expected
     assert image_values(out[0]["keys"], new_table(100, "app", "t", [ColumnDef("id", "int", False)],
-                                                         ["id"], None, 1)) == {"id": expected["id"]}
+                                                  ["id"], None, 1)) == {"id": expected["id"]}
 
 
 def _datums() -> st.SearchStrategy[tuple[binlog_pb2.Datum, int]]:

@@ -22,6 +22,7 @@ from binlake import codec, errors, tso
 from binlake.lake import image as lake_image
 from binlake.lake import native as lake_native
 from binlake.lake import source
+from binlake.lake.arrow_batches import changes_batch
 from binlake.lake.change_decoder import ChangeDecoder
 from binlake.lake.native import (
     NATIVE_DECODE_ENV,
@@ -153,7 +154,7 @@ def _decode_both(txn: binlog_pb2.Binlog, history: SchemaHistory) -> tuple[Any, .
         except Exception as exc:  # whatever it is, both paths must raise it
             out.append(("error", type(exc), str(exc)))
         # After an error: what it left behind (earlier mutations' rows), in step on both paths.
-        batches.append(source.changes_batch(out[-1][1] if out[-1][0] == "ok" else decoder.take()))
+        batches.append(changes_batch(out[-1][1] if out[-1][0] == "ok" else decoder.take()))
     assert out[0] == out[1]
     _assert_same_batch(batches[0], batches[1])
     return out[1]
@@ -598,9 +599,9 @@ def test_empty_batches_and_a_batch_of_nulls(monkeypatch: pytest.MonkeyPatch) -> 
     info = _table([(1, "id", binlog_pb2.INT), (2, "v", binlog_pb2.STRING)], [1])
     history = SchemaHistory.from_tables([info])
     for native in (False, True):  # nothing decoded: an empty batch of the right schema
-        batch = source.changes_batch(ChangeDecoder(history, native=native).take())
+        batch = changes_batch(ChangeDecoder(history, native=native).take())
         assert batch.num_rows == 0 and batch.schema.names == [n for n, _ in CHANGE_COLUMNS]
-    _assert_same_batch(*(source.changes_batch(ChangeDecoder(history, native=n).take()) for n in (False, True)))
+    _assert_same_batch(*(changes_batch(ChangeDecoder(history, native=n).take()) for n in (False, True)))
     assert _read_both([], history, 4, monkeypatch) == [[], []]
     row = codec.encode_row({"id": 1, "v": "é"}, info)
     deletes = binlog_pb2.TableMutation(table_id=100, deleted_rows=[row] * 9, sequence=[binlog_pb2.DELETE_ROW] * 9)
@@ -662,5 +663,5 @@ def test_rows_decoded_in_python_keep_their_place_in_a_native_batch(monkeypatch: 
         with pytest.raises(CorruptBinlogError, match="a row does not decode"):
             decoder.add(_txn_at(5, other, failing))
         assert len(decoder) == 10  # txns[0], then the other table's row of the failing transaction
-        left.append(source.changes_batch(decoder.take()))
+        left.append(changes_batch(decoder.take()))
     _assert_same_batch(*left)

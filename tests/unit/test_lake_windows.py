@@ -8,9 +8,13 @@ import argparse
 import pytest
 
 from binlake import errors, tso
-from binlake.lake import commands, ingest
-from binlake.lake import source as ls
+from binlake.lake import commands, ingest, pump_pull
+from binlake.lake.pump_check import check_pumps
+from binlake.lake.pump_pull import pull_resumable
+from binlake.lake.read_options import ReadOptions
 from binlake.lake.schema_history import SchemaHistory
+from binlake.lake.spark_errors import binlake_error
+from binlake.lake.window_index import WindowIndex, _splits
 from binlake.proto import binlog_pb2
 from binlake.source import schema as sc
 from binlake.source.schema import ColumnDef, new_table
@@ -43,29 +47,29 @@ def test_overlap_rules() -> None:
 
 def test_partition_cuts_fall_between_transactions() -> None:
     txns = [(100, 1, 50), (100, 2, 50), (110, 3, 50), (120, 4, 50), (130, 5, 50)]
-    assert ls._splits(txns, set(), 100) == [110, 130]
+    assert _splits(txns, set(), 100) == [110, 130]
     # Two transactions sharing a commit_ts are never cut apart.
-    assert ls._splits([(100, 1, 100), (100, 2, 100), (105, 3, 1)], set(), 100) == [105]
-    assert ls._splits(txns, {2}, 100) == [120]  # skipped copies do not count
+    assert _splits([(100, 1, 100), (100, 2, 100), (105, 3, 1)], set(), 100) == [105]
+    assert _splits(txns, {2}, 100) == [120]  # skipped copies do not count
 
 
 def test_window_index_travels_as_json() -> None:
     info = new_table(100, "app", "t", [ColumnDef("id", "int", False)], ["id"], None, 1)
     ddl = binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=5, commit_ts=9, ddl_query=b"CREATE TABLE t",
                             ddl_table=info)
-    index = ls.WindowIndex(1, 100, ddls=[("pump1", ddl)], skip={"pump2": [7]}, splits={"pump1": [50]})
-    back = ls.WindowIndex.from_json(index.to_json())
+    index = WindowIndex(1, 100, ddls=[("pump1", ddl)], skip={"pump2": [7]}, splits={"pump1": [50]})
+    back = WindowIndex.from_json(index.to_json())
     assert (back.start_ts, back.end_ts, back.ddls, back.skip, back.splits) == (1, 100, [("pump1", ddl)],
                                                                                 {"pump2": [7]}, {"pump1": [50]})
     with pytest.raises(errors.InvalidArgument, match="window_index"):
-        ls.WindowIndex.from_json('{"start_ts": 1}')
+        WindowIndex.from_json('{"start_ts": 1}')
 
 
 def test_table_op_counts_name_tables_as_they_were_then() -> None:
     v1 = new_table(100, "app", "t", [ColumnDef("id", "int", False)], ["id"], None, 1)
     history = SchemaHistory.from_tables([v1], commit_ts=1)
     history.add(50, sc.rename_table(v1, "t2", 2))
-    index = ls.WindowIndex(1, 100, mutations=[(10, 100, 2, 1, 0), (60, 100, 0, 0, 3), (70, 100, 1, 0, 0)])
+    index = WindowIndex(1, 100, mutations=[(10, 100, 2, 1, 0), (60, 100, 0, 0, 3), (70, 100, 1, 0, 0)])
     assert ingest._table_op_counts(index, history) == {
         "app.t:insert": 2, "app.t:update": 1, "app.t2:delete": 3, "app.t2:insert": 1}
 
@@ -74,9 +78,9 @@ OPTS = {"registry": "127.0.0.1:8230", "start_ts": "10", "end_ts": "20"}
 
 
 def test_read_options() -> None:
-    o = ls.ReadOptions.parse({**OPTS, "pumps": "pump1, pump2", "Kind": "ddl", "sub_window": "5"})
+    o = ReadOptions.parse({**OPTS, "pumps": "pump1, pump2", "Kind": "ddl", "sub_window": "5"})
     assert (o.start_ts, o.end_ts, o.pumps, o.kind, o.sub_window) == (10, 20, ["pump1", "pump2"], "ddl", 5)
-    assert ls.ReadOptions.parse(OPTS).kind == "changes"
+    assert ReadOptions.parse(OPTS).kind == "changes"
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -93,18 +97,18 @@ def test_read_options() -> None:
 ])
 def test_bad_read_options_are_named(options: dict[str, str], message: str) -> None:
     with pytest.raises(errors.InvalidArgument, match=message):
-        ls.ReadOptions.parse(options)
+        ReadOptions.parse(options)
 
 
 def test_binlake_errors_are_recovered_from_spark_messages() -> None:
     text = ("org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
             '  File "x.py", line 1, in read\n'
             "binlake.errors.OutOfRange: window [1, 2) starts below pump pump1's GC ts 5\n\n  at org.apache...")
-    err = ls.binlake_error(RuntimeError(text))
+    err = binlake_error(RuntimeError(text))
     assert isinstance(err, errors.OutOfRange) and str(err) == "window [1, 2) starts below pump pump1's GC ts 5"
-    err = ls.binlake_error(RuntimeError("binlake.lake.decode.UnknownTableError: table id 7 has no definition"))
+    err = binlake_error(RuntimeError("binlake.lake.decode.UnknownTableError: table id 7 has no definition"))
     assert isinstance(err, errors.FailedPrecondition) and "table id 7" in str(err)
-    assert ls.binlake_error(RuntimeError("java.lang.OutOfMemoryError")) is None
+    assert binlake_error(RuntimeError("java.lang.OutOfMemoryError")) is None
 
 
 def test_window_predicate_bounds_the_partitions() -> None:
@@ -161,8 +165,8 @@ def test_pump_reads_resume_after_a_transient_failure(monkeypatch: pytest.MonkeyP
                 yield t
 
     monkeypatch.setattr(reader, "pull_pump", flaky)
-    monkeypatch.setattr(ls.time, "sleep", lambda _s: None)
-    got = [(t.commit_ts, t.start_ts) for t in ls.pull_resumable("pump1", "127.0.0.1:1", 0, 100)]
+    monkeypatch.setattr(pump_pull.time, "sleep", lambda _s: None)
+    got = [(t.commit_ts, t.start_ts) for t in pull_resumable("pump1", "127.0.0.1:1", 0, 100)]
     assert got == [(10, 5), (20, 18), (20, 19), (30, 25)]
     assert calls == [0, 20]  # resumed at the last commit_ts handed out, its transactions skipped
 
@@ -174,7 +178,7 @@ def test_pump_reads_resume_after_a_transient_failure(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(reader, "pull_pump", refused)
     calls.clear()
     with pytest.raises(errors.FailedPrecondition):
-        list(ls.pull_resumable("pump1", "127.0.0.1:1", 0, 100))
+        list(pull_resumable("pump1", "127.0.0.1:1", 0, 100))
     assert calls == [0]  # a refusal is not retried
 
     def down(addr: str, lo: int, hi: int, node_id: str = "") -> object:
@@ -183,7 +187,7 @@ def test_pump_reads_resume_after_a_transient_failure(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(reader, "pull_pump", down)
     with pytest.raises(errors.Unavailable, match="unreachable"):
-        list(ls.pull_resumable("pump1", "127.0.0.1:1", 0, 100))
+        list(pull_resumable("pump1", "127.0.0.1:1", 0, 100))
 
 
 def test_unreachable_pump_is_named() -> None:
@@ -193,4 +197,4 @@ def test_unreachable_pump_is_named() -> None:
     port = __import__("pumpkit").free_port()
     plan = WindowPlan(10, 20, (NodeRecord("pump7", "pump", f"127.0.0.1:{port}"),))
     with pytest.raises(errors.Unavailable, match=rf"pump pump7 at 127.0.0.1:{port} is unreachable .*\[10, 20\)"):
-        ls.check_pumps(plan, timeout_s=2.0)
+        check_pumps(plan, timeout_s=2.0)

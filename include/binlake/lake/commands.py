@@ -60,7 +60,7 @@ def session(master: str | None = None, quiet: bool = True) -> SparkSession:
 
 
 def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
-    from binlake.lake.source import binlake_error
+    from binlake.lake.spark_errors import binlake_error
 
     err = binlake_error(exc)
     if err is not None:
@@ -72,7 +72,7 @@ def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
 # ---------------------------------------------------------------- binlake ingest
 def ingest(args: argparse.Namespace, registry: str) -> int:
     from binlake.lake.ingest import ingest_window
-    from binlake.lake.source import plan_read
+    from binlake.lake.pump_check import plan_read
 
     start, end = window_args(args)
     writable_lake(args.lake)
@@ -237,3 +237,95 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, (dt.date, dt.datetime)):
         return value.isoformat()
     return str(value)
+
+
+# ---------------------------------------------------------------- the commands' parsers
+def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    """Add ``binlake ingest``, ``binlake lake ...`` and ``binlake bench ingest``
+    (see ``binlake.cli._COMMAND_MODULES``)."""
+    from binlake.cli import _add_lake, _add_registry, _add_window, _positive_int, _scratch_dir, _ts_arg
+
+    p = sub.add_parser(
+        "ingest", help="ingest a commit_ts window from every Pump into the Delta lake", formatter_class=fmt,
+        description=(
+            "Read the complete transactions of [start, end) from every Pump that may hold them, decode their\n"
+            "row changes with the schema history, and write them to the lake's Delta tables: changes\n"
+            "(partitioned by commit date), ddl_history and windows. Runs Spark in this process (the same job\n"
+            "as jobs/ingest.py under spark-submit). Re-running a window replaces exactly its rows; a window\n"
+            "overlapping an ingested one with other bounds is refused. Every Pump must be reachable, have a\n"
+            "safe ts at or above the window end and a GC ts at or below its start."
+        ),
+        epilog=(
+            "Examples:\n"
+            "  binlake ingest --start 2026-11-21T08:00 --end 2026-11-21T08:05 --lake data/lake\n"
+            "  binlake ingest --start-ts 470614378216685568 --end-ts 470614456854364160 --lake data/lake \\\n"
+            "                 --registry 127.0.0.1:8230 --pumps pump1,pump2 --json\n"
+        ),
+    )
+    _add_registry(p)
+    _add_window(p)
+    _add_lake(p)
+    p.add_argument("--pumps", help="comma-separated Pump ids to read (default: every Pump that may hold the window)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
+    p.set_defaults(handler=_ingest_command)
+
+    lake = sub.add_parser("lake", help="inspect the Delta lake (windows, changes)", formatter_class=fmt,
+                          description="Inspect the lake's Delta tables without a registry or Pumps.")
+    lsub = lake.add_subparsers(dest="lake_command", metavar="WHAT")
+    c = lsub.add_parser("windows", help="table of ingested windows, with the gaps between them", formatter_class=fmt,
+                        epilog="Example:\n  binlake lake windows --lake data/lake\n")
+    _add_lake(c)
+    c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    c = lsub.add_parser(
+        "changes", help="row changes of one table, in commit order", formatter_class=fmt,
+        epilog=(
+            "Examples:\n"
+            "  binlake lake changes --lake data/lake --table sbtest1 --limit 20\n"
+            "  binlake lake changes --lake data/lake --table main.accounts --from-ts 470614378216685568 --json\n"
+        ),
+    )
+    _add_lake(c)
+    c.add_argument("--table", required=True, help="TABLE or DB.TABLE (the name when the change was made)")
+    c.add_argument("--from-ts", type=_ts_arg, help="only changes with commit_ts >= this TSO")
+    c.add_argument("--to-ts", type=_ts_arg, help="only changes with commit_ts < this TSO")
+    c.add_argument("--limit", type=_positive_int, default=50, help="at most this many changes (default 50)")
+    c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    lake.set_defaults(handler=_lake_command)
+
+    b = bench.add_parser(
+        "ingest", help="row changes/s from three Pumps into Delta vs Parquet->Delta", formatter_class=fmt,
+        epilog="Example:\n  binlake bench ingest --rows 1000000 --runs 2\n",
+    )
+    b.add_argument("--rows", type=_positive_int, default=1_000_000, help="row changes to ingest (default 1000000)")
+    b.add_argument("--rows-per-txn", type=_positive_int, default=2000, help="row changes per transaction (default 2000)")
+    b.add_argument("--runs", type=_positive_int, default=2, help="runs of each case; the best is reported (default 2)")
+    b.add_argument("--master", help="Spark master (default local[*])")
+    b.add_argument("--dir", type=_scratch_dir, help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--decode-only", action="store_true",
+                   help="only the decoding step: CPU µs per row change, Python path vs native (no Pumps, no Spark)")
+    b.set_defaults(handler=_bench_command)
+
+
+def _ingest_command(args: argparse.Namespace) -> int:
+    from binlake.cli import _registry_addr
+
+    if not args.lake:
+        raise errors.InvalidArgument("ingest needs --lake PATH (the lake directory or URI), or $BINLAKE_LAKE_DIR")
+    return ingest(args, _registry_addr(args))
+
+
+def _lake_command(args: argparse.Namespace) -> int:
+    from binlake.cli import build_parser
+
+    if args.lake_command is None:
+        build_parser().parse_args(["lake", "--help"])
+    if not args.lake:
+        raise errors.InvalidArgument(f"lake {args.lake_command} needs --lake PATH, or $BINLAKE_LAKE_DIR")
+    return windows(args) if args.lake_command == "windows" else changes(args)
+
+
+def _bench_command(args: argparse.Namespace) -> int:
+    from binlake.cli import _bench_module
+
+    # bench/ingest_bench.py, found the way every benchmark is (``cli._bench_module``).
+    return int(_bench_module("ingest").main(args))

@@ -52,8 +52,11 @@ from binlake.lake import checkpoint
 from binlake.lake import source as lake_source
 from binlake.lake.ddl_rows import ddl_row
 from binlake.lake.planner import check_window, pumps_for_window
+from binlake.lake.pump_check import plan_read, pump_statuses
 from binlake.lake.rows import DDL_COLUMNS, DDL_HISTORY_DDL, commit_date
 from binlake.lake.schema_history import SchemaHistory, UnknownTableError
+from binlake.lake.spark_errors import binlake_error
+from binlake.lake.window_index import WindowIndex, index_window, scan_ddls
 from binlake.registry.client import RegistryClient
 
 if TYPE_CHECKING:
@@ -216,7 +219,7 @@ def _history_from_pumps(registry: str, gaps: list[tuple[int, int]]) -> tuple[lis
         chosen = pumps_for_window(nodes, lo, hi)
         # Each Pump's own GC ts (the registry's is as old as its last heartbeat).
         plan = WindowPlan(lo, hi, tuple(chosen))
-        statuses = lake_source.pump_statuses(plan)
+        statuses = pump_statuses(plan)
         for node in chosen:
             gc_ts = statuses[node.node_id].gc_ts
             if gc_ts > lo:
@@ -225,7 +228,7 @@ def _history_from_pumps(registry: str, gaps: list[tuple[int, int]]) -> tuple[lis
             if max(lo, gc_ts) < hi:
                 ranges.append((node.node_id, max(lo, gc_ts), hi))
                 addrs[node.node_id] = node.addr
-    return lake_source.scan_ddls(addrs, ranges), lost
+    return scan_ddls(addrs, ranges), lost
 
 
 def _missing_table(exc: UnknownTableError, start_ts: int, end_ts: int,
@@ -310,7 +313,7 @@ def ingest_window(
     window = f"[{start_ts}, {end_ts})"
 
     say(f"planning {window}: pumps from the registry, each checked")
-    plan = lake_source.plan_read(registry, start_ts, end_ts, pump_list)
+    plan = plan_read(registry, start_ts, end_ts, pump_list)
     pump_ids = tuple(p.node_id for p in plan.pumps)
 
     say("checking the windows ledger")
@@ -341,8 +344,8 @@ def ingest_window(
 
     say(f"scanning {window} on {len(pump_ids)} pump(s): DDLs, duplicates, partition bounds")
     target = partitions or 2 * max(1, int(spark.sparkContext.defaultParallelism))
-    index = lake_source.index_window(plan.addrs, start_ts, end_ts, partitions=target,
-                                     min_rows_per_partition=MIN_ROWS_PER_PARTITION)
+    index = index_window(plan.addrs, start_ts, end_ts, partitions=target,
+                         min_rows_per_partition=MIN_ROWS_PER_PARTITION)
     for _pump, ddl in index.ddls:
         history.apply(ddl)
     for table_id, (lo, hi) in sorted(index.tables.items()):
@@ -385,7 +388,7 @@ def ingest_window(
             _retry_concurrent(DDL_HISTORY, lambda: _replace(ddl_df, ddl_path,
                                                             f"commit_ts >= {start_ts} AND commit_ts < {end_ts}"))
     except Exception as exc:
-        err = lake_source.binlake_error(exc)
+        err = binlake_error(exc)
         if err is not None:
             raise type(err)(f"ingest {window}: {err}") from None
         raise
@@ -461,7 +464,7 @@ def _replace(df: Any, path: str, where: str, partition_by: list[str] | None = No
     writer.save(path)
 
 
-def _table_op_counts(index: lake_source.WindowIndex, history: SchemaHistory) -> dict[str, int]:
+def _table_op_counts(index: WindowIndex, history: SchemaHistory) -> dict[str, int]:
     """'db.tbl:op' -> row changes, naming each table as it was named when its
     transaction committed (a table renamed inside the window counts under both names)."""
     out: dict[str, int] = {}

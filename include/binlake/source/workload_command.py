@@ -1,0 +1,101 @@
+"""``binlake workload`` and ``binlake bench writer``: the parsers and their checks.
+
+The command itself is ``binlake.source.workload.command``, imported when it runs
+(it needs SQLAlchemy), so that building the parser stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from binlake import errors
+from binlake.cli import (
+    _add_registry,
+    _bench_module,
+    _int_arg,
+    _int_list,
+    _non_negative_int,
+    _positive_float,
+    _positive_int,
+    _registry_addr,
+)
+
+
+def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    """Add ``binlake workload`` and ``binlake bench writer`` (see ``binlake.cli._COMMAND_MODULES``)."""
+    p = sub.add_parser(
+        "workload", help="drive an upstream database with a realistic, reproducible transaction mix",
+        formatter_class=fmt,
+        description=(
+            "Run transactions against an upstream SQL database through binlake's writer (TxnWriter), which\n"
+            "sends every transaction's binlogs to the Pumps. The transactions are a pure function of\n"
+            "(--profile, --tables, --txns, --seed, sizes): the same seed gives the same transactions, and with\n"
+            "--clients 1 the same final data. The setup (CREATE TABLE, initial rows) runs first, so use a\n"
+            "fresh database.\n\n"
+            "Profiles:\n"
+            "  oltp   sysbench-like tables sbtest1..K: point/range updates, inserts, deletes, primary-key\n"
+            "         changes, unique-key swaps, delete+re-insert, NULLs in a unique column, ~64 KiB rows,\n"
+            "         and one large transaction (--large-txn-rows rows) every --large-txn-every\n"
+            "  bank   transfers between --accounts accounts; the sum of balances never changes\n"
+            "  ddl    oltp with schema changes every ~--ddl-every transactions (add/rename/retype/drop\n"
+            "         column, add/drop unique key, rename/truncate/create/drop table)\n"
+            "  mixed  bank + oltp + ddl"
+        ),
+        epilog=(
+            "Examples:\n"
+            "  binlake workload --registry 127.0.0.1:8230 --upstream sqlite:///data/upstream.db\n"
+            "  binlake workload --upstream sqlite:///data/up.db --profile mixed --txns 5000 --clients 8 --seed 7\n"
+            "  binlake workload --upstream postgresql+psycopg2://u:p@db/app --profile bank --rate 200\n"
+        ),
+    )
+    _add_registry(p)
+    p.add_argument("--upstream", default=os.environ.get("BINLAKE_UPSTREAM"),
+                   help="SQLAlchemy URL of the upstream database (default: $BINLAKE_UPSTREAM)")
+    p.add_argument("--profile", choices=["oltp", "bank", "ddl", "mixed"], default="oltp",
+                   help="transaction mix (default oltp)")
+    p.add_argument("--tables", type=_positive_int, default=4, help="oltp tables sbtest1..K (default 4)")
+    p.add_argument("--txns", type=_positive_int, default=10_000,
+                   help="workload transactions after the setup (default 10000)")
+    p.add_argument("--clients", type=_positive_int, default=8, help="concurrent client threads (default 8)")
+    p.add_argument("--seed", type=_int_arg, default=1, help="random seed of the plan (default 1)")
+    p.add_argument("--rate", type=_positive_float, help="at most this many transactions/s overall (default: no limit)")
+    p.add_argument("--table-rows", type=_non_negative_int, default=1000,
+                   help="initial rows per oltp table (default 1000)")
+    p.add_argument("--accounts", type=_positive_int, default=100, help="bank accounts (default 100)")
+    p.add_argument("--large-txn-rows", type=_positive_int, default=10_000,
+                   help="rows of a large transaction (default 10000)")
+    p.add_argument("--large-txn-every", type=_non_negative_int, default=500,
+                   help="one large transaction every this many (default 500; 0 = none)")
+    p.add_argument("--ddl-every", type=_positive_int, default=50,
+                   help="about this many transactions between DDLs (profiles ddl, mixed; default 50)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(handler=_run)
+
+    b = bench.add_parser(
+        "writer", help="TxnWriter throughput with binlog vs the same transactions without", formatter_class=fmt,
+        epilog="Example:\n  binlake bench writer --seconds 5 --clients 1,8\n",
+    )
+    b.add_argument("--seconds", type=_positive_float, default=5.0, help="measure each case this long (default 5)")
+    b.add_argument("--clients", type=_int_list, default="1,8", help="comma-separated client counts (default 1,8)")
+    b.set_defaults(handler=_bench)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from binlake.source import workload
+
+    if not args.upstream:
+        raise errors.InvalidArgument(
+            "workload needs --upstream URL (a SQLAlchemy URL such as sqlite:///data/upstream.db), "
+            "or $BINLAKE_UPSTREAM"
+        )
+    if args.accounts < 2:
+        raise errors.InvalidArgument(f"--accounts must be at least 2 (a transfer needs two), got {args.accounts}")
+    return workload.command(args, _registry_addr(args))
+
+
+def _bench(args: argparse.Namespace) -> int:
+    # bench/writer_bench.py, found the way every benchmark is (``cli._bench_module``).
+    return int(_bench_module("writer").main(args))
