@@ -1,4 +1,4 @@
-"""Demo act 4: restore to a mid-run commit_ts and compare with the upstream captured then.
+"""Demo act 5: restore to a mid-run commit_ts and compare with the upstream captured then.
 
 ``Capture.start(upstream_db, min_txns)`` copies the SQLite upstream while act 2's
 workload is still writing (SQLite's online backup: one consistent read
@@ -79,10 +79,10 @@ def act4(root: pathlib.Path, capture: Capture) -> int:
     print()
     capture.wait()
     if not capture.ts:
-        print(f"[act 4] FAILED: no mid-run copy of the upstream was taken ({capture.error or 'no transaction yet'})")
+        print(f"[act 5] FAILED: no mid-run copy of the upstream was taken ({capture.error or 'no transaction yet'})")
         return 1
     lake = str(root / "lake")
-    print(f"[act 4] restore to the mid-run commit_ts {tso.format_ts(capture.ts)}, when the upstream was copied")
+    print(f"[act 5] restore to the mid-run commit_ts {tso.format_ts(capture.ts)}, when the upstream was copied")
     expected = oracle.checksum(f"sqlite:///{capture.copy}")
     spark = build_spark("binlake-demo-restore", "local[2]", shuffle_partitions=2, extra_conf=LAKE_CONF)
     spark.sparkContext.setLogLevel("FATAL")
@@ -108,6 +108,6 @@ def act4(root: pathlib.Path, capture: Capture) -> int:
     print(f"  bank total in the restored accounts: {bank} (50 accounts x 1000.00)")
     ok = got == expected and bank == Decimal("50000.00")
     print()
-    print("VERDICT (act 4):", "PASS - the lake restored the upstream exactly as it was at a mid-run commit_ts "
+    print("VERDICT (act 5):", "PASS - the lake restored the upstream exactly as it was at a mid-run commit_ts "
           "(checksums equal, bank total unchanged)" if ok else "FAIL")
     return 0 if ok else 1
