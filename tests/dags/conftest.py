@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+from pyspark.sql import SparkSession
 
 from binlake.stack import local_airflow
 
@@ -51,3 +52,18 @@ def airflow_db() -> Iterator[pathlib.Path]:
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True,
                    env=os.environ.copy(), timeout=180)
     yield AIRFLOW_HOME / "airflow.db"
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    """A local Delta-enabled session for the DAG runs, built before them so the
+    in-process tasks reuse it (one JVM, as tests/spark does); stopped only by the
+    module that started it."""
+    from binlake.lake.spark import build_spark
+
+    owned = SparkSession.getActiveSession() is None
+    session = build_spark("binlake-dag-tests", "local[2]", shuffle_partitions=2,
+                          extra_conf={"spark.databricks.delta.snapshotPartitions": "2"})
+    yield session
+    if owned:
+        session.stop()

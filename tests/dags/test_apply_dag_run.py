@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,18 +17,6 @@ from pyspark.sql import SparkSession
 pytestmark = pytest.mark.timeout(600)
 
 DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    from binlake.lake.spark import build_spark
-
-    owned = SparkSession.getActiveSession() is None
-    session = build_spark("binlake-dag-tests", "local[2]", shuffle_partitions=2,
-                          extra_conf={"spark.databricks.delta.snapshotPartitions": "2"})
-    yield session
-    if owned:
-        session.stop()
 
 
 def _image(row: dict[str, Any]) -> str:

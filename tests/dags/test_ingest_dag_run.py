@@ -110,20 +110,6 @@ def written(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Wr
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    from binlake.lake.spark import build_spark
-
-    # Built before the runs, so the in-process ingest reuses it (as tests/spark
-    # does: one JVM per test session); stopped only if this module started it.
-    owned = SparkSession.getActiveSession() is None
-    session = build_spark("binlake-dag-tests", "local[2]", shuffle_partitions=2,
-                          extra_conf={"spark.databricks.delta.snapshotPartitions": "2"})
-    yield session
-    if owned:
-        session.stop()
-
-
-@pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return tmp_path_factory.mktemp("lake")
 

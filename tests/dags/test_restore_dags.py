@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -27,18 +26,6 @@ pytestmark = pytest.mark.timeout(600)
 DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
 ROWS, CHANGES = 300, 1500
 T0 = 1_800_000_000_000 << 18
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    from binlake.lake.spark import build_spark
-
-    owned = SparkSession.getActiveSession() is None
-    session = build_spark("binlake-dag-tests", "local[2]", shuffle_partitions=2,
-                          extra_conf={"spark.databricks.delta.snapshotPartitions": "2"})
-    yield session
-    if owned:
-        session.stop()
 
 
 @pytest.fixture(scope="module")
