@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 from pumpkit import Processes, ServiceProcess, wait_until
-from srckit import Cluster, Replay, SourceThread, sql, start_cluster
+from srckit import Cluster, Replay, SourceThread, sql
 
 from binlake import errors, failpoint, oracle
 from binlake.source.mysql.source import MySQLSource
@@ -33,16 +33,6 @@ def mdb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    reg, pump = start_cluster(tmp_path)
-    try:
-        yield Cluster(reg, pump)
-    finally:
-        pump.stop(grace=0.5)
-        reg.stop(grace=0.5)
 
 
 _n = 0

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import pathlib
 import threading
-from collections.abc import Iterator
 
 import pytest
 from pumpkit import Processes, wait_until
-from srckit import Cluster, Replay, SourceThread, sql, start_cluster
+from srckit import Cluster, Replay, SourceThread, sql
 
 from binlake import failpoint, oracle
 from binlake.source.journal import SourceState
@@ -24,25 +23,6 @@ pytestmark = pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB no
                                 "mariadb-server); CI always has it")
 
 ROWS = 600
-
-
-@pytest.fixture(scope="module")
-def mdb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
-    server = LocalMariaDB(tmp_path_factory.mktemp("mdb-snap"), binlog=True, server_id=1).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    reg, pump = start_cluster(tmp_path)
-    try:
-        yield Cluster(reg, pump)
-    finally:
-        pump.stop(grace=0.5)
-        reg.stop(grace=0.5)
 
 
 _n = 0

@@ -5,10 +5,9 @@ from the binlogs alone, equals the upstream tables (binlake.oracle checksums).""
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Iterator
 
 import pytest
-from srckit import Cluster, Replay, SourceThread, sql, start_cluster
+from srckit import Cluster, Replay, SourceThread, sql
 
 from binlake import errors, oracle
 from binlake.source.mysql.source import MySQLSource
@@ -16,25 +15,6 @@ from binlake.testing.devdb import LocalMariaDB
 
 pytestmark = pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
                                 "mariadb-server); CI always has it")
-
-
-@pytest.fixture(scope="module")
-def mdb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
-    server = LocalMariaDB(tmp_path_factory.mktemp("mdb-binlog"), binlog=True, server_id=1).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    reg, pump = start_cluster(tmp_path)
-    try:
-        yield Cluster(reg, pump)
-    finally:
-        pump.stop(grace=0.5)
-        reg.stop(grace=0.5)
 
 
 _n = 0

@@ -1,0 +1,31 @@
+"""Fixtures of the source tests: a MariaDB with its row binlog on (one per test
+module) and a registry with one Pump (one per test)."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+from srckit import Cluster, start_cluster
+
+from binlake.testing.devdb import LocalMariaDB
+
+
+@pytest.fixture(scope="module")
+def mdb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
+    server = LocalMariaDB(tmp_path_factory.mktemp("mdb-binlog"), binlog=True, server_id=1).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
+    reg, pump = start_cluster(tmp_path)
+    try:
+        yield Cluster(reg, pump)
+    finally:
+        pump.stop(grace=0.5)
+        reg.stop(grace=0.5)
