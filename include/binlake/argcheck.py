@@ -45,7 +45,7 @@ def writable_dir(flag: str, value: str) -> pathlib.Path:
     path = pathlib.Path(value).expanduser()
     if path.exists() and not path.is_dir():
         raise errors.InvalidArgument(f"{flag} {value} is a file, not a directory: give a directory")
-    if not _can_create_under(path):
+    if not can_create_under(path):
         raise errors.InvalidArgument(f"{flag} {value}: cannot create or write there: give a writable directory")
     return path
 
@@ -107,7 +107,7 @@ def names(flag: str, value: str | None, example: str) -> list[str] | None:
     return out
 
 
-def _can_create_under(path: pathlib.Path) -> bool:
+def can_create_under(path: pathlib.Path) -> bool:
     """Whether a directory could be made at ``path``: its nearest existing ancestor
     takes a new entry (tried, then removed: permission bits alone do not tell, e.g. /proc)."""
     nearest = path

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from binlake import __version__, errors, tso
+from binlake import __version__, argcheck, errors, tso
 
 EXIT_USER = 2
 
@@ -98,26 +98,9 @@ def _scratch_dir(text: str) -> str:
     path = pathlib.Path(text).expanduser()
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
-    if not _can_create_under(path):
+    if not argcheck.can_create_under(path):
         raise argparse.ArgumentTypeError(f"cannot create or write {text}: no writable directory there")
     return text
-
-
-def _can_create_under(path: pathlib.Path) -> bool:
-    """Whether a directory could be made at ``path``: its nearest existing ancestor
-    takes a new entry (tried, then removed: permission bits alone do not tell, e.g. /proc)."""
-    import tempfile
-
-    nearest = path
-    while not nearest.exists():
-        nearest = nearest.parent
-    if not nearest.is_dir():
-        return False
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".binlake-probe-", dir=nearest))
-    except OSError:
-        return False
-    return True
 
 
 def _int_list(text: str) -> str:
