@@ -8,12 +8,19 @@ process with one PumpClient and one RegistryClient (both coalesce concurrent
 calls). A transaction = TSO, prewrite of SIZE bytes (acknowledged after
 fsync), TSO, commit (acknowledged after fsync).
 
+``--floor`` adds the transport's ceiling on this machine, in the same run: the
+same cases against a Pump whose storage acknowledges every binlog at once and
+keeps nothing (the same gRPC server, servicer, PumpService checks and
+PumpClient; no value log, no fsync, no index). No Pump written in Python on
+this gRPC stack can go faster than that row, whatever its storage does.
+
 Run: ``binlake bench pump`` (or ``make bench``).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import multiprocessing as mp
 import os
 import pathlib
@@ -58,7 +65,7 @@ def _use_tree(include: str | None) -> None:
 
 
 def _worker(registry: str, threads: int, size: int, seconds: float, tso_mode: str, commit_mode: str,
-            out: mp.Queue, include: str | None = None) -> None:
+            out: mp.Queue, include: str | None = None, pump_addr: str = "") -> None:
     _use_tree(include)
     from binlake.client.pump_client import PumpClient
     from binlake.config import ClientSettings
@@ -67,7 +74,9 @@ def _worker(registry: str, threads: int, size: int, seconds: float, tso_mode: st
 
     registry_client = RegistryClient(registry)
     reg = _BlockTS(registry_client) if tso_mode == "block" else registry_client
-    client = PumpClient(settings=ClientSettings(registry=registry))
+    # The floor's null Pump is not registered: the client is given its address.
+    client = (PumpClient(pumps={"pump1": pump_addr}) if pump_addr
+              else PumpClient(settings=ClientSettings(registry=registry)))
     value = bp.PrewriteValue(mutations=[bp.TableMutation(table_id=1, inserted_rows=[os.urandom(size)],
                                                          sequence=[bp.INSERT])]).SerializeToString()
     latencies: list[float] = []
@@ -201,6 +210,67 @@ def _storage_worker(include: str | None, directory: str, writers: int, size: int
     out.put((sum(counts) / elapsed, fsyncs / elapsed, sorted(lat)))
 
 
+class _NullStorage:
+    """Acknowledges every binlog at once and keeps nothing: the floor's storage."""
+
+    def submit(self, entries: list) -> concurrent.futures.Future[list]:
+        f: concurrent.futures.Future[list] = concurrent.futures.Future()
+        f.set_result([None] * len(entries))
+        return f
+
+    def submit_cb(self, entries: list, done) -> None:
+        done([None] * len(entries), None)
+
+    @staticmethod
+    def disk_free_bytes() -> int:
+        return 1 << 50
+
+
+def _null_pump(server_kind: str, out: mp.Queue) -> None:
+    """Serve the Pump's write RPCs on the real server and servicer over ``_NullStorage``."""
+    from concurrent import futures
+
+    from binlake import rpc
+    from binlake.pump.metrics import PumpMetrics
+    from binlake.pump.server import PumpServer, PumpServicer, ThreadedPumpServer, ThreadedPumpServicer
+    from binlake.pump.service import PumpService
+
+    service = PumpService(_NullStorage(), node_id="pump1", max_binlog_bytes=1 << 30,  # type: ignore[arg-type]
+                          stop_write_at_free_bytes=0)
+    service.registered = True
+    metrics = PumpMetrics(dict)
+    options = rpc.message_options(1 << 30)
+    server: PumpServer | ThreadedPumpServer
+    if server_kind == "threads":
+        server = ThreadedPumpServer("127.0.0.1:0", options, 64)
+        server.add(ThreadedPumpServicer(service, metrics))
+    else:
+        server = PumpServer("127.0.0.1:0", options)
+        server.add(PumpServicer(service, metrics, futures.ThreadPoolExecutor(max_workers=8)))
+    server.start()
+    out.put(f"127.0.0.1:{server.port}")
+    server.wait_for_termination()
+
+
+def floor_cases(registry: str, server_kind: str, cases: list[tuple[int, str, str]], size: int, seconds: float,
+                procs: int) -> list[dict[str, float]]:
+    """Every case against a null-storage Pump process (see the module docstring)."""
+    ctx = mp.get_context("spawn")
+    addr_q: mp.Queue = ctx.Queue()
+    pump = ctx.Process(target=_null_pump, args=(server_kind, addr_q), daemon=True)
+    pump.start()
+    try:
+        addr = addr_q.get(timeout=60)
+        out = []
+        for w, mode, commit_mode in cases:
+            out.append(run_case(registry, "", w, size, seconds, mode, procs, commit_mode, None, pump.pid,
+                                pump_addr=addr))
+        return out
+    finally:
+        pump.terminate()
+        pump.join(10)
+
+
 def storage_case(include: str | None, directory: pathlib.Path, writers: int, size: int,
                  seconds: float) -> dict[str, float]:
     ctx = mp.get_context("spawn")
@@ -252,13 +322,15 @@ def _peak_rss_mib(pid: int) -> float:
 
 def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: float, tso_mode: str,
              procs: int, commit_mode: str = "sync", include: str | None = None,
-             pump_pid: int = 0) -> dict[str, float]:
+             pump_pid: int = 0, pump_addr: str = "") -> dict[str, float]:
     procs = min(writers, procs)
     per = [writers // procs + (1 if i < writers % procs else 0) for i in range(procs)]
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
-    before = _metrics(metrics_url)
-    workers = [ctx.Process(target=_worker, args=(registry, n, size, seconds, tso_mode, commit_mode, out, include))
+    zero = {"binlake_pump_fsyncs_total": 0.0, "binlake_pump_bytes_stored_total": 0.0}
+    before = _metrics(metrics_url) if metrics_url else zero
+    workers = [ctx.Process(target=_worker, args=(registry, n, size, seconds, tso_mode, commit_mode, out, include,
+                                                 pump_addr))
                for n in per]
     if pump_pid:
         _reset_peak_rss(pump_pid)
@@ -268,13 +340,15 @@ def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: 
     results = [out.get(timeout=seconds + 120) for _ in workers]
     for w in workers:
         w.join()
-    after = _metrics(metrics_url)
+    after = _metrics(metrics_url) if metrics_url else zero
     cpu = (_cpu_s(pump_pid) - cpu_before) if pump_pid else 0.0
     txns = sum(r[0] for r in results)
     elapsed = max(r[1] for r in results)
     lat = sorted(x for r in results for x in r[2])
     fsyncs = after["binlake_pump_fsyncs_total"] - before["binlake_pump_fsyncs_total"]
     stored = after["binlake_pump_bytes_stored_total"] - before["binlake_pump_bytes_stored_total"]
+    if not metrics_url:  # the floor stores nothing: count the bytes the writers sent
+        stored = txns * (size + 64)
     return {
         "tso": tso_mode, "commit": commit_mode, "procs": procs, "writers": writers, "size": size, "txn_s": txns / elapsed, "mb_s": stored / elapsed / 1e6,
         "p50_ms": percentile(lat, 0.5) * 1000,
@@ -298,6 +372,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         parser.add_argument("--no-tso-per-txn", dest="tso_per_txn", action="store_false")
         parser.add_argument("--baseline")
         parser.add_argument("--no-storage", dest="storage", action="store_false")
+        parser.add_argument("--floor", action="store_true")
         parser.add_argument("--pump-servers", default="")
         args = parser.parse_args()
     try:
@@ -325,6 +400,9 @@ def main(args: argparse.Namespace | None = None) -> int:
     # (name, include dir or None for this tree, Pump server kind or None for the
     # tree's default): each case runs on each, back to back.
     servers = [x for x in (getattr(args, "pump_servers", "") or "").split(",") if x]
+    from binlake import config
+
+    default_server = config.PumpSettings.model_fields["server"].default
     bad = [x for x in servers if x not in ("asyncio", "threads")]
     if bad:
         print(f"bench pump: --pump-servers takes asyncio and/or threads, not {bad[0]!r}", file=sys.stderr)
@@ -385,6 +463,16 @@ def main(args: argparse.Namespace | None = None) -> int:
                               f"{r['txn_s']:>8.0f} txn/s {r['mb_s']:>7.1f} MB/s  p50 {r['p50_ms']:.2f} ms  "
                               f"p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s  pump {r['cpu_us_txn']:.0f} "
                               f"CPU µs/txn, peak RSS {r['rss_mib']:.0f} MiB", flush=True)
+                    if getattr(args, "floor", False) and include is None:
+                        floor_name = f"floor-{server or default_server}"
+                        for r in floor_cases(cluster.registry_addr, server or default_server, cases, size,
+                                             args.seconds, args.client_procs):
+                            r.update(variant=floor_name, raw_mb_s=raw_mb_s, raw_rec_s=raw_rec_s)
+                            rows.append(r)
+                            print(f"  {floor_name:<8} tso={r['tso']:<7} commit={r['commit']:<10} "
+                                  f"writers={r['writers']:<3} size={size:<6} {r['txn_s']:>8.0f} txn/s  "
+                                  f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
+                                  f"pump {r['cpu_us_txn']:.0f} CPU µs/txn", flush=True)
                 finally:
                     cluster.stop()
     finally:
@@ -415,6 +503,9 @@ def main(args: argparse.Namespace | None = None) -> int:
         for size, v in raw.items()))
     print("TSO block = timestamps reserved from the registry 4096 at a time (measures the Pump); "
           "per-txn = two registry round trips per transaction (coalesced per client process).")
+    if any(r["variant"].startswith("floor-") for r in rows):
+        print("floor-* = the same server and client against a Pump that acknowledges at once and stores nothing "
+              "(no fsync): the transport's ceiling on this machine.")
     print("commit binlog sync = the writer waits for it; background = as TxnWriter (the upstream has "
           "committed), counted only once acknowledged.")
     print(f"raw = the same record sizes appended 64 per fdatasync on the same disk; client processes: "

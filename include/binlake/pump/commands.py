@@ -69,6 +69,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                         "back to back in the same run")
     b.add_argument("--no-storage", dest="storage", action="store_false",
                    help="skip the storage-alone cases (Storage.submit in one process, no gRPC)")
+    b.add_argument("--floor", action="store_true",
+                   help="also run every case against a Pump that acknowledges at once and stores nothing "
+                        "(same gRPC server, servicer and client): the transport's ceiling on this machine")
     b.add_argument("--pump-servers", default="", metavar="KINDS", type=_pump_servers,
                    help="run every case on each of these Pump gRPC servers: asyncio,threads "
                         "(default: the Pump's configured one)")
