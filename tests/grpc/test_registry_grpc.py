@@ -402,6 +402,16 @@ def test_server_main_reports_bad_config(tmp_path: pathlib.Path) -> None:
         text=True,
         timeout=60,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "registry addr" in result.stderr and "HOST:PORT" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_server_main_refuses_a_bad_log_level(tmp_path: pathlib.Path) -> None:
+    result = subprocess.run(
+        [str(VENV_PYTHON), "-m", "binlake.registry.server", "--data-dir", str(tmp_path), "--log-level", "loud"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert "'loud' is not a log level" in result.stderr and "Traceback" not in result.stderr
 

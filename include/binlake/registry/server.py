@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--addr", help="HOST:PORT to listen on (port 0 = any free port)")
     parser.add_argument("--data-dir", help="directory of the SQLite store")
     parser.add_argument("--tso-window-ms", type=int, help="TSO high-water mark step persisted ahead of use")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    parser.add_argument("--log-level", default="INFO", type=_log_level, help="DEBUG, INFO, WARNING, ERROR")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -258,9 +258,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         run(settings)
     except errors.BinlakeError as exc:
+        # Exit 2, as the binlake command does: the input or the machine needs a change, not a retry.
         print(f"registry: {exc}", file=sys.stderr)
-        return 1
+        return 2
     return 0
+
+
+def _log_level(value: str) -> str:
+    level = value.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a log level: use DEBUG, INFO, WARNING or ERROR")
+    return level
 
 
 if __name__ == "__main__":
