@@ -97,17 +97,33 @@ def main() -> int:
     try:
         cluster.start()
         say(f"registry at {cluster.registry_addr}; pumps " + ", ".join(f"{k}@{v}" for k, v in cluster.pump_addrs.items()))
+        took: list[tuple[str, float]] = []
+        mark = time.monotonic()
+
+        def done(act: str) -> None:
+            nonlocal mark
+            took.append((act, time.monotonic() - mark))
+            mark = time.monotonic()
+
         rc = run(cluster)
+        done("1 pumps, kill -9")
         capture = demo_restore.Capture.start(root / "upstream.db", min_txns=1000)  # act 5's mid-run copy
         rc2, summary = act2(cluster, root)
+        done("2 workload, replay")
         rc3 = act3(cluster, root, summary)
+        done("3 ingest DAG")
         from demo_apply import act4  # act 4: the apply DAG and binlake diff
 
         rc4 = act4(root, _airflow_env(cluster, root), f"sqlite:///{root}/upstream.db") if not rc3 else 1
+        done("4 apply DAG, diff")
         rc5 = demo_restore.act4(root, capture)  # act 5: restore to a mid-run commit_ts
+        done("5 restore")
         from demo_sources import act_sources  # act 6: back up an existing MariaDB
 
         rc6 = act_sources(cluster, root)
+        done("6 MariaDB source")
+        total = sum(t for _a, t in took)
+        say("time per act: " + ", ".join(f"act {a} {t:.0f}s" for a, t in took) + f"; total {total / 60:.1f} min")
         return rc or rc2 or rc3 or rc4 or rc5 or rc6
     except errors.BinlakeError as exc:
         say(f"FAILED: {exc}")
