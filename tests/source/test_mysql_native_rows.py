@@ -297,3 +297,34 @@ def test_source_sends_the_same_with_and_without_native(mdb: LocalMariaDB, cluste
         assert (src.native_events > 0) == (native == "1") and src.python_events > 0, native
     # 2 initial table definitions + 6 transactions, byte-identical from both paths
     assert len(sent["1"]) == 8 and sent["1"] == sent["0"]
+
+
+def test_without_the_extension_everything_takes_the_python_path(monkeypatch: pytest.MonkeyPatch,
+                                                                 rig: MySQLSource) -> None:
+    t = rig.catalog.get(DB, "wide")
+    assert t is not None
+    monkeypatch.setattr(rowsplan, "_rowsc", None)
+    assert not rowsplan.available() and not rowsplan.enabled()
+    assert rowsplan.build_plan([], t, rig._encoder(t)) is None
+
+
+def test_plan_refuses_bad_entries() -> None:
+    from binlake.source.mysql import _rowsc  # type: ignore[attr-defined]
+
+    with pytest.raises(ValueError, match="invalid plan entry"):
+        _rowsc.Plan([(rowsplan.OP_INT, 5, 0, 0, 1, True, False, None, None)])
+    with pytest.raises(ValueError, match="256 entries"):
+        _rowsc.Plan([(rowsplan.OP_STRING, 1, 0, 0, 1, True, False, None, [0] * 10)])
+    plan = _rowsc.Plan([(rowsplan.OP_INT, 4, 0, 0, 1, True, False, None, None)])
+    # A truncated body is declined, never read past its end.
+    assert plan.decode(b"\x00\x01\x02", 0, 3, False, b"\x01", None) is None
+    # null bitmap, then the INT little-endian: the Row the protobuf library writes
+    assert plan.decode(b"\x00\x01\x02\x03\x04", 0, 5, False, b"\x01", None) == [_expected_int_row(1, 0x04030201)]
+
+
+def _expected_int_row(cid: int, value: int) -> bytes:
+    from binlake.proto import binlog_pb2
+
+    row = binlog_pb2.Row()
+    row.columns.add(id=cid, value=binlog_pb2.Datum(int_value=value))
+    return row.SerializeToString()

@@ -6,7 +6,10 @@ Event handling (MariaDB and MySQL flavours):
 
 * GTID / ``BEGIN`` open a transaction; TABLE_MAP names a table for the rows
   that follow (typed from the tracked definition, ``values.prepare_table_map``);
-  WRITE/UPDATE/DELETE_ROWS (v1/v2) add row changes with full images;
+  WRITE/UPDATE/DELETE_ROWS (v1/v2) add row changes with full images (decoded
+  by the native ``_rowsc`` when the table has a plan, ``rowsplan``; else, or
+  when it declines an event, by mysql-replication + ``values.RowEncoder``,
+  with byte-identical results);
   XID (or ``COMMIT`` for non-transactional tables) closes it: it is sent
   (``emitter``), then its end becomes the position to checkpoint.
 * A DDL ``QUERY`` is its own transaction: applied to the tracked definitions
