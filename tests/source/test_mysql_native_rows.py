@@ -36,10 +36,10 @@ from binlake.source.mysql.tables import TableFilter, assign_ids
 from binlake.source.mysql.values import prepare_table_map
 from binlake.testing.devdb import LocalMariaDB
 
-pytestmark = [
-    pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install mariadb-server)"),
-    pytest.mark.skipif(not rowsplan.available(), reason=f"_rowsc not built: {rowsplan.import_error()}"),
-]
+_needs_server = pytest.mark.skipif(not LocalMariaDB.available(),
+                                   reason="MariaDB not installed (apt-get install mariadb-server)")
+_needs_ext = pytest.mark.skipif(not rowsplan.available(), reason=f"_rowsc not built: {rowsplan.import_error()}")
+pytestmark = [_needs_server, _needs_ext]
 
 DB = "nativerows"
 # Every type the native decoder covers, nullable and NOT NULL, several widths.

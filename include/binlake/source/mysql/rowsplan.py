@@ -163,13 +163,16 @@ def decode(plan: Any, ev: Any) -> list[bytes] | None:
     the decoder declines it; ``ev.rows`` is not read, so the Python path still can."""
     wrapper = ev.packet
     raw = getattr(wrapper, "packet", None)
-    if (not ev.complete or raw is None or wrapper._BinLogPacketWrapper__data_buffer
-            or ev.event_type == BINLOG.PARTIAL_UPDATE_ROWS_EVENT):
+    # The library's internals this relies on (mysql-replication 1.0's packet wrapper over
+    # PyMySQL's MysqlPacket); if a version lacks them, every event takes the Python path.
+    pending = getattr(wrapper, "_BinLogPacketWrapper__data_buffer", None)
+    data = getattr(raw, "_data", None)
+    start = getattr(raw, "_position", None)
+    if (pending is None or pending or not isinstance(data, bytes) or not isinstance(start, int)
+            or not ev.complete or ev.event_type == BINLOG.PARTIAL_UPDATE_ROWS_EVENT):
         return None
     if ev.number_of_columns != plan.columns():
         return None
-    data = raw._data
-    start = raw._position
     end = start + ev.event_size - wrapper.read_bytes
     update = isinstance(ev, UpdateRowsEvent)
     rows: list[bytes] | None = plan.decode(data, start, end, update, ev.columns_present_bitmap,
