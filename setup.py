@@ -15,5 +15,6 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("binlake.lake._imagec", sources=["include/binlake/lake/_imagec.c"], optional=True),
+        Extension("binlake.source.mysql._rowsc", sources=["include/binlake/source/mysql/_rowsc.c"], optional=True),
     ],
 )

@@ -1,5 +1,6 @@
 """Source benchmark: row changes/s the MariaDB row-binlog source decodes and
-writes to one Pump, against ``mysqlbinlog --verbose`` decoding the same binlog
+writes to one Pump (with the native row decoder and forced onto the Python
+path, same binlog), against ``mysqlbinlog --verbose`` decoding the same binlog
 files in the same run (the decoding limit), and the upstream's own throughput
 with the source following it versus not (its overhead on the application).
 
@@ -53,8 +54,11 @@ def _checkpoint(data_dir: pathlib.Path) -> tuple[str, int]:
     return str(pos[0]), int(pos[1])
 
 
-def _source(port: int, registry: str, data_dir: pathlib.Path, start: str, log: pathlib.Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def _source(port: int, registry: str, data_dir: pathlib.Path, start: str, log: pathlib.Path,
+            native: bool = True) -> subprocess.Popen[bytes]:
+    from binlake.source.mysql.rowsplan import NATIVE_ROWS_ENV
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", NATIVE_ROWS_ENV: "1" if native else "0"}
     with log.open("ab") as f:
         return subprocess.Popen(
             [str(BINLAKE), "source", "mysql", "--dsn", f"mysql://root@127.0.0.1:{port}", "--server-id", "4242",
@@ -147,19 +151,26 @@ def main(args: argparse.Namespace | None = None) -> int:
         decoded = out.stdout.count(b"### INSERT INTO")
         events = out.stdout.count(b"\n# at ")
 
-        # 2. The source from the same start position to the end, into one Pump.
+        # 2. The source from the same start position to the end, into one Pump: with the
+        #    native row decoder (the default when built) and forced onto the Python path.
+        from binlake.source.mysql import rowsplan
+
         log = base / "source.log"
-        t0 = time.monotonic()
-        proc = _source(port, reg.addr, base / "src", f"{f0}:{p0}", log)
-        procs.append(proc)
-        source_s = _wait_at(base / "src", end_pos, proc, log, timeout=3600) - t0
-        proc.terminate()
-        proc.wait(30)
+        modes = ["native", "python"] if rowsplan.available() else ["python"]
+        source_s: dict[str, float] = {}
+        for mode in modes:
+            t0 = time.monotonic()
+            proc = _source(port, reg.addr, base / f"src-{mode}", f"{f0}:{p0}", log,
+                           native=mode == "native")
+            procs.append(proc)
+            source_s[mode] = _wait_at(base / f"src-{mode}", end_pos, proc, log, timeout=3600) - t0
+            proc.terminate()
+            proc.wait(30)
 
         # 3. Upstream throughput without, then with, the source following it live.
         plain = _workload(port, seconds)
         t_end = _sql(port, "SHOW MASTER STATUS")[0]
-        proc = _source(port, reg.addr, base / "src2", f"{t_end[0]}:{t_end[1]}", log)
+        proc = _source(port, reg.addr, base / "src2", f"{t_end[0]}:{t_end[1]}", log, native=rowsplan.available())
         procs.append(proc)
         while _checkpoint(base / "src2")[0] == "":
             time.sleep(0.05)
@@ -192,12 +203,16 @@ def main(args: argparse.Namespace | None = None) -> int:
     print("| decoder | row changes | seconds | row changes/s | ratio to mysqlbinlog |")
     print("|---|---:|---:|---:|---:|")
     print(f"| mysqlbinlog --verbose (C, to /dev/null) | {decoded} | {tool_s:.2f} | {decoded / tool_s:,.0f} | 1.00 |")
-    print(f"| binlake source mysql -> 1 Pump (fsync'ed, checkpointed) | {rows} | {source_s:.2f} | "
-          f"{rows / source_s:,.0f} | {(rows / source_s) / (decoded / tool_s):.3f} |")
+    for mode, secs in source_s.items():
+        what = "native row decoder" if mode == "native" else "Python path (BINLAKE_NATIVE_ROWS=0)"
+        print(f"| binlake source mysql, {what} -> 1 Pump (fsync'ed, checkpointed) | {rows} | {secs:.2f} | "
+              f"{rows / secs:,.0f} | {(rows / secs) / (decoded / tool_s):.3f} |")
+    if len(source_s) == 2:
+        print(f"\nnative / Python path: {source_s['python'] / source_s['native']:.2f}x row changes/s")
     print(f"\n| upstream, 1 client, {seconds:g}s | txn/s | ratio |")
     print("|---|---:|---:|")
     print(f"| source not running | {plain:,.0f} | 1.00 |")
-    print(f"| source following live | {with_source:,.0f} | {with_source / plain:.3f} |")
+    print(f"| source following live ({modes[0]} rows) | {with_source:,.0f} | {with_source / plain:.3f} |")
     print(f"\nsource caught up {lag_box[0]:.2f}s after the workload stopped "
           f"(overhead {100 * (1 - with_source / plain):.1f} %; target <= 5 %)")
     return 0

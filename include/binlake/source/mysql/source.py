@@ -6,7 +6,10 @@ Event handling (MariaDB and MySQL flavours):
 
 * GTID / ``BEGIN`` open a transaction; TABLE_MAP names a table for the rows
   that follow (typed from the tracked definition, ``values.prepare_table_map``);
-  WRITE/UPDATE/DELETE_ROWS (v1/v2) add row changes with full images;
+  WRITE/UPDATE/DELETE_ROWS (v1/v2) add row changes with full images (decoded
+  by the native ``_rowsc`` when the table has a plan, ``rowsplan``; else, or
+  when it declines an event, by mysql-replication + ``values.RowEncoder``,
+  with byte-identical results);
   XID (or ``COMMIT`` for non-transactional tables) closes it: it is sent
   (``emitter``), then its end becomes the position to checkpoint.
 * A DDL ``QUERY`` is its own transaction: applied to the tracked definitions
@@ -55,8 +58,8 @@ from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
+from binlake.source.mysql import rowsplan, snapshot
 from binlake.source.mysql import server as srv
-from binlake.source.mysql import snapshot
 from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
 
@@ -141,6 +144,10 @@ class MySQLSource:
         self._last_save = 0.0
         self._dirty = False
         self._encoders: dict[tuple[int, int], RowEncoder] = {}
+        # Rows events decoded by the native decoder / by mysql-replication + RowEncoder.
+        self.native = rowsplan.enabled()
+        self.native_events = 0
+        self.python_events = 0
         self.on_transaction: Callable[[int, int], None] | None = None  # (start_ts, commit_ts), for tests/bench
 
     def stop(self) -> None:
@@ -358,6 +365,7 @@ class MySQLSource:
         )
         txn: _Txn | None = None
         tables: dict[int, MyTable | None] = {}
+        plans: dict[int, Any] = {}  # binlog table id -> native plan (absent: Python path)
         last_progress = time.monotonic()
         events_at = 0
         try:
@@ -384,6 +392,7 @@ class MySQLSource:
                         txn = None  # a DDL commits implicitly
                         self._ddl(q, _schema(ev), stream)
                         tables.clear()
+                        plans.clear()
                 elif isinstance(ev, TableMapEvent):
                     t = self.catalog.get(ev.schema, ev.table)
                     if t is None:
@@ -396,12 +405,17 @@ class MySQLSource:
                     else:
                         prepare_table_map(ev, t)
                         tables[ev.table_id] = t
+                        plans.pop(ev.table_id, None)
+                        if self.native:
+                            plan = rowsplan.build_plan(ev.columns, t, self._encoder(t))
+                            if plan is not None:
+                                plans[ev.table_id] = plan
                 elif isinstance(ev, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
                     t = tables.get(ev.table_id)
                     if t is None:
                         continue
                     txn = txn or _Txn()
-                    self._rows(txn, t, ev)
+                    self._rows(txn, t, ev, plans.get(ev.table_id))
                 elif isinstance(ev, XidEvent):
                     self._end_txn(txn, stream, ev)
                     txn = None
@@ -419,9 +433,25 @@ class MySQLSource:
             stream.close()
 
     # ------------------------------------------------------------------ transactions
-    def _rows(self, txn: _Txn, t: MyTable, ev: Any) -> None:
-        enc = self._encoder(t)
+    def _rows(self, txn: _Txn, t: MyTable, ev: Any, plan: Any = None) -> None:
         m = txn.mut(t.table_id)
+        if plan is not None:
+            rows = rowsplan.decode(plan, ev)
+            if rows is not None:
+                if isinstance(ev, WriteRowsEvent):
+                    m.inserted_rows.extend(rows)
+                    m.sequence.extend([binlog_pb2.INSERT] * len(rows))
+                elif isinstance(ev, UpdateRowsEvent):
+                    m.updated_rows.extend(rows)
+                    m.sequence.extend([binlog_pb2.UPDATE] * len(rows))
+                else:
+                    m.deleted_rows.extend(rows)
+                    m.sequence.extend([binlog_pb2.DELETE_ROW] * len(rows))
+                txn.rows += len(rows)
+                self.native_events += 1
+                return
+        self.python_events += 1
+        enc = self._encoder(t)
         try:
             if isinstance(ev, WriteRowsEvent):
                 for row in ev.rows:

@@ -1,0 +1,14 @@
+"""The MySQL source's native row decoder is built where binlake is installed
+with a C compiler (``make setup``): a machine where it silently was not would
+run every row event through the slower Python path."""
+
+from __future__ import annotations
+
+from binlake.source.mysql import rowsplan
+
+
+def test_native_row_decoder_is_built() -> None:
+    assert rowsplan.available(), (
+        f"binlake.source.mysql._rowsc did not import ({rowsplan.import_error()}); run `make setup` "
+        "(pip install -e . builds it) on a machine with a C compiler"
+    )
