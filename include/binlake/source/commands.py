@@ -74,7 +74,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     pg.add_argument("--slot", required=True, help="logical replication slot (pgoutput)")
     pg.add_argument("--publication", required=True, help="publication naming the tables to back up")
     pg.add_argument("--create", action="store_true",
-                    help="create the slot, and the publication FOR ALL TABLES, if missing")
+                    help="create the publication FOR ALL TABLES, and the slot (--start snapshot always creates "
+                         "its own), if missing")
     pg.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT (default 127.0.0.1:8230)")
     pg.add_argument("--start", default=None,
                     help="where a new --data-dir starts: now (default: stream from the slot) or snapshot (creates "

@@ -20,9 +20,11 @@ whose keys are not decided is a crash between the two and means "nothing".
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+from binlake import errors
 from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
@@ -32,6 +34,8 @@ from binlake.source.journal import SourceState
 # "keys" are the group's [key, start_ts, pump] in commit order, and every other
 # field is what the source needs to continue from the snapshot's position.
 MARKER = "snapshot"
+
+log = logging.getLogger(__name__)
 
 
 class SnapshotGroup:
@@ -47,6 +51,20 @@ class SnapshotGroup:
         """Phase one of part KEY: journaled start_ts, prewrite acknowledged by a Pump."""
         start_ts, pump = self.emitter.prewrite(key, value, ddl)
         self.items.append((key, start_ts, pump))
+
+    def abandon(self) -> None:
+        """Before the decision (a stop, a refusal): roll every part back now. Journaled first
+        (TxnStatus answers "rolled back" from then on), then a ROLLBACK binlog to each part's
+        Pump, so its safe ts moves on without waiting to ask a source that is going away."""
+        for _key, start_ts, _pump in self.items:
+            self.state.abandon(start_ts)
+        for _key, start_ts, pump in self.items:
+            try:
+                self.emitter.client.write_rollback(binlog_pb2.Binlog(tp=binlog_pb2.ROLLBACK, start_ts=start_ts),
+                                                   pump)
+            except errors.BinlakeError as exc:  # the Pump asks TxnStatus after its txn timeout instead
+                log.warning("snapshot: rollback of start_ts %d not sent to pump %s: %s", start_ts, pump, exc)
+        self.items.clear()
 
     def commit(self, **marker: Any) -> list[int]:
         """Save the marker (with ``marker``'s fields), decide every part at once, commit each.

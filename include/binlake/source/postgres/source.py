@@ -384,10 +384,9 @@ class PostgresSource:
         self._save()
 
     def _abandon_snapshot(self, group: SnapshotGroup, created: bool) -> None:
-        """Before the commit point nothing was served: roll the parts back now (the Pumps ask
-        TxnStatus) and drop the slot this attempt created, so a refused or stopped start holds no WAL."""
-        for _key, start_ts, _pump in group.items:
-            self.state.abandon(start_ts)
+        """Before the commit point nothing was served: roll the parts back now and drop the
+        slot this attempt created, so a refused or stopped start holds no WAL."""
+        group.abandon()
         try:
             if created:
                 snap.drop_own_slot(self.dsn, self.slot, wait_s=5.0)
