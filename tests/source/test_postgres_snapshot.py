@@ -12,7 +12,8 @@
 * kill -9 during the snapshot: the restart drops the unfinished slot and takes
   the snapshot again with a new one; a stop or a refusal during it drops the
   slot at once; a crash after the commit point: the restart re-sends the
-  commits and streams from the consistent point;
+  commits and streams from the consistent point, and a checkpoint whose slot
+  was dropped is refused;
 * an existing slot with ``--start snapshot``: one line, exit 2, slot untouched.
 """
 
@@ -375,6 +376,10 @@ def test_crash_after_the_commit_point_resumes(pg: LocalPostgres, cluster: Cluste
     binlogs = cluster.binlogs()
     assert len(row_txns(binlogs)) == ROWS // BATCH + 3
     verify(url, binlogs)
+    # The slot dropped behind the source's back: the checkpoint cannot continue, said in one line.
+    run_sql(url, f"SELECT pg_drop_replication_slot('snap{_n}')")
+    with pytest.raises(errors.FailedPrecondition, match=f"replication slot snap{_n} is gone, but the checkpoint"):
+        source(dsn, cluster, data).run()
 
 
 # ---------------------------------------------------------------------------- user mistakes
