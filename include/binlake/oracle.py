@@ -62,6 +62,8 @@ def canonical(value: Any, json_column: bool = False) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:  # as the codec carries it (naive UTC), e.g. a PostgreSQL timestamptz
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)
         return value.isoformat(sep="T", timespec="microseconds")
     if isinstance(value, dt.date):
         return value.isoformat()

@@ -63,17 +63,26 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "postgres", help="PostgreSQL logical decoding (pgoutput) -> Pumps", formatter_class=fmt,
         epilog=(
             "The server needs wal_level=logical; every published table REPLICA IDENTITY FULL.\n\n"
-            "Example:\n"
+            "Examples:\n"
             "  binlake source postgres --dsn postgresql://repl@db1:5432/shop --slot binlake --publication binlake \\\n"
             "      --create --registry 127.0.0.1:8230 --data-dir data/source-pg\n"
+            "  binlake source postgres --dsn postgresql://repl@db1:5432/shop --slot binlake --publication binlake \\\n"
+            "      --start snapshot   # the rows already there first (a new slot's snapshot), then the slot\n"
         ),
     )
     pg.add_argument("--dsn", required=True, help="postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
     pg.add_argument("--slot", required=True, help="logical replication slot (pgoutput)")
     pg.add_argument("--publication", required=True, help="publication naming the tables to back up")
     pg.add_argument("--create", action="store_true",
-                    help="create the slot, and the publication FOR ALL TABLES, if missing")
+                    help="create the publication FOR ALL TABLES, and the slot (--start snapshot always creates "
+                         "its own), if missing")
     pg.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT (default 127.0.0.1:8230)")
+    pg.add_argument("--start", default=None,
+                    help="where a new --data-dir starts: now (default: stream from the slot) or snapshot (creates "
+                         "the slot with an exported snapshot, sends the published tables' rows, then streams from "
+                         "that snapshot; refused if the slot exists); ignored once a checkpoint exists")
+    pg.add_argument("--snapshot-batch-rows", type=_positive, default=10_000,
+                    help="rows per transaction of a --start snapshot (default 10000)")
     pg.add_argument("--data-dir", default="data/source-postgres",
                     help="checkpoint and TSO journal (default data/source-postgres)")
     pg.add_argument("--status-addr", default="127.0.0.1:0", help="HOST:PORT of the TxnStatus service")
@@ -152,7 +161,8 @@ def _run_postgres(args: argparse.Namespace) -> int:
             raise errors.InvalidArgument(f"{flag} {name[:20]}...: at most 63 characters, got {len(name)}")
 
     source = PostgresSource(args.dsn, slot=args.slot, publication=args.publication, registry=args.registry,
-                            data_dir=args.data_dir, create=args.create, status_addr=args.status_addr)
+                            data_dir=args.data_dir, create=args.create, start=args.start,
+                            snapshot_batch_rows=args.snapshot_batch_rows, status_addr=args.status_addr)
     return _run(source)
 
 

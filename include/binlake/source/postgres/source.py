@@ -21,6 +21,22 @@ definitions; the slot is confirmed up to it only after the checkpoint is on
 disk, so the server re-sends anything after it, and re-sent transactions get
 their journaled TSOs (dropped downstream as copies).
 
+Start (``--start``, used only while the data dir has no checkpoint): ``now``
+streams from the slot (created with ``--create`` if missing); ``snapshot``
+creates the slot itself with an exported snapshot and sends the rows already
+there first (``postgres.snapshot`` says why its position matches; the commit
+protocol is ``source.snapshot_group``'s), then streams from the slot's
+consistent point. A slot that already exists is refused with ``--start
+snapshot``: its snapshot was exported when it was created, and is gone.
+
+Crash during the snapshot: before the snapshot's commit point nothing of it
+was served; the data dir records the slot it created (``snapshot_slot``) and
+the restart drops that slot and takes the snapshot again with a new one (the
+rows then are those of the new instant, and the stream starts there: no hole,
+no copy). After the commit point the restart re-sends the commits and streams
+from the consistent point. A checkpoint whose slot has gone is refused: the
+changes since the checkpoint cannot be had any more.
+
 Limits: column ids follow names, so a RENAME COLUMN looks like a drop plus an
 add (pgoutput says nothing about renames); the primary key of a table is read
 from the catalog when its RELATION arrives.
@@ -28,8 +44,6 @@ from the catalog when its RELATION arrives.
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import logging
 import select
 import struct
@@ -42,17 +56,33 @@ from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
-from binlake.source.mysql.tables import MyColumn, MyTable, assign_ids
+from binlake.source.mysql.tables import MyTable, assign_ids
+from binlake.source.postgres import snapshot as snap
+from binlake.source.postgres import values
+from binlake.source.postgres.values import UNCHANGED, Attr, Unchanged
+from binlake.source.snapshot_group import MARKER, SnapshotGroup, decided_marker, resend_commits
 
 log = logging.getLogger(__name__)
 
 FIRST_TABLE_ID = 100
 CHECKPOINT_INTERVAL_S = 1.0
+START_KINDS = ("now", "snapshot")
+# state.json key. Invariant: the slot this data dir created for a snapshot that
+# has not reached its commit point; nothing was served from that slot, so a
+# restart may drop it and snapshot again. Removed by the checkpoint that ends the
+# snapshot (or when the source streams from the slot with --start now).
+SNAPSHOT_SLOT = "snapshot_slot"
+# state.json keys of the checkpoint. Invariants: ``lsn`` is the end LSN of a
+# transaction whose commit a Pump acknowledged, every earlier one acknowledged
+# too (the slot is confirmed only up to it); ``tables``/``oids`` are the
+# definitions (relation oid -> MyTable / column type oids) as of ``lsn``.
+_CHECKPOINT_KEYS = ("lsn", "tables", "oids")
+# What a snapshot attempt leaves in memory (and in a marker nobody decided).
+_ATTEMPT_KEYS = (MARKER, "tables", "oids", "ddl_seen", "schema_version", "next_table_id")
 
-# type oid -> binlake type
-_TYPES = {16: "bool", 20: "int", 21: "int", 23: "int", 26: "uint", 700: "float", 701: "float", 1700: "decimal",
-          25: "string", 1043: "string", 1042: "string", 19: "string", 2950: "string", 17: "bytes",
-          1082: "date", 1114: "datetime", 1184: "datetime", 1083: "time", 114: "json", 3802: "json"}
+
+class _SnapshotStopped(Exception):
+    """stop() during the snapshot, before its commit point."""
 
 
 class _Reader:
@@ -82,69 +112,51 @@ class _Reader:
         self.i += n
         return b
 
-    def tuple_data(self) -> list[bytes | None | str]:
-        out: list[bytes | None | str] = []
+    def tuple_data(self) -> list[bytes | Unchanged | None]:
+        out: list[bytes | Unchanged | None] = []
         for _ in range(self.num(2)):
             kind = self.byte()
             if kind == "n":
                 out.append(None)
             elif kind == "u":
-                out.append("unchanged")
+                out.append(UNCHANGED)
             else:
                 out.append(self.raw(self.num(4)))
         return out
 
 
-def convert(text: bytes, oid: int, col: str) -> Any:
-    s = text.decode()
-    try:
-        if oid in (20, 21, 23, 26):
-            return int(s)
-        if oid == 16:
-            return s == "t"
-        if oid in (700, 701):
-            return float(s)
-        if oid == 1700:
-            return decimal.Decimal(s)
-        if oid == 17:
-            return bytes.fromhex(s[2:]) if s.startswith("\\x") else s.encode()
-        if oid == 1082:
-            return dt.date.fromisoformat(s)
-        if oid == 1114:
-            return dt.datetime.fromisoformat(s)
-        if oid == 1184:
-            v = dt.datetime.fromisoformat(s if len(s) < 3 or s[-3] in "+-" and ":" in s[-6:] else s + ":00")
-            return v.astimezone(dt.UTC).replace(tzinfo=None)
-        if oid == 1083:
-            return dt.time.fromisoformat(s)
-        if oid in (114, 3802):
-            return s
-        return s
-    except ValueError as exc:
-        raise errors.FailedPrecondition(f"{col}: value {s[:40]!r} cannot be carried: {exc}") from None
-
-
 class PostgresSource:
+    """One source process: ``run()`` until ``stop()`` (or an error)."""
+
     def __init__(self, dsn: str, *, slot: str, publication: str, registry: str, data_dir: str,
-                 create: bool = False, status_addr: str = "127.0.0.1:0",
-                 client_settings: ClientSettings | None = None) -> None:
+                 create: bool = False, start: str | None = None, snapshot_batch_rows: int = snap.BATCH_ROWS,
+                 status_addr: str = "127.0.0.1:0", client_settings: ClientSettings | None = None) -> None:
         for what, v in (("--slot", slot), ("--publication", publication)):
             if not isinstance(v, str) or not v.replace("_", "").isalnum() or not v[:1].isalpha():
                 raise errors.InvalidArgument(f"{what} {v!r} must be letters, digits and _ (starting with a letter)")
         if not isinstance(dsn, str) or not dsn.startswith(("postgresql://", "postgres://")):
             raise errors.InvalidArgument(f"--dsn {dsn!r} is not a PostgreSQL URL (postgresql://USER@HOST:PORT/DB)")
+        if start is not None and start not in START_KINDS:
+            raise errors.InvalidArgument(f"--start {start!r}: expected now (stream from the slot) or snapshot "
+                                         "(the published tables' rows first, then the slot from that snapshot)")
+        if isinstance(snapshot_batch_rows, bool) or not isinstance(snapshot_batch_rows, int) or snapshot_batch_rows < 1:
+            raise errors.InvalidArgument(f"--snapshot-batch-rows must be a positive number, got {snapshot_batch_rows!r}")
         self.dsn = dsn.replace("postgresql+psycopg://", "postgresql://")
         self.slot, self.publication, self.create = slot, publication, create
+        self.start = start or "now"
+        self.snapshot_batch_rows = snapshot_batch_rows
         self.registry_addr = registry
         self.state = SourceState(data_dir)
         self._status_addr, self._client_settings = status_addr, client_settings
         self._stop = threading.Event()
+        # Set once the start position is fixed (the snapshot, if any, sent) and the slot streams.
         self.ready = threading.Event()
         self.emitter: Emitter | None = None
         self.tables: dict[int, MyTable] = {}  # relation oid -> definition
         self.oids: dict[int, list[int]] = {}  # relation oid -> column type oids
         self.lsn = 0
         self.transactions = 0
+        self.snapshot_rows = 0
         self._dirty = False
         self._last_save = 0.0
 
@@ -177,19 +189,13 @@ class PostgresSource:
             raise errors.FailedPrecondition(
                 f"wal_level is {level}; logical decoding needs wal_level=logical in postgresql.conf (then restart)"
             )
+        has_slot = self._check_slot()  # a refusal before anything is created
         pubs = self._sql("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication,))
-        slots = self._sql("SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
         if not pubs:
             if not self.create:
                 raise errors.FailedPrecondition(f"publication {self.publication} does not exist; create it "
                                                 "(CREATE PUBLICATION ... FOR ALL TABLES) or pass --create")
             self._sql(f'CREATE PUBLICATION "{self.publication}" FOR ALL TABLES')
-        if not slots:
-            if not self.create:
-                raise errors.FailedPrecondition(f"replication slot {self.slot} does not exist; pass --create")
-            self._sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot,))
-        elif slots[0][0] != "pgoutput":
-            raise errors.FailedPrecondition(f"slot {self.slot} uses plugin {slots[0][0]}, not pgoutput")
         rows = self._sql(
             "SELECT c.oid, n.nspname, c.relname, c.relreplident FROM pg_publication_tables p "
             "JOIN pg_namespace n ON n.nspname = p.schemaname JOIN pg_class c ON c.relnamespace = n.oid "
@@ -200,19 +206,43 @@ class PostgresSource:
                 f"table(s) {', '.join(bad)} lack REPLICA IDENTITY FULL, so updates and deletes carry no old image; "
                 f"run ALTER TABLE {bad[0]} REPLICA IDENTITY FULL (for each)"
             )
+        if self._continuing():
+            return
+        if self.start == "snapshot":
+            own = self.state.state.get(SNAPSHOT_SLOT)
+            if own:  # an unfinished snapshot of this data dir: its slot served nothing
+                snap.drop_own_slot(self.dsn, str(own))
+            return  # the snapshot creates the slot
+        if not has_slot:
+            self._sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot,))
 
-    def _primary_key(self, oid: int) -> list[str]:
-        rows = self._sql(
-            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisprimary ORDER BY array_position(i.indkey, "
-            "a.attnum)", (oid,))
-        return [r[0] for r in rows]
+    def _continuing(self) -> bool:
+        """A checkpoint (or a decided snapshot) exists: --start no longer matters."""
+        return "lsn" in self.state.state or decided_marker(self.state) is not None
+
+    def _check_slot(self) -> bool:
+        """Whether the slot exists; refuses what cannot work with the slot as it is."""
+        st = self.state.state
+        slots = self._sql("SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
+        if slots and slots[0][0] != "pgoutput":
+            raise errors.FailedPrecondition(f"slot {self.slot} uses plugin {slots[0][0]}, not pgoutput")
+        if self._continuing():
+            # The slot must be the one the checkpoint (or the snapshot) is a position in.
+            if not slots:
+                raise errors.FailedPrecondition(
+                    f"replication slot {self.slot} is gone, but the checkpoint in {self.state.dir} continues from "
+                    f"it (at {snap.format_lsn(int(st.get('lsn') or (st.get(MARKER) or {}).get('lsn', 0)))}): the "
+                    "changes since then cannot be read any more; start a new --data-dir with --start snapshot")
+        elif self.start == "snapshot":
+            if slots and st.get(SNAPSHOT_SLOT) != self.slot:
+                raise snap.refuse_existing(self.slot)
+        elif not slots and not self.create:
+            raise errors.FailedPrecondition(f"replication slot {self.slot} does not exist; pass --create "
+                                            "(or --start snapshot to copy the rows already there first)")
+        return bool(slots)
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> None:
-        import psycopg2
-        import psycopg2.extras
-
         try:
             self._setup()
             self.emitter = Emitter(self.registry_addr, self.state, kind="postgres", status_addr=self._status_addr,
@@ -222,114 +252,226 @@ class PostgresSource:
             raise
         try:
             st = self.state.state
-            self.lsn = int(st.get("lsn", 0))
-            for k, v in st.get("tables", {}).items():
-                self.tables[int(k)] = MyTable.from_json(v)
-            self.oids = {int(k): v for k, v in st.get("oids", {}).items()}
-            st.setdefault("next_table_id", FIRST_TABLE_ID)
-            conn = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
-            cur = conn.cursor()
-            cur.start_replication(slot_name=self.slot, decode=False, start_lsn=self.lsn,
-                                  options={"proto_version": "1", "publication_names": self.publication})
-            self.ready.set()
-            txn: dict[int, binlog_pb2.TableMutation] | None = None
-            while not self._stop.is_set():
-                msg = cur.read_message()
-                if msg is None:
-                    self._checkpoint(cur)
-                    select.select([cur], [], [], 0.5)
-                    continue
-                r = _Reader(msg.payload)
-                kind = r.byte()
-                if kind == "B":
-                    txn = {}
-                elif kind == "R":
-                    self._relation(r)
-                elif kind in ("I", "U", "D"):
-                    assert txn is not None
-                    self._change(kind, r, txn)
-                elif kind == "T":
-                    n = r.num(4)
-                    r.num(1)
-                    for _ in range(n):
-                        self._truncate(r.num(4), msg.data_start)
-                elif kind == "C":
-                    r.num(1)
-                    r.num(8)
-                    end_lsn = r.num(8)
-                    if txn:
-                        value = binlog_pb2.PrewriteValue(schema_version=int(st.get("schema_version", 0)),
-                                                         mutations=list(txn.values()))
-                        self.emitter.emit(f"lsn:{end_lsn}", value)
-                        self.transactions += 1
-                    txn = None
-                    self.lsn = end_lsn
-                    self._dirty = True
-                    self._checkpoint(cur)
-            self._checkpoint(cur, force=True)
-            conn.close()
+            marker = decided_marker(self.state)
+            if "lsn" not in st:
+                if marker is not None:
+                    self._finish_snapshot(marker)
+                elif self.start == "snapshot":
+                    try:
+                        self._take_snapshot()
+                    except _SnapshotStopped:
+                        log.info("postgres source: stopped during the snapshot; nothing of it was served, the "
+                                 "next start takes it again")
+                        return
+                elif st.get(SNAPSHOT_SLOT) or st.get(MARKER):
+                    # An unfinished snapshot, and now a plain start: stream from the slot as it is.
+                    for k in (*_ATTEMPT_KEYS, SNAPSHOT_SLOT):
+                        st.pop(k, None)
+                    self.state.save()
+            self._stream()
         finally:
             self.emitter.close()
             self.state.close()
 
+    def _stream(self) -> None:
+        import psycopg2
+        import psycopg2.extras
+
+        st = self.state.state
+        self.lsn = int(st.get("lsn", 0))
+        for k, v in st.get("tables", {}).items():
+            self.tables[int(k)] = MyTable.from_json(v)
+        self.oids = {int(k): v for k, v in st.get("oids", {}).items()}
+        st.setdefault("next_table_id", FIRST_TABLE_ID)
+        assert self.emitter is not None
+        conn = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                options=values.SESSION_OPTIONS)
+        cur = conn.cursor()
+        cur.start_replication(slot_name=self.slot, decode=False, start_lsn=self.lsn,
+                              options={"proto_version": "1", "publication_names": self.publication})
+        self.ready.set()
+        txn: dict[int, binlog_pb2.TableMutation] | None = None
+        while not self._stop.is_set():
+            msg = cur.read_message()
+            if msg is None:
+                self._checkpoint(cur)
+                select.select([cur], [], [], 0.5)
+                continue
+            r = _Reader(msg.payload)
+            kind = r.byte()
+            if kind == "B":
+                txn = {}
+            elif kind == "R":
+                self._relation(r)
+            elif kind in ("I", "U", "D"):
+                assert txn is not None
+                self._change(kind, r, txn)
+            elif kind == "T":
+                n = r.num(4)
+                r.num(1)
+                for _ in range(n):
+                    self._truncate(r.num(4), msg.data_start)
+            elif kind == "C":
+                r.num(1)
+                r.num(8)
+                end_lsn = r.num(8)
+                if txn:
+                    value = binlog_pb2.PrewriteValue(schema_version=int(st.get("schema_version", 0)),
+                                                     mutations=list(txn.values()))
+                    self.emitter.emit(f"lsn:{end_lsn}", value)
+                    self.transactions += 1
+                txn = None
+                self.lsn = end_lsn
+                self._dirty = True
+                self._checkpoint(cur)
+        self._checkpoint(cur, force=True)
+        conn.close()
+
+    def _save(self) -> None:
+        self.state.save(lsn=self.lsn, tables={str(k): v.to_json() for k, v in self.tables.items()},
+                        oids={str(k): v for k, v in self.oids.items()})
+        self._dirty = False
+        self._last_save = time.monotonic()
+
     def _checkpoint(self, cur: Any, force: bool = False) -> None:
         now = time.monotonic()
         if self._dirty and (force or now - self._last_save >= CHECKPOINT_INTERVAL_S):
-            self.state.save(lsn=self.lsn, tables={str(k): v.to_json() for k, v in self.tables.items()},
-                            oids={str(k): v for k, v in self.oids.items()})
-            self._dirty = False
-            self._last_save = now
+            self._save()
         # Confirm to the server only what the checkpoint holds (it may then recycle the WAL).
         saved = int(self.state.state.get("lsn", 0))
         if saved:
             cur.send_feedback(write_lsn=saved, flush_lsn=saved, reply=False)
 
+    # ------------------------------------------------------------------ snapshot
+    def _take_snapshot(self) -> None:
+        """The published tables' rows as of a new slot's consistent point, sent as one
+        all-or-nothing group (``snapshot_group``); then the checkpoint is that point."""
+        assert self.emitter is not None
+        st = self.state.state
+        for k in _ATTEMPT_KEYS:  # what an earlier attempt that never reached its commit point left
+            st.pop(k, None)
+        st["next_table_id"] = FIRST_TABLE_ID
+        self.tables, self.oids = {}, {}
+        # Recorded before the slot exists: a crash from here on leaves a slot the restart may drop.
+        self.state.save(**{SNAPSHOT_SLOT: self.slot})
+        group = SnapshotGroup(self.emitter, self.state)
+        reading = snap.Snapshot(self.dsn, self.slot)
+        try:
+            reading.open()
+            try:
+                published = reading.tables(self.publication)
+                reading.lock(published)
+                tag = f"snap:{snap.format_lsn(reading.lsn)}"
+                for pt in published:
+                    cols = values.columns(pt.ns, pt.name, pt.attrs)
+                    self._define(pt.oid, pt.ns, pt.name, cols, [a.type_oid for a in pt.attrs], pt.primary_key,
+                                 key=f"{tag}:ddl:{pt.oid}", group=group)
+                for pt in published:
+                    self._snapshot_table(reading, pt, tag, group)
+            finally:
+                reading.close()  # ends the snapshot transaction (read only)
+        except BaseException:
+            self._abandon_snapshot(group, reading.created)
+            raise
+        group.commit(lsn=reading.lsn, tables={str(k): v.to_json() for k, v in self.tables.items()},
+                     oids={str(k): v for k, v in self.oids.items()})
+        self.transactions += len(group.items)
+        log.info("postgres source: snapshot of %d tables, %d rows in %d transactions at %s", len(published),
+                 self.snapshot_rows, len(group.items), snap.format_lsn(reading.lsn))
+        st.pop(MARKER, None)
+        st.pop(SNAPSHOT_SLOT, None)
+        self.lsn = reading.lsn
+        self._save()
+
+    def _abandon_snapshot(self, group: SnapshotGroup, created: bool) -> None:
+        """Before the commit point nothing was served: roll the parts back now and drop the
+        slot this attempt created, so a refused or stopped start holds no WAL."""
+        group.abandon()
+        try:
+            if created:
+                snap.drop_own_slot(self.dsn, self.slot, wait_s=5.0)
+            # Not created (e.g. someone else's slot of that name): never ours to drop later either.
+            self.state.state.pop(SNAPSHOT_SLOT, None)
+            self.state.save()
+        except Exception as exc:  # the restart drops it: still recorded in snapshot_slot
+            log.warning("postgres source: slot %s of the unfinished snapshot left for the next start: %s",
+                        self.slot, exc)
+
+    def _snapshot_table(self, reading: snap.Snapshot, pt: snap.PublishedTable, tag: str,
+                        group: SnapshotGroup) -> None:
+        t, oids = self.tables[pt.oid], self.oids[pt.oid]
+        info = t.to_info()
+        for n, batch in enumerate(reading.batches(pt, self.snapshot_batch_rows)):
+            m = binlog_pb2.TableMutation(table_id=t.table_id)
+            try:
+                # The very functions the stream decodes a tuple with: the same row, the same bytes.
+                m.inserted_rows.extend(codec.encode_row(values.decode_row(t, oids, r), info) for r in batch)
+            except (TypeError, ValueError) as exc:
+                raise errors.FailedPrecondition(f"{t.full_name}: {exc}") from None
+            m.sequence.extend([binlog_pb2.INSERT] * len(batch))
+            group.prewrite(f"{tag}:{pt.oid}:{n}", binlog_pb2.PrewriteValue(
+                schema_version=int(self.state.state["schema_version"]), mutations=[m]))
+            self.snapshot_rows += len(batch)
+            if self._stop.is_set():
+                raise _SnapshotStopped
+
+    def _finish_snapshot(self, marker: dict[str, Any]) -> None:
+        """Restart after the snapshot's commit point: re-send its commits with the journaled TSOs."""
+        assert self.emitter is not None
+        n = resend_commits(self.emitter, marker)
+        st = self.state.state
+        st.pop(MARKER, None)
+        st.pop(SNAPSHOT_SLOT, None)
+        self.state.save(**{k: marker[k] for k in _CHECKPOINT_KEYS})
+        log.info("postgres source: snapshot at %s completed after a restart (%d commits re-sent)",
+                 snap.format_lsn(int(marker["lsn"])), n)
+
+    # ------------------------------------------------------------------ messages
     def _relation(self, r: _Reader) -> None:
         oid = r.num(4)
         ns, name = r.text(), r.text()
         ident = r.byte()
-        cols: list[MyColumn] = []
-        oids: list[int] = []
+        attrs: list[Attr] = []
         for _ in range(r.num(2)):
             r.num(1)
-            cname, toid, typmod = r.text(), r.num(4), r.num(4)
-            kind = _TYPES.get(toid)
-            if kind is None:
-                raise errors.FailedPrecondition(
-                    f"column {ns}.{name}.{cname} has a type (oid {toid}) binlake cannot carry; leave the table out "
-                    "of the publication or change the column's type"
-                )
-            c = MyColumn(name=cname, kind=kind)
-            if kind == "decimal":
-                c.precision, c.scale = ((typmod - 4) >> 16, (typmod - 4) & 0xFFFF) if typmod > 0 else (65, 30)
-            if toid in (1043, 1042) and typmod > 0:
-                c.length = typmod - 4
-            cols.append(c)
-            oids.append(toid)
+            attrs.append(Attr(r.text(), r.num(4), r.num(4)))
+        cols = values.columns(ns, name, attrs)
         if ident != "f":
             raise errors.FailedPrecondition(
                 f"table {ns}.{name} has REPLICA IDENTITY {ident!r}, not FULL: updates and deletes would carry no "
                 f"old image; run ALTER TABLE {ns}.{name} REPLICA IDENTITY FULL"
             )
         old = self.tables.get(oid)
-        shape = [(c.name, c.kind, c.precision, c.scale, c.length) for c in cols]
-        if old is not None and old.name == name and old.db == ns and shape == [
-            (c.name, c.kind, c.precision, c.scale, c.length) for c in old.columns
-        ]:
+        if old is not None and old.name == name and old.db == ns and values.shape(cols) == values.shape(old.columns):
             return
-        pk = self._primary_key(oid)
-        for c in cols:
-            c.nullable = c.name not in pk
-        new = MyTable(db=ns, name=name, columns=cols, primary_key=pk, unique_keys={})
+        self._define(oid, ns, name, cols, [a.type_oid for a in attrs], self._primary_key(oid),
+                     key=f"rel:{oid}:{len(self.state.state.get('ddl_seen', []))}")
+
+    def _primary_key(self, oid: int) -> list[str]:
+        import psycopg2
+
+        conn = psycopg2.connect(self.dsn)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                return snap.primary_key(cur, oid)
+        finally:
+            conn.close()
+
+    def _define(self, oid: int, ns: str, name: str, cols: list[Any], oids: list[int], pk: list[str], key: str,
+                group: SnapshotGroup | None = None) -> None:
+        """A table's (new) definition: its DDL binlog, then the source decodes its rows with it."""
+        new = values.table(ns, name, cols, pk)
+        old = self.tables.get(oid)
         if old is not None:
             new.column_ids = {k: v for k, v in old.column_ids.items() if any(c.name == k for c in cols)}
         what = "CREATE TABLE" if old is None else "ALTER TABLE"
         self._ddl(oid, new, old, f"-- {what} {ns}.{name} ({', '.join(f'{c.name} {c.kind}' for c in cols)})",
-                  key=f"rel:{oid}:{len(self.state.state.get('ddl_seen', []))}")
+                  key=key, group=group)
         self.oids[oid] = oids
 
     def _ddl(self, oid: int, new: MyTable | None, old: MyTable | None, sql: str, key: str,
-             truncate: bool = False) -> None:
+             truncate: bool = False, group: SnapshotGroup | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
         version = int(st.get("schema_version", 0)) + 1
@@ -356,7 +498,11 @@ class PostgresSource:
                 new.next_column_id = info.next_column_id
             version = info.schema_version
             next_id = max(next_id, info.table_id + 1)
-        self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
+        value = binlog_pb2.PrewriteValue(schema_version=version)
+        if group is None:
+            self.emitter.emit(key, value, ddl=(sql, [info]))
+        else:  # part of the snapshot: decided with its rows
+            group.prewrite(key, value, ddl=(sql, [info]))
         st["schema_version"], st["next_table_id"] = version, next_id
         st.setdefault("ddl_seen", []).append(key)
         if new is not None:
@@ -377,14 +523,8 @@ class PostgresSource:
         oids = self.oids[oid]
         info = t.to_info()
 
-        def row(values: list[bytes | None | str]) -> dict[str, Any]:
-            out: dict[str, Any] = {}
-            for c, toid, v in zip(t.columns, oids, values, strict=True):
-                if v == "unchanged":
-                    raise errors.FailedPrecondition(f"{t.full_name}.{c.name}: an unchanged TOAST value arrived "
-                                                    "without its data; set REPLICA IDENTITY FULL")
-                out[c.name] = None if v is None else convert(v, toid, f"{t.full_name}.{c.name}")  # type: ignore[arg-type]
-            return out
+        def row(vals: list[bytes | Unchanged | None]) -> dict[str, Any]:
+            return values.decode_row(t, oids, vals)
 
         m = txn.get(t.table_id)
         if m is None:
@@ -409,4 +549,3 @@ class PostgresSource:
                 m.sequence.append(binlog_pb2.DELETE_ROW)
         except (TypeError, ValueError) as exc:
             raise errors.FailedPrecondition(f"{t.full_name}: {exc}") from None
-
