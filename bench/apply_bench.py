@@ -12,20 +12,24 @@ transactions of 10, written straight into a lake (``changes``, ``ddl_history``,
   transaction per window (the baseline the apply must beat by 10x);
 * PostgreSQL COPY of the same final rows into an empty table (the limit).
 
-Prints seconds, row changes/s, the ratios, and the peak RSS of this process
-(the Spark JVM's memory is not in it; it is bounded by -Xmx).
+Prints seconds, row changes/s, the ratios, and per apply case the peak
+resident memory of this process and of the Spark JVM while the case ran
+(sampled from /proc), beside what they held before it: the apply reads one
+window at a time, so its memory is bounded by the largest window, not the run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import shutil
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -164,6 +168,52 @@ def copy_final(url: str, info: Any, final: dict[int, dict[str, Any]]) -> float:
         return time.perf_counter() - started
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss(pid: int | str = "self") -> int:
+    """Resident bytes of process ``pid`` now (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class RssPeak:
+    """Peak resident memory of this process and of another (the Spark JVM) while the
+    ``with`` block runs, sampled every 20 ms, and what each held at its start."""
+
+    def __init__(self, other_pid: int | None) -> None:
+        self.other = other_pid
+        self.start = self.peak = self.start_other = self.peak_other = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, _rss())
+            if self.other:
+                self.peak_other = max(self.peak_other, _rss(self.other))
+
+    def __enter__(self) -> RssPeak:
+        self.start = self.peak = _rss()
+        if self.other:
+            self.start_other = self.peak_other = _rss(self.other)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _jvm_pid(spark: Any) -> int | None:
+    """The Spark driver JVM's process id, when this process launched it."""
+    proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    return getattr(proc, "pid", None)
+
+
 def main(args: argparse.Namespace | None = None) -> int:
     if args is None:
         parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -200,6 +250,10 @@ def main(args: argparse.Namespace | None = None) -> int:
 
         ingest.read_windows(spark, lake)
         spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES)).count()
+        # ... and the apply's own read path (ddl_history, a window handed over as Arrow): the
+        # first window into a scratch SQLite database, not measured.
+        runner.Applier(spark, task.Task(name="warmup", lake=lake, target=f"sqlite:///{root / 'warmup.db'}",
+                                        mode="consistent")).run(until_ts=bounds[0][1])
         per_window = counts
         if "postgresql" in targets:
             root.chmod(0o755)
@@ -211,7 +265,8 @@ def main(args: argparse.Namespace | None = None) -> int:
             assert pg is not None
             return str(pg.create_database(f"b_{uuid.uuid4().hex[:10]}"))
 
-        results: list[tuple[str, str, float]] = []
+        results: list[tuple[str, str, float, RssPeak]] = []
+        jvm = _jvm_pid(spark)
         baseline: dict[str, float] = {}
         for kind in targets:
             baseline[kind] = naive_replay(new_url(kind), info, changes, per_window)
@@ -223,21 +278,24 @@ def main(args: argparse.Namespace | None = None) -> int:
             for mode in modes:
                 url = new_url(kind)
                 t = task.Task(name="bench", lake=lake, target=url, mode=mode)  # type: ignore[arg-type]
-                started = time.perf_counter()
-                summary = runner.Applier(spark, t).run()
-                took = time.perf_counter() - started
+                with RssPeak(jvm) as mem:
+                    started = time.perf_counter()
+                    summary = runner.Applier(spark, t).run()
+                    took = time.perf_counter() - started
                 assert summary.changes == len(changes), (summary.changes, len(changes))
                 if kind == "sqlite":
                     check = sqlite3.connect(url.removeprefix("sqlite:///"))
                     n = check.execute(f"SELECT count(*) FROM {TABLE}").fetchone()[0]
                     check.close()
                     assert n == len(final), (n, len(final))
-                results.append((kind, mode, took))
+                results.append((kind, mode, took, mem))
                 print(f"  {kind:<10} apply {mode:<10} {took:8.1f}s", flush=True)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        mib = 1 << 20
         print()
         print(f"binlake bench apply --changes {args.changes} --windows {args.windows}  "
-              f"({len(final):,} final rows; peak RSS of this process {rss:.0f} MiB)")
+              f"({len(final):,} final rows; load average {os.getloadavg()[0]:.1f}; peak RSS of this process "
+              f"{rss:.0f} MiB, most of it the generated changes the baselines replay)")
         print()
         print("| target | mode | seconds | row changes/s | x row-by-row | / COPY |")
         print("|---|---|---:|---:|---:|---:|")
@@ -248,10 +306,19 @@ def main(args: argparse.Namespace | None = None) -> int:
         if copy_s:
             print(f"| postgresql | COPY of the final rows | {copy_s:.1f} | {len(changes) / copy_s:,.0f} | "
                   f"{baseline['postgresql'] / copy_s:.1f} | 1.00 |")
-        for kind, mode, took in results:
+        for kind, mode, took, _mem in results:
             ratio_copy = f"{copy_s / took:.2f}" if kind == "postgresql" and copy_s else "-"
             print(f"| {kind} | binlake apply {mode} | {took:.1f} | {len(changes) / took:,.0f} | "
                   f"{baseline[kind] / took:.1f} | {ratio_copy} |")
+        print()
+        print("Memory while each apply ran (MiB): peak resident, and the rise over the start of the case.")
+        print()
+        print("| target | mode | bench process peak | rise | Spark JVM peak | rise |")
+        print("|---|---|---:|---:|---:|---:|")
+        for kind, mode, _took, mem in results:
+            jvm_cols = (f"{mem.peak_other / mib:.0f} | {(mem.peak_other - mem.start_other) / mib:+.0f}"
+                        if mem.other else "- | -")
+            print(f"| {kind} | {mode} | {mem.peak / mib:.0f} | {(mem.peak - mem.start) / mib:+.0f} | {jvm_cols} |")
         return 0
     finally:
         if pg is not None:

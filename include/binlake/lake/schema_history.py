@@ -118,7 +118,8 @@ class SchemaHistory:
             raise TypeError(f"table_id must be an integer, got {type(table_id).__name__}")
         at = tso.MAX_TS if commit_ts is None else check_ts("commit_ts", commit_ts)
         stamps = self._ts.get(table_id)
-        when = "" if commit_ts is None else f" at commit_ts {tso.format_ts(commit_ts)}"
+        # Formatted only for an error (a lazy text): the lookup is on every change's path.
+        when = _When(commit_ts)
         if not stamps:
             raise UnknownTableError(
                 f"table id {table_id}{when} has no definition in the schema history "
@@ -194,6 +195,18 @@ class SchemaHistory:
         for ts, raw in pairs:
             history.add(ts, _parse_table(raw, f"schema history entry at {ts}"))
         return history
+
+
+class _When:
+    """`` at commit_ts ...`` for an error message, formatted only when shown."""
+
+    __slots__ = ("commit_ts",)
+
+    def __init__(self, commit_ts: int | None) -> None:
+        self.commit_ts = commit_ts
+
+    def __format__(self, spec: str) -> str:
+        return "" if self.commit_ts is None else f" at commit_ts {tso.format_ts(self.commit_ts)}"
 
 
 def _parse_table(raw: bytes, what: str) -> binlog_pb2.TableInfo:

@@ -9,10 +9,12 @@ Rows (primary key ``task, grp, seg_end``):
 * ``grp = -1, seg_end = 0`` - the task's checkpoint. Invariant: every selected
   change with ``commit_ts < ts`` is in the target, and none with a later one.
   ``window_start``/``window_end`` are the ingested window the ts lies in.
-* ``grp >= 0`` (parallel mode) - conflict group ``grp`` of the batch of changes
-  ending at ``seg_end`` (a DDL's commit_ts or a window's end) is in the target.
-  Written with the group's data; deleted when the task's checkpoint moves to
-  ``seg_end`` (then the whole batch is in).
+* ``grp >= 0`` (parallel mode) - bucket ``grp`` of the batch of changes ending
+  at ``seg_end`` (a DDL's commit_ts or a window's end) is in the target. A
+  bucket is a set of conflict groups; ``grp`` encodes the bucket's index and
+  how many buckets the batch was dealt into (``bucket_id``), so a rerun deals
+  the groups the same way. Written with the bucket's data; deleted when the
+  task's checkpoint moves to ``seg_end`` (then the whole batch is in).
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ class Checkpoint:
     ts: int  # every change with commit_ts < ts is applied
     window_start: int
     window_end: int
+
+
+_BUCKET_BITS = 16  # grp = count << 16 | index (count <= 256 parallel tasks)
+
+
+def bucket_id(index: int, count: int) -> int:
+    """The ``grp`` of bucket ``index`` of a batch dealt into ``count`` buckets."""
+    if not 0 <= index < count < (1 << _BUCKET_BITS):
+        raise ValueError(f"bucket {index} of {count} is out of range")
+    return count << _BUCKET_BITS | index
+
+
+def bucket_count(grp: int) -> int:
+    """How many buckets the batch of bucket row ``grp`` was dealt into."""
+    return max(1, grp >> _BUCKET_BITS)
 
 
 def ensure(engine: sa.Engine) -> None:

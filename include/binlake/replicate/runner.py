@@ -5,13 +5,16 @@ Per window ``[a, b)`` (from the lake's ``windows`` ledger; a gap stops the
 apply naming the missing window):
 
 1. read the window's ``changes`` (and its DDLs from ``ddl_history``) with Spark,
-   evaluating the task's expression filters there (Spark SQL over the images);
-2. drop what the filters and event filters exclude, decode the images with the
-   table definition in force at each change's commit_ts, route the table;
-3. cut the window at its DDLs into batches; for each batch, compact every
-   table's changes to one per key and write them: deletes of the keys that go
-   away or change, then inserts of the final rows (safe mode: deletes of every
-   touched key, then upserts), and then the DDL;
+   handed over as Arrow (one window in memory at a time), evaluating the
+   task's expression filters there (Spark SQL over the images);
+2. cut the window at its DDLs into batches (no DDL inside a batch: one table
+   definition, filter verdict and route per table id for all of it); drop what
+   the filters and event filters exclude, route the table;
+3. compact every table's changes to one per key straight from the image JSON,
+   typing only the final images (``rawcompact``; safe mode decodes every
+   change instead, since it deletes every key a batch touches), and write
+   them: deletes of the keys that go away or change, then inserts of the final
+   rows (safe mode: deletes of every touched key, then upserts), and then the DDL;
 4. move the checkpoint, in the same target transaction as the data.
 
 ``consistent`` mode writes the whole window in one transaction (PostgreSQL and
@@ -21,11 +24,12 @@ it commits with the checkpoint at the DDL's commit_ts, then the DDL runs and
 the checkpoint moves past it (a crash between the two re-runs the DDL, which
 is idempotent, see ``target_ddl``).
 
-``parallel`` mode splits each batch into conflict groups (``causality``) and
-applies them concurrently in Spark tasks: each Spark task writes its groups in
-one transaction, with one checkpoint row per group; once every group of a batch
-is in, the task's checkpoint moves to the batch's end. A rerun skips the groups
-already in (a group is in or not, never half).
+``parallel`` mode splits each (compacted) batch into conflict groups
+(``causality``), deals them into one bucket per Spark task and applies the
+buckets concurrently: each Spark task writes its bucket in one transaction,
+with one checkpoint row for the bucket; once every bucket of a batch is in,
+the task's checkpoint moves to the batch's end. A rerun skips the buckets
+already in (a bucket is in or not, never half).
 
 Normal mode checks the target against the log: a key the window deletes or
 updates must be there, a key it inserts must not (``TargetDiverged`` names the
@@ -35,6 +39,7 @@ for the windows after a restored snapshot) does not check, and converges.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import os
@@ -49,13 +54,21 @@ from sqlalchemy.engine import Connection
 from binlake import errors, failpoint, tso
 from binlake.lake import decode, ingest
 from binlake.proto import binlog_pb2
-from binlake.replicate import causality, checkpoint, compactor, rules, sink, target_ddl
+from binlake.replicate import causality, checkpoint, compactor, rawcompact, rules, sink, target_ddl
 from binlake.replicate.compactor import DELETE, INSERT, UPDATE, Change
 from binlake.replicate.task import Task
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
+
+# The columns of ``changes`` the apply reads.
+_READ = ("commit_ts", "seq", "table_id", "schema_version", "op", "before", "after")
+# Consecutive windows are read from the lake in one Spark job while their row
+# changes (the ledger's counts) add up to at most this many: small windows (the
+# ingest DAG's five minutes) then do not each pay a Spark job, and the memory a
+# read holds stays bounded (one window larger than this is read alone).
+READ_BUDGET = 200_000
 
 
 class TargetDiverged(errors.Conflict):
@@ -106,9 +119,14 @@ class _Batch:
     """The changes before one DDL (or the window's end), then that DDL."""
 
     end: int  # the DDL's commit_ts, or the window's end
-    changes: list[Change]
+    tables: dict[str, list[Change]]  # target table -> its changes (compacted per key when ``compacted``)
     infos: dict[str, binlog_pb2.TableInfo]  # target table -> its definition during the batch
     ddl: dict[str, Any] | None = None
+    compacted: bool = False
+
+    def changes(self) -> list[Change]:
+        """Every change of the batch, table after table (commit order within each)."""
+        return [c for changes in self.tables.values() for c in changes]
 
 
 def _key_names(info: binlog_pb2.TableInfo) -> list[str]:
@@ -131,12 +149,13 @@ def table_keys(info: binlog_pb2.TableInfo) -> causality.TableKeys:
 
 # ---------------------------------------------------------------- writing one batch
 def write_changes(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo, changes: Sequence[Change],
-                  safe: bool) -> int:
-    """Write one table's changes (commit order) in the caller's transaction; rows written."""
+                  safe: bool, compacted: bool = False) -> int:
+    """Write one table's changes (commit order) in the caller's transaction; rows written.
+    ``compacted``: the changes already are one final change per key (``rawcompact``)."""
     key = _key_names(info)
     if not key:
         return _write_keyless(target, conn, info, changes)
-    final = compactor.compact(changes, key)
+    final = list(changes) if compacted else compactor.compact(changes, key)
     gone = [c for c in final if c.op != INSERT]
     rows = [c.after for c in final if c.after is not None]
 
@@ -191,7 +210,10 @@ class _Mismatch(Exception):
 
 def _diagnose(target: sink.Target, m: _Mismatch, where: str) -> TargetDiverged:
     key = _key_names(m.info)
-    show = lambda t: ", ".join(f"{c}={v!r}" for c, v in zip(key, t, strict=True))  # noqa: E731
+
+    def show(t: tuple[Any, ...]) -> str:
+        return ", ".join(f"{c}={v!r}" for c, v in zip(key, t, strict=True))
+
     with target.engine.connect() as conn:
         have_old = target.existing_keys(conn, m.info, m.must_exist) if m.must_exist else set()
         have_new = target.existing_keys(conn, m.info, m.must_not_exist) if m.must_not_exist else set()
@@ -231,6 +253,8 @@ class Applier:
         self.target_url = url
         self.rules = rules.Rules(task)
         self.progress = progress or (lambda _msg: None)
+        # (from ts, to ts, columns, skips) of the last read from the lake (``_window_rows``)
+        self._read_buffer: tuple[int, int, dict[str, list[Any]], set[tuple[int, int]]] | None = None
 
     # -- planning
     def _windows(self) -> list[dict[str, Any]]:
@@ -282,33 +306,43 @@ class Applier:
         if not ingest.is_delta(self.spark, path):
             return []
         rows = (self.spark.read.format("delta").load(path)
-                .select("commit_ts", "table_id", "previous_table_id", "dropped", "table_info", "query")
-                .orderBy("commit_ts").collect())
-        return [r.asDict() for r in rows]
+                .select("commit_ts", "table_id", "previous_table_id", "dropped", "table_info", "query").collect())
+        # Sorted here: a Spark orderBy is two more jobs (sampling, then the sort) for a few rows.
+        return sorted((r.asDict() for r in rows), key=lambda d: int(d["commit_ts"]))
 
-    def _read_changes(self, lo: int, hi: int) -> tuple[list[Any], set[tuple[int, int]]]:
+    def _read_changes(self, lo: int, hi: int) -> tuple[dict[str, list[Any]], set[tuple[int, int]]]:
+        """The window's changes as columns (Python lists) in commit order, and the
+        (commit_ts, seq) an expression filter removes.
+
+        Spark hands the window over as Arrow (``toArrow``: no Row objects), and
+        the sort is Arrow's, here, not a Spark shuffle."""
         path = ingest.table_path(self.lake, ingest.CHANGES)
         if not ingest.is_delta(self.spark, path):
-            return [], set()
+            return {name: [] for name in _READ}, set()
         d0, d1 = decode.commit_date(lo), decode.commit_date(max(lo, hi - 1))
         df = (self.spark.read.format("delta").load(path)
               .where(f"commit_date >= DATE'{d0}' AND commit_date <= DATE'{d1}' "
                      f"AND commit_ts >= {int(lo)} AND commit_ts < {int(hi)}"))
-        rows = df.select("commit_ts", "seq", "table_id", "op", "before", "after").orderBy("commit_ts", "seq").collect()
-        skip = self._expr_skips(df, rows) if self.task.expr_filters else set()
-        return rows, skip
+        table = df.select(*_READ).toArrow().sort_by([("commit_ts", "ascending"), ("seq", "ascending")])
+        cols = {name: table.column(name).to_pylist() for name in _READ}
+        del table  # the Arrow copy is not needed once the lists exist: one copy at a time
+        skip = self._expr_skips(df, cols) if self.task.expr_filters else set()
+        return cols, skip
 
-    def _expr_skips(self, df: Any, rows: Sequence[Any]) -> set[tuple[int, int]]:
+    def _expr_skips(self, df: Any, cols: dict[str, list[Any]]) -> set[tuple[int, int]]:
         """(commit_ts, seq) of changes an expression filter removes, evaluated by Spark."""
         from pyspark.sql import functions as F
 
         from binlake.replicate import exprs
 
         skip: set[tuple[int, int]] = set()
+        first_ts: dict[tuple[int, int], int] = {}  # (table_id, schema_version) -> a commit_ts it occurs at
+        for table_id, version, ts in zip(cols["table_id"], cols["schema_version"], cols["commit_ts"], strict=True):
+            first_ts.setdefault((table_id, version), ts)
         seen: dict[tuple[int, int], binlog_pb2.TableInfo] = {}
-        for r in rows:
+        for (tid, _version), at in first_ts.items():
             try:
-                info = self.history.table(r["table_id"], r["commit_ts"])
+                info = self.history.table(tid, at)
             except decode.UnknownTableError:
                 continue
             seen.setdefault((info.table_id, info.schema_version), info)
@@ -345,47 +379,91 @@ class Applier:
         return skip
 
     # -- building batches
-    def _batches(self, window: dict[str, Any], lo: int, summary: ApplySummary) -> list[_Batch]:
-        hi = int(window["end_ts"])
+    def _window_rows(self, windows: list[dict[str, Any]], n: int, lo: int
+                     ) -> tuple[dict[str, list[Any]], set[tuple[int, int]], int, int]:
+        """The changes of window ``n`` (from ``lo``) as (columns, expression-filter
+        skips, first index, end index): read with the windows after it that fit
+        in ``READ_BUDGET``, or taken from such an earlier read."""
+        hi = int(windows[n]["end_ts"])
+        buf = self._read_buffer
+        if buf is None or not (buf[0] <= lo and hi <= buf[1]):
+            rows = 0
+            last = n
+            while last < len(windows):
+                more = int(windows[last].get("rows") or 0)
+                if last > n and rows + more > READ_BUDGET:
+                    break
+                rows += more
+                last += 1
+            end = int(windows[last - 1]["end_ts"])
+            cols, skip = self._read_changes(lo, end) if rows > 0 else ({name: [] for name in _READ}, set())
+            buf = self._read_buffer = (lo, end, cols, skip)
+        cols = buf[2]
+        stamps = cols["commit_ts"]
+        return cols, buf[3], bisect.bisect_left(stamps, lo), bisect.bisect_left(stamps, hi)
+
+    def _batches(self, windows: list[dict[str, Any]], n: int, lo: int, summary: ApplySummary,
+                 safe: bool) -> list[_Batch]:
+        hi = int(windows[n]["end_ts"])
         ddls = [d for d in self.ddl_rows if lo <= int(d["commit_ts"]) < hi]
-        has_rows = int(window.get("rows") or 0) > 0
-        rows, skip = self._read_changes(lo, hi) if has_rows else ([], set())
+        cols, skip, i, stop = self._window_rows(windows, n, lo)
+        stamps = cols["commit_ts"]
         batches: list[_Batch] = []
         cuts = [int(d["commit_ts"]) for d in ddls] + [hi]
-        it = iter(rows)
-        pending = next(it, None)
-        for i, end in enumerate(cuts):
-            batch = _Batch(end, [], {}, ddls[i] if i < len(ddls) else None)
-            # No DDL inside a batch: one definition per table id for all of it.
-            defs: dict[int, binlog_pb2.TableInfo] = {}
-            while pending is not None and int(pending["commit_ts"]) < end:
-                self._add(batch, pending, skip, summary, defs)
-                pending = next(it, None)
+        for j, end in enumerate(cuts):
+            batch = _Batch(end, {}, {}, ddls[j] if j < len(ddls) else None, compacted=not safe)
+            k = bisect.bisect_left(stamps, end, lo=i, hi=stop)  # the changes before the DDL (or the end)
+            if k > i:
+                self._fill(batch, cols, i, k, skip, summary, safe)
+            i = k
             batches.append(batch)
         return batches
 
-    def _add(self, batch: _Batch, row: Any, skip: set[tuple[int, int]], summary: ApplySummary,
-             defs: dict[int, binlog_pb2.TableInfo]) -> None:
-        ts, seq, op = int(row["commit_ts"]), int(row["seq"]), row["op"]
-        table_id = int(row["table_id"])
-        info = defs.get(table_id)
-        if info is None:
-            info = defs[table_id] = self.history.table(table_id, ts)
-        if not self.rules.replicated(info.db, info.name) or op in self.rules.ignored(info.db, info.name) \
-                or (ts, seq) in skip:
-            summary.filtered += 1
-            return
+    def _fill(self, batch: _Batch, cols: dict[str, list[Any]], i: int, k: int, skip: set[tuple[int, int]],
+              summary: ApplySummary, safe: bool) -> None:
+        """Changes ``i..k`` of the window (no DDL among them) into ``batch``: filtered,
+        routed, and per target table compacted (normal mode) or decoded in commit
+        order (safe mode, which deletes every key a batch touches)."""
+        # No DDL inside a batch: one definition, filter verdict and decoder per table id for all of it.
+        per: dict[int, tuple[rawcompact.ImageDecoder | None, str, frozenset[str]]] = {}
+        raw: dict[str, list[rawcompact.RawChange]] = {}
+        stamps, seqs, ids, ops = cols["commit_ts"], cols["seq"], cols["table_id"], cols["op"]
+        befores, afters = cols["before"], cols["after"]
+        counts: Counter[str] = Counter()
+        filtered = 0
+        for n in range(i, k):
+            table_id = ids[n]
+            entry = per.get(table_id)
+            if entry is None:
+                entry = per[table_id] = self._table_entry(batch, table_id, stamps[n])
+            dec, name, ignored = entry
+            op = ops[n]
+            if dec is None or op in ignored or (skip and (stamps[n], seqs[n]) in skip):
+                filtered += 1
+                continue
+            raw.setdefault(name, []).append((op, befores[n], afters[n], stamps[n], seqs[n], dec))
+            counts[op] += 1
+        summary.filtered += filtered
+        summary.changes_by_op.update(counts)
+        for name, changes in raw.items():
+            if safe:
+                batch.tables[name] = rawcompact.decode_all(name, changes)
+            else:
+                batch.tables[name] = rawcompact.compact(name, changes, bool(_key_names(batch.infos[name])))
+
+    def _table_entry(self, batch: _Batch, table_id: int, ts: int
+                     ) -> tuple[rawcompact.ImageDecoder | None, str, frozenset[str]]:
+        """(decoder, target table, ignored ops) of a table id; no decoder when the
+        task does not replicate the table."""
+        info = self.history.table(table_id, ts)
+        if not self.rules.replicated(info.db, info.name):
+            return None, "", frozenset()
+        ignored = frozenset(op for op in (INSERT, UPDATE, DELETE) if op in self.rules.ignored(info.db, info.name))
         tinfo = self._target_info(info)
         place = self.rules.place(info.db, info.name)
-        before = decode.image_values(row["before"], info)
-        after = decode.image_values(row["after"], info)
-        if place.extract_column:
-            for image in (before, after):
-                if image is not None:
-                    image[place.extract_column] = place.extract_value
-        batch.changes.append(Change(tinfo.name, op, before, after, ts, seq))
         batch.infos[tinfo.name] = tinfo
-        summary.changes_by_op[op] += 1
+        extract = (place.extract_column, place.extract_value) if place.extract_column else None
+        return rawcompact.ImageDecoder(info, _key_names(tinfo), extract), tinfo.name, ignored
 
     def _target_info(self, info: binlog_pb2.TableInfo) -> binlog_pb2.TableInfo:
         cached = self._tinfo.get(id(info))
@@ -431,6 +509,7 @@ class Applier:
             self.ddl_rows = self._ddl_rows()
             self.history = decode.SchemaHistory.from_rows(self.ddl_rows)
             self._tinfo: dict[int, tuple[binlog_pb2.TableInfo, binlog_pb2.TableInfo]] = {}
+            self._read_buffer = None
             if cp is None and start == 0 and windows:
                 self._bootstrap(target, int(windows[0]["start_ts"]), summary)
             summary.checkpoint_ts = start
@@ -440,7 +519,7 @@ class Applier:
                 # Safe mode for the configured windows, and for the first one after a restored
                 # snapshot: the snapshot may already hold part of that window.
                 safe = a < self.task.safe_mode_until_ts or (cp is None and self.task.start_after_ts > 0 and n == 1)
-                batches = self._batches(w, lo, summary)
+                batches = self._batches(windows, n - 1, lo, summary, safe)
                 if self.task.mode == "parallel":
                     self._apply_parallel(target, batches, a, b, safe, summary)
                 else:
@@ -453,6 +532,7 @@ class Applier:
                               f"{summary.changes:,} row changes, {summary.ddls} DDL")
                 failpoint.hit("apply-after-window")
         finally:
+            self._read_buffer = None
             target.close()
         summary.elapsed_s = time.monotonic() - began
         return summary
@@ -503,28 +583,28 @@ class Applier:
                 raise _diagnose(target, m, f"window [{a}, {b})") from None
 
     def _write_batch(self, target: sink.Target, conn: Connection, batch: _Batch, safe: bool, where: str) -> int:
-        by_table: dict[str, list[Change]] = {}
-        for c in batch.changes:
-            by_table.setdefault(c.table, []).append(c)
         n = 0
-        for name, changes in by_table.items():
-            n += write_changes(target, conn, batch.infos[name], changes, safe)
+        for name, changes in batch.tables.items():
+            n += write_changes(target, conn, batch.infos[name], changes, safe, batch.compacted)
         return n
 
     def _apply_parallel(self, target: sink.Target, batches: list[_Batch], a: int, b: int, safe: bool,
                         summary: ApplySummary) -> None:
         for batch in batches:
-            if batch.changes:
+            changes = batch.changes()
+            if changes:
+                # Compacted first (one change per key), then grouped: the groups are
+                # then as small as they can be and still never share a key value.
                 keys = {name: table_keys(info) for name, info in batch.infos.items()}
-                groups = causality.group(batch.changes, keys)
+                groups = causality.group(changes, keys)
                 with target.engine.connect() as conn:
                     done = checkpoint.done_groups(conn, self.task.name, batch.end)
-                work = [(g, [(c.table, c.op, c.before, c.after, c.commit_ts, c.seq) for c in changes])
-                        for g, changes in enumerate(groups)
+                work = [(g, [(c.table, c.op, c.before, c.after, c.commit_ts, c.seq) for c in part])
+                        for g, part in _buckets(groups, self.task.parallel_tasks, done)
                         if g not in done]
                 infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
                 if work:
-                    summary.rows_written += self._run_groups(work, infos, batch.end, a, b, safe)
+                    summary.rows_written += self._run_groups(work, infos, batch.end, a, b, safe, batch.compacted)
             with target.engine.connect() as conn:
                 conn.begin()
                 if batch.ddl is not None:
@@ -542,7 +622,7 @@ class Applier:
                 conn.commit()
 
     def _run_groups(self, work: list[tuple[int, list[tuple[Any, ...]]]], infos: dict[str, bytes], seg_end: int,
-                    a: int, b: int, safe: bool) -> int:
+                    a: int, b: int, safe: bool, compacted: bool = False) -> int:
         url, name = self.target_url, self.task.name
         # The apply's failpoint holds in its Spark tasks too (they run in other processes).
         fail_spec = os.environ.get(failpoint.ENV, "")
@@ -554,7 +634,7 @@ class Applier:
             if fail_spec:
                 os.environ[failpoint.ENV] = fail_spec
             try:
-                yield from apply_groups(url, name, infos, seg_end, a, b, safe, items)
+                yield from apply_groups(url, name, infos, seg_end, a, b, safe, items, compacted)
             finally:
                 if saved is None:
                     os.environ.pop(failpoint.ENV, None)
@@ -569,8 +649,26 @@ class Applier:
         return sum(n for _g, n, _m in results)
 
 
+def _buckets(groups: list[list[Change]], tasks: int, done: set[int]) -> Iterator[tuple[int, list[Change]]]:
+    """The conflict groups dealt round-robin into at most ``tasks`` buckets, each
+    as (checkpoint id, its changes): one Spark task and one checkpoint row per
+    bucket, not per group. Buckets of disjoint groups are disjoint too. A rerun
+    deals the same groups into as many buckets as the run whose bucket rows it
+    finds (``done``), so an id means the same changes even if ``tasks`` changed."""
+    count = min(tasks, len(groups))
+    if done:
+        count = checkpoint.bucket_count(next(iter(done)))
+    parts: list[list[Change]] = [[] for _ in range(count)]
+    for g, changes in enumerate(groups):
+        parts[g % count].extend(changes)
+    for i, part in enumerate(parts):
+        if part:
+            yield checkpoint.bucket_id(i, count), part
+
+
 def apply_groups(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int, safe: bool,
-                 items: Iterable[tuple[int, list[tuple[Any, ...]]]]) -> Iterator[tuple[int, int, str]]:
+                 items: Iterable[tuple[int, list[tuple[Any, ...]]]],
+                 compacted: bool = False) -> Iterator[tuple[int, int, str]]:
     """Run in a Spark task: apply the conflict groups it was given that are not in
     yet, in one target transaction with one checkpoint row per group; yields
     (groups applied, rows written, error message or "").
@@ -593,7 +691,7 @@ def apply_groups(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end:
             n = 0
             try:
                 for name, cs in by_table.items():
-                    n += write_changes(target, conn, infos[name], cs, safe)
+                    n += write_changes(target, conn, infos[name], cs, safe, compacted)
             except _Mismatch as m:
                 conn.rollback()
                 yield 0, 0, str(_diagnose(target, m, f"window [{a}, {b})"))

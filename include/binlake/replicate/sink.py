@@ -11,8 +11,12 @@ the target's columns by binlake's definitions (SQLite stores decimals as text).
 
 Writes are whole batches, never a statement per row:
 
-* deletes: ``DELETE ... WHERE key IN (...)`` (a row-value IN for composite keys);
-* inserts: PostgreSQL ``COPY`` into the table, elsewhere multi-row INSERT;
+* deletes: PostgreSQL ``DELETE ... WHERE key = ANY(array)`` (one statement, one
+  array parameter), SQLite one prepared ``DELETE`` run over every key
+  (``executemany``), elsewhere ``DELETE ... WHERE key IN (...)`` (a row-value IN
+  for composite keys);
+* inserts: PostgreSQL ``COPY`` into the table, SQLite one prepared INSERT run
+  over every row (``executemany``), elsewhere multi-row INSERT;
 * upserts (safe mode): multi-row ``INSERT ... ON CONFLICT DO UPDATE``
   (PostgreSQL, SQLite) or ``ON DUPLICATE KEY UPDATE`` (MySQL/MariaDB).
 """
@@ -230,6 +234,22 @@ class Target:
         if self.dialect == "postgresql":
             return _copy_rows(conn, info, names, rows)
         table = self.sa_table(info)
+        if self.dialect == "sqlite":
+            # The driver's executemany of one prepared statement: SQLAlchemy's own
+            # per-row work (compiling, parameter dicts) costs more than SQLite's insert.
+            procs = _bind_processors(table, names, conn)
+            q = conn.dialect.identifier_preparer.quote
+            sql = (f"INSERT INTO {q(info.name)} ({', '.join(q(n) for n in names)}) "
+                   f"VALUES ({', '.join('?' for _ in names)})")
+            params = [tuple(v if v is None or p is None else p(v) for v, p in zip(map(row.get, names), procs,
+                                                                                 strict=True))
+                      for row in rows]
+            cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                cur.executemany(sql, params)
+            finally:
+                cur.close()
+            return len(params)
         n = 0
         for batch in _batches(rows, names):
             conn.execute(table.insert(), batch)
@@ -265,7 +285,12 @@ class Target:
     def delete_keys(self, conn: Connection, info: binlog_pb2.TableInfo, keys: Sequence[tuple[Any, ...]]) -> int:
         """``DELETE ... WHERE key IN (...)`` in batches; the number of rows deleted."""
         table = self.sa_table(info)
-        cols = [table.c[name] for name in _key_names(info)]
+        names = _key_names(info)
+        cols = [table.c[name] for name in names]
+        if not keys:
+            return 0
+        if len(cols) == 1 and self.dialect in ("postgresql", "sqlite"):
+            return _delete_single_key(conn, table, names[0], keys)
         per = max(1, min(_MAX_ROWS, _MAX_PARAMS // len(cols)))
         n = 0
         for i in range(0, len(keys), per):
@@ -318,6 +343,31 @@ def _check_info(info: Any) -> None:
         raise ValueError("info must name the table and list its columns")
 
 
+def _bind_processors(table: sa.Table, names: Sequence[str], conn: Connection) -> list[Any]:
+    """Each column's SQLAlchemy bind processor (None when the driver takes the value
+    as is): what SQLAlchemy applies to a parameter, for statements run on the driver."""
+    dialect = conn.dialect
+    return [table.c[n].type.dialect_impl(dialect).bind_processor(dialect) for n in names]
+
+
+def _delete_single_key(conn: Connection, table: sa.Table, name: str, keys: Sequence[tuple[Any, ...]]) -> int:
+    """Delete the rows whose one-column key is in ``keys``; the number deleted."""
+    (proc,) = _bind_processors(table, [name], conn)
+    values = [k[0] if k[0] is None or proc is None else proc(k[0]) for k in keys]
+    q = conn.dialect.identifier_preparer.quote
+    cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        if conn.dialect.name == "postgresql":
+            # One array parameter cast to the column's own type, so the key's index is used.
+            col_type = table.c[name].type.compile(dialect=conn.dialect)
+            cur.execute(f"DELETE FROM {q(table.name)} WHERE {q(name)} = ANY(%s::{col_type}[])", (values,))
+            return int(cur.rowcount)
+        cur.executemany(f"DELETE FROM {q(table.name)} WHERE {q(name)} = ?", [(v,) for v in values])
+        return int(cur.rowcount)
+    finally:
+        cur.close()
+
+
 def _batches(rows: Iterable[Mapping[str, Any]], names: Sequence[str]) -> Iterable[list[dict[str, Any]]]:
     per = max(1, min(_MAX_ROWS, _MAX_PARAMS // max(1, len(names))))
     batch: list[dict[str, Any]] = []
@@ -341,8 +391,14 @@ def _copy_rows(conn: Connection, info: binlog_pb2.TableInfo, names: Sequence[str
     raw: Any = conn.connection.dbapi_connection
     n = 0
     with raw.cursor() as cur, cur.copy(sql) as copy:
+        write = copy.write_row
+        if not json_cols:  # the common case: the values go as they are
+            for row in rows:
+                write(list(map(row.get, names)))
+                n += 1
+            return n
         for row in rows:
-            copy.write_row([Jsonb(row.get(c)) if c in json_cols and row.get(c) is not None else row.get(c)
-                            for c in names])
+            write([Jsonb(row.get(c)) if c in json_cols and row.get(c) is not None else row.get(c)
+                   for c in names])
             n += 1
     return n
