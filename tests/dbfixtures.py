@@ -6,10 +6,17 @@ a test module's namespace), the same way suites import ``pumpkit``:
 
     from dbfixtures import mariadb_server, postgres_server, upstream_url  # noqa: F401
 
-The servers are session-scoped (one start per run, about a second each) and
-started only when a test asks for them. Without the server binaries (a
-developer machine without ``apt-get install postgresql mariadb-server``) the
-PostgreSQL/MariaDB cases skip with the reason; CI installs them (``.ci/run``).
+The servers are started once per test run, when a test first asks for one:
+tests/conftest.py imports ``shared_postgres_server`` and ``shared_mariadb_server``,
+so pytest keeps one instance of each for every directory, and the
+``postgres_server`` / ``mariadb_server`` a module imports only hand that one on
+(a session fixture imported into several modules would otherwise be a separate
+fixture, and a separate server, per module). Tests share a server, never a
+database: each makes its own (``create_database`` with a fresh name).
+
+Without the server binaries (a developer machine without ``apt-get install
+postgresql mariadb-server``) the PostgreSQL/MariaDB cases skip with the reason;
+CI installs them (``.ci/run``).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ UPSTREAMS = ("sqlite", "postgresql", "mariadb")
 
 
 @pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
+def shared_postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
     if not LocalPostgres.available():
         pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql); CI always has them")
     made = None
@@ -51,7 +58,7 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalP
 
 
 @pytest.fixture(scope="session")
-def mariadb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
+def shared_mariadb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
     if not LocalMariaDB.available():
         pytest.skip("MariaDB server binaries not installed (apt-get install mariadb-server); CI always has them")
     server = LocalMariaDB(tmp_path_factory.mktemp("mariadb")).start()
@@ -59,6 +66,18 @@ def mariadb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMa
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(shared_postgres_server: LocalPostgres) -> LocalPostgres:
+    """The test run's PostgreSQL server (``shared_postgres_server``)."""
+    return shared_postgres_server
+
+
+@pytest.fixture(scope="session")
+def mariadb_server(shared_mariadb_server: LocalMariaDB) -> LocalMariaDB:
+    """The test run's MariaDB server (``shared_mariadb_server``)."""
+    return shared_mariadb_server
 
 
 @pytest.fixture(params=UPSTREAMS)

@@ -4,6 +4,10 @@ Airflow reads its configuration once, when ``airflow`` is first imported, so
 the environment is set here, at import time, before any test module imports
 it. Every test session gets its own home (SQLite metadata, logs), removed at
 exit, so a developer's own ``~/airflow`` is never touched.
+
+The DAG runs' in-process tasks build their Spark through ``build_spark``, which
+hands them the test run's session (``spark`` in tests/conftest.py) when a test
+asked for it first: one JVM for the DAG runs and the test's own reads.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from pyspark.sql import SparkSession
 
 from binlake.stack import local_airflow
 
@@ -52,18 +55,3 @@ def airflow_db() -> Iterator[pathlib.Path]:
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True,
                    env=os.environ.copy(), timeout=180)
     yield AIRFLOW_HOME / "airflow.db"
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    """A local Delta-enabled session for the DAG runs, built before them so the
-    in-process tasks reuse it (one JVM, as tests/spark does); stopped only by the
-    module that started it."""
-    from binlake.lake.spark import build_spark
-
-    owned = SparkSession.getActiveSession() is None
-    session = build_spark("binlake-dag-tests", "local[2]", shuffle_partitions=2,
-                          extra_conf={"spark.databricks.delta.snapshotPartitions": "2"})
-    yield session
-    if owned:
-        session.stop()

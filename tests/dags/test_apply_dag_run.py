@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from pyspark.sql import SparkSession
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
 

@@ -44,7 +44,7 @@ from binlake.source.schema import ColumnDef as C
 from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
 VENV_BIN = str(pathlib.Path(sys.executable).parent)

@@ -21,7 +21,7 @@ from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
 from binlake.restore import layout, snapshot, synthetic
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
 ROWS, CHANGES = 300, 1500

@@ -275,7 +275,7 @@ def test_backfill_fills_historical_windows_newest_first(tmp_path: pathlib.Path) 
     url = f"sqlite:///{tmp_path / 'app.db'}"
     api = Api(port)
     # The Spark of the ingest tasks, sized for windows of a few rows as the test
-    # session's own (tests/spark/conftest.py): Spark's defaults (200 shuffle and 50
+    # session's own (tests/conftest.py): Spark's defaults (200 shuffle and 50
     # Delta snapshot partitions) make each tiny ingest take minutes on two cores,
     # and so does the JIT of a short-lived JVM (C1 only and the serial GC halve
     # it). spark-submit, which pyspark runs to start a task's JVM, reads SPARK_CONF_DIR.

@@ -1,5 +1,6 @@
-"""Fixtures for point-in-time tests: the shared Spark session, and an upstream whose
-real state was captured at known commit_ts values while a workload ran.
+"""Fixtures for point-in-time tests: an upstream whose real state was captured at
+known commit_ts values while a workload ran (the Spark session is the test run's
+one, from tests/conftest.py).
 
 The truth is the upstream itself: the workload runs in slices; between two
 slices every writer is idle (quiesced), a TSO is taken (``ctl ts``'s call) and
@@ -23,22 +24,11 @@ from binlake import errors, oracle
 from binlake.lake import ingest
 from binlake.lake import source as lake_source
 from binlake.lake.planner import plan_window
-from binlake.lake.spark import build_spark
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster
 
 PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    # The same settings as tests/spark/conftest.py: getOrCreate hands every fixture
-    # the one session of this process, so the JVM starts once per test run.
-    session = build_spark("binlake-tests", "local[2]", ui=False, shuffle_partitions=2,
-                          extra_conf={"spark.databricks.delta.snapshotPartitions": "2"})
-    yield session
-    session.stop()
 
 
 @dataclasses.dataclass
