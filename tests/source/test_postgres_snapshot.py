@@ -128,16 +128,6 @@ def slot_exists(url: str, slot: str) -> bool:
 
 # ---------------------------------------------------------------------------- snapshot + stream -> lake -> target
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    from binlake.lake.spark import build_spark
-
-    # The settings of tests/spark/conftest.py: getOrCreate hands every such fixture the
-    # one session of the process, so the JVM starts once per test run; stopped at its end.
-    session = build_spark("binlake-tests", "local[2]", ui=False, shuffle_partitions=2,
-                          extra_conf={"spark.databricks.delta.snapshotPartitions": "2"})
-    yield session
-    session.stop()
 
 
 @pytest.mark.slow  # the Spark ingest and apply: about 30 s with a warm JVM
