@@ -35,7 +35,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from binlake import config, errors, rpc
+from binlake import airflow_db, config, errors, rpc
 
 # The checkout's root (dags/, plugins/, jobs/) when run from one; the folders
 # themselves come from binlake.config.PathSettings (BINLAKE_DAGS_FOLDER, ...).
@@ -63,6 +63,8 @@ def local_airflow(home: pathlib.Path, dags: pathlib.Path | None = None,
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins.resolve()),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        # Writers wait for SQLite's lock instead of failing after 5 s (binlake.airflow_db).
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": airflow_db.CONNECT_ARGS_PATH,
     }
 
 
@@ -362,6 +364,11 @@ class Stack:
             raise errors.FailedPrecondition(
                 f"`airflow db migrate` failed (exit {done.returncode}); see {self.logs / 'airflow-setup.log'}"
             )
+        # Before any Airflow process runs: readers and the one writer stop blocking
+        # each other (a backfill's writes failed with "database is locked" without it).
+        mode = airflow_db.use_wal(self.airflow_home / "airflow.db")
+        if mode.lower() != "wal":
+            self.say(f"binlake up: Airflow's SQLite database stays in journal mode {mode} (WAL refused)")
         # spark_default -> local[*], created once in the metadata DB (not through an
         # AIRFLOW_CONN_ variable) so it can be pointed at a cluster master from the UI.
         done = self._run_airflow_command(env, "connections", "add", "spark_default", "--conn-type", "spark",
