@@ -394,6 +394,10 @@ class PumpClient:
         self._registry_warned = False
         self._async: concurrent.futures.ThreadPoolExecutor | None = None
         self._async_pending: set[concurrent.futures.Future[None]] = set()
+        # Guards _async and _async_pending only, and is never held while waiting: their
+        # callbacks run on the loop thread, and ``_lock`` is held by ``_conn`` while it
+        # waits for that loop to open a stream (one lock for both deadlocked them).
+        self._async_lock = threading.Lock()
         self._loop = _LoopThread("pump-client-loop")
         if self._static:
             for node_id, addr in (pumps or {}).items():
@@ -445,13 +449,19 @@ class PumpClient:
     def _conn(self, node_id: str) -> PumpConn:
         with self._lock:
             conn = self._conns.get(node_id)
-            if conn is None:
-                node = self._nodes.get(node_id)
-                if node is None:
-                    raise errors.NotFound(f"pump {node_id} is not known to this client")
-                conn = PumpConn(node_id, node.addr, self.settings, self.cluster_id, self._loop)
-                self._conns[node_id] = conn
-            return conn
+            if conn is not None:
+                return conn
+            node = self._nodes.get(node_id)
+            if node is None:
+                raise errors.NotFound(f"pump {node_id} is not known to this client")
+        # Opened without the lock: PumpConn waits for the event loop, and callbacks on
+        # that loop take the lock (holding it here deadlocked the two).
+        fresh = PumpConn(node_id, node.addr, self.settings, self.cluster_id, self._loop)
+        with self._lock:
+            conn = self._conns.setdefault(node_id, fresh)
+        if conn is not fresh:  # another thread opened one meanwhile
+            fresh.close()
+        return conn
 
     def available(self) -> list[str]:
         """Pumps a prewrite may go to: online and not marked unavailable."""
@@ -563,12 +573,12 @@ class PumpClient:
         if binlog.tp not in (binlog_pb2.COMMIT, binlog_pb2.ROLLBACK):
             raise errors.InvalidArgument("write_commit_async takes a COMMIT or ROLLBACK binlog")
         outer: concurrent.futures.Future[None] = concurrent.futures.Future()
-        with self._lock:
+        with self._async_lock:
             self._async_pending.add(outer)
         outer.add_done_callback(self._async_done)
 
         def retry() -> None:
-            with self._lock:
+            with self._async_lock:
                 if self._async is None:
                     self._async = concurrent.futures.ThreadPoolExecutor(
                         max_workers=16, thread_name_prefix="pump-client-commit")
@@ -602,7 +612,7 @@ class PumpClient:
         return outer
 
     def _async_done(self, future: concurrent.futures.Future[None]) -> None:
-        with self._lock:
+        with self._async_lock:
             self._async_pending.discard(future)
         exc = future.exception()
         if exc is not None:
@@ -610,7 +620,7 @@ class PumpClient:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait for every background commit binlog to finish (acknowledged or given up)."""
-        with self._lock:
+        with self._async_lock:
             pending = list(self._async_pending)
         concurrent.futures.wait(pending, timeout=timeout)
 
