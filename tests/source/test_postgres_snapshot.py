@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,18 +41,6 @@ pytestmark = pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQ
 
 ROWS = 240
 BATCH = 20
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[LocalPostgres]:
-    root = pathlib.Path(tempfile.mkdtemp(prefix="binlake-test-pgsnapshot-"))
-    root.chmod(0o755)  # the server runs as user postgres when we are root
-    server = LocalPostgres(root, logical=True).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 _n = 0

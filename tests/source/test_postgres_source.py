@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
-import tempfile
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 from pumpkit import wait_until
-from srckit import Cluster, Replay, SourceThread, start_cluster
+from srckit import Cluster, Replay, SourceThread
 
 from binlake import errors, oracle
 from binlake.source.postgres.source import PostgresSource
@@ -22,28 +19,6 @@ from binlake.testing.devdb import LocalPostgres
 
 pytestmark = pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQL not installed (apt-get install "
                                 "postgresql); CI always has it")
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[LocalPostgres]:
-    root = pathlib.Path(tempfile.mkdtemp(prefix="binlake-test-pglogical-"))
-    root.chmod(0o755)  # the server runs as user postgres when we are root
-    server = LocalPostgres(root, logical=True).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    reg, pump = start_cluster(tmp_path)
-    try:
-        yield Cluster(reg, pump)
-    finally:
-        pump.stop(grace=0.5)
-        reg.stop(grace=0.5)
 
 
 def run_sql(url: str, *stmts: str) -> None:
