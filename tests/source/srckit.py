@@ -52,6 +52,13 @@ def start_cluster(tmp: pathlib.Path) -> tuple[RegistryServer, PumpNode]:
     return reg, pump
 
 
+def journal_prewrites(svc: Any, data: pathlib.Path) -> int:
+    """Snapshot prewrites a source process (``svc``, still alive) has journaled in ``data``."""
+    svc.check_alive()
+    p = data / "journal.log"
+    return p.read_text().count('"s"') if p.exists() else 0
+
+
 def sql(server: LocalMariaDB, *stmts: str, db: str | None = None) -> list[Any]:
     conn = pymysql.connect(host="127.0.0.1", port=server.port, user="root", autocommit=True, charset="utf8mb4",
                            database=db)

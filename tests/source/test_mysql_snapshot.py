@@ -12,7 +12,7 @@ import threading
 
 import pytest
 from pumpkit import Processes, wait_until
-from srckit import Cluster, Replay, SourceThread, sql
+from srckit import Cluster, Replay, SourceThread, journal_prewrites, sql
 
 from binlake import failpoint, oracle
 from binlake.source.journal import SourceState
@@ -141,12 +141,7 @@ def test_kill9_during_snapshot_then_restart(mdb: LocalMariaDB, cluster: Cluster,
     try:
         svc = procs._spawn("source", args, None)
 
-        def prewrites() -> int:
-            svc.check_alive()
-            p = data / "journal.log"
-            return p.read_text().count('"s"') if p.exists() else 0
-
-        wait_until(lambda: prewrites() >= 8, timeout=60, interval=0.02, what="snapshot half way")
+        wait_until(lambda: journal_prewrites(svc, data) >= 8, timeout=60, interval=0.02, what="snapshot half way")
         svc.kill()
         assert checkpoint(data) == ("", 0), "killed before the snapshot's commit point"
         for i in range(1, 6):

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 from pumpkit import Processes, wait_until
-from srckit import Cluster, Replay, SourceThread
+from srckit import Cluster, Replay, SourceThread, journal_prewrites
 
 from binlake import cli, errors, failpoint, oracle
 from binlake.proto import binlog_pb2
@@ -300,12 +300,7 @@ def test_kill9_during_snapshot_restarts_with_a_new_slot(pg: LocalPostgres, clust
     try:
         svc = procs._spawn("source", args, None)
 
-        def prewrites() -> int:
-            svc.check_alive()
-            p = data / "journal.log"
-            return p.read_text().count('"s"') if p.exists() else 0
-
-        wait_until(lambda: prewrites() >= 12, timeout=60, interval=0.02, what="snapshot half way")
+        wait_until(lambda: journal_prewrites(svc, data) >= 12, timeout=60, interval=0.02, what="snapshot half way")
         svc.kill()
         first = run_sql(url, f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{slot}'")
         st = json.loads((data / "state.json").read_text())
