@@ -14,6 +14,10 @@ keeps nothing (the same gRPC server, servicer, PumpService checks and
 PumpClient; no value log, no fsync, no index). No Pump written in Python on
 this gRPC stack can go faster than that row, whatever its storage does.
 
+``--echo`` adds grpcio's own ceiling (``grpc_echo``): a bidirectional-stream
+echo with no binlake code, one stream per writer, in the same run. Two of its
+round trips are one committed transaction's worth of acknowledged messages.
+
 Run: ``binlake bench pump`` (or ``make bench``).
 """
 
@@ -374,6 +378,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         parser.add_argument("--no-storage", dest="storage", action="store_false")
         parser.add_argument("--floor", action="store_true")
         parser.add_argument("--pump-servers", default="")
+        parser.add_argument("--echo", action="store_true")
         args = parser.parse_args()
     try:
         writers = [int(x) for x in args.writers.split(",") if x]
@@ -414,6 +419,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         variants.append(("baseline", str(pathlib.Path(baseline).resolve()), None))
     rows = []
     storage_rows = []
+    echo_rows: list[dict[str, float]] = []
     raw: dict[int, tuple[float, float, float]] = {}
     per_txn_writers = 16 if 16 in writers else max(writers)
     try:
@@ -422,6 +428,14 @@ def main(args: argparse.Namespace | None = None) -> int:
             raw[size] = (raw_rec_s, raw_mb_s, raw_single(root, size, min(args.seconds, 2.0)))
             print(f"raw, {size} B records: {raw_rec_s:,.0f} records/s ({raw_mb_s:.1f} MB/s) 64 per fdatasync, "
                   f"{raw[size][2]:,.0f} records/s one per fdatasync", flush=True)
+            if getattr(args, "echo", False):
+                from grpc_echo import echo_case
+
+                for w in writers:
+                    e = echo_case(w, size, args.seconds)
+                    echo_rows.append(e)
+                    print(f"  grpcio echo writers={w:<3} size={size:<6} {e['rt_s']:>8.0f} round trips/s "
+                          f"p50 {e['p50_ms']:.2f} ms p99 {e['p99_ms']:.2f} ms", flush=True)
             for name, include, server in variants:
                 if getattr(args, "storage", True) and (server is None or server == servers[0]):
                     for w in sorted({1, 16} & set(writers) or {min(writers)}):
@@ -497,6 +511,15 @@ def main(args: argparse.Namespace | None = None) -> int:
             print(f"| {r['variant']} | Storage.submit | {r['writers']} | {r['size'] // 1024} KiB | {r['txn_s']:.0f} | "
                   f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['fsync_s']:.0f} | {r['raw_one_s']:.0f} | "
                   f"{r['txn_s'] / r['raw_one_s']:.2f} |")
+    if echo_rows:
+        print()
+        print("| grpcio echo (no binlake code) | writers | message size | round trips/s | p50 ms | p99 ms "
+              "| server CPU µs/round trip | client CPU µs/round trip | txn/s at one message per binlog (2 round trips a txn) |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for e in echo_rows:
+            print(f"| stream, thread-pool server | {e['writers']} | {e['size'] // 1024} KiB | {e['rt_s']:.0f} | "
+                  f"{e['p50_ms']:.2f} | {e['p99_ms']:.2f} | {e['server_cpu_us']:.0f} | {e['client_cpu_us']:.0f} | "
+                  f"{e['rt_s'] / 2:.0f} |")
     print()
     print("Raw figures of this disk, same run: " + "; ".join(
         f"{size} B: {v[0]:,.0f} records/s ({v[1]:.1f} MB/s) at 64 per fdatasync, {v[2]:,.0f}/s at one per fdatasync"

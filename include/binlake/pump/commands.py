@@ -72,6 +72,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--floor", action="store_true",
                    help="also run every case against a Pump that acknowledges at once and stores nothing "
                         "(same gRPC server, servicer and client): the transport's ceiling on this machine")
+    b.add_argument("--echo", action="store_true",
+                   help="also measure grpcio alone: a stream echo with no binlake code, one stream per writer "
+                        "(what any Python Pump on grpcio could reach here)")
     b.add_argument("--pump-servers", default="", metavar="KINDS", type=_pump_servers,
                    help="run every case on each of these Pump gRPC servers: asyncio,threads "
                         "(default: the Pump's configured one)")
