@@ -203,7 +203,7 @@ def encode_row(values: Mapping[str, Any], table: binlog_pb2.TableInfo) -> bytes:
         if value is None and not col.nullable:
             raise ValueError(f"{table.name}.{col.name} is NOT NULL but the row has no value for it")
         row.columns.add(id=col.id, value=encode_value(value, col.type, f"{table.name}.{col.name}"))
-    return row.SerializeToString()
+    return bytes(row.SerializeToString())
 
 
 def decode_row(data: bytes | binlog_pb2.Row, table: binlog_pb2.TableInfo) -> dict[str, Any]:
@@ -221,10 +221,10 @@ def decode_row(data: bytes | binlog_pb2.Row, table: binlog_pb2.TableInfo) -> dic
 
 
 def encode_update(old: Mapping[str, Any], new: Mapping[str, Any], table: binlog_pb2.TableInfo) -> bytes:
-    return binlog_pb2.UpdatedRow(
+    return bytes(binlog_pb2.UpdatedRow(
         old=binlog_pb2.Row.FromString(encode_row(old, table)),
         new=binlog_pb2.Row.FromString(encode_row(new, table)),
-    ).SerializeToString()
+    ).SerializeToString())
 
 
 def decode_update(data: bytes, table: binlog_pb2.TableInfo) -> tuple[dict[str, Any], dict[str, Any]]:

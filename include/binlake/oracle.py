@@ -22,7 +22,7 @@ import json
 import struct
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -64,7 +64,7 @@ def canonical(value: Any, json_column: bool = False) -> str | None:
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None:  # as the codec carries it (naive UTC), e.g. a PostgreSQL timestamptz
             value = value.astimezone(dt.UTC).replace(tzinfo=None)
-        return value.isoformat(sep="T", timespec="microseconds")
+        return str(value.isoformat(sep="T", timespec="microseconds"))
     if isinstance(value, dt.date):
         return value.isoformat()
     if isinstance(value, dt.time):
@@ -176,7 +176,7 @@ def _table_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | No
     acc = _Acc()
     result = conn.execution_options(yield_per=_BATCH).execute(sa.select(table))
     for row in result:
-        acc.add(row_hash(row._mapping, json_cols))
+        acc.add(row_hash(cast("Mapping[str, Any]", row._mapping), json_cols))
     return acc.rows, acc.hex()
 
 

@@ -42,7 +42,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def status_code(exc: errors.BinlakeError) -> grpc.StatusCode:
     for cls in type(exc).__mro__:
         if cls in _CODES:
-            return _CODES[cls]  # type: ignore[index]
+            return _CODES[cls]
     return grpc.StatusCode.UNKNOWN
 
 
@@ -350,11 +350,11 @@ def add_port(server: grpc.Server | grpc.aio.Server, addr: str) -> int:
         return 0
     if not files.enabled:
         try:
-            return server.add_insecure_port(addr)
+            return int(server.add_insecure_port(addr))
         except RuntimeError:
             return 0
     try:
-        return server.add_secure_port(addr, _server_credentials(files))
+        return int(server.add_secure_port(addr, _server_credentials(files)))
     except RuntimeError:
         return 0
 

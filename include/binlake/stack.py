@@ -148,7 +148,7 @@ def _check_port_free(addr: str, what: str) -> None:
 def _free_port(host: str = "127.0.0.1") -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 class Stack:

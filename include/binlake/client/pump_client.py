@@ -145,7 +145,7 @@ class PumpConn:
 
     async def _open(self) -> None:
         self._channel = rpc.aio_channel(self.addr, options=rpc.client_options(self.settings.max_binlog_bytes))
-        self.stub = pump_pb2_grpc.PumpStub(self._channel)  # type: ignore[no-untyped-call]
+        self.stub = pump_pb2_grpc.PumpStub(self._channel)
 
     def send(self, payload: bytes) -> concurrent.futures.Future[None]:
         item = _Item(payload)

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from binlake import errors, rpc
 from binlake.registry.client import RegistryClient
@@ -25,7 +26,7 @@ from binlake.registry.client import RegistryClient
 def free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def _binlake() -> list[str]:
@@ -97,7 +98,7 @@ class DevCluster:
                 self.wait_pump_online(node_id, timeout, reg)
         return self
 
-    def _wait(self, check, timeout: float, what: str) -> None:
+    def _wait(self, check: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
@@ -123,7 +124,7 @@ class DevCluster:
                     st = pump_pb2_grpc.PumpStub(ch).Status(pump_pb2.StatusReq(), timeout=1.0)
                 except grpc.RpcError:
                     return False
-            return st.accepting_writes and st.safe_ts > 0
+            return bool(st.accepting_writes and st.safe_ts > 0)
 
         self._wait(ready, timeout, f"pump {node_id}")
 
