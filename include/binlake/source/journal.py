@@ -12,9 +12,12 @@ Files:
     * ``{"k": KEY, "c": COMMIT_TS, "p": PUMP}`` written after that Pump
       acknowledged the prewrite, before the commit binlog is sent;
     * ``{"s": START_TS, "r": 1}`` a start_ts abandoned (rolled back).
+    * ``{"b": [[KEY, START_TS], ...]}`` the start_ts of several transactions
+      (a group of upstream transactions, ``source.pipeline``), written before
+      any of their prewrites is sent: one line, one fsync;
     * ``{"m": [[KEY, COMMIT_TS, PUMP], ...]}`` several transactions decided
-      together (a snapshot): one line, so a crash decides all of them or none
-      (a torn last line is read as never written).
+      together (a group, a snapshot): one line, so a crash decides all of them
+      or none (a torn last line is read as never written).
 
     Invariant: a KEY is decided at most once: once it has a ``c`` line, every
     later copy of that transaction carries exactly that ``(start_ts, commit_ts)``;
@@ -173,6 +176,10 @@ class SourceState:
         return rec
 
     def _apply(self, rec: dict[str, Any]) -> None:
+        if "b" in rec:
+            for key, start_ts in rec["b"]:
+                self._apply({"k": key, "s": start_ts})
+            return
         if "m" in rec:
             for key, commit_ts, pump in rec["m"]:
                 self._apply({"k": key, "c": commit_ts, "p": pump})
@@ -219,19 +226,33 @@ class SourceState:
             self._by_start[start_ts] = d
             return d
 
+    def begin_many(self, items: list[tuple[str, int]]) -> None:
+        """Journal the start_ts of every (key, start_ts) in one fsync'ed line (a group's begins)."""
+        with self._lock:
+            self._append({"b": [[k, s] for k, s in items]})
+            for key, start_ts in items:
+                old = self._by_key.get(key)
+                if old is not None and not old.commit_ts:
+                    self._rolled_back.add(old.start_ts)
+                d = self._by_key[key] = Decision(start_ts)
+                self._by_start[start_ts] = d
+
     def decide(self, key: str, commit_ts: int, pump: str) -> None:
         with self._lock:
             self._append({"k": key, "c": commit_ts, "p": pump})
             d = self._by_key[key]
             d.commit_ts = commit_ts
             d.pump = pump
-            if len(self._by_key) > 2 * KEEP_DECIDED:
-                # Bounded memory for a long run: the oldest half is far behind any
-                # checkpoint (taken every second); its lines stay in the file until
-                # the next start's compaction, which keeps the newest KEEP_DECIDED.
-                for old in list(self._by_key)[:KEEP_DECIDED]:
-                    gone = self._by_key.pop(old)
-                    self._by_start.pop(gone.start_ts, None)
+            self._trim()
+
+    def _trim(self) -> None:
+        if len(self._by_key) > 2 * KEEP_DECIDED:
+            # Bounded memory for a long run: the oldest half is far behind any
+            # checkpoint (taken every second); its lines stay in the file until
+            # the next start's compaction, which keeps the newest KEEP_DECIDED.
+            for old in list(self._by_key)[:KEEP_DECIDED]:
+                gone = self._by_key.pop(old)
+                self._by_start.pop(gone.start_ts, None)
 
     def decide_many(self, decisions: list[tuple[str, int, str]]) -> None:
         """Decide every (key, commit_ts, pump) in one fsync'ed journal line (all or none)."""
@@ -243,6 +264,7 @@ class SourceState:
             for key, commit_ts, pump in decisions:
                 d = self._by_key[key]
                 d.commit_ts, d.pump = commit_ts, pump
+            self._trim()
 
     def abandon(self, start_ts: int) -> None:
         with self._lock:
