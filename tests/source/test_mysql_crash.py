@@ -166,6 +166,48 @@ def test_crash_at_each_step_of_the_send(mdb: LocalMariaDB, cluster: Cluster, tmp
         assert len(copies) == 5
 
 
+@pytest.mark.parametrize("point", ["source-after-prewrite", "source-before-commit"])
+def test_kill9_inside_a_group(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path, point: str) -> None:
+    """A source process dies (exit 137, no cleanup) in the middle of a group of several
+    upstream transactions: after its begin line and prewrites, before its decision line
+    (the whole group is rolled back and sent afresh), or after the decision line, before
+    its commits (the restart re-sends every commit with the journaled TSOs)."""
+    db = fresh_db(mdb)
+    procs = Processes(tmp_path / "procs")
+    data = tmp_path / "src"
+    txns = 40
+    try:
+        svc = source_proc(procs, mdb, cluster, data, db)
+        wait_checkpoint_at_end(mdb, data, svc)  # started, the table's definition sent
+        assert svc.terminate() == 0
+        for i in range(1, txns + 1):  # a backlog: the groups after the first hold many
+            upstream_txn(mdb, db, i)
+        svc = source_proc(procs, mdb, cluster, data, db, env={failpoint.ENV: f"{point}:exit:2"})
+        wait_until(lambda: not svc.alive, timeout=60, what="the source to die at the failpoint")
+        assert svc.proc is not None and svc.proc.returncode == 137, svc.log_text()
+        lines = [json.loads(x) for x in (data / "journal.log").read_text().splitlines()]
+        begins = [r["b"] for r in lines if "b" in r]
+        decided = [r["m"] for r in lines if "m" in r]
+        assert len(begins) == 2 and len(begins[1]) > 1, "the crash is inside a group of several transactions"
+        assert len(decided) == (1 if point == "source-after-prewrite" else 2)
+        svc = source_proc(procs, mdb, cluster, data, db)
+        wait_checkpoint_at_end(mdb, data, svc)
+        assert svc.terminate() == 0
+        verify(mdb, cluster, db, txns)
+        copies = [b for b in cluster.raw() if not b.ddl_query]
+        assert len({(b.commit_ts, b.start_ts) for b in copies}) == txns
+        if point == "source-after-prewrite":
+            # The crashed group's start_ts were rolled back (TxnStatus): none of them is served.
+            crashed = {int(s) for _k, s in begins[1]}
+            assert not crashed & {b.start_ts for b in copies} and len(copies) == txns
+        else:
+            # Decided before the crash: the restart sent the same (start_ts, commit_ts).
+            kept = {(int(c), int(s)) for (_k, c, _p), (_k2, s) in zip(decided[1], begins[1], strict=True)}
+            assert kept <= {(b.commit_ts, b.start_ts) for b in copies}
+    finally:
+        procs.cleanup()
+
+
 def test_server_restart_rotation_and_purged_position(mdb: LocalMariaDB, cluster: Cluster,
                                                      tmp_path: pathlib.Path) -> None:
     db = fresh_db(mdb)
