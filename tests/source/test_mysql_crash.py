@@ -185,11 +185,17 @@ def test_kill9_inside_a_group(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pat
         svc = source_proc(procs, mdb, cluster, data, db, env={failpoint.ENV: f"{point}:exit:2"})
         wait_until(lambda: not svc.alive, timeout=60, what="the source to die at the failpoint")
         assert svc.proc is not None and svc.proc.returncode == 137, svc.log_text()
+        # The last journal line is the step the process died in: it began a group of
+        # several (after-prewrite: their prewrites out, no decision yet) or decided one.
         lines = [json.loads(x) for x in (data / "journal.log").read_text().splitlines()]
-        begins = [r["b"] for r in lines if "b" in r]
-        decided = [r["m"] for r in lines if "m" in r]
-        assert len(begins) == 2 and len(begins[1]) > 1, "the crash is inside a group of several transactions"
-        assert len(decided) == (1 if point == "source-after-prewrite" else 2)
+        last = lines[-1]
+        started = {k: int(s) for r in lines for k, s in r.get("b", ())}
+        if point == "source-after-prewrite":
+            assert len(last.get("b", ())) > 1, "the crash is inside a group of several transactions"
+            crashed = {int(s) for _k, s in last["b"]}
+        else:
+            assert len(last.get("m", ())) > 1, "the crash is inside a group of several transactions"
+            kept = {(int(c), started[k]) for k, c, _p in last["m"]}
         svc = source_proc(procs, mdb, cluster, data, db)
         wait_checkpoint_at_end(mdb, data, svc)
         assert svc.terminate() == 0
@@ -198,11 +204,9 @@ def test_kill9_inside_a_group(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pat
         assert len({(b.commit_ts, b.start_ts) for b in copies}) == txns
         if point == "source-after-prewrite":
             # The crashed group's start_ts were rolled back (TxnStatus): none of them is served.
-            crashed = {int(s) for _k, s in begins[1]}
             assert not crashed & {b.start_ts for b in copies} and len(copies) == txns
         else:
-            # Decided before the crash: the restart sent the same (start_ts, commit_ts).
-            kept = {(int(c), int(s)) for (_k, c, _p), (_k2, s) in zip(decided[1], begins[1], strict=True)}
+            # Decided before the crash: the restart sent the same (commit_ts, start_ts).
             assert kept <= {(b.commit_ts, b.start_ts) for b in copies}
     finally:
         procs.cleanup()

@@ -274,10 +274,10 @@ def test_source_sends_the_same_with_and_without_native(mdb: LocalMariaDB, cluste
             sent.setdefault(os.environ[rowsplan.NATIVE_ROWS_ENV], []).append((key, value.SerializeToString()))
             return super().emit(key, value, *args, **kw)
 
-        def emit_group(self, txns: Any) -> Any:
+        def step(self, decide: Any, txns: Any) -> Any:
             for key, value in txns:
                 sent.setdefault(os.environ[rowsplan.NATIVE_ROWS_ENV], []).append((key, value.SerializeToString()))
-            return super().emit_group(txns)
+            return super().step(decide, txns)
 
     monkeypatch.setattr(source_mod, "Emitter", Recording)
     sql(mdb, "CREATE DATABASE IF NOT EXISTS e2e", "CREATE TABLE e2e.t (id INT PRIMARY KEY, v VARCHAR(20), "

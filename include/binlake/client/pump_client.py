@@ -552,44 +552,54 @@ class PumpClient:
             return node_id
 
     def write_prewrites(self, binlogs: list[binlog_pb2.Binlog]) -> list[str]:
-        """``write_prewrite`` for several prewrites at once (a source's group of upstream
-        transactions): each Pump gets its share in one batch, and the call returns when
-        every one is acknowledged, with each one's Pump. A prewrite whose first attempt
-        failed is retried alone on the other Pumps, as ``write_prewrite`` does."""
-        for b in binlogs:
+        """``write_prewrite`` for several prewrites at once; returns each one's Pump
+        (``write_group`` without commits)."""
+        return self.write_group([], [], binlogs)
+
+    def write_commits(self, binlogs: list[binlog_pb2.Binlog], node_ids: list[str]) -> None:
+        """``write_commit`` for several commits (or rollbacks) at once, each to its own Pump
+        (``write_group`` without prewrites)."""
+        self.write_group(binlogs, node_ids, [])
+
+    def write_group(self, commits: list[binlog_pb2.Binlog], node_ids: list[str],
+                    prewrites: list[binlog_pb2.Binlog]) -> list[str]:
+        """Commits (or rollbacks), each to the Pump of its prewrite (``node_ids``), and new
+        prewrites, each to a Pump picked as ``write_prewrite`` does, all at once: each
+        Pump gets its share in one batch (one fsync there). Returns, once every one is
+        acknowledged, the Pump of each prewrite. A first attempt that failed is retried
+        alone: a prewrite on the other Pumps (``write_prewrite``), a commit on its Pump
+        for up to ``commit_retry_s`` (``write_commit``)."""
+        if len(commits) != len(node_ids):
+            raise ValueError(f"{len(commits)} binlogs but {len(node_ids)} pumps")
+        for b in commits:
+            if b.tp not in (binlog_pb2.COMMIT, binlog_pb2.ROLLBACK):
+                raise errors.InvalidArgument("write_commits takes COMMIT or ROLLBACK binlogs")
+        for b in prewrites:
             if b.tp != binlog_pb2.PREWRITE:
                 raise errors.InvalidArgument("write_prewrites takes PREWRITE binlogs")
-        payloads = [b.SerializeToString() for b in binlogs]
-        for payload, b in zip(payloads, binlogs, strict=True):
+        pre_payloads = [b.SerializeToString() for b in prewrites]
+        for payload, b in zip(pre_payloads, prewrites, strict=True):
             self._check_size(payload, b.start_ts)
         picks: list[str] = []
-        for b in binlogs:
+        for b in prewrites:
             node_id = self._pick(b.start_ts, set())
             if node_id is None:
                 raise errors.Unavailable(f"no pump accepted the prewrite of start_ts {b.start_ts} "
                                          "(no online pump is known)")
             picks.append(node_id)
-        failed = self._send_together(payloads, picks)
-        for i, exc in failed.items():
-            if not isinstance(exc, _RETRYABLE):
-                raise exc
-            picks[i] = self._prewrite_payload(payloads[i], binlogs[i].start_ts, {picks[i]}, [str(exc)])
+        n = len(commits)
+        failed = self._send_together([b.SerializeToString() for b in commits] + pre_payloads, node_ids + picks)
+        for i, exc in sorted(failed.items()):
+            if i < n:
+                if not isinstance(exc, (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted)):
+                    raise exc
+                self.write_commit(commits[i], node_ids[i])
+            else:
+                if not isinstance(exc, _RETRYABLE):
+                    raise exc
+                j = i - n
+                picks[j] = self._prewrite_payload(pre_payloads[j], prewrites[j].start_ts, {picks[j]}, [str(exc)])
         return picks
-
-    def write_commits(self, binlogs: list[binlog_pb2.Binlog], node_ids: list[str]) -> None:
-        """``write_commit`` for several commits (or rollbacks) at once, each to its own
-        Pump; returns when every one is acknowledged. A failed first attempt is retried
-        alone by ``write_commit`` (for up to ``commit_retry_s``)."""
-        if len(binlogs) != len(node_ids):
-            raise ValueError(f"{len(binlogs)} binlogs but {len(node_ids)} pumps")
-        for b in binlogs:
-            if b.tp not in (binlog_pb2.COMMIT, binlog_pb2.ROLLBACK):
-                raise errors.InvalidArgument("write_commits takes COMMIT or ROLLBACK binlogs")
-        failed = self._send_together([b.SerializeToString() for b in binlogs], node_ids)
-        for i, exc in failed.items():
-            if not isinstance(exc, (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted)):
-                raise exc
-            self.write_commit(binlogs[i], node_ids[i])
 
     def _send_together(self, payloads: list[bytes], node_ids: list[str]) -> dict[int, errors.BinlakeError]:
         """Send every payload to its Pump in one batch per Pump and wait for all; return

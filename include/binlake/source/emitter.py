@@ -4,8 +4,8 @@ with the TSO journal of ``source.journal`` so a re-read transaction is sent
 with the same timestamps (see that module for the recovery argument).
 
 Per transaction KEY (its position in the upstream log; ``emit``, one at a
-time, used for DDL; ``emit_group`` does the same for a group of transactions
-with one round trip of each kind for the whole group):
+time, used for DDL; ``step`` does the same for groups of transactions, see
+``source.pipeline``):
 
 1. already decided in the journal: re-send the commit (and nothing else) to
    the Pump that holds the prewrite;
@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from binlake import errors, failpoint
 from binlake.client.pump_client import PumpClient
@@ -33,6 +34,23 @@ from binlake.source import txn_status
 from binlake.source.journal import SourceState
 
 log = logging.getLogger(__name__)
+
+
+class Prewritten(NamedTuple):
+    """A transaction whose prewrite a Pump acknowledged; no commit_ts yet."""
+
+    key: str
+    start_ts: int
+    pump: str
+
+
+class Sent(NamedTuple):
+    """A transaction decided (commit_ts journaled) whose commit a Pump acknowledged."""
+
+    key: str
+    start_ts: int
+    commit_ts: int
+    pump: str
 
 
 class Emitter:
@@ -80,58 +98,71 @@ class Emitter:
         self.sent += 1
         return start_ts, commit_ts
 
-    def emit_group(self, txns: Sequence[tuple[str, binlog_pb2.PrewriteValue]]) -> list[tuple[int, int]]:
-        """Send a group of upstream transactions (key, value), in upstream commit order, as
-        one unit of work; return each one's (start_ts, commit_ts) once the Pumps acknowledged
-        every commit. Round trips per group, whatever its size: one TSO call for the start_ts,
-        one journal line (fsync) for the begins, the prewrites in one batch per Pump, one TSO
-        call for the commit_ts (after every prewrite is acknowledged, so each commit_ts
-        follows its start_ts, and in the group's order), one journal line deciding them all
-        (``decide_many``: all or none), the commits in one batch per Pump.
+    def step(self, decide: Sequence[Prewritten],
+             txns: Sequence[tuple[str, binlog_pb2.PrewriteValue]]) -> tuple[list[int], list[Prewritten | Sent]]:
+        """One step of the group pipeline: decide and commit the group ``decide`` (prewritten
+        by the previous step, every prewrite acknowledged) and begin and prewrite the next
+        group ``txns`` (key, value), in upstream commit order. Round trips, whatever the
+        groups' sizes: ONE TSO call (the commit_ts of ``decide``, then the start_ts of
+        ``txns``, so each commit_ts follows its start_ts and every earlier commit_ts), ONE
+        fsync'ed journal line deciding the one group and beginning the other (all or none),
+        ONE batch per Pump with the commits and the prewrites together.
 
-        Transactions already decided (re-read after a restart; they come first, being the
-        oldest) only have their commits re-sent, with the journaled TSOs."""
-        out: list[tuple[int, int]] = [(0, 0)] * len(txns)
-        resend: list[tuple[int, int, int, str]] = []  # index, start_ts, commit_ts, pump
-        fresh: list[int] = []
-        for i, (key, _value) in enumerate(txns):
+        Returns the commit_ts of each of ``decide`` (acknowledged by its Pump), and for each
+        of ``txns`` either a ``Prewritten`` (acknowledged; the next step decides it) or, for
+        a transaction already decided (re-read after a restart: only its commit is re-sent,
+        with the journaled TSOs), a ``Sent``."""
+        out: list[Prewritten | Sent] = []
+        fresh: list[tuple[int, str, binlog_pb2.PrewriteValue]] = []
+        resend: list[Sent] = []
+        for i, (key, value) in enumerate(txns):
             d = self.state.decision(key)
             if d is None:
-                fresh.append(i)
+                fresh.append((i, key, value))
+                out.append(Prewritten(key, 0, ""))  # filled in below
             else:
-                resend.append((i, d.start_ts, d.commit_ts, d.pump))
-        if resend:
-            self._commit_many([(s, c, p) for _i, s, c, p in resend])
-            for i, s, c, _p in resend:
-                out[i] = (s, c)
-            self.resent += len(resend)
-        if not fresh:
-            return out
-        n = len(fresh)
-        first = self.registry.get_ts_batch(n)
-        keys = [txns[i][0] for i in fresh]
-        self.state.begin_many([(k, first + j) for j, k in enumerate(keys)])
+                sent = Sent(key, d.start_ts, d.commit_ts, d.pump)
+                resend.append(sent)
+                out.append(sent)
+        n = len(decide) + len(fresh)
+        first = self.registry.get_ts_batch(n) if n else 0
+        commit_ts = [first + j for j in range(len(decide))]
+        starts = [first + len(decide) + j for j in range(len(fresh))]
+        self.state.step([(p.key, c, p.pump) for p, c in zip(decide, commit_ts, strict=True)],
+                        [(key, s) for (_i, key, _v), s in zip(fresh, starts, strict=True)])
+        if decide:
+            failpoint.hit("source-before-commit")
         writer = self.writer_id.encode()
-        pumps = self.client.write_prewrites([
-            binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=first + j, prewrite_key=writer,
-                              prewrite_value=txns[i][1].SerializeToString())
-            for j, i in enumerate(fresh)])
-        failpoint.hit("source-after-prewrite")
-        c0 = self.registry.get_ts_batch(n)
-        self.state.decide_many([(k, c0 + j, pumps[j]) for j, k in enumerate(keys)])
-        failpoint.hit("source-before-commit")
-        self._commit_many([(first + j, c0 + j, pumps[j]) for j in range(n)])
-        failpoint.hit("source-after-commit")
-        for j, i in enumerate(fresh):
-            out[i] = (first + j, c0 + j)
-        self.sent += n
-        return out
+        commits = [binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=p.start_ts, commit_ts=c)
+                   for p, c in zip(decide, commit_ts, strict=True)]
+        commits += [binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=r.start_ts, commit_ts=r.commit_ts)
+                    for r in resend]
+        pumps = self.client.write_group(
+            commits, [p.pump for p in decide] + [r.pump for r in resend],
+            [binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=s, prewrite_key=writer,
+                               prewrite_value=v.SerializeToString())
+             for (_i, _k, v), s in zip(fresh, starts, strict=True)])
+        if fresh:
+            failpoint.hit("source-after-prewrite")
+        if decide:
+            failpoint.hit("source-after-commit")
+        for (i, key, _v), s, pump in zip(fresh, starts, pumps, strict=True):
+            out[i] = Prewritten(key, s, pump)
+        self.sent += len(decide)
+        self.resent += len(resend)
+        return commit_ts, out
 
-    def _commit_many(self, items: Sequence[tuple[int, int, str]]) -> None:
-        """Commit binlogs (start_ts, commit_ts, pump), sent together; back once all are acknowledged."""
-        self.client.write_commits(
-            [binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=s, commit_ts=c) for s, c, _p in items],
-            [p for _s, _c, p in items])
+    def abandon(self, prewritten: Sequence[Prewritten]) -> None:
+        """Roll back prewritten, undecided transactions (a sender stopping between steps):
+        journaled first (TxnStatus answers "rolled back" from then on), then a ROLLBACK
+        binlog to each one's Pump so its safe ts moves on without asking."""
+        for p in prewritten:
+            self.state.abandon(p.start_ts)
+        try:
+            self.client.write_commits([binlog_pb2.Binlog(tp=binlog_pb2.ROLLBACK, start_ts=p.start_ts)
+                                       for p in prewritten], [p.pump for p in prewritten])
+        except errors.BinlakeError as exc:  # the Pumps ask TxnStatus after their txn timeout instead
+            log.warning("source: rollbacks not all acknowledged: %s", exc)
 
     def prewrite(self, key: str, value: binlog_pb2.PrewriteValue,
                  ddl: tuple[str, Sequence[binlog_pb2.TableInfo]] | None = None) -> tuple[int, str]:

@@ -18,6 +18,9 @@ Files:
     * ``{"m": [[KEY, COMMIT_TS, PUMP], ...]}`` several transactions decided
       together (a group, a snapshot): one line, so a crash decides all of them
       or none (a torn last line is read as never written).
+    * ``{"m": [...], "b": [...]}`` both in one line (one step of the pipeline:
+      it decides one group and begins the next): still all or none; the
+      decisions are applied first (their keys were begun by an earlier line).
 
     Invariant: a KEY is decided at most once: once it has a ``c`` line, every
     later copy of that transaction carries exactly that ``(start_ts, commit_ts)``;
@@ -176,13 +179,11 @@ class SourceState:
         return rec
 
     def _apply(self, rec: dict[str, Any]) -> None:
-        if "b" in rec:
-            for key, start_ts in rec["b"]:
-                self._apply({"k": key, "s": start_ts})
-            return
-        if "m" in rec:
-            for key, commit_ts, pump in rec["m"]:
+        if "m" in rec or "b" in rec:
+            for key, commit_ts, pump in rec.get("m", ()):
                 self._apply({"k": key, "c": commit_ts, "p": pump})
+            for key, start_ts in rec.get("b", ()):
+                self._apply({"k": key, "s": start_ts})
             return
         if rec.get("r"):
             self._rolled_back.add(int(rec["s"]))
@@ -228,14 +229,33 @@ class SourceState:
 
     def begin_many(self, items: list[tuple[str, int]]) -> None:
         """Journal the start_ts of every (key, start_ts) in one fsync'ed line (a group's begins)."""
+        self.step([], items)
+
+    def step(self, decisions: list[tuple[str, int, str]], begins: list[tuple[str, int]]) -> None:
+        """One fsync'ed line that decides every (key, commit_ts, pump) of ``decisions`` and
+        begins every (key, start_ts) of ``begins``: a crash leaves all of it or none."""
         with self._lock:
-            self._append({"b": [[k, s] for k, s in items]})
-            for key, start_ts in items:
+            for key, _c, _p in decisions:
+                if key not in self._by_key:
+                    raise ValueError(f"transaction {key!r} was never begun")
+            rec: dict[str, Any] = {}
+            if decisions:
+                rec["m"] = [[k, c, p] for k, c, p in decisions]
+            if begins:
+                rec["b"] = [[k, s] for k, s in begins]
+            if not rec:
+                return
+            self._append(rec)
+            for key, commit_ts, pump in decisions:
+                d = self._by_key[key]
+                d.commit_ts, d.pump = commit_ts, pump
+            for key, start_ts in begins:
                 old = self._by_key.get(key)
                 if old is not None and not old.commit_ts:
                     self._rolled_back.add(old.start_ts)
                 d = self._by_key[key] = Decision(start_ts)
                 self._by_start[start_ts] = d
+            self._trim()
 
     def decide(self, key: str, commit_ts: int, pump: str) -> None:
         with self._lock:

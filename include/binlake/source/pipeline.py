@@ -8,6 +8,14 @@ journal lines and two Pump round trips (each a Pump fsync). One at a time,
 that capped a source near 150 upstream transactions/s, far below what one
 MySQL client commits. Grouped, those round trips are paid once per group.
 
+Steps: the sender works in steps (``Emitter.step``), each of which decides
+and commits the group prewritten by the step before and begins and prewrites
+the next group: one TSO call (the one group's commit_ts, then the next one's
+start_ts), one fsync'ed journal line, one batch per Pump (the commits and the
+prewrites together). Under load every step carries two groups, so a
+transaction costs its group's share of ONE of each round trip; alone, it
+takes two steps (prewrite, then commit), as before.
+
 Grouping rule: the sender takes everything waiting when it becomes free, up
 to ``max_txns`` transactions and ``max_bytes`` of row data (always at least
 one), and never waits for more. On a slow upstream each transaction leaves as
@@ -41,7 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from binlake.proto import binlog_pb2
-from binlake.source.emitter import Emitter
+from binlake.source.emitter import Emitter, Prewritten, Sent
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +103,9 @@ class GroupPipeline:
         self._inflight = False
         self._closed = False
         self._error: BaseException | None = None
-        self.groups = 0
+        self.groups = 0  # groups begun (steps that prewrote something)
         self.grouped = 0  # transactions sent in groups (position-only items not counted)
+        self.steps = 0  # Emitter.step calls (one journal line each)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -142,42 +151,40 @@ class GroupPipeline:
 
     # -- sender
     def _run(self) -> None:
+        # The group prewritten by the last step, to be decided by the next: its items
+        # (with the position-only items among and after them) and each keyed item's state.
+        carried: list[Item] = []
+        carried_state: list[Prewritten | Sent | None] = []
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not self._queue and not self._closed and not carried:
                     if not self._cond.wait(self._idle_s):
                         break
-                if not self._queue:
-                    if self._closed:
-                        return
-                    group: list[Item] = []
-                else:
-                    group = [self._queue.popleft()]
-                    size = group[0].size
-                    sent = 1 if group[0].key is not None else 0
+                new: list[Item] = []
+                if self._queue and not self._closed:
+                    new.append(self._queue.popleft())
+                    size = new[0].size
+                    sent = 1 if new[0].key is not None else 0
                     while self._queue and sent < self.max_txns and size + self._queue[0].size <= self.max_bytes:
                         it = self._queue.popleft()
-                        group.append(it)
+                        new.append(it)
                         size += it.size
                         sent += it.key is not None
                     self._queued_bytes -= size
+                if not new and not carried:
+                    if self._closed:
+                        return
+                    idle = True
+                else:
+                    idle = False
                     self._inflight = True
                     self._cond.notify_all()  # room for the reader
             try:
-                if not group:
+                if idle:
                     if self._on_idle is not None:
                         self._on_idle()
                     continue
-                txns = [(it.key, it.value) for it in group if it.key is not None and it.value is not None]
-                sent_results = self._emitter.emit_group(txns) if txns else []
-                results: list[tuple[int, int]] = []
-                it_sent = iter(sent_results)
-                for it in group:
-                    results.append(next(it_sent) if it.key is not None else (0, 0))
-                if txns:
-                    self.groups += 1
-                    self.grouped += len(txns)
-                self._on_acked(group, results)
+                carried, carried_state = self._step(carried, carried_state, new)
             except BaseException as exc:
                 with self._cond:
                     self._error = exc
@@ -187,5 +194,38 @@ class GroupPipeline:
                     self._cond.notify_all()
                 return
             with self._cond:
-                self._inflight = False
+                self._inflight = bool(carried)
                 self._cond.notify_all()
+
+    def _step(self, carried: list[Item], carried_state: list[Prewritten | Sent | None],
+              new: list[Item]) -> tuple[list[Item], list[Prewritten | Sent | None]]:
+        """One ``Emitter.step``: commit the carried group, prewrite ``new``; report what is
+        done (in order) and return what the next step carries."""
+        decide = [st for st in carried_state if isinstance(st, Prewritten)]
+        txns = [(it.key, it.value) for it in new if it.key is not None and it.value is not None]
+        commit_ts, outs = self._emitter.step(decide, txns)
+        self.steps += 1
+        if txns:
+            self.groups += 1
+            self.grouped += len(txns)
+        done: list[Item] = list(carried)
+        results: list[tuple[int, int]] = []
+        by_key = {p.key: c for p, c in zip(decide, commit_ts, strict=True)}
+        for st in carried_state:
+            if st is None:
+                results.append((0, 0))
+            elif isinstance(st, Prewritten):
+                results.append((st.start_ts, by_key[st.key]))
+            else:
+                results.append((st.start_ts, st.commit_ts))
+        # The new items up to the first one only prewritten are done too (position-only
+        # items and re-sent commits, after the carried group); the rest is carried.
+        it_out = iter(outs)
+        states: list[Prewritten | Sent | None] = [next(it_out) if it.key is not None else None for it in new]
+        cut = next((i for i, st in enumerate(states) if isinstance(st, Prewritten)), len(new))
+        for it, st in zip(new[:cut], states[:cut], strict=True):
+            done.append(it)
+            results.append((st.start_ts, st.commit_ts) if isinstance(st, Sent) else (0, 0))
+        if done:
+            self._on_acked(done, results)
+        return new[cut:], states[cut:]
