@@ -51,6 +51,28 @@ position in the upstream log, which never changes):
 
 TSOs come from the registry in log order, so commit_ts order is the
 upstream's commit order; a re-sent transaction keeps its old, still ordered, TSOs.
+
+Groups (``source.pipeline``): a group's begins are one line and its
+decisions one line (shared with the next group's begins), so the argument
+above holds per group, all or none, and the decided transactions are always a
+prefix of the log (groups are decided in order, one step at a time). A
+crash (kill -9) inside a group:
+
+* after its begin line, before its decision line (prewrites maybe on the
+  Pumps): none of it is decided; at restart every one of its start_ts is an
+  orphan, rolled back (TxnStatus says so to any Pump holding a prewrite), and
+  the checkpoint is before the group, so all of it is re-read and sent afresh
+  with new TSOs, still after every decided one;
+* after its decision line, before (or during) its commits: all of it is
+  decided; re-read from the checkpoint, every one of its transactions gets its
+  commit re-sent with the journaled TSOs (copies, if the Pump had it, that
+  the reader drops), and nothing of it is prewritten again;
+* after its commits, before the checkpoint: as the previous case, with every
+  re-sent commit a copy.
+
+The checkpoint moves only after a group's commits are acknowledged, to the
+end of its last transaction (``source.pipeline``), so ``position`` keeps its
+invariant.
 """
 
 from __future__ import annotations
