@@ -276,7 +276,7 @@ def test_source_sends_the_same_with_and_without_native(mdb: LocalMariaDB, cluste
 
         def step(self, decide: Any, txns: Any) -> Any:
             for key, value in txns:
-                sent.setdefault(os.environ[rowsplan.NATIVE_ROWS_ENV], []).append((key, value.SerializeToString()))
+                sent.setdefault(os.environ[rowsplan.NATIVE_ROWS_ENV], []).append((key, value))
             return super().step(decide, txns)
 
     monkeypatch.setattr(source_mod, "Emitter", Recording)

@@ -99,10 +99,10 @@ class Emitter:
         return start_ts, commit_ts
 
     def step(self, decide: Sequence[Prewritten],
-             txns: Sequence[tuple[str, binlog_pb2.PrewriteValue]]) -> tuple[list[int], list[Prewritten | Sent]]:
+             txns: Sequence[tuple[str, bytes]]) -> tuple[list[int], list[Prewritten | Sent]]:
         """One step of the group pipeline: decide and commit the group ``decide`` (prewritten
         by the previous step, every prewrite acknowledged) and begin and prewrite the next
-        group ``txns`` (key, value), in upstream commit order. Round trips, whatever the
+        group ``txns`` (key, serialized PrewriteValue), in upstream commit order. Round trips, whatever the
         groups' sizes: ONE TSO call (the commit_ts of ``decide``, then the start_ts of
         ``txns``, so each commit_ts follows its start_ts and every earlier commit_ts), ONE
         fsync'ed journal line deciding the one group and beginning the other (all or none),
@@ -113,7 +113,7 @@ class Emitter:
         a transaction already decided (re-read after a restart: only its commit is re-sent,
         with the journaled TSOs), a ``Sent``."""
         out: list[Prewritten | Sent] = []
-        fresh: list[tuple[int, str, binlog_pb2.PrewriteValue]] = []
+        fresh: list[tuple[int, str, bytes]] = []
         resend: list[Sent] = []
         for i, (key, value) in enumerate(txns):
             d = self.state.decision(key)
@@ -140,7 +140,7 @@ class Emitter:
         pumps = self.client.write_group(
             commits, [p.pump for p in decide] + [r.pump for r in resend],
             [binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=s, prewrite_key=writer,
-                               prewrite_value=v.SerializeToString())
+                               prewrite_value=v)
              for (_i, _k, v), s in zip(fresh, starts, strict=True)])
         if fresh:
             failpoint.hit("source-after-prewrite")

@@ -72,11 +72,13 @@ class Item:
         if (key is None) != (value is None):
             raise ValueError("an item has both a key and a value, or neither")
         self.key = key
-        self.value = value
+        # Serialized here, in the reader thread, once: its size bounds the group, and the
+        # sender puts these bytes into the prewrite as they are.
+        self.value = value.SerializeToString() if value is not None else None
         self.position = position
         self.event_ts = event_ts
         self.rows = rows
-        self.size = value.ByteSize() if value is not None else 0
+        self.size = len(self.value) if self.value is not None else 0
 
 
 class GroupPipeline:

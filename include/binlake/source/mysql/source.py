@@ -104,13 +104,15 @@ class _SnapshotStopped(Exception):
 
 class _Txn:
     def __init__(self) -> None:
+        # The rows go straight into the prewrite's value (no copy of a large transaction's rows).
+        self.value = binlog_pb2.PrewriteValue()
         self.mutations: dict[int, binlog_pb2.TableMutation] = {}
         self.rows = 0
 
     def mut(self, table_id: int) -> binlog_pb2.TableMutation:
         m = self.mutations.get(table_id)
         if m is None:
-            m = self.mutations[table_id] = binlog_pb2.TableMutation(table_id=table_id)
+            m = self.mutations[table_id] = self.value.mutations.add(table_id=table_id)
         return m
 
 
@@ -499,9 +501,8 @@ class MySQLSource:
         file, pos = stream.log_file, stream.log_pos
         assert self.pipeline is not None
         if txn is not None and txn.mutations:
-            value = binlog_pb2.PrewriteValue(schema_version=int(self.state.state.get("schema_version", 0)),
-                                             mutations=list(txn.mutations.values()))
-            self.pipeline.submit(Item(f"{file}:{pos}", value, (file, pos), float(ev.timestamp), txn.rows))
+            txn.value.schema_version = int(self.state.state.get("schema_version", 0))
+            self.pipeline.submit(Item(f"{file}:{pos}", txn.value, (file, pos), float(ev.timestamp), txn.rows))
         else:  # nothing tracked in it: only the position moves (in order with the rest)
             self.pipeline.submit(Item(None, None, (file, pos), float(ev.timestamp)))
 
