@@ -241,6 +241,9 @@ def main(args: argparse.Namespace | None = None) -> int:
         caught = _wait_at(base / "src2", (str(w_end[0]), int(w_end[1])), proc, log, timeout=600)
         cpu = {k: _cpu_s(pid) - cpu0[k] for k, pid in watched.items()}
         catch_up = caught - t_stop
+        # The source's journal: one line per step; a line's "b" is the group it began.
+        begun = [len(json.loads(x).get("b", ())) for x in (base / "src2" / "journal.log").read_text().splitlines()]
+        groups = [n for n in begun if n]
         txns = count[0]
         source_rate = txns / (caught - t_start)
         proc.terminate()
@@ -280,4 +283,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     for k in ("source", "pump", "registry"):
         print(f"| {k} CPU per upstream transaction | {1e6 * cpu[k] / max(txns, 1):,.0f} us |")
     print(f"| source CPU in all | {cpu['source']:.2f} s |")
+    print(f"| groups (steps: journal lines) | {len(groups):,} ({len(begun):,}) |")
+    print(f"| upstream transactions per group: mean / largest | {sum(groups) / max(len(groups), 1):.1f} / "
+          f"{max(groups, default=0)} |")
     return 0

@@ -442,8 +442,9 @@ class MySQLSource:
                 now = time.monotonic()
                 if now - last_progress >= PROGRESS_INTERVAL_S:
                     rate = (self.events - events_at) / (now - last_progress)
-                    log.info("mysql source: %.0f events/s, %d transactions, %d row changes, lag %.1fs, at %s:%d",
-                             rate, self.transactions, self.row_changes, self.lag_s, self.file, self.pos)
+                    log.info("mysql source: %.0f events/s, %d transactions, %d row changes, lag %.1fs, at %s:%d, "
+                             "%.1f transactions per group", rate, self.transactions, self.row_changes, self.lag_s,
+                             self.file, self.pos, pipeline.grouped / max(pipeline.groups, 1))
                     last_progress, events_at = now, self.events
                 if self._stop.is_set() and txn is None:
                     break
