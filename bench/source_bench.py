@@ -36,6 +36,13 @@ import time
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# ``--nice``: the niceness the registry, Pump and source run at (0: the benchmark's own).
+_NICE = [0]
+
+
+def _niced() -> None:
+    if _NICE[0]:
+        os.nice(_NICE[0])
 BINLAKE = pathlib.Path(sys.executable).parent / "binlake"
 
 
@@ -71,7 +78,7 @@ def _source(port: int, registry: str, data_dir: pathlib.Path, start: str, log: p
         return subprocess.Popen(
             [str(BINLAKE), "source", "mysql", "--dsn", f"mysql://root@127.0.0.1:{port}", "--server-id", "4242",
              "--registry", registry, "--data-dir", str(data_dir), "--start", start, "--tables", "bench.*"],
-            stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=_niced,
         )
 
 
@@ -84,7 +91,8 @@ def _cpu_s(pid: int) -> float:
 def _spawn(args: list[str], log: pathlib.Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as f:
         return subprocess.Popen([str(BINLAKE), *args], stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=_niced)
 
 
 def _free_port() -> int:
@@ -163,6 +171,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     rows = int(getattr(args, "rows", 1_000_000))
     per_txn = int(getattr(args, "rows_per_txn", 1000))
     seconds = float(getattr(args, "seconds", 10.0))
+    _NICE[0] = int(getattr(args, "nice", 0) or 0)
     if not LocalMariaDB.available():
         print("MariaDB is not installed (apt-get install mariadb-server): nothing to measure", file=sys.stderr)
         return 2
@@ -275,7 +284,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     print("|---|---:|---:|")
     print(f"| source not running | {plain:,.0f} | 1.00 |")
     print(f"| source following live ({modes[0]} rows) | {with_source:,.0f} | {with_source / plain:.3f} |")
-    print(f"\noverhead on the upstream: {100 * (1 - with_source / plain):.1f} % (target <= 5 %)")
+    print(f"\noverhead on the upstream: {100 * (1 - with_source / plain):.1f} % (target <= 5 %)"
+          + (f"; registry, Pump and source at nice {_NICE[0]}" if _NICE[0] else ""))
     print(f"\n| the source following {txns:,} upstream transactions | value |")
     print("|---|---:|")
     print(f"| caught up after the workload stopped (its lag then; checkpoint at the server's end) | {catch_up:.2f} s |")
