@@ -275,6 +275,46 @@ def test_concurrent_writers_are_coalesced(
     assert got == results
 
 
+def test_a_group_of_prewrites_and_commits_is_one_batch_per_pump_and_fails_over(
+    three: dict[str, Any], registry: RegistryServer, reg: RegistryClient
+) -> None:
+    """write_prewrites/write_commits (a source's group): each Pump's share travels as one
+    write request; a Pump that died is left for the others; every commit lands on the
+    Pump of its prewrite."""
+
+    def requests(node: Any) -> float:
+        return sum(sample.value for metric in node.metrics.registry.collect()
+                   if metric.name == "binlake_pump_write_requests"
+                   for sample in metric.samples if sample.name.endswith("_total"))
+
+    with make_client(registry, strategy="range", max_failures=1) as client:
+        with pytest.raises(errors.InvalidArgument, match="PREWRITE"):
+            client.write_prewrites([commit(1, 2)])
+        with pytest.raises(ValueError, match="3 binlogs but 1 pumps"):
+            client.write_commits([commit(1, 2)] * 3, ["p1"])
+        for _ in range(3):  # a stream open to each Pump: the counts below are the group's alone
+            run_txn(client, reg)
+        before = {n: requests(node) for n, node in three.items()}
+        first = reg.get_ts_batch(30)
+        pumps = client.write_prewrites([prewrite(first + i) for i in range(30)])
+        assert collections.Counter(pumps) == {"p1": 10, "p2": 10, "p3": 10}
+        assert {n: requests(node) - before[n] for n, node in three.items()} == {"p1": 1, "p2": 1, "p3": 1}
+        c0 = reg.get_ts_batch(30)
+        client.write_commits([commit(first + i, c0 + i) for i in range(30)], pumps)
+        txns = [(first + i, c0 + i, pumps[i]) for i in range(30)]
+
+        three["p2"].stop(grace=0.5, report_paused=False)  # still "online" to the registry
+        s2 = reg.get_ts_batch(12)
+        later = client.write_prewrites([prewrite(s2 + i) for i in range(12)])
+        assert "p2" not in later and len(later) == 12
+        c2 = reg.get_ts_batch(12)
+        client.write_commits([commit(s2 + i, c2 + i) for i in range(12)], later)
+        txns += [(s2 + i, c2 + i, later[i]) for i in range(12)]
+    end = txns[-1][1] + 1
+    for name in ("p1", "p3"):
+        assert served_by(three[name].addr, first, end) == [(s, c) for s, c, n in txns if n == name]
+
+
 def test_duplicate_prewrite_on_two_pumps_is_read_once(
     pump_factory: PumpFactory, reg: RegistryClient
 ) -> None:

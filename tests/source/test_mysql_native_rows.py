@@ -274,6 +274,11 @@ def test_source_sends_the_same_with_and_without_native(mdb: LocalMariaDB, cluste
             sent.setdefault(os.environ[rowsplan.NATIVE_ROWS_ENV], []).append((key, value.SerializeToString()))
             return super().emit(key, value, *args, **kw)
 
+        def step(self, decide: Any, txns: Any) -> Any:
+            for key, value in txns:
+                sent.setdefault(os.environ[rowsplan.NATIVE_ROWS_ENV], []).append((key, value))
+            return super().step(decide, txns)
+
     monkeypatch.setattr(source_mod, "Emitter", Recording)
     sql(mdb, "CREATE DATABASE IF NOT EXISTS e2e", "CREATE TABLE e2e.t (id INT PRIMARY KEY, v VARCHAR(20), "
         "d DECIMAL(12,4), ts DATETIME(3), j JSON)", "CREATE TABLE e2e.u (id INT PRIMARY KEY, n BIGINT UNSIGNED, "

@@ -111,6 +111,26 @@ def test_a_group_decision_is_all_or_none(tmp_path: pathlib.Path) -> None:
     third.close()
 
 
+def test_a_group_begin_is_one_line_and_a_torn_one_began_nothing(tmp_path: pathlib.Path) -> None:
+    st = SourceState(tmp_path)
+    st.begin_many([("f:1", 10), ("f:2", 11)])
+    st.decide_many([("f:1", 20, "p1"), ("f:2", 21, "p1")])
+    st.begin_many([("f:3", 30), ("f:4", 31)])  # crashed before its decision line
+    st.begin_many([("f:3", 40)])  # re-read in the same process: the old start_ts is rolled back
+    assert st.txn_status(30) == (txn_status.ROLLED_BACK, 0) and st.txn_status(40) == (txn_status.RUNNING, 0)
+    st.close()
+    assert len((tmp_path / "journal.log").read_text().splitlines()) == 4
+    with (tmp_path / "journal.log").open("a") as f:
+        f.write('{"b": [["f:5", 50], ["f:6"')  # killed mid-write
+    again = SourceState(tmp_path)
+    d = again.decision("f:2")
+    assert d is not None and (d.start_ts, d.commit_ts) == (11, 21)
+    for ts in (30, 31, 40):
+        assert again.txn_status(ts) == (txn_status.ROLLED_BACK, 0)
+    assert again.decision("f:3") is None and again.decision("f:5") is None
+    again.close()
+
+
 def test_one_source_per_data_dir(tmp_path: pathlib.Path) -> None:
     first = SourceState(tmp_path)
     with pytest.raises(errors.FailedPrecondition, match="another source is running"):

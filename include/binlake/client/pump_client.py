@@ -160,6 +160,21 @@ class PumpConn:
             self._loop.call_soon_threadsafe(self._kick)
         return item.future
 
+    def send_many(self, payloads: list[bytes]) -> list[concurrent.futures.Future[None]]:
+        """``send`` for several binlogs at once: queued together (one wake-up of the
+        loop), so they leave in one batch and the Pump stores them under one fsync."""
+        items = [_Item(p) for p in payloads]
+        with self._lock:
+            if self._closed:
+                raise errors.Unavailable(f"client connection to pump {self.node_id} is closed")
+            self._queue.extend(items)
+            self.inflight += len(items)
+            wake = not self._scheduled
+            self._scheduled = True
+        if wake:
+            self._loop.call_soon_threadsafe(self._kick)
+        return [i.future for i in items]
+
     def write(self, payload: bytes) -> None:
         """Send one binlog and wait for its durable acknowledgement."""
         future = self.send(payload)
@@ -516,13 +531,14 @@ class PumpClient:
             raise errors.InvalidArgument("write_prewrite takes a PREWRITE binlog")
         payload = binlog.SerializeToString()
         self._check_size(payload, binlog.start_ts)
-        tried: set[str] = set()
-        failures: list[str] = []
+        return self._prewrite_payload(payload, binlog.start_ts, set(), [])
+
+    def _prewrite_payload(self, payload: bytes, start_ts: int, tried: set[str], failures: list[str]) -> str:
         while True:
-            node_id = self._pick(binlog.start_ts, tried)
+            node_id = self._pick(start_ts, tried)
             if node_id is None:
                 raise errors.Unavailable(
-                    f"no pump accepted the prewrite of start_ts {binlog.start_ts}"
+                    f"no pump accepted the prewrite of start_ts {start_ts}"
                     + (f": {'; '.join(failures)}" if failures else " (no online pump is known)")
                 )
             tried.add(node_id)
@@ -534,6 +550,88 @@ class PumpClient:
                 continue
             self._record_success(node_id)
             return node_id
+
+    def write_prewrites(self, binlogs: list[binlog_pb2.Binlog]) -> list[str]:
+        """``write_prewrite`` for several prewrites at once; returns each one's Pump
+        (``write_group`` without commits)."""
+        return self.write_group([], [], binlogs)
+
+    def write_commits(self, binlogs: list[binlog_pb2.Binlog], node_ids: list[str]) -> None:
+        """``write_commit`` for several commits (or rollbacks) at once, each to its own Pump
+        (``write_group`` without prewrites)."""
+        self.write_group(binlogs, node_ids, [])
+
+    def write_group(self, commits: list[binlog_pb2.Binlog], node_ids: list[str],
+                    prewrites: list[binlog_pb2.Binlog]) -> list[str]:
+        """Commits (or rollbacks), each to the Pump of its prewrite (``node_ids``), and new
+        prewrites, each to a Pump picked as ``write_prewrite`` does, all at once: each
+        Pump gets its share in one batch (one fsync there). Returns, once every one is
+        acknowledged, the Pump of each prewrite. A first attempt that failed is retried
+        alone: a prewrite on the other Pumps (``write_prewrite``), a commit on its Pump
+        for up to ``commit_retry_s`` (``write_commit``)."""
+        if len(commits) != len(node_ids):
+            raise ValueError(f"{len(commits)} binlogs but {len(node_ids)} pumps")
+        for b in commits:
+            if b.tp not in (binlog_pb2.COMMIT, binlog_pb2.ROLLBACK):
+                raise errors.InvalidArgument("write_commits takes COMMIT or ROLLBACK binlogs")
+        for b in prewrites:
+            if b.tp != binlog_pb2.PREWRITE:
+                raise errors.InvalidArgument("write_prewrites takes PREWRITE binlogs")
+        pre_payloads = [b.SerializeToString() for b in prewrites]
+        for payload, b in zip(pre_payloads, prewrites, strict=True):
+            self._check_size(payload, b.start_ts)
+        picks: list[str] = []
+        for b in prewrites:
+            node_id = self._pick(b.start_ts, set())
+            if node_id is None:
+                raise errors.Unavailable(f"no pump accepted the prewrite of start_ts {b.start_ts} "
+                                         "(no online pump is known)")
+            picks.append(node_id)
+        n = len(commits)
+        failed = self._send_together([b.SerializeToString() for b in commits] + pre_payloads, node_ids + picks)
+        for i, exc in sorted(failed.items()):
+            if i < n:
+                if not isinstance(exc, (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted)):
+                    raise exc
+                self.write_commit(commits[i], node_ids[i])
+            else:
+                if not isinstance(exc, _RETRYABLE):
+                    raise exc
+                j = i - n
+                picks[j] = self._prewrite_payload(pre_payloads[j], prewrites[j].start_ts, {picks[j]}, [str(exc)])
+        return picks
+
+    def _send_together(self, payloads: list[bytes], node_ids: list[str]) -> dict[int, errors.BinlakeError]:
+        """Send every payload to its Pump in one batch per Pump and wait for all; return
+        the failures by index (successes count towards the Pumps' health)."""
+        by_node: dict[str, list[int]] = {}
+        for i, node_id in enumerate(node_ids):
+            by_node.setdefault(node_id, []).append(i)
+        futures: dict[int, concurrent.futures.Future[None]] = {}
+        failed: dict[int, errors.BinlakeError] = {}
+        for node_id, idx in by_node.items():
+            try:
+                for i, f in zip(idx, self._conn(node_id).send_many([payloads[i] for i in idx]), strict=True):
+                    futures[i] = f
+            except errors.BinlakeError as exc:
+                failed.update(dict.fromkeys(idx, exc))
+        deadline = time.monotonic() + self.settings.write_timeout_s
+        for i, f in futures.items():
+            try:
+                f.result(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                self._conn(node_ids[i]).reset(f"no answer within {self.settings.write_timeout_s:g}s")
+                failed[i] = errors.DeadlineExceeded(
+                    f"pump {node_ids[i]} did not acknowledge a write within {self.settings.write_timeout_s:g}s")
+            except errors.BinlakeError as exc:
+                failed[i] = exc
+        for node_id, idx in by_node.items():
+            bad = [i for i in idx if i in failed]
+            if bad:
+                self._record_failure(node_id, failed[bad[0]])
+            else:
+                self._record_success(node_id)
+        return failed
 
     def write_commit(self, binlog: binlog_pb2.Binlog, node_id: str) -> None:
         """Store a commit (or rollback) on the Pump that took the prewrite,

@@ -96,6 +96,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--rows-per-txn", type=_positive, default=1000, help="row changes per transaction (default 1000)")
     b.add_argument("--seconds", type=_positive_seconds, default=10.0, help="each upstream throughput case (default 10)")
     b.add_argument("--dir", type=_bench_dir, help="scratch directory (default: a temp dir under bench/, removed after)")
+    b.add_argument("--nice", type=_niceness, default=0,
+                   help="run the registry, Pump and source at this niceness, 0..19 (default 0: as the benchmark)")
     b.set_defaults(handler=_bench)
 
 
@@ -106,6 +108,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
+    return v
+
+
+def _niceness(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a niceness 0..19, got {text!r}") from None
+    if not 0 <= v <= 19:
+        raise argparse.ArgumentTypeError(f"expected a niceness 0..19, got {v}")
     return v
 
 

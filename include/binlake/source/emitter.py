@@ -3,7 +3,9 @@ each upstream transaction into TiDB's two binlogs through the PumpClient,
 with the TSO journal of ``source.journal`` so a re-read transaction is sent
 with the same timestamps (see that module for the recovery argument).
 
-Per transaction KEY (its position in the upstream log):
+Per transaction KEY (its position in the upstream log; ``emit``, one at a
+time, used for DDL; ``step`` does the same for groups of transactions, see
+``source.pipeline``):
 
 1. already decided in the journal: re-send the commit (and nothing else) to
    the Pump that holds the prewrite;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from binlake import errors, failpoint
 from binlake.client.pump_client import PumpClient
@@ -31,6 +34,23 @@ from binlake.source import txn_status
 from binlake.source.journal import SourceState
 
 log = logging.getLogger(__name__)
+
+
+class Prewritten(NamedTuple):
+    """A transaction whose prewrite a Pump acknowledged; no commit_ts yet."""
+
+    key: str
+    start_ts: int
+    pump: str
+
+
+class Sent(NamedTuple):
+    """A transaction decided (commit_ts journaled) whose commit a Pump acknowledged."""
+
+    key: str
+    start_ts: int
+    commit_ts: int
+    pump: str
 
 
 class Emitter:
@@ -77,6 +97,72 @@ class Emitter:
         failpoint.hit("source-after-commit")
         self.sent += 1
         return start_ts, commit_ts
+
+    def step(self, decide: Sequence[Prewritten],
+             txns: Sequence[tuple[str, bytes]]) -> tuple[list[int], list[Prewritten | Sent]]:
+        """One step of the group pipeline: decide and commit the group ``decide`` (prewritten
+        by the previous step, every prewrite acknowledged) and begin and prewrite the next
+        group ``txns`` (key, serialized PrewriteValue), in upstream commit order. Round trips, whatever the
+        groups' sizes: ONE TSO call (the commit_ts of ``decide``, then the start_ts of
+        ``txns``, so each commit_ts follows its start_ts and every earlier commit_ts), ONE
+        fsync'ed journal line deciding the one group and beginning the other (all or none),
+        ONE batch per Pump with the commits and the prewrites together.
+
+        Returns the commit_ts of each of ``decide`` (acknowledged by its Pump), and for each
+        of ``txns`` either a ``Prewritten`` (acknowledged; the next step decides it) or, for
+        a transaction already decided (re-read after a restart: only its commit is re-sent,
+        with the journaled TSOs), a ``Sent``."""
+        out: list[Prewritten | Sent] = []
+        fresh: list[tuple[int, str, bytes]] = []
+        resend: list[Sent] = []
+        for i, (key, value) in enumerate(txns):
+            d = self.state.decision(key)
+            if d is None:
+                fresh.append((i, key, value))
+                out.append(Prewritten(key, 0, ""))  # filled in below
+            else:
+                sent = Sent(key, d.start_ts, d.commit_ts, d.pump)
+                resend.append(sent)
+                out.append(sent)
+        n = len(decide) + len(fresh)
+        first = self.registry.get_ts_batch(n) if n else 0
+        commit_ts = [first + j for j in range(len(decide))]
+        starts = [first + len(decide) + j for j in range(len(fresh))]
+        self.state.step([(p.key, c, p.pump) for p, c in zip(decide, commit_ts, strict=True)],
+                        [(key, s) for (_i, key, _v), s in zip(fresh, starts, strict=True)])
+        if decide:
+            failpoint.hit("source-before-commit")
+        writer = self.writer_id.encode()
+        commits = [binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=p.start_ts, commit_ts=c)
+                   for p, c in zip(decide, commit_ts, strict=True)]
+        commits += [binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=r.start_ts, commit_ts=r.commit_ts)
+                    for r in resend]
+        pumps = self.client.write_group(
+            commits, [p.pump for p in decide] + [r.pump for r in resend],
+            [binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=s, prewrite_key=writer,
+                               prewrite_value=v)
+             for (_i, _k, v), s in zip(fresh, starts, strict=True)])
+        if fresh:
+            failpoint.hit("source-after-prewrite")
+        if decide:
+            failpoint.hit("source-after-commit")
+        for (i, key, _v), s, pump in zip(fresh, starts, pumps, strict=True):
+            out[i] = Prewritten(key, s, pump)
+        self.sent += len(decide)
+        self.resent += len(resend)
+        return commit_ts, out
+
+    def abandon(self, prewritten: Sequence[Prewritten]) -> None:
+        """Roll back prewritten, undecided transactions (a sender stopping between steps):
+        journaled first (TxnStatus answers "rolled back" from then on), then a ROLLBACK
+        binlog to each one's Pump so its safe ts moves on without asking."""
+        for p in prewritten:
+            self.state.abandon(p.start_ts)
+        try:
+            self.client.write_commits([binlog_pb2.Binlog(tp=binlog_pb2.ROLLBACK, start_ts=p.start_ts)
+                                       for p in prewritten], [p.pump for p in prewritten])
+        except errors.BinlakeError as exc:  # the Pumps ask TxnStatus after their txn timeout instead
+            log.warning("source: rollbacks not all acknowledged: %s", exc)
 
     def prewrite(self, key: str, value: binlog_pb2.PrewriteValue,
                  ddl: tuple[str, Sequence[binlog_pb2.TableInfo]] | None = None) -> tuple[int, str]:

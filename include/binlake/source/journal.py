@@ -12,9 +12,15 @@ Files:
     * ``{"k": KEY, "c": COMMIT_TS, "p": PUMP}`` written after that Pump
       acknowledged the prewrite, before the commit binlog is sent;
     * ``{"s": START_TS, "r": 1}`` a start_ts abandoned (rolled back).
+    * ``{"b": [[KEY, START_TS], ...]}`` the start_ts of several transactions
+      (a group of upstream transactions, ``source.pipeline``), written before
+      any of their prewrites is sent: one line, one fsync;
     * ``{"m": [[KEY, COMMIT_TS, PUMP], ...]}`` several transactions decided
-      together (a snapshot): one line, so a crash decides all of them or none
-      (a torn last line is read as never written).
+      together (a group, a snapshot): one line, so a crash decides all of them
+      or none (a torn last line is read as never written).
+    * ``{"m": [...], "b": [...]}`` both in one line (one step of the pipeline:
+      it decides one group and begins the next): still all or none; the
+      decisions are applied first (their keys were begun by an earlier line).
 
     Invariant: a KEY is decided at most once: once it has a ``c`` line, every
     later copy of that transaction carries exactly that ``(start_ts, commit_ts)``;
@@ -45,6 +51,28 @@ position in the upstream log, which never changes):
 
 TSOs come from the registry in log order, so commit_ts order is the
 upstream's commit order; a re-sent transaction keeps its old, still ordered, TSOs.
+
+Groups (``source.pipeline``): a group's begins are one line and its
+decisions one line (shared with the next group's begins), so the argument
+above holds per group, all or none, and the decided transactions are always a
+prefix of the log (groups are decided in order, one step at a time). A
+crash (kill -9) inside a group:
+
+* after its begin line, before its decision line (prewrites maybe on the
+  Pumps): none of it is decided; at restart every one of its start_ts is an
+  orphan, rolled back (TxnStatus says so to any Pump holding a prewrite), and
+  the checkpoint is before the group, so all of it is re-read and sent afresh
+  with new TSOs, still after every decided one;
+* after its decision line, before (or during) its commits: all of it is
+  decided; re-read from the checkpoint, every one of its transactions gets its
+  commit re-sent with the journaled TSOs (copies, if the Pump had it, that
+  the reader drops), and nothing of it is prewritten again;
+* after its commits, before the checkpoint: as the previous case, with every
+  re-sent commit a copy.
+
+The checkpoint moves only after a group's commits are acknowledged, to the
+end of its last transaction (``source.pipeline``), so ``position`` keeps its
+invariant.
 """
 
 from __future__ import annotations
@@ -173,9 +201,11 @@ class SourceState:
         return rec
 
     def _apply(self, rec: dict[str, Any]) -> None:
-        if "m" in rec:
-            for key, commit_ts, pump in rec["m"]:
+        if "m" in rec or "b" in rec:
+            for key, commit_ts, pump in rec.get("m", ()):
                 self._apply({"k": key, "c": commit_ts, "p": pump})
+            for key, start_ts in rec.get("b", ()):
+                self._apply({"k": key, "s": start_ts})
             return
         if rec.get("r"):
             self._rolled_back.add(int(rec["s"]))
@@ -219,19 +249,52 @@ class SourceState:
             self._by_start[start_ts] = d
             return d
 
+    def begin_many(self, items: list[tuple[str, int]]) -> None:
+        """Journal the start_ts of every (key, start_ts) in one fsync'ed line (a group's begins)."""
+        self.step([], items)
+
+    def step(self, decisions: list[tuple[str, int, str]], begins: list[tuple[str, int]]) -> None:
+        """One fsync'ed line that decides every (key, commit_ts, pump) of ``decisions`` and
+        begins every (key, start_ts) of ``begins``: a crash leaves all of it or none."""
+        with self._lock:
+            for key, _c, _p in decisions:
+                if key not in self._by_key:
+                    raise ValueError(f"transaction {key!r} was never begun")
+            rec: dict[str, Any] = {}
+            if decisions:
+                rec["m"] = [[k, c, p] for k, c, p in decisions]
+            if begins:
+                rec["b"] = [[k, s] for k, s in begins]
+            if not rec:
+                return
+            self._append(rec)
+            for key, commit_ts, pump in decisions:
+                d = self._by_key[key]
+                d.commit_ts, d.pump = commit_ts, pump
+            for key, start_ts in begins:
+                old = self._by_key.get(key)
+                if old is not None and not old.commit_ts:
+                    self._rolled_back.add(old.start_ts)
+                d = self._by_key[key] = Decision(start_ts)
+                self._by_start[start_ts] = d
+            self._trim()
+
     def decide(self, key: str, commit_ts: int, pump: str) -> None:
         with self._lock:
             self._append({"k": key, "c": commit_ts, "p": pump})
             d = self._by_key[key]
             d.commit_ts = commit_ts
             d.pump = pump
-            if len(self._by_key) > 2 * KEEP_DECIDED:
-                # Bounded memory for a long run: the oldest half is far behind any
-                # checkpoint (taken every second); its lines stay in the file until
-                # the next start's compaction, which keeps the newest KEEP_DECIDED.
-                for old in list(self._by_key)[:KEEP_DECIDED]:
-                    gone = self._by_key.pop(old)
-                    self._by_start.pop(gone.start_ts, None)
+            self._trim()
+
+    def _trim(self) -> None:
+        if len(self._by_key) > 2 * KEEP_DECIDED:
+            # Bounded memory for a long run: the oldest half is far behind any
+            # checkpoint (taken every second); its lines stay in the file until
+            # the next start's compaction, which keeps the newest KEEP_DECIDED.
+            for old in list(self._by_key)[:KEEP_DECIDED]:
+                gone = self._by_key.pop(old)
+                self._by_start.pop(gone.start_ts, None)
 
     def decide_many(self, decisions: list[tuple[str, int, str]]) -> None:
         """Decide every (key, commit_ts, pump) in one fsync'ed journal line (all or none)."""
@@ -243,6 +306,7 @@ class SourceState:
             for key, commit_ts, pump in decisions:
                 d = self._by_key[key]
                 d.commit_ts, d.pump = commit_ts, pump
+            self._trim()
 
     def abandon(self, start_ts: int) -> None:
         with self._lock:

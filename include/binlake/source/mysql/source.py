@@ -10,11 +10,15 @@ Event handling (MariaDB and MySQL flavours):
   by the native ``_rowsc`` when the table has a plan, ``rowsplan``; else, or
   when it declines an event, by mysql-replication + ``values.RowEncoder``,
   with byte-identical results);
-  XID (or ``COMMIT`` for non-transactional tables) closes it: it is sent
-  (``emitter``), then its end becomes the position to checkpoint.
-* A DDL ``QUERY`` is its own transaction: applied to the tracked definitions
-  (``tables.Catalog``), sent as one DDL binlog per changed table with the
-  resulting TableInfo, exactly as TxnWriter's, then checkpointed at once.
+  XID (or ``COMMIT`` for non-transactional tables) closes it: it goes to the
+  group pipeline (``source.pipeline``), which sends it with the transactions
+  around it as one group while this thread reads on; once the group's commits
+  are acknowledged, its end becomes the position to checkpoint.
+* A DDL ``QUERY`` is its own transaction: everything before it is sent and
+  acknowledged first (its TSOs must follow theirs), then it is applied to the
+  tracked definitions (``tables.Catalog``), sent as one DDL binlog per changed
+  table with the resulting TableInfo, exactly as TxnWriter's, then
+  checkpointed at once.
 * ROTATE moves to the next binlog file (``FLUSH BINARY LOGS``); heartbeats
   give control back while the server is idle.
 
@@ -62,6 +66,7 @@ from binlake.source.mysql import rowsplan, snapshot
 from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
+from binlake.source.pipeline import GroupPipeline, Item
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +104,15 @@ class _SnapshotStopped(Exception):
 
 class _Txn:
     def __init__(self) -> None:
+        # The rows go straight into the prewrite's value (no copy of a large transaction's rows).
+        self.value = binlog_pb2.PrewriteValue()
         self.mutations: dict[int, binlog_pb2.TableMutation] = {}
         self.rows = 0
 
     def mut(self, table_id: int) -> binlog_pb2.TableMutation:
         m = self.mutations.get(table_id)
         if m is None:
-            m = self.mutations[table_id] = binlog_pb2.TableMutation(table_id=table_id)
+            m = self.mutations[table_id] = self.value.mutations.add(table_id=table_id)
         return m
 
 
@@ -135,8 +142,15 @@ class MySQLSource:
         self._client_settings = client_settings
         self.emitter: Emitter | None = None
         self.catalog = Catalog()
+        # The acknowledged position: the end of the last transaction whose commit a
+        # Pump acknowledged (every earlier one too); the checkpoint saves it, and a
+        # reconnect reads on from it. The reader is ahead of it by the groups in flight.
         self.file = ""
         self.pos = 0
+        # Held while the checkpoint is written (sender thread) and while a DDL changes
+        # the catalog (reader thread), so a checkpoint never sees half a DDL.
+        self._lock = threading.Lock()
+        self.pipeline: GroupPipeline | None = None
         self.transactions = 0
         self.row_changes = 0
         self.events = 0
@@ -329,7 +343,8 @@ class MySQLSource:
                         info = self._reconnect_check()
                     except errors.Unavailable:
                         continue
-            self._checkpoint(force=True)
+            with self._lock:
+                self._checkpoint(force=True)
         finally:
             self.emitter.close()
             self.state.close()
@@ -368,12 +383,15 @@ class MySQLSource:
         plans: dict[int, Any] = {}  # binlog table id -> native plan (absent: Python path)
         last_progress = time.monotonic()
         events_at = 0
+        assert self.emitter is not None
+        pipeline = self.pipeline = GroupPipeline(self.emitter, self._acked, self._idle, name="mysql-source-sender")
         try:
             for ev in stream:
                 self.events += 1
+                pipeline.check()
                 if isinstance(ev, RotateEvent):
                     if txn is None:
-                        self.file, self.pos = ev.next_binlog, ev.position
+                        pipeline.submit(Item(None, None, (ev.next_binlog, ev.position)))
                 elif isinstance(ev, (GtidEvent, MariadbGtidEvent)):
                     txn = _Txn()
                 elif isinstance(ev, QueryEvent):
@@ -390,7 +408,9 @@ class MySQLSource:
                         txn = None
                     else:
                         txn = None  # a DDL commits implicitly
-                        self._ddl(q, _schema(ev), stream)
+                        pipeline.drain()
+                        with self._lock:
+                            self._ddl(q, _schema(ev), stream)
                         tables.clear()
                         plans.clear()
                 elif isinstance(ev, TableMapEvent):
@@ -419,17 +439,18 @@ class MySQLSource:
                 elif isinstance(ev, XidEvent):
                     self._end_txn(txn, stream, ev)
                     txn = None
-                elif isinstance(ev, HeartbeatLogEvent):
-                    self._checkpoint()
                 now = time.monotonic()
                 if now - last_progress >= PROGRESS_INTERVAL_S:
                     rate = (self.events - events_at) / (now - last_progress)
-                    log.info("mysql source: %.0f events/s, %d transactions, %d row changes, lag %.1fs, at %s:%d",
-                             rate, self.transactions, self.row_changes, self.lag_s, self.file, self.pos)
+                    log.info("mysql source: %.0f events/s, %d transactions, %d row changes, lag %.1fs, at %s:%d, "
+                             "%.1f transactions per group", rate, self.transactions, self.row_changes, self.lag_s,
+                             self.file, self.pos, pipeline.grouped / max(pipeline.groups, 1))
                     last_progress, events_at = now, self.events
                 if self._stop.is_set() and txn is None:
                     break
+            pipeline.drain()  # a stop: what was read is sent before the final checkpoint
         finally:
+            pipeline.close()
             stream.close()
 
     # ------------------------------------------------------------------ transactions
@@ -479,19 +500,34 @@ class MySQLSource:
 
     def _end_txn(self, txn: _Txn | None, stream: BinLogStreamReader, ev: Any) -> None:
         file, pos = stream.log_file, stream.log_pos
+        assert self.pipeline is not None
         if txn is not None and txn.mutations:
-            assert self.emitter is not None
-            value = binlog_pb2.PrewriteValue(schema_version=int(self.state.state.get("schema_version", 0)),
-                                             mutations=list(txn.mutations.values()))
-            start_ts, commit_ts = self.emitter.emit(f"{file}:{pos}", value)
-            self.transactions += 1
-            self.row_changes += txn.rows
-            if self.on_transaction is not None:
-                self.on_transaction(start_ts, commit_ts)
-        self.file, self.pos = file, pos
-        self.lag_s = max(0.0, time.time() - float(ev.timestamp))
-        self._dirty = True
-        self._checkpoint()
+            txn.value.schema_version = int(self.state.state.get("schema_version", 0))
+            self.pipeline.submit(Item(f"{file}:{pos}", txn.value, (file, pos), float(ev.timestamp), txn.rows))
+        else:  # nothing tracked in it: only the position moves (in order with the rest)
+            self.pipeline.submit(Item(None, None, (file, pos), float(ev.timestamp)))
+
+    def _acked(self, items: list[Item], results: list[tuple[int, int]]) -> None:
+        """Sender thread: a group's commits are acknowledged; move the position past it."""
+        with self._lock:
+            for it, (start_ts, commit_ts) in zip(items, results, strict=True):
+                if it.key is None:
+                    continue
+                self.transactions += 1
+                self.row_changes += it.rows
+                if self.on_transaction is not None:
+                    self.on_transaction(start_ts, commit_ts)
+            last = items[-1]
+            self.file, self.pos = last.position
+            if last.event_ts:
+                self.lag_s = max(0.0, time.time() - last.event_ts)
+            self._dirty = True
+            self._checkpoint()
+
+    def _idle(self) -> None:
+        """Sender thread, nothing to send for a moment: save a checkpoint still due."""
+        with self._lock:
+            self._checkpoint(force=self._dirty)
 
     def _ddl(self, sql: str, default_db: str, stream: BinLogStreamReader) -> None:
         file, pos = stream.log_file, stream.log_pos

@@ -15,6 +15,10 @@ table id (as TxnWriter's TRUNCATE); COMMIT closes the transaction, whose key is
 its end LSN. Old images need ``REPLICA IDENTITY FULL``; a table without it is
 refused with the statement that fixes it.
 
+Transactions go to the Pumps in groups through ``source.pipeline`` (a sender
+thread; this one reads on), and a changed table definition waits until
+everything before it is acknowledged, as the MySQL source's DDL does.
+
 Crash safety is the MySQL source's (see ``source.journal``): the checkpoint
 holds the end LSN of the last acknowledged transaction plus the table
 definitions; the slot is confirmed up to it only after the checkpoint is on
@@ -57,6 +61,7 @@ from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
 from binlake.source.mysql.tables import MyTable, assign_ids
+from binlake.source.pipeline import GroupPipeline, Item
 from binlake.source.postgres import snapshot as snap
 from binlake.source.postgres import values
 from binlake.source.postgres.values import UNCHANGED, Attr, Unchanged
@@ -154,7 +159,11 @@ class PostgresSource:
         self.emitter: Emitter | None = None
         self.tables: dict[int, MyTable] = {}  # relation oid -> definition
         self.oids: dict[int, list[int]] = {}  # relation oid -> column type oids
+        # The end LSN of the last acknowledged transaction (the reader is ahead by the groups in flight).
         self.lsn = 0
+        # Held while the checkpoint is written (sender thread) and while a definition
+        # changes (reader thread), so a checkpoint never sees half a change.
+        self._lock = threading.Lock()
         self.transactions = 0
         self.snapshot_rows = 0
         self._dirty = False
@@ -291,41 +300,65 @@ class PostgresSource:
                               options={"proto_version": "1", "publication_names": self.publication})
         self.ready.set()
         txn: dict[int, binlog_pb2.TableMutation] | None = None
-        while not self._stop.is_set():
-            msg = cur.read_message()
-            if msg is None:
-                self._checkpoint(cur)
-                select.select([cur], [], [], 0.5)
-                continue
-            r = _Reader(msg.payload)
-            kind = r.byte()
-            if kind == "B":
-                txn = {}
-            elif kind == "R":
-                self._relation(r)
-            elif kind in ("I", "U", "D"):
-                assert txn is not None
-                self._change(kind, r, txn)
-            elif kind == "T":
-                n = r.num(4)
-                r.num(1)
-                for _ in range(n):
-                    self._truncate(r.num(4), msg.data_start)
-            elif kind == "C":
-                r.num(1)
-                r.num(8)
-                end_lsn = r.num(8)
-                if txn:
-                    value = binlog_pb2.PrewriteValue(schema_version=int(st.get("schema_version", 0)),
-                                                     mutations=list(txn.values()))
-                    self.emitter.emit(f"lsn:{end_lsn}", value)
-                    self.transactions += 1
-                txn = None
-                self.lsn = end_lsn
-                self._dirty = True
-                self._checkpoint(cur)
-        self._checkpoint(cur, force=True)
+        pipeline = GroupPipeline(self.emitter, self._acked, self._idle, name="postgres-source-sender")
+        try:
+            while not self._stop.is_set():
+                pipeline.check()
+                msg = cur.read_message()
+                if msg is None:
+                    self._feedback(cur)
+                    select.select([cur], [], [], 0.5)
+                    continue
+                r = _Reader(msg.payload)
+                kind = r.byte()
+                if kind == "B":
+                    txn = {}
+                elif kind == "R":
+                    self._relation(r, pipeline)
+                elif kind in ("I", "U", "D"):
+                    assert txn is not None
+                    self._change(kind, r, txn)
+                elif kind == "T":
+                    n = r.num(4)
+                    r.num(1)
+                    for _ in range(n):
+                        oid = r.num(4)
+                        pipeline.drain()  # the new table id's DDL takes its TSOs after everything before
+                        with self._lock:
+                            self._truncate(oid, msg.data_start)
+                elif kind == "C":
+                    r.num(1)
+                    r.num(8)
+                    end_lsn = r.num(8)
+                    if txn:
+                        value = binlog_pb2.PrewriteValue(schema_version=int(st.get("schema_version", 0)),
+                                                         mutations=list(txn.values()))
+                        pipeline.submit(Item(f"lsn:{end_lsn}", value, end_lsn))
+                    else:
+                        pipeline.submit(Item(None, None, end_lsn))
+                    txn = None
+            pipeline.drain()
+        finally:
+            pipeline.close()
+        with self._lock:
+            self._save()
+        self._feedback(cur)
         conn.close()
+
+    def _acked(self, items: list[Item], results: list[tuple[int, int]]) -> None:
+        """Sender thread: a group's commits are acknowledged; the position moves past it."""
+        with self._lock:
+            self.transactions += sum(1 for it in items if it.key is not None)
+            self.lsn = int(items[-1].position)
+            self._dirty = True
+            if time.monotonic() - self._last_save >= CHECKPOINT_INTERVAL_S:
+                self._save()
+
+    def _idle(self) -> None:
+        """Sender thread, nothing to send for a moment: save a checkpoint still due."""
+        with self._lock:
+            if self._dirty:
+                self._save()
 
     def _save(self) -> None:
         self.state.save(lsn=self.lsn, tables={str(k): v.to_json() for k, v in self.tables.items()},
@@ -333,10 +366,7 @@ class PostgresSource:
         self._dirty = False
         self._last_save = time.monotonic()
 
-    def _checkpoint(self, cur: Any, force: bool = False) -> None:
-        now = time.monotonic()
-        if self._dirty and (force or now - self._last_save >= CHECKPOINT_INTERVAL_S):
-            self._save()
+    def _feedback(self, cur: Any) -> None:
         # Confirm to the server only what the checkpoint holds (it may then recycle the WAL).
         saved = int(self.state.state.get("lsn", 0))
         if saved:
@@ -427,7 +457,7 @@ class PostgresSource:
                  snap.format_lsn(int(marker["lsn"])), n)
 
     # ------------------------------------------------------------------ messages
-    def _relation(self, r: _Reader) -> None:
+    def _relation(self, r: _Reader, pipeline: GroupPipeline | None = None) -> None:
         oid = r.num(4)
         ns, name = r.text(), r.text()
         ident = r.byte()
@@ -444,8 +474,12 @@ class PostgresSource:
         old = self.tables.get(oid)
         if old is not None and old.name == name and old.db == ns and values.shape(cols) == values.shape(old.columns):
             return
-        self._define(oid, ns, name, cols, [a.type_oid for a in attrs], self._primary_key(oid),
-                     key=f"rel:{oid}:{len(self.state.state.get('ddl_seen', []))}")
+        pk = self._primary_key(oid)
+        if pipeline is not None:
+            pipeline.drain()  # the DDL binlog takes its TSOs after everything before it
+        with self._lock:
+            self._define(oid, ns, name, cols, [a.type_oid for a in attrs], pk,
+                         key=f"rel:{oid}:{len(self.state.state.get('ddl_seen', []))}")
 
     def _primary_key(self, oid: int) -> list[str]:
         import psycopg2

@@ -1,0 +1,112 @@
+"""The group pipeline of the sources against a real registry and Pump: groups
+form from what waits (never by waiting), keep upstream order in their TSOs,
+stay within their bounds, move the position only after the acknowledgement,
+and hand a sender failure to the reader."""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+import time
+
+import pytest
+from srckit import Cluster
+
+from binlake import errors
+from binlake.proto import binlog_pb2
+from binlake.source.emitter import Emitter
+from binlake.source.journal import SourceState
+from binlake.source.pipeline import GroupPipeline, Item
+
+
+def value(i: int) -> binlog_pb2.PrewriteValue:
+    m = binlog_pb2.TableMutation(table_id=100, inserted_rows=[i.to_bytes(4, "big") * 8],
+                                 sequence=[binlog_pb2.INSERT])
+    return binlog_pb2.PrewriteValue(schema_version=1, mutations=[m])
+
+
+class Acks:
+    """What the sender reported, in order (as a source's on_acked sees it)."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[tuple[object, int, int]]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, items: list[Item], results: list[tuple[int, int]]) -> None:
+        with self.lock:
+            self.groups.append([(it.position, s, c) for it, (s, c) in zip(items, results, strict=True)])
+
+    def flat(self) -> list[tuple[object, int, int]]:
+        return [x for g in self.groups for x in g]
+
+
+def test_groups_keep_order_and_bounds_and_form_only_from_what_waits(cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    state = SourceState(tmp_path / "d")
+    emitter = Emitter(cluster.registry.addr, state, kind="test")
+    acks = Acks()
+    pipe = GroupPipeline(emitter, acks, max_txns=16)
+    try:
+        with pytest.raises(ValueError, match="both a key and a value"):
+            Item("k", None, 1)
+        # A burst: far more than one group's bound, with position-only items mixed in.
+        for i in range(200):
+            pipe.submit(Item(f"f:{i}", value(i), i) if i % 10 else Item(None, None, i))
+        pipe.drain()
+        got = acks.flat()
+        assert [p for p, _s, _c in got] == list(range(200))  # every item once, in order
+        sent = [(s, c) for p, s, c in got if p % 10]  # type: ignore[operator]
+        assert all(s < c for s, c in sent)
+        assert [c for _s, c in sent] == sorted(c for _s, c in sent)  # commit_ts order = upstream order
+        assert all(s == 0 and c == 0 for p, s, c in got if not p % 10)  # type: ignore[operator]
+        assert max(sum(1 for p, _s, _c in g if p % 10) for g in acks.groups) <= 16  # type: ignore[operator]
+        assert pipe.groups < 180 / 4, "a burst is sent in groups"
+        # The journal: one line per step, each beginning one group and deciding the one before.
+        lines = (tmp_path / "d" / "journal.log").read_text().splitlines()
+        assert len(lines) == pipe.steps <= pipe.groups + 1
+        # A trickle: each transaction leaves alone, as soon as the sender is free (no waiting for more).
+        groups_before = pipe.groups
+        for i in range(200, 205):
+            pipe.submit(Item(f"f:{i}", value(i), i))
+            pipe.drain()
+        assert pipe.groups == groups_before + 5
+        # The Pump serves each transaction once, with the TSOs the sender reported.
+        served = [(b.start_ts, b.commit_ts) for b in cluster.binlogs()]
+        assert served == [(s, c) for p, s, c in acks.flat() if s]
+    finally:
+        pipe.close()
+        emitter.close()
+        state.close()
+
+
+def test_a_sender_failure_reaches_the_reader_and_nothing_after_it_is_acknowledged(
+        cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    state = SourceState(tmp_path / "d")
+    emitter = Emitter(cluster.registry.addr, state, kind="test",
+                      client_settings=_quick_client(cluster.registry.addr))
+    acks = Acks()
+    pipe = GroupPipeline(emitter, acks)
+    try:
+        pipe.submit(Item("f:1", value(1), 1))
+        pipe.drain()
+        cluster.pump.stop(grace=0.2)
+        with pytest.raises(errors.Unavailable):
+            deadline = time.monotonic() + 60
+            i = 2
+            while time.monotonic() < deadline:
+                pipe.submit(Item(f"f:{i}", value(i), i))
+                i += 1
+                time.sleep(0.01)
+        with pytest.raises(errors.Unavailable):
+            pipe.drain()
+        assert [p for p, _s, _c in acks.flat()] == [1]  # the position never moved past the failure
+    finally:
+        pipe.close()
+        emitter.close()
+        state.close()
+
+
+def _quick_client(registry: str) -> object:
+    from binlake import config
+
+    return config.load(config.ClientSettings, registry=registry, write_timeout_s=2.0, commit_retry_s=2.0,
+                       max_failures=1)
