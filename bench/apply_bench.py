@@ -289,7 +289,15 @@ def main(args: argparse.Namespace | None = None) -> int:
             if kind == "sqlite":
                 return f"sqlite:///{root / f'{uuid.uuid4().hex[:8]}.db'}"
             assert pg is not None
-            return str(pg.create_database(f"b_{uuid.uuid4().hex[:10]}"))
+            url = str(pg.create_database(f"b_{uuid.uuid4().hex[:10]}"))
+            # Every case starts with no dirty pages of the cases before it to flush: a
+            # checkpoint the row-by-row replay's WAL triggers would otherwise land on
+            # (and slow the commits of) whichever case runs next.
+            from binlake.replicate import sink
+
+            with sink.open_target(url) as t, t.engine.connect() as c:
+                c.exec_driver_sql("CHECKPOINT")
+            return url
 
         results: list[tuple[str, str, float, RssPeak]] = []
         jvm = _jvm_pid(spark)

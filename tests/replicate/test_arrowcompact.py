@@ -220,3 +220,12 @@ def test_postgresql_copy_of_the_arrow_rows(postgres_server: Any) -> None:  # noq
         assert _pg_rows(t) == before
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("ts, seq, ordered", [
+    ([], [], True), ([5], [0], True), ([1, 1, 2], [0, 1, 0], True), ([1, 2, 2], [5, 0, 1], True),
+    ([1, 1, 2], [1, 0, 0], False), ([2, 1], [0, 1], False), ([1, 1], [0, 0], False),
+])
+def test_a_read_is_sorted_unless_already_in_commit_order(ts: list[int], seq: list[int], ordered: bool) -> None:
+    t = pa.table({"commit_ts": pa.array(ts, pa.int64()), "seq": pa.array(seq, pa.int32())})
+    assert runner._in_commit_order(t) is ordered

@@ -10,11 +10,14 @@ apply naming the missing window):
 2. cut the window at its DDLs into batches (no DDL inside a batch: one table
    definition, filter verdict and route per table id for all of it); drop what
    the filters and event filters exclude, route the table;
-3. compact every table's changes to one per key straight from the image JSON,
-   typing only the final images (``rawcompact``; safe mode decodes every
-   change instead, since it deletes every key a batch touches), and write
-   them: deletes of the keys that go away or change, then inserts of the final
-   rows (safe mode: deletes of every touched key, then upserts), and then the DDL;
+3. compact every table's changes to one per key as whole Arrow arrays
+   (``arrowcompact``: the images parsed by Arrow's JSON reader, the DM rules as
+   a group-by on the key; what it cannot type goes through ``rawcompact``, one
+   change at a time; safe mode decodes every change instead, since it deletes
+   every key a batch touches), and write them: deletes of the keys that go
+   away or change, then inserts of the final rows (PostgreSQL: one COPY of CSV
+   written by Arrow; safe mode: deletes of every touched key, then upserts),
+   and then the DDL;
 4. move the checkpoint, in the same target transaction as the data.
 
 ``consistent`` mode writes the whole window in one transaction (PostgreSQL and
@@ -87,6 +90,16 @@ def _empty_read() -> pa.Table:
                      "table_id": pa.array([], pa.int64()), "schema_version": pa.array([], pa.int64()),
                      "op": pa.array([], pa.string()), "before": pa.array([], pa.string()),
                      "after": pa.array([], pa.string())})
+
+
+def _in_commit_order(table: pa.Table) -> bool:
+    """Whether the rows are sorted by (commit_ts, seq)."""
+    if table.num_rows < 2:
+        return True
+    ts = table.column("commit_ts").to_numpy()
+    seq = table.column("seq").to_numpy()
+    step = np.diff(ts)
+    return bool(np.all(step >= 0) and np.all((step > 0) | (np.diff(seq) > 0)))
 
 
 def _raw_changes(part: pa.Table, decoders: dict[int, rawcompact.ImageDecoder]) -> list[rawcompact.RawChange]:
@@ -378,9 +391,10 @@ class Applier:
         df = (self.spark.read.format("delta").load(path)
               .where(f"commit_date >= DATE'{d0}' AND commit_date <= DATE'{d1}' "
                      f"AND commit_ts >= {int(lo)} AND commit_ts < {int(hi)}"))
-        table = df.select(*_READ).toArrow().sort_by([("commit_ts", "ascending"), ("seq", "ascending")])
         # One chunk per column: slices and array kernels then never cross chunk boundaries.
-        table = table.combine_chunks()
+        table = df.select(*_READ).toArrow().combine_chunks()
+        if not _in_commit_order(table):  # the scan usually is: then no copy of every column
+            table = table.sort_by([("commit_ts", "ascending"), ("seq", "ascending")]).combine_chunks()
         skip = self._expr_skips(df, table) if self.task.expr_filters else set()
         return table, skip
 
