@@ -12,6 +12,11 @@ transactions of 10, written straight into a lake (``changes``, ``ddl_history``,
   transaction per window (the baseline the apply must beat by 10x);
 * PostgreSQL COPY of the same final rows into an empty table (the limit).
 
+``--sqlite-changes N`` runs SQLite's cases (its row-by-row replay is the slowest
+case by far) on the first N of the same changes, in a lake of their own; the
+table gives each row's size, and each ratio compares cases of the same size.
+Every apply case checks the target's final rows (count and column sums).
+
 Prints seconds, row changes/s, the ratios, and per apply case the peak
 resident memory of this process and of the Spark JVM while the case ran
 (sampled from /proc), beside what they held before it: the apply reads one
@@ -218,13 +223,16 @@ def main(args: argparse.Namespace | None = None) -> int:
     if args is None:
         parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
         parser.add_argument("--changes", type=int, default=1_000_000)
+        parser.add_argument("--sqlite-changes", type=int, default=None)
         parser.add_argument("--windows", type=int, default=10)
         parser.add_argument("--targets", default="postgresql,sqlite")
         parser.add_argument("--modes", default="consistent,parallel")
         parser.add_argument("--master", default="local[2]")
         args = parser.parse_args()
-    if args.changes < 1000 or args.windows < 1:
-        print("bench apply: --changes must be at least 1000 and --windows positive", file=sys.stderr)
+    sqlite_n = getattr(args, "sqlite_changes", None) or args.changes
+    if args.changes < 1000 or args.windows < 1 or not 1000 <= sqlite_n <= args.changes:
+        print("bench apply: --changes must be at least 1000, --windows positive, and --sqlite-changes between "
+              "1000 and --changes", file=sys.stderr)
         return 2
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -245,16 +253,34 @@ def main(args: argparse.Namespace | None = None) -> int:
         lake = str(root / "lake")
         bounds, info, counts = write_lake(spark, lake, changes, args.windows)
         print(f"lake written: {len(bounds)} windows, {len(final):,} final rows", flush=True)
+        # SQLite's cases may run on a prefix of the same changes (its row-by-row replay is
+        # the slowest case by far): ``generate`` gives the same first changes at any size.
+        runs: dict[str, tuple[str, list[Any], dict[int, dict[str, Any]], list[int]]] = {
+            kind: (lake, changes, final, counts) for kind in targets}
+        if "sqlite" in targets and sqlite_n < args.changes:
+            small, small_final = generate(sqlite_n)
+            small_lake = str(root / "lake-sqlite")
+            _b, _i, small_counts = write_lake(spark, small_lake, small, args.windows)
+            runs["sqlite"] = (small_lake, small, small_final, small_counts)
+            print(f"sqlite lake written: {sqlite_n:,} row changes, {len(small_final):,} final rows", flush=True)
         # Warm the JVM (classes, Delta's log reader) so the first measured case is not charged for it.
         from binlake.lake import ingest
 
         ingest.read_windows(spark, lake)
         spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES)).count()
         # ... and the apply's own read path (ddl_history, a window handed over as Arrow): the
-        # first window into a scratch SQLite database, not measured.
-        runner.Applier(spark, task.Task(name="warmup", lake=lake, target=f"sqlite:///{root / 'warmup.db'}",
-                                        mode="consistent")).run(until_ts=bounds[0][1])
-        per_window = counts
+        # first window into a scratch SQLite database, then the first read's worth of windows
+        # handed over twice more (the JIT compiles the Parquet and Arrow paths), not measured.
+        warm = runner.Applier(spark, task.Task(name="warmup", lake=lake, target=f"sqlite:///{root / 'warmup.db'}",
+                                               mode="consistent"))
+        warm.run(until_ts=bounds[0][1])
+        span = 0
+        rows = 0
+        while span < len(counts) and rows + counts[span] <= runner.READ_BUDGET:
+            rows += counts[span]
+            span += 1
+        for _ in range(2):
+            warm._read_changes(bounds[0][0], bounds[max(0, span - 1)][1])
         if "postgresql" in targets:
             root.chmod(0o755)
             pg = LocalPostgres(root / "pg").start()
@@ -263,52 +289,61 @@ def main(args: argparse.Namespace | None = None) -> int:
             if kind == "sqlite":
                 return f"sqlite:///{root / f'{uuid.uuid4().hex[:8]}.db'}"
             assert pg is not None
-            return str(pg.create_database(f"b_{uuid.uuid4().hex[:10]}"))
+            url = str(pg.create_database(f"b_{uuid.uuid4().hex[:10]}"))
+            # Every case starts with no dirty pages of the cases before it to flush: a
+            # checkpoint the row-by-row replay's WAL triggers would otherwise land on
+            # (and slow the commits of) whichever case runs next.
+            from binlake.replicate import sink
+
+            with sink.open_target(url) as t, t.engine.connect() as c:
+                c.exec_driver_sql("CHECKPOINT")
+            return url
 
         results: list[tuple[str, str, float, RssPeak]] = []
         jvm = _jvm_pid(spark)
         baseline: dict[str, float] = {}
         for kind in targets:
-            baseline[kind] = naive_replay(new_url(kind), info, changes, per_window)
+            _lake, kchanges, _final, kcounts = runs[kind]
+            baseline[kind] = naive_replay(new_url(kind), info, kchanges, kcounts)
             print(f"  {kind:<10} row-by-row      {baseline[kind]:8.1f}s", flush=True)
         copy_s = copy_final(new_url("postgresql"), info, final) if "postgresql" in targets else 0.0
         if copy_s:
             print(f"  postgresql COPY final rows {copy_s:8.1f}s", flush=True)
         for kind in targets:
+            klake, kchanges, kfinal, _counts = runs[kind]
             for mode in modes:
                 url = new_url(kind)
-                t = task.Task(name="bench", lake=lake, target=url, mode=mode)  # type: ignore[arg-type]
+                t = task.Task(name="bench", lake=klake, target=url, mode=mode)  # type: ignore[arg-type]
                 with RssPeak(jvm) as mem:
                     started = time.perf_counter()
                     summary = runner.Applier(spark, t).run()
                     took = time.perf_counter() - started
-                assert summary.changes == len(changes), (summary.changes, len(changes))
-                if kind == "sqlite":
-                    check = sqlite3.connect(url.removeprefix("sqlite:///"))
-                    n = check.execute(f"SELECT count(*) FROM {TABLE}").fetchone()[0]
-                    check.close()
-                    assert n == len(final), (n, len(final))
+                assert summary.changes == len(kchanges), (summary.changes, len(kchanges))
+                _check_final(url, kind, kfinal)
                 results.append((kind, mode, took, mem))
                 print(f"  {kind:<10} apply {mode:<10} {took:8.1f}s", flush=True)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         mib = 1 << 20
         print()
-        print(f"binlake bench apply --changes {args.changes} --windows {args.windows}  "
+        sq = f" --sqlite-changes {sqlite_n}" if sqlite_n < args.changes else ""
+        print(f"binlake bench apply --changes {args.changes}{sq} --windows {args.windows}  "
               f"({len(final):,} final rows; load average {os.getloadavg()[0]:.1f}; peak RSS of this process "
               f"{rss:.0f} MiB, most of it the generated changes the baselines replay)")
         print()
-        print("| target | mode | seconds | row changes/s | x row-by-row | / COPY |")
-        print("|---|---|---:|---:|---:|---:|")
+        print("| target | mode | row changes | seconds | row changes/s | x row-by-row | / COPY |")
+        print("|---|---|---:|---:|---:|---:|---:|")
         for kind in targets:
             b = baseline[kind]
-            print(f"| {kind} | row-by-row (naive) | {b:.1f} | {len(changes) / b:,.0f} | 1.0 | "
+            n = len(runs[kind][1])
+            print(f"| {kind} | row-by-row (naive) | {n:,} | {b:.1f} | {n / b:,.0f} | 1.0 | "
                   f"{(copy_s / b) if kind == 'postgresql' and copy_s else 0:.2f} |")
         if copy_s:
-            print(f"| postgresql | COPY of the final rows | {copy_s:.1f} | {len(changes) / copy_s:,.0f} | "
-                  f"{baseline['postgresql'] / copy_s:.1f} | 1.00 |")
+            print(f"| postgresql | COPY of the final rows | {len(changes):,} | {copy_s:.1f} | "
+                  f"{len(changes) / copy_s:,.0f} | {baseline['postgresql'] / copy_s:.1f} | 1.00 |")
         for kind, mode, took, _mem in results:
+            n = len(runs[kind][1])
             ratio_copy = f"{copy_s / took:.2f}" if kind == "postgresql" and copy_s else "-"
-            print(f"| {kind} | binlake apply {mode} | {took:.1f} | {len(changes) / took:,.0f} | "
+            print(f"| {kind} | binlake apply {mode} | {n:,} | {took:.1f} | {n / took:,.0f} | "
                   f"{baseline[kind] / took:.1f} | {ratio_copy} |")
         print()
         print("Memory while each apply ran (MiB): peak resident, and the rise over the start of the case.")
@@ -324,3 +359,21 @@ def main(args: argparse.Namespace | None = None) -> int:
         if pg is not None:
             pg.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _check_final(url: str, kind: str, final: dict[int, dict[str, Any]]) -> None:
+    """The target holds exactly the final rows (count and a checksum of the keys and values)."""
+    if kind == "sqlite":
+        conn: Any = sqlite3.connect(url.removeprefix("sqlite:///"))
+        try:
+            got = conn.execute(f"SELECT count(*), sum(id), sum(k), sum(length(c)) FROM {TABLE}").fetchone()
+        finally:
+            conn.close()
+    else:
+        from binlake.replicate import sink
+
+        with sink.open_target(url) as t, t.engine.connect() as c:
+            got = c.exec_driver_sql(f"SELECT count(*), sum(id), sum(k), sum(length(c)) FROM {TABLE}").fetchone()
+    want = (len(final), sum(r["id"] for r in final.values()), sum(r["k"] for r in final.values()),
+            sum(len(r["c"]) for r in final.values()))
+    assert tuple(int(v or 0) for v in got) == want, (kind, tuple(got), want)

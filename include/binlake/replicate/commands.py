@@ -44,6 +44,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "apply", help="apply row changes/s into PostgreSQL/SQLite vs row-by-row and COPY", formatter_class=fmt,
         epilog="Example:\n  binlake bench apply --changes 200000 --windows 10\n")
     b.add_argument("--changes", type=_at_least(1000), default=1_000_000, help="row changes (default 1,000,000)")
+    b.add_argument("--sqlite-changes", type=_at_least(1000), default=None,
+                   help="run SQLite's cases (its row-by-row replay is slow) on the first N of the changes "
+                        "(default: all of them); the table says which size each row is")
     b.add_argument("--windows", type=_at_least(1), default=10, help="lake windows they are cut into (default 10)")
     b.add_argument("--targets", type=_subset("postgresql", "sqlite"), default="postgresql,sqlite",
                    help="comma-separated, from postgresql,sqlite (default both)")

@@ -10,11 +10,14 @@ apply naming the missing window):
 2. cut the window at its DDLs into batches (no DDL inside a batch: one table
    definition, filter verdict and route per table id for all of it); drop what
    the filters and event filters exclude, route the table;
-3. compact every table's changes to one per key straight from the image JSON,
-   typing only the final images (``rawcompact``; safe mode decodes every
-   change instead, since it deletes every key a batch touches), and write
-   them: deletes of the keys that go away or change, then inserts of the final
-   rows (safe mode: deletes of every touched key, then upserts), and then the DDL;
+3. compact every table's changes to one per key as whole Arrow arrays
+   (``arrowcompact``: the images parsed by Arrow's JSON reader, the DM rules as
+   a group-by on the key; what it cannot type goes through ``rawcompact``, one
+   change at a time; safe mode decodes every change instead, since it deletes
+   every key a batch touches), and write them: deletes of the keys that go
+   away or change, then inserts of the final rows (PostgreSQL: one COPY of CSV
+   written by Arrow; safe mode: deletes of every touched key, then upserts),
+   and then the DDL;
 4. move the checkpoint, in the same target transaction as the data.
 
 ``consistent`` mode writes the whole window in one transaction (PostgreSQL and
@@ -39,7 +42,6 @@ for the windows after a restored snapshot) does not check, and converges.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
 import os
@@ -48,13 +50,25 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from binlake import errors, failpoint, tso
 from binlake.lake import decode, ingest
 from binlake.proto import binlog_pb2
-from binlake.replicate import causality, checkpoint, compactor, rawcompact, rules, sink, target_ddl
+from binlake.replicate import (
+    arrowcompact,
+    causality,
+    checkpoint,
+    compactor,
+    rawcompact,
+    rules,
+    sink,
+    target_ddl,
+)
 from binlake.replicate.compactor import DELETE, INSERT, UPDATE, Change
 from binlake.replicate.task import Task
 
@@ -69,6 +83,29 @@ _READ = ("commit_ts", "seq", "table_id", "schema_version", "op", "before", "afte
 # ingest DAG's five minutes) then do not each pay a Spark job, and the memory a
 # read holds stays bounded (one window larger than this is read alone).
 READ_BUDGET = 200_000
+
+
+def _empty_read() -> pa.Table:
+    return pa.table({"commit_ts": pa.array([], pa.int64()), "seq": pa.array([], pa.int32()),
+                     "table_id": pa.array([], pa.int64()), "schema_version": pa.array([], pa.int64()),
+                     "op": pa.array([], pa.string()), "before": pa.array([], pa.string()),
+                     "after": pa.array([], pa.string())})
+
+
+def _in_commit_order(table: pa.Table) -> bool:
+    """Whether the rows are sorted by (commit_ts, seq)."""
+    if table.num_rows < 2:
+        return True
+    ts = table.column("commit_ts").to_numpy()
+    seq = table.column("seq").to_numpy()
+    step = np.diff(ts)
+    return bool(np.all(step >= 0) and np.all((step > 0) | (np.diff(seq) > 0)))
+
+
+def _raw_changes(part: pa.Table, decoders: dict[int, rawcompact.ImageDecoder]) -> list[rawcompact.RawChange]:
+    """The rows of ``part`` as ``rawcompact`` changes (commit order)."""
+    cols = [part.column(c).to_pylist() for c in ("op", "before", "after", "commit_ts", "seq", "table_id")]
+    return [(op, b, a, ts, seq, decoders[tid]) for op, b, a, ts, seq, tid in zip(*cols, strict=True)]
 
 
 class TargetDiverged(errors.Conflict):
@@ -119,14 +156,16 @@ class _Batch:
     """The changes before one DDL (or the window's end), then that DDL."""
 
     end: int  # the DDL's commit_ts, or the window's end
-    tables: dict[str, list[Change]]  # target table -> its changes (compacted per key when ``compacted``)
+    # target table -> its changes (compacted per key when ``compacted``; as Arrow when arrowcompact took them)
+    tables: dict[str, list[Change] | arrowcompact.Compacted]
     infos: dict[str, binlog_pb2.TableInfo]  # target table -> its definition during the batch
     ddl: dict[str, Any] | None = None
     compacted: bool = False
 
     def changes(self) -> list[Change]:
         """Every change of the batch, table after table (commit order within each)."""
-        return [c for changes in self.tables.values() for c in changes]
+        return [c for changes in self.tables.values()
+                for c in (changes.changes() if isinstance(changes, arrowcompact.Compacted) else changes)]
 
 
 def _key_names(info: binlog_pb2.TableInfo) -> list[str]:
@@ -148,10 +187,15 @@ def table_keys(info: binlog_pb2.TableInfo) -> causality.TableKeys:
 
 
 # ---------------------------------------------------------------- writing one batch
-def write_changes(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo, changes: Sequence[Change],
-                  safe: bool, compacted: bool = False) -> int:
+def write_changes(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo,
+                  changes: Sequence[Change] | arrowcompact.Compacted, safe: bool, compacted: bool = False) -> int:
     """Write one table's changes (commit order) in the caller's transaction; rows written.
-    ``compacted``: the changes already are one final change per key (``rawcompact``)."""
+    ``compacted``: the changes already are one final change per key (``rawcompact``,
+    or an ``arrowcompact.Compacted``, which is always final)."""
+    if isinstance(changes, arrowcompact.Compacted):
+        if target.dialect == "postgresql" and not safe:
+            return _write_arrow(target, conn, info, changes)
+        changes, compacted = changes.changes(), True
     key = _key_names(info)
     if not key:
         return _write_keyless(target, conn, info, changes)
@@ -185,6 +229,29 @@ def write_changes(target: sink.Target, conn: Connection, info: binlog_pb2.TableI
                 from None
         raise
     return len(keys) + len(rows)
+
+
+def _write_arrow(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo,
+                 final: arrowcompact.Compacted) -> int:
+    """PostgreSQL, normal mode: the deletes as one array statement, then the final
+    rows as one COPY (CSV written by Arrow) when every column has a CSV form."""
+    keys = final.gone_keys()
+    deleted = target.delete_keys(conn, info, keys)
+    if deleted != len(keys):
+        raise _Mismatch(info, keys, final.insert_keys())
+    rows = final.rows_table()
+    try:
+        if rows is not None:
+            n = target.copy_arrow(conn, info, rows)
+        else:
+            n = target.insert_rows(conn, info, [c.after for c in final.changes() if c.after is not None])
+    except sa.exc.IntegrityError as exc:
+        raise _Mismatch(info, keys, final.insert_keys(), sink.first_line(exc)) from None
+    except Exception as exc:  # psycopg raises its own UniqueViolation from COPY
+        if type(exc).__name__ in ("UniqueViolation", "IntegrityError"):
+            raise _Mismatch(info, keys, final.insert_keys(), str(exc).splitlines()[0]) from None
+        raise
+    return len(keys) + n
 
 
 def _write_keyless(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo,
@@ -254,7 +321,7 @@ class Applier:
         self.rules = rules.Rules(task)
         self.progress = progress or (lambda _msg: None)
         # (from ts, to ts, columns, skips) of the last read from the lake (``_window_rows``)
-        self._read_buffer: tuple[int, int, dict[str, list[Any]], set[tuple[int, int]]] | None = None
+        self._read_buffer: tuple[int, int, pa.Table, np.ndarray, set[tuple[int, int]]] | None = None
 
     # -- planning
     def _windows(self) -> list[dict[str, Any]]:
@@ -310,26 +377,28 @@ class Applier:
         # Sorted here: a Spark orderBy is two more jobs (sampling, then the sort) for a few rows.
         return sorted((r.asDict() for r in rows), key=lambda d: int(d["commit_ts"]))
 
-    def _read_changes(self, lo: int, hi: int) -> tuple[dict[str, list[Any]], set[tuple[int, int]]]:
-        """The window's changes as columns (Python lists) in commit order, and the
+    def _read_changes(self, lo: int, hi: int) -> tuple[pa.Table, set[tuple[int, int]]]:
+        """The window's changes as an Arrow table in commit order, and the
         (commit_ts, seq) an expression filter removes.
 
         Spark hands the window over as Arrow (``toArrow``: no Row objects), and
-        the sort is Arrow's, here, not a Spark shuffle."""
+        the sort is Arrow's, here, not a Spark shuffle. The columns stay Arrow:
+        filtering, routing and compaction work on whole arrays (``_fill``)."""
         path = ingest.table_path(self.lake, ingest.CHANGES)
         if not ingest.is_delta(self.spark, path):
-            return {name: [] for name in _READ}, set()
+            return _empty_read(), set()
         d0, d1 = decode.commit_date(lo), decode.commit_date(max(lo, hi - 1))
         df = (self.spark.read.format("delta").load(path)
               .where(f"commit_date >= DATE'{d0}' AND commit_date <= DATE'{d1}' "
                      f"AND commit_ts >= {int(lo)} AND commit_ts < {int(hi)}"))
-        table = df.select(*_READ).toArrow().sort_by([("commit_ts", "ascending"), ("seq", "ascending")])
-        cols = {name: table.column(name).to_pylist() for name in _READ}
-        del table  # the Arrow copy is not needed once the lists exist: one copy at a time
-        skip = self._expr_skips(df, cols) if self.task.expr_filters else set()
-        return cols, skip
+        # One chunk per column: slices and array kernels then never cross chunk boundaries.
+        table = df.select(*_READ).toArrow().combine_chunks()
+        if not _in_commit_order(table):  # the scan usually is: then no copy of every column
+            table = table.sort_by([("commit_ts", "ascending"), ("seq", "ascending")]).combine_chunks()
+        skip = self._expr_skips(df, table) if self.task.expr_filters else set()
+        return table, skip
 
-    def _expr_skips(self, df: Any, cols: dict[str, list[Any]]) -> set[tuple[int, int]]:
+    def _expr_skips(self, df: Any, data: pa.Table) -> set[tuple[int, int]]:
         """(commit_ts, seq) of changes an expression filter removes, evaluated by Spark."""
         from pyspark.sql import functions as F
 
@@ -337,7 +406,8 @@ class Applier:
 
         skip: set[tuple[int, int]] = set()
         first_ts: dict[tuple[int, int], int] = {}  # (table_id, schema_version) -> a commit_ts it occurs at
-        for table_id, version, ts in zip(cols["table_id"], cols["schema_version"], cols["commit_ts"], strict=True):
+        for table_id, version, ts in zip(data.column("table_id").to_pylist(), data.column("schema_version").to_pylist(),
+                                         data.column("commit_ts").to_pylist(), strict=True):
             first_ts.setdefault((table_id, version), ts)
         seen: dict[tuple[int, int], binlog_pb2.TableInfo] = {}
         for (tid, _version), at in first_ts.items():
@@ -380,10 +450,11 @@ class Applier:
 
     # -- building batches
     def _window_rows(self, windows: list[dict[str, Any]], n: int, lo: int
-                     ) -> tuple[dict[str, list[Any]], set[tuple[int, int]], int, int]:
-        """The changes of window ``n`` (from ``lo``) as (columns, expression-filter
-        skips, first index, end index): read with the windows after it that fit
-        in ``READ_BUDGET``, or taken from such an earlier read."""
+                     ) -> tuple[pa.Table, np.ndarray, set[tuple[int, int]], int, int]:
+        """The changes of window ``n`` (from ``lo``) as (table, its commit_ts as a
+        NumPy array, expression-filter skips, first index, end index): read with
+        the windows after it that fit in ``READ_BUDGET``, or taken from such an
+        earlier read."""
         hi = int(windows[n]["end_ts"])
         buf = self._read_buffer
         if buf is None or not (buf[0] <= lo and hi <= buf[1]):
@@ -396,60 +467,90 @@ class Applier:
                 rows += more
                 last += 1
             end = int(windows[last - 1]["end_ts"])
-            cols, skip = self._read_changes(lo, end) if rows > 0 else ({name: [] for name in _READ}, set())
-            buf = self._read_buffer = (lo, end, cols, skip)
-        cols = buf[2]
-        stamps = cols["commit_ts"]
-        return cols, buf[3], bisect.bisect_left(stamps, lo), bisect.bisect_left(stamps, hi)
+            data, skip = self._read_changes(lo, end) if rows > 0 else (_empty_read(), set())
+            stamps = data.column("commit_ts").to_numpy()
+            buf = self._read_buffer = (lo, end, data, stamps, skip)
+        stamps = buf[3]
+        return (buf[2], stamps, buf[4], int(np.searchsorted(stamps, lo, "left")),
+                int(np.searchsorted(stamps, hi, "left")))
 
     def _batches(self, windows: list[dict[str, Any]], n: int, lo: int, summary: ApplySummary,
                  safe: bool) -> list[_Batch]:
         hi = int(windows[n]["end_ts"])
         ddls = [d for d in self.ddl_rows if lo <= int(d["commit_ts"]) < hi]
-        cols, skip, i, stop = self._window_rows(windows, n, lo)
-        stamps = cols["commit_ts"]
+        data, stamps, skip, i, stop = self._window_rows(windows, n, lo)
         batches: list[_Batch] = []
         cuts = [int(d["commit_ts"]) for d in ddls] + [hi]
         for j, end in enumerate(cuts):
             batch = _Batch(end, {}, {}, ddls[j] if j < len(ddls) else None, compacted=not safe)
-            k = bisect.bisect_left(stamps, end, lo=i, hi=stop)  # the changes before the DDL (or the end)
+            # the changes before the DDL (or the end)
+            k = i + int(np.searchsorted(stamps[i:stop], end, "left"))
             if k > i:
-                self._fill(batch, cols, i, k, skip, summary, safe)
+                self._fill(batch, data.slice(i, k - i), skip, summary, safe)
             i = k
             batches.append(batch)
         return batches
 
-    def _fill(self, batch: _Batch, cols: dict[str, list[Any]], i: int, k: int, skip: set[tuple[int, int]],
-              summary: ApplySummary, safe: bool) -> None:
-        """Changes ``i..k`` of the window (no DDL among them) into ``batch``: filtered,
-        routed, and per target table compacted (normal mode) or decoded in commit
-        order (safe mode, which deletes every key a batch touches)."""
-        # No DDL inside a batch: one definition, filter verdict and decoder per table id for all of it.
-        per: dict[int, tuple[rawcompact.ImageDecoder | None, str, frozenset[str]]] = {}
-        raw: dict[str, list[rawcompact.RawChange]] = {}
-        stamps, seqs, ids, ops = cols["commit_ts"], cols["seq"], cols["table_id"], cols["op"]
-        befores, afters = cols["before"], cols["after"]
-        counts: Counter[str] = Counter()
-        filtered = 0
-        for n in range(i, k):
-            table_id = ids[n]
-            entry = per.get(table_id)
-            if entry is None:
-                entry = per[table_id] = self._table_entry(batch, table_id, stamps[n])
-            dec, name, ignored = entry
-            op = ops[n]
-            if dec is None or op in ignored or (skip and (stamps[n], seqs[n]) in skip):
-                filtered += 1
+    def _fill(self, batch: _Batch, part: pa.Table, skip: set[tuple[int, int]], summary: ApplySummary,
+              safe: bool) -> None:
+        """The changes in ``part`` (a slice of the window with no DDL in it) into
+        ``batch``: filtered, routed, and per target table compacted (normal mode)
+        or decoded in commit order (safe mode, which deletes every key a batch
+        touches).
+
+        The filters and routes are decided once per table id (no DDL inside a
+        batch: one definition for all of it) and applied as Arrow masks; a target
+        table fed by one source table is compacted as Arrow arrays
+        (``arrowcompact``), anything it refuses by ``rawcompact`` in Python."""
+        ids = part.column("table_id")
+        ops = part.column("op")
+        stamps = part.column("commit_ts")
+        keep_all = np.zeros(part.num_rows, dtype=bool)
+        if skip:  # expression filters: few windows have them, a Python pass is fine
+            skipped = np.fromiter(((t, q) in skip for t, q in zip(stamps.to_pylist(), part.column("seq").to_pylist(),
+                                                                  strict=True)), dtype=bool, count=part.num_rows)
+        else:
+            skipped = None
+        # target table -> [(table id, decoder, its rows in ``part``)], in order of first appearance
+        targets: dict[str, list[tuple[int, rawcompact.ImageDecoder, np.ndarray]]] = {}
+        for table_id in pc.unique(ids).to_pylist():
+            rows = pc.equal(ids, table_id)
+            first = int(pc.index(ids, table_id).as_py())
+            dec, name, ignored = self._table_entry(batch, table_id, int(stamps[first].as_py()))
+            if dec is None:
                 continue
-            raw.setdefault(name, []).append((op, befores[n], afters[n], stamps[n], seqs[n], dec))
-            counts[op] += 1
-        summary.filtered += filtered
-        summary.changes_by_op.update(counts)
-        for name, changes in raw.items():
-            if safe:
-                batch.tables[name] = rawcompact.decode_all(name, changes)
+            if ignored:
+                rows = pc.and_(rows, pc.invert(pc.is_in(ops, pa.array(sorted(ignored), pa.string()))))
+            mask = rows.to_numpy(zero_copy_only=False)
+            if skipped is not None:
+                mask = mask & ~skipped
+            keep_all |= mask
+            targets.setdefault(name, []).append((table_id, dec, mask))
+        kept = int(keep_all.sum())
+        summary.filtered += part.num_rows - kept
+        if kept:
+            counts = pc.value_counts(ops.filter(pa.array(keep_all)))
+            summary.changes_by_op.update({str(v["values"]): int(v["counts"]) for v in counts.to_pylist()})
+        for name, sources in targets.items():
+            if len(sources) == 1:
+                mask = sources[0][2]
             else:
-                batch.tables[name] = rawcompact.compact(name, changes, bool(_key_names(batch.infos[name])))
+                mask = np.logical_or.reduce([m for _t, _d, m in sources])
+            if not mask.any():
+                continue
+            sub = part.filter(pa.array(mask))
+            keyed = bool(_key_names(batch.infos[name]))
+            if not safe and keyed and len(sources) == 1:
+                try:
+                    batch.tables[name] = arrowcompact.compact(name, sub.select(arrowcompact.COLUMNS), sources[0][1])
+                    continue
+                except (arrowcompact.Unsupported, pa.ArrowInvalid):
+                    pass  # rawcompact gives the same result (or the clear error) the slow way
+            raw = _raw_changes(sub, {t: d for t, d, _m in sources})
+            if safe:
+                batch.tables[name] = rawcompact.decode_all(name, raw)
+            else:
+                batch.tables[name] = rawcompact.compact(name, raw, keyed)
 
     def _table_entry(self, batch: _Batch, table_id: int, ts: int
                      ) -> tuple[rawcompact.ImageDecoder | None, str, frozenset[str]]:

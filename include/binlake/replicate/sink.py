@@ -27,6 +27,7 @@ import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql as sa_mysql
 from sqlalchemy.dialects import postgresql as sa_pg
@@ -51,6 +52,8 @@ IF_EXISTS = ("fail", "skip", "replace")
 # PostgreSQL 65535); 1,000 rows a statement is where larger batches stop paying.
 _MAX_PARAMS = 30_000
 _MAX_ROWS = 1_000
+# Rows per CSV slice of ``copy_arrow``: a few MB of text at a time.
+_COPY_SLICE = 20_000
 
 _md = sa.MetaData()
 _schema = sa.Table(SCHEMA_TABLE, _md, sa.Column("table_id", sa.BigInteger, primary_key=True, autoincrement=False),
@@ -255,6 +258,30 @@ class Target:
             conn.execute(table.insert(), batch)
             n += len(batch)
         return n
+
+    def copy_arrow(self, conn: Connection, info: binlog_pb2.TableInfo, rows: pa.Table) -> int:
+        """PostgreSQL: append ``rows`` (an Arrow table, columns named as the target's)
+        with one ``COPY ... (FORMAT csv)`` in the caller's transaction, the CSV
+        written by Arrow in slices (memory bounded by a slice, not the table).
+
+        Every non-null value is quoted and a null is an empty unquoted field, so
+        PostgreSQL reads NULL and the empty string apart."""
+        import pyarrow.csv as pa_csv
+
+        if self.dialect != "postgresql":
+            raise ValueError(f"copy_arrow writes to PostgreSQL, the target is {self.dialect}")
+        if not isinstance(rows, pa.Table):
+            raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
+        q = conn.dialect.identifier_preparer.quote
+        sql = f"COPY {q(info.name)} ({', '.join(q(n) for n in rows.column_names)}) FROM STDIN (FORMAT csv)"
+        options = pa_csv.WriteOptions(include_header=False, quoting_style="all_valid")
+        raw: Any = conn.connection.dbapi_connection
+        with raw.cursor() as cur, cur.copy(sql) as copy:
+            for batch in rows.to_batches(max_chunksize=_COPY_SLICE):
+                out = pa.BufferOutputStream()
+                pa_csv.write_csv(batch, out, options)
+                copy.write(memoryview(out.getvalue()))
+        return int(rows.num_rows)
 
     def upsert_rows(self, conn: Connection, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
         """Multi-row upsert on the primary key (insert, or overwrite every column)."""
