@@ -232,6 +232,21 @@ def main(args: argparse.Namespace | None = None) -> int:
 
         # 3. Upstream throughput without, then with, the source following it live.
         plain = _workload(port, seconds)
+        # The cost of any replica to this upstream on this machine: mysqlbinlog (C) connected
+        # as a replica, decoding every event as it arrives (to /dev/null), in the same run.
+        r_end = _sql(port, "SHOW MASTER STATUS")[0]
+        follower = subprocess.Popen(
+            [tool, "--read-from-remote-server", "--stop-never", "--stop-never-slave-server-id=4343",
+             "--host=127.0.0.1", f"--port={port}", "--user=root", "--verbose",
+             "--base64-output=DECODE-ROWS", f"--start-position={r_end[1]}", str(r_end[0])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(follower)
+        time.sleep(0.5)
+        c0 = _cpu_s(follower.pid)
+        with_c_replica = _workload(port, seconds)
+        c_replica_cpu = _cpu_s(follower.pid) - c0
+        follower.terminate()
+        follower.wait(30)
         t_end = _sql(port, "SHOW MASTER STATUS")[0]
         proc = _source(port, reg_addr, base / "src2", f"{t_end[0]}:{t_end[1]}", log, native=rowsplan.available())
         procs.append(proc)
@@ -283,6 +298,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     print(f"\n| upstream, 1 client, {seconds:g}s | txn/s | ratio |")
     print("|---|---:|---:|")
     print(f"| source not running | {plain:,.0f} | 1.00 |")
+    print(f"| mysqlbinlog (C) as a replica following live, decoding to /dev/null | {with_c_replica:,.0f} | "
+          f"{with_c_replica / plain:.3f} |")
     print(f"| source following live ({modes[0]} rows) | {with_source:,.0f} | {with_source / plain:.3f} |")
     print(f"\noverhead on the upstream: {100 * (1 - with_source / plain):.1f} % (target <= 5 %)"
           + (f"; registry, Pump and source at nice {_NICE[0]}" if _NICE[0] else ""))
@@ -292,7 +309,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     print(f"| upstream transactions/s it kept up with (start of the workload to caught up) | {source_rate:,.0f} |")
     for k in ("source", "pump", "registry"):
         print(f"| {k} CPU per upstream transaction | {1e6 * cpu[k] / max(txns, 1):,.0f} us |")
-    print(f"| source CPU in all | {cpu['source']:.2f} s |")
+    print(f"| source CPU in all | {cpu['source']:.2f} s (mysqlbinlog as a replica: {c_replica_cpu:.2f} s) |")
     print(f"| groups (steps: journal lines) | {len(groups):,} ({len(begun):,}) |")
     print(f"| upstream transactions per group: mean / largest | {sum(groups) / max(len(groups), 1):.1f} / "
           f"{max(groups, default=0)} |")
