@@ -228,11 +228,34 @@ def _backfill(env_sh: pathlib.Path, cwd: pathlib.Path, *args: str) -> subprocess
                           cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=300)
 
 
+def _create_backfill(api: Api, env_sh: pathlib.Path, cwd: pathlib.Path, *args: str) -> None:
+    """`airflow backfill create`, rerun when SQLite refused it half way.
+
+    Airflow commits the backfill row, then creates each run inside a savepoint
+    that reads before it writes; on SQLite a scheduler commit in between makes
+    that write fail at once with "database is locked" (a stale snapshot, which
+    no lock timeout waits out). The command then leaves a backfill with no runs,
+    which the scheduler marks completed; the user's remedy, and this test's, is
+    to run the command again once it has. A refusal after a run was created
+    is not retried: that would be a different backfill than the one asked for."""
+    for _attempt in range(3):
+        done = _backfill(env_sh, cwd, *args)
+        if done.returncode == 0:
+            return
+        output = done.stdout + done.stderr
+        assert "database is locked" in output and api.runs() == [], output
+        wait_until(lambda: all(b["completed_at"] is not None
+                               for b in api.get("/backfills?dag_id=binlake_ingest")["backfills"]),
+                   120, 1, "the scheduler to close the backfill that SQLite refused")
+    raise AssertionError(f"`airflow backfill create` was refused three times: {output}")
+
+
 def _wait_backfill_done(api: Api, timeout: float) -> dict[str, Any]:
-    """The backfill, once the scheduler marked it completed; fails at once if a run failed."""
+    """The backfill (the last one created), once the scheduler marked it completed;
+    fails at once if a run failed."""
     deadline = time.monotonic() + timeout
     while True:
-        (backfill,) = api.get("/backfills?dag_id=binlake_ingest")["backfills"]
+        backfill = max(api.get("/backfills?dag_id=binlake_ingest")["backfills"], key=lambda b: b["id"])
         failed = [r for r in api.runs() if r["state"] == "failed"]
         if failed:
             raise AssertionError(f"backfill runs failed: {[(r['dag_run_id'], api.task_states(r['dag_run_id'])) for r in failed]}")
@@ -302,10 +325,9 @@ def test_backfill_fills_historical_windows_newest_first(tmp_path: pathlib.Path) 
         assert dag["is_paused"] is False and api.runs() == []
 
         started = time.monotonic()
-        done = _backfill(tmp_path / "state" / "airflow" / "env.sh", tmp_path, "--dag-id", "binlake_ingest",
+        _create_backfill(api, tmp_path / "state" / "airflow" / "env.sh", tmp_path, "--dag-id", "binlake_ingest",
                          "--from-date", windows[0][0].isoformat(), "--to-date", windows[-1][0].isoformat(),
                          "--run-backwards", "--max-active-runs", "1")
-        assert done.returncode == 0, done.stdout + done.stderr
         backfill = _wait_backfill_done(api, timeout=600)
         print(f"backfill of {len(windows)} windows took {time.monotonic() - started:.0f}s")
         assert (backfill["max_active_runs"], backfill["is_paused"]) == (1, False)
