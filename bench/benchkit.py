@@ -1,7 +1,9 @@
-"""What the benchmarks share: run N looping threads for a fixed time, percentiles."""
+"""What the benchmarks share: run N looping threads for a fixed time, percentiles,
+a process's CPU time."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,3 +29,10 @@ def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0
     return sorted_values[min(len(sorted_values) - 1, max(0, int(len(sorted_values) * q) - 1))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) the live process ``pid`` has used so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

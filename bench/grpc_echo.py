@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from benchkit import percentile, run_threads
+from benchkit import cpu_seconds, percentile, run_threads
 
 _METHOD = "/binlake.bench.Echo/Stream"
 
@@ -46,14 +46,6 @@ def _serve(out: Any) -> None:
     server.start()
     out.put(port)
     server.wait_for_termination()
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    import os
-
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def echo_case(writers: int, size: int, seconds: float) -> dict[str, float]:
@@ -95,11 +87,11 @@ def echo_case(writers: int, size: int, seconds: float) -> dict[str, float]:
             counts[i] = n
             requests.put(None)
 
-        server_cpu0 = _cpu_s(server.pid or 0)
+        server_cpu0 = cpu_seconds(server.pid or 0)
         self0 = resource.getrusage(resource.RUSAGE_SELF)
         elapsed = run_threads(writers, seconds, run)
         self1 = resource.getrusage(resource.RUSAGE_SELF)
-        server_cpu1 = _cpu_s(server.pid or 0)
+        server_cpu1 = cpu_seconds(server.pid or 0)
         total = max(1, sum(counts))
         all_lat = sorted(x for per in lat for x in per)
         client_cpu = (self1.ru_utime - self0.ru_utime) + (self1.ru_stime - self0.ru_stime)

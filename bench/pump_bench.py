@@ -40,7 +40,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT / "bench") not in sys.path:
     sys.path.insert(0, str(ROOT / "bench"))
 
-from benchkit import percentile, run_threads  # noqa: E402
+from benchkit import cpu_seconds, percentile, run_threads  # noqa: E402
 
 
 class _BlockTS:
@@ -306,9 +306,7 @@ def _reset_peak_rss(pid: int) -> None:
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) the process used so far."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(pid)
     except (OSError, IndexError, ValueError):
         return 0.0
 

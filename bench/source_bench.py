@@ -35,6 +35,8 @@ import tempfile
 import time
 from typing import Any
 
+from benchkit import cpu_seconds
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # ``--nice``: the niceness the registry, Pump and source run at (0: the benchmark's own).
 _NICE = [0]
@@ -82,12 +84,6 @@ def _source(port: int, registry: str, data_dir: pathlib.Path, start: str, log: p
         )
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a live process has used so far (/proc/PID/stat)."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _spawn(args: list[str], log: pathlib.Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as f:
         return subprocess.Popen([str(BINLAKE), *args], stdout=f, stderr=subprocess.STDOUT,
@@ -95,24 +91,17 @@ def _spawn(args: list[str], log: pathlib.Path) -> subprocess.Popen[bytes]:
                                 preexec_fn=_niced)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start_cluster(base: pathlib.Path, log: pathlib.Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
     """A registry and one Pump (node p1) as child processes; returns the registry address."""
     from binlake import errors
     from binlake.registry.client import RegistryClient
     from binlake.registry.model import NodeState
+    from binlake.testing.devcluster import free_port
 
-    reg_addr = f"127.0.0.1:{_free_port()}"
+    reg_addr = f"127.0.0.1:{free_port()}"
     procs = [_spawn(["registry", "--data-dir", str(base / "registry"), "--addr", reg_addr], log)]
     procs.append(_spawn(["pump", "--registry", reg_addr, "--data-dir", str(base / "pump"),
-                         "--addr", f"127.0.0.1:{_free_port()}", "--node-id", "p1",
+                         "--addr", f"127.0.0.1:{free_port()}", "--node-id", "p1",
                          "--stop-write-at-free-bytes", "0"], log))
     deadline = time.monotonic() + 60
     while True:
@@ -242,9 +231,9 @@ def main(args: argparse.Namespace | None = None) -> int:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(follower)
         time.sleep(0.5)
-        c0 = _cpu_s(follower.pid)
+        c0 = cpu_seconds(follower.pid)
         with_c_replica = _workload(port, seconds)
-        c_replica_cpu = _cpu_s(follower.pid) - c0
+        c_replica_cpu = cpu_seconds(follower.pid) - c0
         follower.terminate()
         follower.wait(30)
         t_end = _sql(port, "SHOW MASTER STATUS")[0]
@@ -256,14 +245,14 @@ def main(args: argparse.Namespace | None = None) -> int:
             time.sleep(0.05)
         time.sleep(0.5)  # its start-up (definitions sent, first checkpoint) is not the workload's cost
         watched = {"source": proc.pid, "pump": cluster[1].pid, "registry": cluster[0].pid}
-        cpu0 = {k: _cpu_s(pid) for k, pid in watched.items()}
+        cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
         count: list[int] = []
         t_start = time.monotonic()
         with_source = _workload(port, seconds, count)
         w_end = _sql(port, "SHOW MASTER STATUS")[0]
         t_stop = time.monotonic()
         caught = _wait_at(base / "src2", (str(w_end[0]), int(w_end[1])), proc, log, timeout=600)
-        cpu = {k: _cpu_s(pid) - cpu0[k] for k, pid in watched.items()}
+        cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items()}
         catch_up = caught - t_stop
         # The source's journal: one line per step; a line's "b" is the group it began.
         begun = [len(json.loads(x).get("b", ())) for x in (base / "src2" / "journal.log").read_text().splitlines()]
