@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _RETRYABLE = (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted, errors.FailedPrecondition)
+# What a commit is retried on, on its own Pump (it cannot move: the prewrite is there).
+_COMMIT_RETRYABLE = (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted)
 _RESULT_ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT.value[0]: errors.InvalidArgument,
     grpc.StatusCode.FAILED_PRECONDITION.value[0]: errors.FailedPrecondition,
@@ -148,17 +150,7 @@ class PumpConn:
         self.stub = pump_pb2_grpc.PumpStub(self._channel)
 
     def send(self, payload: bytes) -> concurrent.futures.Future[None]:
-        item = _Item(payload)
-        with self._lock:
-            if self._closed:
-                raise errors.Unavailable(f"client connection to pump {self.node_id} is closed")
-            self._queue.append(item)
-            self.inflight += 1
-            wake = not self._scheduled
-            self._scheduled = True
-        if wake:
-            self._loop.call_soon_threadsafe(self._kick)
-        return item.future
+        return self.send_many([payload])[0]
 
     def send_many(self, payloads: list[bytes]) -> list[concurrent.futures.Future[None]]:
         """``send`` for several binlogs at once: queued together (one wake-up of the
@@ -591,7 +583,7 @@ class PumpClient:
         failed = self._send_together([b.SerializeToString() for b in commits] + pre_payloads, node_ids + picks)
         for i, exc in sorted(failed.items()):
             if i < n:
-                if not isinstance(exc, (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted)):
+                if not isinstance(exc, _COMMIT_RETRYABLE):
                     raise exc
                 self.write_commit(commits[i], node_ids[i])
             else:
@@ -644,7 +636,7 @@ class PumpClient:
         while True:
             try:
                 self._conn(node_id).write(payload)
-            except (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted) as exc:
+            except _COMMIT_RETRYABLE as exc:
                 self._record_failure(node_id, exc)
                 if time.monotonic() + delay > deadline:
                     raise errors.Unavailable(
@@ -697,7 +689,7 @@ class PumpClient:
             if exc is None:
                 self._record_success(node_id)
                 outer.set_result(None)
-            elif isinstance(exc, (errors.Unavailable, errors.DeadlineExceeded, errors.ResourceExhausted)):
+            elif isinstance(exc, _COMMIT_RETRYABLE):
                 self._record_failure(node_id, exc)
                 retry()
             else:
