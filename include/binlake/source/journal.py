@@ -215,11 +215,7 @@ class SourceState:
             d = Decision(int(rec["s"]))
             if "ddl" in rec:
                 d.ddl = [binlog_pb2.TableInfo.FromString(base64.b64decode(x)) for x in rec["ddl"]]
-            old = self._by_key.get(key)
-            if old is not None and not old.commit_ts:
-                self._rolled_back.add(old.start_ts)
-            self._by_key[key] = d
-            self._by_start[d.start_ts] = d
+            self._begun(key, d)
         elif "c" in rec:
             d = self._by_key[key]
             d.commit_ts = int(rec["c"])
@@ -238,16 +234,20 @@ class SourceState:
 
     def begin(self, key: str, start_ts: int, ddl: list[binlog_pb2.TableInfo] | None = None) -> Decision:
         with self._lock:
-            old = self._by_key.get(key)
             d = Decision(start_ts)
             d.ddl = ddl
-            rec = self._start_rec(key, d)
-            self._append(rec)
-            if old is not None and not old.commit_ts:
-                self._rolled_back.add(old.start_ts)
-            self._by_key[key] = d
-            self._by_start[start_ts] = d
+            self._append(self._start_rec(key, d))
+            self._begun(key, d)
             return d
+
+    def _begun(self, key: str, d: Decision) -> None:
+        """Record KEY's new attempt ``d`` (its line is written); an undecided earlier
+        attempt of the same KEY is rolled back (a re-read transaction gets a new start_ts)."""
+        old = self._by_key.get(key)
+        if old is not None and not old.commit_ts:
+            self._rolled_back.add(old.start_ts)
+        self._by_key[key] = d
+        self._by_start[d.start_ts] = d
 
     def begin_many(self, items: list[tuple[str, int]]) -> None:
         """Journal the start_ts of every (key, start_ts) in one fsync'ed line (a group's begins)."""
@@ -272,11 +272,7 @@ class SourceState:
                 d = self._by_key[key]
                 d.commit_ts, d.pump = commit_ts, pump
             for key, start_ts in begins:
-                old = self._by_key.get(key)
-                if old is not None and not old.commit_ts:
-                    self._rolled_back.add(old.start_ts)
-                d = self._by_key[key] = Decision(start_ts)
-                self._by_start[start_ts] = d
+                self._begun(key, Decision(start_ts))
             self._trim()
 
     def decide(self, key: str, commit_ts: int, pump: str) -> None:
@@ -298,15 +294,7 @@ class SourceState:
 
     def decide_many(self, decisions: list[tuple[str, int, str]]) -> None:
         """Decide every (key, commit_ts, pump) in one fsync'ed journal line (all or none)."""
-        with self._lock:
-            for key, _c, _p in decisions:
-                if key not in self._by_key:
-                    raise ValueError(f"transaction {key!r} was never begun")
-            self._append({"m": [[k, c, p] for k, c, p in decisions]})
-            for key, commit_ts, pump in decisions:
-                d = self._by_key[key]
-                d.commit_ts, d.pump = commit_ts, pump
-            self._trim()
+        self.step(decisions, [])
 
     def abandon(self, start_ts: int) -> None:
         with self._lock:
