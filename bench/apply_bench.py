@@ -26,6 +26,7 @@ window at a time, so its memory is bounded by the largest window, not the run.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import random
@@ -116,11 +117,17 @@ def write_lake(spark: Any, lake: str, changes: list[Any], windows: int
             cols[name].append(value)
     end = create_ts + step * (2 + len(changes) // TXN)
     table = pa.table(cols)
-    df = spark.createDataFrame(table, decode.CHANGES_DDL)
-    df.write.format("delta").mode("overwrite").partitionBy("commit_date").save(ingest.table_path(lake, ingest.CHANGES))
     cuts = [base] + [base + (end - base) * (j + 1) // windows for j in range(windows)]
     bounds = list(zip(cuts, cuts[1:], strict=False))
     ts_list = cols["commit_ts"]
+    # One Delta commit of its own files per window, as the ingest writes them.
+    at = 0
+    for a, b in bounds:
+        upto = bisect.bisect_left(ts_list, b, lo=at)
+        df = spark.createDataFrame(table.slice(at, upto - at), decode.CHANGES_DDL)
+        df.write.format("delta").mode("overwrite" if a == base else "append").partitionBy("commit_date").save(
+            ingest.table_path(lake, ingest.CHANGES))
+        at = upto
     rows = []
     counts = []
     for a, b in bounds:

@@ -229,3 +229,34 @@ def test_postgresql_copy_of_the_arrow_rows(postgres_server: Any) -> None:  # noq
 def test_a_read_is_sorted_unless_already_in_commit_order(ts: list[int], seq: list[int], ordered: bool) -> None:
     t = pa.table({"commit_ts": pa.array(ts, pa.int64()), "seq": pa.array(seq, pa.int32())})
     assert runner._in_commit_order(t) is ordered
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(flat_steps, st.integers(1, 5))
+def test_split_deals_every_final_change_to_one_bucket_by_key(raw_steps: list[Any], count: int) -> None:
+    """Parallel mode's buckets: together they are exactly the whole (keys to delete,
+    keys inserted, rows, each in order), a key is in one bucket only, and its bucket
+    depends on the key and the count alone (a rerun deals it the same way)."""
+    seq = play(raw_steps)
+    for key in (["id"], ["id", "g"], ["g"]):
+        info = flat_table(key)
+        whole = fast(info, seq, key)
+        parts = whole.split(count)
+        assert len(parts) == count
+        gone = [g for part in parts for g in part[0]]
+        inserted = [i for part in parts for i in part[1]]
+        assert sorted(gone, key=repr) == sorted(whole.gone_keys(), key=repr)
+        assert sorted(inserted, key=repr) == sorted(whole.insert_keys(), key=repr)
+        rows = whole.rows_table()
+        assert rows is not None
+        assert sum(p[2].num_rows for p in parts) == rows.num_rows
+        owner: dict[tuple[Any, ...], int] = {}
+        for i, (g, ins, part_rows) in enumerate(parts):
+            for kk in [*g, *ins, *(tuple(r[c] for c in key) for r in part_rows.to_pylist())]:
+                assert owner.setdefault(kk, i) == i, kk
+            # each bucket keeps the whole's order
+            assert g == [x for x in whole.gone_keys() if x in set(g)]
+        again = fast(info, list(reversed(seq)), key) if seq else whole
+        for kk, i in owner.items():
+            hit = [j for j, part in enumerate(again.split(count)) if kk in part[0] or kk in part[1]]
+            assert hit in ([], [i])

@@ -38,6 +38,7 @@ checks the result equal to ``compactor.compact`` change for change.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import numpy as np
@@ -150,6 +151,42 @@ class Compacted:
 
     def insert_keys(self) -> list[tuple[Any, ...]]:
         return self._key_tuples(pc.equal(self.ops, INSERT))
+
+    @property
+    def copyable(self) -> bool:
+        """Whether every column has a verbatim CSV form (``rows_table`` is not None)."""
+        return self._csv
+
+    def buckets(self, count: int) -> np.ndarray:
+        """The bucket (0 .. count-1) of every final change, from its key alone: the
+        same key lands in the same bucket in any process and on any rerun."""
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"count must be a positive integer, got {count!r}")
+        if len(self._keys) == 1 and pa.types.is_integer(self._keys[0].type) and self._keys[0].null_count == 0:
+            return np.mod(self._keys[0].to_numpy(), count).astype(np.int64)
+        # Strings and composite keys: a checksum of the key's text (Python's hash() of
+        # a string differs between processes).
+        tuples = self._key_tuples(pa.array(np.ones(len(self), dtype=bool)))
+        return np.fromiter((zlib.crc32(repr(t).encode()) % count for t in tuples), dtype=np.int64, count=len(self))
+
+    def split(self, count: int) -> list[tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], pa.Table]]:
+        """The final changes dealt into ``count`` buckets by key (``buckets``), each
+        as (keys to delete, keys inserted, rows to write): ``gone_keys``,
+        ``insert_keys`` and ``rows_table`` of the bucket's changes. Only for a
+        ``copyable`` table."""
+        rows = self.rows_table()
+        if rows is None:
+            raise ValueError(f"{self.table}: a column has no CSV form; write its changes one by one")
+        which = self.buckets(count)
+        written = which[np.asarray(pc.not_equal(self.ops, DELETE).to_numpy(zero_copy_only=False), dtype=bool)]
+        gone = pc.not_equal(self.ops, INSERT).to_numpy(zero_copy_only=False)
+        inserted = pc.equal(self.ops, INSERT).to_numpy(zero_copy_only=False)
+        out = []
+        for i in range(count):
+            mine = which == i
+            out.append((self._key_tuples(pa.array(mine & gone)), self._key_tuples(pa.array(mine & inserted)),
+                        rows.filter(pa.array(written == i))))
+        return out
 
     def rows_table(self) -> pa.Table | None:
         """The final rows (updates' and inserts' after images) typed for CSV, in the

@@ -43,11 +43,13 @@ for the windows after a restored snapshot) does not check, and converges.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -57,7 +59,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode, ingest
+from binlake.lake import arrowread, decode, ingest
 from binlake.proto import binlog_pb2
 from binlake.replicate import (
     arrowcompact,
@@ -78,6 +80,9 @@ Progress = Callable[[str], None]
 
 # The columns of ``changes`` the apply reads.
 _READ = ("commit_ts", "seq", "table_id", "schema_version", "op", "before", "after")
+# ... of ``windows`` (the plan) and of ``ddl_history``.
+_WINDOW_COLUMNS = ("start_ts", "end_ts", "status", "rows")
+_DDL_COLUMNS = ("commit_ts", "table_id", "previous_table_id", "dropped", "table_info", "query")
 # Consecutive windows are read from the lake in one Spark job while their row
 # changes (the ledger's counts) add up to at most this many: small windows (the
 # ingest DAG's five minutes) then do not each pay a Spark job, and the memory a
@@ -235,21 +240,29 @@ def _write_arrow(target: sink.Target, conn: Connection, info: binlog_pb2.TableIn
                  final: arrowcompact.Compacted) -> int:
     """PostgreSQL, normal mode: the deletes as one array statement, then the final
     rows as one COPY (CSV written by Arrow) when every column has a CSV form."""
-    keys = final.gone_keys()
+    rows = final.rows_table()
+    if rows is not None:
+        return _write_final(target, conn, info, final.gone_keys(), final.insert_keys,
+                            lambda: target.copy_arrow(conn, info, rows))
+    return _write_final(target, conn, info, final.gone_keys(), final.insert_keys,
+                        lambda: target.insert_rows(conn, info, [c.after for c in final.changes() if c.after is not None]))
+
+
+def _write_final(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo, keys: list[tuple[Any, ...]],
+                 insert_keys: Callable[[], list[tuple[Any, ...]]], write_rows: Callable[[], int]) -> int:
+    """Final changes of one table (one per key): delete ``keys`` (each must be
+    there), then ``write_rows`` (none of ``insert_keys`` may be there); rows written.
+    A target that does not match raises ``_Mismatch``."""
     deleted = target.delete_keys(conn, info, keys)
     if deleted != len(keys):
-        raise _Mismatch(info, keys, final.insert_keys())
-    rows = final.rows_table()
+        raise _Mismatch(info, keys, insert_keys())
     try:
-        if rows is not None:
-            n = target.copy_arrow(conn, info, rows)
-        else:
-            n = target.insert_rows(conn, info, [c.after for c in final.changes() if c.after is not None])
+        n = write_rows()
     except sa.exc.IntegrityError as exc:
-        raise _Mismatch(info, keys, final.insert_keys(), sink.first_line(exc)) from None
+        raise _Mismatch(info, keys, insert_keys(), sink.first_line(exc)) from None
     except Exception as exc:  # psycopg raises its own UniqueViolation from COPY
         if type(exc).__name__ in ("UniqueViolation", "IntegrityError"):
-            raise _Mismatch(info, keys, final.insert_keys(), str(exc).splitlines()[0]) from None
+            raise _Mismatch(info, keys, insert_keys(), str(exc).splitlines()[0]) from None
         raise
     return len(keys) + n
 
@@ -322,10 +335,18 @@ class Applier:
         self.progress = progress or (lambda _msg: None)
         # (from ts, to ts, columns, skips) of the last read from the lake (``_window_rows``)
         self._read_buffer: tuple[int, int, pa.Table, np.ndarray, set[tuple[int, int]]] | None = None
+        # Lake table -> its in-process reader, or None when Spark must read it (``_reader``).
+        self._readers: dict[str, arrowread.TableReader | None] = {}
 
     # -- planning
     def _windows(self) -> list[dict[str, Any]]:
-        return [w for w in ingest.read_windows(self.spark, self.lake) if w.get("status", "done") == "done"]
+        """The ledger's done windows by start_ts (their bounds, status and row count)."""
+        table = self._read_in_process(ingest.WINDOWS, lambda r: r.read(_WINDOW_COLUMNS))
+        if table is None:
+            rows = ingest.read_windows(self.spark, self.lake)
+        else:
+            rows = sorted(table.to_pylist(), key=lambda w: (int(w["start_ts"]), int(w["end_ts"])))
+        return [w for w in rows if w.get("status", "done") == "done"]
 
     def plan(self, start: int, until_ts: int | None) -> tuple[list[dict[str, Any]], int]:
         """The windows to apply from checkpoint ts ``start`` (0: from the first), and
@@ -369,13 +390,16 @@ class Applier:
 
     # -- reading
     def _ddl_rows(self) -> list[dict[str, Any]]:
-        path = ingest.table_path(self.lake, ingest.DDL_HISTORY)
-        if not ingest.is_delta(self.spark, path):
-            return []
-        rows = (self.spark.read.format("delta").load(path)
-                .select("commit_ts", "table_id", "previous_table_id", "dropped", "table_info", "query").collect())
+        table = self._read_in_process(ingest.DDL_HISTORY, lambda r: r.read(_DDL_COLUMNS))
+        if table is not None:
+            found: list[dict[str, Any]] = table.to_pylist()
+        else:
+            path = ingest.table_path(self.lake, ingest.DDL_HISTORY)
+            if not ingest.is_delta(self.spark, path):
+                return []
+            found = [r.asDict() for r in self.spark.read.format("delta").load(path).select(*_DDL_COLUMNS).collect()]
         # Sorted here: a Spark orderBy is two more jobs (sampling, then the sort) for a few rows.
-        return sorted((r.asDict() for r in rows), key=lambda d: int(d["commit_ts"]))
+        return sorted(found, key=lambda d: int(d["commit_ts"]))
 
     def _read_changes(self, lo: int, hi: int) -> tuple[pa.Table, set[tuple[int, int]]]:
         """The window's changes as an Arrow table in commit order, and the
@@ -384,19 +408,50 @@ class Applier:
         Spark hands the window over as Arrow (``toArrow``: no Row objects), and
         the sort is Arrow's, here, not a Spark shuffle. The columns stay Arrow:
         filtering, routing and compaction work on whole arrays (``_fill``)."""
-        path = ingest.table_path(self.lake, ingest.CHANGES)
-        if not ingest.is_delta(self.spark, path):
-            return _empty_read(), set()
         d0, d1 = decode.commit_date(lo), decode.commit_date(max(lo, hi - 1))
-        df = (self.spark.read.format("delta").load(path)
-              .where(f"commit_date >= DATE'{d0}' AND commit_date <= DATE'{d1}' "
-                     f"AND commit_ts >= {int(lo)} AND commit_ts < {int(hi)}"))
+        table = None
+        if not self.task.expr_filters:  # expression filters are Spark SQL over the Spark DataFrame
+            table = self._read_in_process(ingest.CHANGES,
+                                          lambda r: r.read_changes(int(lo), int(hi), _READ, d0, d1))
+        df = None
+        if table is None:
+            path = ingest.table_path(self.lake, ingest.CHANGES)
+            if not ingest.is_delta(self.spark, path):
+                return _empty_read(), set()
+            df = (self.spark.read.format("delta").load(path)
+                  .where(f"commit_date >= DATE'{d0}' AND commit_date <= DATE'{d1}' "
+                         f"AND commit_ts >= {int(lo)} AND commit_ts < {int(hi)}"))
+            table = df.select(*_READ).toArrow()
         # One chunk per column: slices and array kernels then never cross chunk boundaries.
-        table = df.select(*_READ).toArrow().combine_chunks()
+        table = table.combine_chunks()
         if not _in_commit_order(table):  # the scan usually is: then no copy of every column
             table = table.sort_by([("commit_ts", "ascending"), ("seq", "ascending")]).combine_chunks()
-        skip = self._expr_skips(df, table) if self.task.expr_filters else set()
+        skip = self._expr_skips(df, table) if df is not None and self.task.expr_filters else set()
         return table, skip
+
+    def _reader(self, name: str) -> arrowread.TableReader | None:
+        """The in-process reader of lake table ``name`` (``arrowread``), or None when
+        it cannot read that table: Spark reads it then (logged once)."""
+        if name not in self._readers:
+            try:
+                self._readers[name] = arrowread.TableReader(ingest.table_path(self.lake, name))
+            except arrowread.NotReadable as exc:
+                self._readers[name] = None
+                log.info("apply %s: reading the lake's %s table through Spark: %s", self.task.name, name, exc)
+        return self._readers[name]
+
+    def _read_in_process(self, name: str, read: Callable[[arrowread.TableReader], pa.Table]) -> pa.Table | None:
+        """``read`` on table ``name``'s in-process reader; None (and Spark from then
+        on) when there is none or the table turns out unreadable there."""
+        reader = self._reader(name)
+        if reader is None:
+            return None
+        try:
+            return read(reader)
+        except arrowread.NotReadable as exc:
+            self._readers[name] = None
+            log.info("apply %s: reading the lake's %s table through Spark from now on: %s", self.task.name, name, exc)
+            return None
 
     def _expr_skips(self, df: Any, data: pa.Table) -> set[tuple[int, int]]:
         """(commit_ts, seq) of changes an expression filter removes, evaluated by Spark."""
@@ -614,29 +669,47 @@ class Applier:
             if cp is None and start == 0 and windows:
                 self._bootstrap(target, int(windows[0]["start_ts"]), summary)
             summary.checkpoint_ts = start
-            for n, w in enumerate(windows, start=1):
-                a, b = int(w["start_ts"]), int(w["end_ts"])
-                lo = max(a, start)
-                # Safe mode for the configured windows, and for the first one after a restored
-                # snapshot: the snapshot may already hold part of that window.
-                safe = a < self.task.safe_mode_until_ts or (cp is None and self.task.start_after_ts > 0 and n == 1)
-                batches = self._batches(windows, n - 1, lo, summary, safe)
-                if self.task.mode == "parallel":
-                    self._apply_parallel(target, batches, a, b, safe, summary)
-                else:
-                    self._apply_consistent(target, batches, a, b, safe, summary)
-                summary.windows += 1
-                summary.first_window = summary.first_window or (a, b)
-                summary.last_window = (a, b)
-                summary.checkpoint_ts = start = b
-                self.progress(f"[{_bar(n, len(windows))}] {n}/{len(windows)} window [{a}, {b}) {_dt(b)}  "
-                              f"{summary.changes:,} row changes, {summary.ddls} DDL")
-                failpoint.hit("apply-after-window")
+            # Window n+1 is read and compacted in a second thread while window n is
+            # written: the target works on the write while this process compacts.
+            # Only reads happen ahead (the lake, the DDL history); what commits, and
+            # the checkpoint, stay strictly in window order.
+            with ThreadPoolExecutor(1, thread_name_prefix="apply-prefetch") as pool:
+                ahead = pool.submit(self._prepare, windows, 0, start, cp is None)
+                for n, w in enumerate(windows, start=1):
+                    a, b = int(w["start_ts"]), int(w["end_ts"])
+                    batches, safe, counted = ahead.result()
+                    if n < len(windows):
+                        ahead = pool.submit(self._prepare, windows, n, b, cp is None)
+                    if self.task.mode == "parallel":
+                        self._apply_parallel(target, batches, a, b, safe, summary)
+                    else:
+                        self._apply_consistent(target, batches, a, b, safe, summary)
+                    summary.changes_by_op.update(counted.changes_by_op)
+                    summary.filtered += counted.filtered
+                    summary.windows += 1
+                    summary.first_window = summary.first_window or (a, b)
+                    summary.last_window = (a, b)
+                    summary.checkpoint_ts = start = b
+                    self.progress(f"[{_bar(n, len(windows))}] {n}/{len(windows)} window [{a}, {b}) {_dt(b)}  "
+                                  f"{summary.changes:,} row changes, {summary.ddls} DDL")
+                    failpoint.hit("apply-after-window")
         finally:
             self._read_buffer = None
             target.close()
         summary.elapsed_s = time.monotonic() - began
         return summary
+
+    def _prepare(self, windows: list[dict[str, Any]], n: int, start: int, fresh: bool
+                 ) -> tuple[list[_Batch], bool, ApplySummary]:
+        """Window ``n`` (0-based; its changes from ``start``, the checkpoint) read and
+        cut into batches: (batches, safe mode or not, what it counted). ``fresh``:
+        the target had no checkpoint when the run began."""
+        a = int(windows[n]["start_ts"])
+        # Safe mode for the configured windows, and for the first one after a restored
+        # snapshot: the snapshot may already hold part of that window.
+        safe = a < self.task.safe_mode_until_ts or (fresh and self.task.start_after_ts > 0 and n == 0)
+        counted = ApplySummary(self.task.name, "")
+        return self._batches(windows, n, max(a, start), counted, safe), safe, counted
 
     def _bootstrap(self, target: sink.Target, first_start: int, summary: ApplySummary) -> None:
         """A target with no checkpoint, applied from the lake's first window: create
@@ -692,7 +765,17 @@ class Applier:
     def _apply_parallel(self, target: sink.Target, batches: list[_Batch], a: int, b: int, safe: bool,
                         summary: ApplySummary) -> None:
         for batch in batches:
-            changes = batch.changes()
+            if _arrow_parallel(target, batch, safe):
+                with target.engine.connect() as conn:
+                    done = checkpoint.done_groups(conn, self.task.name, batch.end)
+                items = _arrow_buckets(batch, self.task.parallel_tasks, done)
+                infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
+                if items:
+                    summary.rows_written += self._run_groups(items, functools.partial(
+                        apply_arrow_buckets, self.target_url, self.task.name, infos, batch.end, a, b))
+                changes: list[Change] = []
+            else:
+                changes = batch.changes()
             if changes:
                 # Compacted first (one change per key), then grouped: the groups are
                 # then as small as they can be and still never share a key value.
@@ -705,7 +788,9 @@ class Applier:
                         if g not in done]
                 infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
                 if work:
-                    summary.rows_written += self._run_groups(work, infos, batch.end, a, b, safe, batch.compacted)
+                    summary.rows_written += self._run_groups(work, functools.partial(
+                        apply_groups, self.target_url, self.task.name, infos, batch.end, a, b, safe,
+                        compacted=batch.compacted))
             with target.engine.connect() as conn:
                 conn.begin()
                 if batch.ddl is not None:
@@ -722,20 +807,21 @@ class Applier:
                     checkpoint.write(conn, self.task.name, batch.end, a, b)
                 conn.commit()
 
-    def _run_groups(self, work: list[tuple[int, list[tuple[Any, ...]]]], infos: dict[str, bytes], seg_end: int,
-                    a: int, b: int, safe: bool, compacted: bool = False) -> int:
-        url, name = self.target_url, self.task.name
+    def _run_groups(self, work: list[Any], apply: Callable[[Iterable[Any]], Iterator[tuple[int, int, str]]]
+                    ) -> int:
+        """``apply`` over ``work`` (one item per bucket) in Spark tasks; rows written.
+        ``apply`` yields (buckets applied, rows written, error message or "")."""
         # The apply's failpoint holds in its Spark tasks too (they run in other processes).
         fail_spec = os.environ.get(failpoint.ENV, "")
         slices = max(1, min(self.task.parallel_tasks, len(work)))
 
-        def apply_part(items: Iterable[tuple[int, list[tuple[Any, ...]]]]) -> Iterator[tuple[int, int, str]]:
+        def apply_part(items: Iterable[Any]) -> Iterator[tuple[int, int, str]]:
             # Python workers are reused across tasks: set the failpoint for this task only.
             saved = os.environ.get(failpoint.ENV)
             if fail_spec:
                 os.environ[failpoint.ENV] = fail_spec
             try:
-                yield from apply_groups(url, name, infos, seg_end, a, b, safe, items, compacted)
+                yield from apply(items)
             finally:
                 if saved is None:
                     os.environ.pop(failpoint.ENV, None)
@@ -765,6 +851,77 @@ def _buckets(groups: list[list[Change]], tasks: int, done: set[int]) -> Iterator
     for i, part in enumerate(parts):
         if part:
             yield checkpoint.bucket_id(i, count), part
+
+
+def _arrow_parallel(target: sink.Target, batch: _Batch, safe: bool) -> bool:
+    """Whether a batch goes to the Spark tasks as Arrow: PostgreSQL, normal mode,
+    every table compacted as Arrow with a CSV form, and no unique key but the
+    primary key. Two final changes of a batch are then on different keys and can
+    never conflict: any split of the keys is a split into conflict groups."""
+    if target.dialect != "postgresql" or safe or not batch.tables:
+        return False
+    for name, final in batch.tables.items():
+        if not isinstance(final, arrowcompact.Compacted) or not final.copyable:
+            return False
+        info = batch.infos[name]
+        pk = sorted(info.primary_key)
+        if not pk or any(sorted(uk.column_ids) != pk for uk in info.unique_keys):
+            return False
+    return True
+
+
+def _arrow_buckets(batch: _Batch, tasks: int, done: set[int]) -> list[tuple[int, list[tuple[Any, ...]]]]:
+    """The batch's final changes dealt into at most ``tasks`` buckets by key, each as
+    (checkpoint id, [(table, keys to delete, keys inserted, rows as Arrow IPC)]),
+    leaving out the buckets in ``done``. The bucket of a key depends on the key and
+    the bucket count only, and a rerun takes the count from the buckets it finds
+    (``done``): an id means the same changes in every run."""
+    total = sum(len(final) for final in batch.tables.values())
+    count = checkpoint.bucket_count(next(iter(done))) if done else max(1, min(tasks, total))
+    parts: list[list[tuple[Any, ...]]] = [[] for _ in range(count)]
+    for name, final in batch.tables.items():
+        assert isinstance(final, arrowcompact.Compacted)
+        for i, (gone, inserted, rows) in enumerate(final.split(count)):
+            if checkpoint.bucket_id(i, count) in done or (not gone and rows.num_rows == 0):
+                continue
+            sink_ = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink_, rows.schema) as w:
+                w.write_table(rows)
+            parts[i].append((name, gone, inserted, sink_.getvalue().to_pybytes()))
+    return [(checkpoint.bucket_id(i, count), part) for i, part in enumerate(parts) if part]
+
+
+def apply_arrow_buckets(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int,
+                        items: Iterable[tuple[int, list[tuple[Any, ...]]]]) -> Iterator[tuple[int, int, str]]:
+    """Run in a Spark task: write the buckets it was given that are not in yet
+    (``_arrow_buckets``: per table the keys to delete, then the rows to COPY) in
+    one target transaction with one checkpoint row per bucket; yields (buckets
+    applied, rows written, error message or "")."""
+    infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
+    target = sink.open_target(url)
+    try:
+        with target.engine.connect() as conn:
+            conn.begin()
+            done = checkpoint.done_groups(conn, task_name, seg_end)
+            todo = [(g, parts) for g, parts in items if g not in done]
+            n = 0
+            try:
+                for _g, parts in todo:
+                    for name, gone, inserted, ipc in parts:
+                        rows = pa.ipc.open_stream(ipc).read_all()
+                        info = infos[name]
+                        n += _write_final(target, conn, info, gone, lambda ins=inserted: ins,
+                                          lambda rows=rows, info=info: target.copy_arrow(conn, info, rows))
+            except _Mismatch as m:
+                conn.rollback()
+                yield 0, 0, str(_diagnose(target, m, f"window [{a}, {b})"))
+                return
+            checkpoint.mark_groups(conn, task_name, seg_end, [g for g, _parts in todo], a, b)
+            conn.commit()
+        failpoint.hit("apply-after-group")
+        yield len(todo), n, ""
+    finally:
+        target.close()
 
 
 def apply_groups(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int, safe: bool,
