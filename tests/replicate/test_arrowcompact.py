@@ -7,11 +7,13 @@ the reference's final rows. What it cannot type is refused, never guessed."""
 from __future__ import annotations
 
 import decimal
+import pathlib
 import uuid
 from typing import Any
 
 import pyarrow as pa
 import pytest
+import sqlalchemy as sa
 from dbfixtures import postgres_server  # noqa: F401
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -166,20 +168,30 @@ def test_large_batches_keep_one_final_change_per_key() -> None:
                 100 + n // 3, n % 3) for n, (op, b, a) in enumerate(seq)], ["id"])
 
 
-def _pg_rows(t: sink.Target) -> list[dict[str, Any]]:
+def _rows(t: sink.Target, info: binlog_pb2.TableInfo) -> list[dict[str, Any]]:
+    """The target table's rows, typed by binlake's definition (SQLite keeps decimals
+    and uints as text, PostgreSQL the uint as NUMERIC(20))."""
+    table = t.sa_table(info)
     with t.engine.connect() as conn:
-        out = [dict(r._mapping) for r in conn.exec_driver_sql('SELECT id, g, v, d, u, f, ok FROM "t" ORDER BY id')]
-    for row in out:  # as the decoder types them (PostgreSQL returns NUMERIC(20) for the uint as a Decimal)
+        out = [dict(r._mapping) for r in conn.execute(sa.select(table).order_by(table.c.id))]
+    for row in out:
         row["u"] = int(row["u"]) if row["u"] is not None else None
     return out
 
 
-def test_postgresql_copy_of_the_arrow_rows(postgres_server: Any) -> None:  # noqa: F811
-    """The COPY path end to end: NULL and the empty string apart, CSV's special
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+def test_arrow_rows_written_straight_to_the_target(kind: str, request: pytest.FixtureRequest,
+                                                  tmp_path: pathlib.Path) -> None:
+    """The Arrow write path end to end (PostgreSQL: COPY; SQLite: one prepared
+    INSERT over the columns): NULL and the empty string apart, CSV's special
     characters, exact decimals, the largest uint, floats and booleans; and a
     target changed by hand is refused with the table and key named."""
     info = flat_table(["id"])
-    t = sink.open_target(str(postgres_server.create_database(f"a_{uuid.uuid4().hex[:12]}")))
+    if kind == "postgresql":
+        url = str(request.getfixturevalue("postgres_server").create_database(f"a_{uuid.uuid4().hex[:12]}"))
+    else:
+        url = f"sqlite:///{tmp_path / 'arrow.db'}"
+    t = sink.open_target(url)
     try:
         t.create_table(info)
         texts = ["", None, 'a,"b"\nc', "\\.", "\\N", "ü€ 😀", "NULL", " "]
@@ -193,31 +205,35 @@ def test_postgresql_copy_of_the_arrow_rows(postgres_server: Any) -> None:  # noq
 
         def write(s: list[tuple[str, Any, Any]]) -> int:
             final = fast(info, s, ["id"])
-            assert final.rows_table() is not None  # the COPY path, not the per-row one
+            assert final.rows_table() is not None  # the Arrow path, not the per-row one
             with t.engine.connect() as conn:
                 conn.begin()
-                n = runner.write_changes(t, conn, info, final, False, True)
+                try:
+                    n = runner.write_changes(t, conn, info, final, False, True)
+                except BaseException:
+                    conn.rollback()
+                    raise
                 conn.commit()
             return n
 
         assert write(seq) == len(texts) - 1
-        assert _pg_rows(t) == [c.after for c in reference(info, seq, ["id"])]
+        assert _rows(t, info) == [c.after for c in reference(info, seq, ["id"])]
         # a row deleted by hand that the next batch updates: nothing written, the key named
         with t.engine.begin() as conn:
             conn.exec_driver_sql('DELETE FROM "t" WHERE id = 5')
-        before = _pg_rows(t)
+        before = _rows(t, info)
         nxt = [("insert", None, dict(seq[0][2], id=20)), ("update", seq[5][2], dict(seq[5][2], v="w"))]
         with pytest.raises(runner._Mismatch) as bad:
             write(nxt)
         assert "target table t: the row with key id=5 that w updates or deletes is not in the target" in str(
             runner._diagnose(t, bad.value, "w"))
-        assert _pg_rows(t) == before
-        # a row inserted by hand that the next batch inserts: COPY's unique violation, the key named
+        assert _rows(t, info) == before
+        # a row inserted by hand that the next batch inserts: a unique violation, the key named
         with pytest.raises(runner._Mismatch) as bad:
             write([("insert", None, dict(seq[0][2], id=1))])
         assert "the row with key id=1 that w inserts is already in the target" in str(
             runner._diagnose(t, bad.value, "w"))
-        assert _pg_rows(t) == before
+        assert _rows(t, info) == before
     finally:
         t.close()
 

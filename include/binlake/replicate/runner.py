@@ -198,7 +198,7 @@ def write_changes(target: sink.Target, conn: Connection, info: binlog_pb2.TableI
     ``compacted``: the changes already are one final change per key (``rawcompact``,
     or an ``arrowcompact.Compacted``, which is always final)."""
     if isinstance(changes, arrowcompact.Compacted):
-        if target.dialect == "postgresql" and not safe:
+        if target.dialect in ("postgresql", "sqlite") and not safe:
             return _write_arrow(target, conn, info, changes)
         changes, compacted = changes.changes(), True
     key = _key_names(info)
@@ -238,12 +238,14 @@ def write_changes(target: sink.Target, conn: Connection, info: binlog_pb2.TableI
 
 def _write_arrow(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo,
                  final: arrowcompact.Compacted) -> int:
-    """PostgreSQL, normal mode: the deletes as one array statement, then the final
-    rows as one COPY (CSV written by Arrow) when every column has a CSV form."""
+    """PostgreSQL and SQLite, normal mode: the deletes in one statement, then the
+    final rows straight from Arrow (PostgreSQL: one COPY of CSV written by Arrow;
+    SQLite: one prepared INSERT over the columns' values) when every column has a
+    CSV form; otherwise row by row from the decoded final changes."""
     rows = final.rows_table()
     if rows is not None:
         return _write_final(target, conn, info, final.gone_keys(), final.insert_keys,
-                            lambda: target.copy_arrow(conn, info, rows))
+                            lambda: target.insert_arrow(conn, info, rows))
     return _write_final(target, conn, info, final.gone_keys(), final.insert_keys,
                         lambda: target.insert_rows(conn, info, [c.after for c in final.changes() if c.after is not None]))
 
@@ -911,7 +913,7 @@ def apply_arrow_buckets(url: str, task_name: str, infos_raw: dict[str, bytes], s
                         rows = pa.ipc.open_stream(ipc).read_all()
                         info = infos[name]
                         n += _write_final(target, conn, info, gone, lambda ins=inserted: ins,
-                                          lambda rows=rows, info=info: target.copy_arrow(conn, info, rows))
+                                          lambda rows=rows, info=info: target.insert_arrow(conn, info, rows))
             except _Mismatch as m:
                 conn.rollback()
                 yield 0, 0, str(_diagnose(target, m, f"window [{a}, {b})"))
