@@ -320,5 +320,7 @@ def test_status_and_bad_input(spark: SparkSession, lake: str, upstream: dict[str
         runner.Applier(spark, make_task(lake, "my_conn"))
     bad = make_task(lake, f"sqlite:///{tmp_path / 'bad.db'}",
                     expr_filters=[{"table": "main.users", "insert_value_expr": "no_such_column = 1"}])
-    with pytest.raises(errors.InvalidArgument, match=r"expr_filters.0.insert_value_expr .* over main\.users \(id, name\)"):
+    with pytest.raises(errors.InvalidArgument, match=r"expr_filters.0.insert_value_expr .* over main\.users \(id, name\)") \
+            as refused:
         runner.Applier(spark, bad).run()
+    assert "no_such_column" in str(refused.value) and "__binlake" not in str(refused.value)

@@ -152,7 +152,10 @@ def test_what_arrow_cannot_type_is_refused() -> None:
         arrowcompact.compact("t", [], dec)  # type: ignore[arg-type]
 
 
-def test_large_batches_keep_one_final_change_per_key() -> None:
+@pytest.mark.parametrize("block", [None, 1024])
+def test_large_batches_keep_one_final_change_per_key(block: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if block is not None:  # the images parsed as hundreds of blocks, on every core, in order
+        monkeypatch.setattr(arrowcompact, "_BLOCK", block)
     info = flat_table(["id"])
     seq: list[tuple[str, Any, Any]] = []
     for i in range(3000):

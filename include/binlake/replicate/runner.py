@@ -46,6 +46,7 @@ import dataclasses
 import functools
 import logging
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -83,6 +84,8 @@ _READ = ("commit_ts", "seq", "table_id", "schema_version", "op", "before", "afte
 # ... of ``windows`` (the plan) and of ``ddl_history``.
 _WINDOW_COLUMNS = ("start_ts", "end_ts", "status", "rows")
 _DDL_COLUMNS = ("commit_ts", "table_id", "previous_table_id", "dropped", "table_info", "query")
+# The apply's own columns beside an image's, as Spark's analysis errors list them.
+_INTERNAL_COLUMN = re.compile(r"`?__binlake_\w+`?(, )?")
 # Consecutive windows are read from the lake in one Spark job while their row
 # changes (the ledger's counts) add up to at most this many: small windows (the
 # ingest DAG's five minutes) then do not each pay a Spark job, and the memory a
@@ -498,6 +501,8 @@ class Applier:
                         hits = sel.where(expr).select("__binlake_ts", "__binlake_seq").collect()
                     except Exception as exc:  # AnalysisException / ParseException: the user's expression
                         first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+                        # Spark's suggestions list the apply's own columns too: the user never wrote them.
+                        first = _INTERNAL_COLUMN.sub("", first).replace("[, ", "[").replace(", ]", "]")
                         raise errors.InvalidArgument(
                             f"task {self.task.name}: expr_filters.{i}.{key} {expr!r} is not a valid predicate over "
                             f"{info.db}.{info.name} ({', '.join(c.name for c in info.columns)}): {first[:300]}"
