@@ -861,11 +861,12 @@ def _buckets(groups: list[list[Change]], tasks: int, done: set[int]) -> Iterator
 
 
 def _arrow_parallel(target: sink.Target, batch: _Batch, safe: bool) -> bool:
-    """Whether a batch goes to the Spark tasks as Arrow: PostgreSQL, normal mode,
-    every table compacted as Arrow with a CSV form, and no unique key but the
-    primary key. Two final changes of a batch are then on different keys and can
-    never conflict: any split of the keys is a split into conflict groups."""
-    if target.dialect != "postgresql" or safe or not batch.tables:
+    """Whether a batch goes to the Spark tasks as Arrow: PostgreSQL or SQLite
+    (whose tasks take its one write lock in turn), normal mode, every table
+    compacted as Arrow with a CSV form, and no unique key but the primary key.
+    Two final changes of a batch are then on different keys and can never
+    conflict: any split of the keys is a split into conflict groups."""
+    if target.dialect not in ("postgresql", "sqlite") or safe or not batch.tables:
         return False
     for name, final in batch.tables.items():
         if not isinstance(final, arrowcompact.Compacted) or not final.copyable:
