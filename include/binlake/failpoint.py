@@ -20,6 +20,9 @@ The names, where they are, and what a crash there must not break:
                           (the restart must roll it back and send the transaction anew)
 ``source-before-commit``  the same, after commit_ts is journaled, before the commit
                           binlog (the restart must send the same commit_ts again)
+``source-after-group-prewrite``, ``source-before-group-commit``  the same two places,
+                          hit only in a step whose group holds several transactions
+                          (a crash inside a group, whatever the groups' sizes)
 ``source-after-commit``   the same, after the Pump acknowledged the commit, before
                           the checkpoint (the re-read copy must be dropped downstream)
 ``ingest-before-ledger``  ingest, after the window's change and DDL rows are
@@ -58,6 +61,8 @@ NAMES = (
     "pump-before-index-batch",
     "source-after-prewrite",
     "source-before-commit",
+    "source-after-group-prewrite",
+    "source-before-group-commit",
     "source-after-commit",
     "apply-before-commit",
     "apply-after-window",

@@ -166,7 +166,7 @@ def test_crash_at_each_step_of_the_send(mdb: LocalMariaDB, cluster: Cluster, tmp
         assert len(copies) == 5
 
 
-@pytest.mark.parametrize("point", ["source-after-prewrite", "source-before-commit"])
+@pytest.mark.parametrize("point", ["source-after-group-prewrite", "source-before-group-commit"])
 def test_kill9_inside_a_group(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path, point: str) -> None:
     """A source process dies (exit 137, no cleanup) in the middle of a group of several
     upstream transactions: after its begin line and prewrites, before its decision line
@@ -180,9 +180,10 @@ def test_kill9_inside_a_group(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pat
         svc = source_proc(procs, mdb, cluster, data, db)
         wait_checkpoint_at_end(mdb, data, svc)  # started, the table's definition sent
         assert svc.terminate() == 0
-        for i in range(1, txns + 1):  # a backlog: the groups after the first hold many
+        for i in range(1, txns + 1):  # a backlog: groups of several, however the reader and sender interleave
             upstream_txn(mdb, db, i)
-        svc = source_proc(procs, mdb, cluster, data, db, env={failpoint.ENV: f"{point}:exit:2"})
+        # The first step that prewrites (or decides) a group of several transactions.
+        svc = source_proc(procs, mdb, cluster, data, db, env={failpoint.ENV: f"{point}:exit:1"})
         wait_until(lambda: not svc.alive, timeout=60, what="the source to die at the failpoint")
         assert svc.proc is not None and svc.proc.returncode == 137, svc.log_text()
         # The last journal line is the step the process died in: it began a group of
@@ -190,7 +191,7 @@ def test_kill9_inside_a_group(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pat
         lines = [json.loads(x) for x in (data / "journal.log").read_text().splitlines()]
         last = lines[-1]
         started = {k: int(s) for r in lines for k, s in r.get("b", ())}
-        if point == "source-after-prewrite":
+        if point == "source-after-group-prewrite":
             assert len(last.get("b", ())) > 1, "the crash is inside a group of several transactions"
             crashed = {int(s) for _k, s in last["b"]}
         else:
@@ -202,7 +203,7 @@ def test_kill9_inside_a_group(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pat
         verify(mdb, cluster, db, txns)
         copies = [b for b in cluster.raw() if not b.ddl_query]
         assert len({(b.commit_ts, b.start_ts) for b in copies}) == txns
-        if point == "source-after-prewrite":
+        if point == "source-after-group-prewrite":
             # The crashed group's start_ts were rolled back (TxnStatus): none of them is served.
             assert not crashed & {b.start_ts for b in copies} and len(copies) == txns
         else:

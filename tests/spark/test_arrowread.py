@@ -68,6 +68,15 @@ def test_ranges_equal_sparks_read(spark: SparkSession, tmp_path: pathlib.Path) -
     got = _arrow_read(reader, ts[0], ts[20])
     assert got == _spark_read(spark, path, ts[0], ts[20])
     assert [json.loads(r[6])["v"] for r in got[5:10]] == [f"b{i}" for i in range(5, 10)]
+    # More commits than Delta's checkpoint interval: the log is then read from a
+    # Parquet checkpoint plus the JSON commits after it.
+    for i in range(20, 32):
+        _write(spark, path, _rows(i, 1, "c"), "append")
+    assert list(pathlib.Path(path, "_delta_log").glob("*.checkpoint.parquet"))
+    end = tso.from_datetime(DAY0 + dt.timedelta(seconds=40))
+    assert _arrow_read(reader, ts[0], end) == _spark_read(spark, path, ts[0], end)
+    assert len(_arrow_read(reader, ts[0], end)) == 32
+    assert _arrow_read(arrowread.TableReader(path), ts[15], end) == _spark_read(spark, path, ts[15], end)
     schema = reader.read_changes(ts[0], ts[1], COLS, decode.commit_date(ts[0]), decode.commit_date(ts[0])).schema
     assert schema == spark.read.format("delta").load(path).select(*COLS).limit(0).toArrow().schema
 

@@ -132,6 +132,8 @@ class Emitter:
                         [(key, s) for (_i, key, _v), s in zip(fresh, starts, strict=True)])
         if decide:
             failpoint.hit("source-before-commit")
+            if len(decide) > 1:
+                failpoint.hit("source-before-group-commit")
         writer = self.writer_id.encode()
         commits = [binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=p.start_ts, commit_ts=c)
                    for p, c in zip(decide, commit_ts, strict=True)]
@@ -144,6 +146,8 @@ class Emitter:
              for (_i, _k, v), s in zip(fresh, starts, strict=True)])
         if fresh:
             failpoint.hit("source-after-prewrite")
+            if len(fresh) > 1:
+                failpoint.hit("source-after-group-prewrite")
         if decide:
             failpoint.hit("source-after-commit")
         for (i, key, _v), s, pump in zip(fresh, starts, pumps, strict=True):
