@@ -901,68 +901,62 @@ def _arrow_buckets(batch: _Batch, tasks: int, done: set[int]) -> list[tuple[int,
 
 def apply_arrow_buckets(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int,
                         items: Iterable[tuple[int, list[tuple[Any, ...]]]]) -> Iterator[tuple[int, int, str]]:
-    """Run in a Spark task: write the buckets it was given that are not in yet
-    (``_arrow_buckets``: per table the keys to delete, then the rows to COPY) in
-    one target transaction with one checkpoint row per bucket; yields (buckets
-    applied, rows written, error message or "")."""
+    """Run in a Spark task: the Arrow buckets it was given (``_arrow_buckets``: per
+    table the keys to delete, then the rows to insert) that are not in yet."""
     infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
-    target = sink.open_target(url)
-    try:
-        with target.engine.connect() as conn:
-            conn.begin()
-            done = checkpoint.done_groups(conn, task_name, seg_end)
-            todo = [(g, parts) for g, parts in items if g not in done]
-            n = 0
-            try:
-                for _g, parts in todo:
-                    for name, gone, inserted, ipc in parts:
-                        rows = pa.ipc.open_stream(ipc).read_all()
-                        info = infos[name]
-                        n += _write_final(target, conn, info, gone, lambda ins=inserted: ins,
-                                          lambda rows=rows, info=info: target.insert_arrow(conn, info, rows))
-            except _Mismatch as m:
-                conn.rollback()
-                yield 0, 0, str(_diagnose(target, m, f"window [{a}, {b})"))
-                return
-            checkpoint.mark_groups(conn, task_name, seg_end, [g for g, _parts in todo], a, b)
-            conn.commit()
-        failpoint.hit("apply-after-group")
-        yield len(todo), n, ""
-    finally:
-        target.close()
+
+    def write(target: sink.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
+        n = 0
+        for _g, parts in todo:
+            for name, gone, inserted, ipc in parts:
+                rows = pa.ipc.open_stream(ipc).read_all()
+                info = infos[name]
+                n += _write_final(target, conn, info, gone, lambda ins=inserted: ins,
+                                  lambda rows=rows, info=info: target.insert_arrow(conn, info, rows))
+        return n
+
+    return _apply_buckets(url, task_name, seg_end, a, b, items, write)
 
 
 def apply_groups(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int, safe: bool,
                  items: Iterable[tuple[int, list[tuple[Any, ...]]]],
                  compacted: bool = False) -> Iterator[tuple[int, int, str]]:
-    """Run in a Spark task: apply the conflict groups it was given that are not in
-    yet, in one target transaction with one checkpoint row per group; yields
-    (groups applied, rows written, error message or "").
-
-    The groups of a batch never touch the same key, so one task writes all of its
-    groups as one set of batched statements (each group's changes keep their
+    """Run in a Spark task: the buckets of conflict groups it was given that are not
+    in yet. The groups of a batch never touch the same key, so one task writes all
+    of its groups as one set of batched statements (each group's changes keep their
     order); concurrency is between the tasks."""
     infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
+
+    def write(target: sink.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
+        by_table: dict[str, list[Change]] = {}
+        for _g, raw_changes in todo:
+            for t in raw_changes:
+                c = Change(*t)
+                by_table.setdefault(c.table, []).append(c)
+        return sum(write_changes(target, conn, infos[name], cs, safe, compacted) for name, cs in by_table.items())
+
+    return _apply_buckets(url, task_name, seg_end, a, b, items, write)
+
+
+def _apply_buckets(url: str, task_name: str, seg_end: int, a: int, b: int, items: Iterable[tuple[int, Any]],
+                   write: Callable[[sink.Target, Connection, list[tuple[int, Any]]], int]
+                   ) -> Iterator[tuple[int, int, str]]:
+    """The buckets of ``items`` (checkpoint id, its changes) not in yet, written by
+    ``write`` in one target transaction with one checkpoint row per bucket; yields
+    (buckets applied, rows written, error message or "")."""
     target = sink.open_target(url)
     try:
         with target.engine.connect() as conn:
             conn.begin()
             done = checkpoint.done_groups(conn, task_name, seg_end)
-            todo = [(g, raw) for g, raw in items if g not in done]
-            by_table: dict[str, list[Change]] = {}
-            for _g, raw_changes in todo:
-                for t in raw_changes:
-                    c = Change(*t)
-                    by_table.setdefault(c.table, []).append(c)
-            n = 0
+            todo = [(g, part) for g, part in items if g not in done]
             try:
-                for name, cs in by_table.items():
-                    n += write_changes(target, conn, infos[name], cs, safe, compacted)
+                n = write(target, conn, todo)
             except _Mismatch as m:
                 conn.rollback()
                 yield 0, 0, str(_diagnose(target, m, f"window [{a}, {b})"))
                 return
-            checkpoint.mark_groups(conn, task_name, seg_end, [g for g, _raw in todo], a, b)
+            checkpoint.mark_groups(conn, task_name, seg_end, [g for g, _part in todo], a, b)
             conn.commit()
         failpoint.hit("apply-after-group")
         yield len(todo), n, ""
