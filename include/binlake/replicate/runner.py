@@ -4,9 +4,11 @@ order, filtered, routed, compacted and written to the target, exactly once.
 Per window ``[a, b)`` (from the lake's ``windows`` ledger; a gap stops the
 apply naming the missing window):
 
-1. read the window's ``changes`` (and its DDLs from ``ddl_history``) with Spark,
-   handed over as Arrow (one window in memory at a time), evaluating the
-   task's expression filters there (Spark SQL over the images);
+1. read the window's ``changes`` (and its DDLs from ``ddl_history``) as Arrow,
+   in this process (``lake.arrowread``: delta-rs picks the files, PyArrow
+   reads them), or through Spark when the table needs it or the task has
+   expression filters, which Spark evaluates (Spark SQL over the images); the
+   next window is read and compacted in a second thread while one is written;
 2. cut the window at its DDLs into batches (no DDL inside a batch: one table
    definition, filter verdict and route per table id for all of it); drop what
    the filters and event filters exclude, route the table;
@@ -32,7 +34,10 @@ is idempotent, see ``target_ddl``).
 buckets concurrently: each Spark task writes its bucket in one transaction,
 with one checkpoint row for the bucket; once every bucket of a batch is in,
 the task's checkpoint moves to the batch's end. A rerun skips the buckets
-already in (a bucket is in or not, never half).
+already in (a bucket is in or not, never half). When every table of a batch
+has no unique key but its primary key (PostgreSQL, SQLite), its final changes
+are on distinct keys and cannot conflict: they are dealt into buckets by key
+and reach the tasks as Arrow (``_arrow_buckets``), not as Python changes.
 
 Normal mode checks the target against the log: a key the window deletes or
 updates must be there, a key it inserts must not (``TargetDiverged`` names the
@@ -410,9 +415,11 @@ class Applier:
         """The window's changes as an Arrow table in commit order, and the
         (commit_ts, seq) an expression filter removes.
 
-        Spark hands the window over as Arrow (``toArrow``: no Row objects), and
-        the sort is Arrow's, here, not a Spark shuffle. The columns stay Arrow:
-        filtering, routing and compaction work on whole arrays (``_fill``)."""
+        Read in this process (``arrowread``) unless the table or the task needs
+        Spark, which then hands the window over as Arrow (``toArrow``: no Row
+        objects). The sort is Arrow's, here, not a Spark shuffle. The columns
+        stay Arrow: filtering, routing and compaction work on whole arrays
+        (``_fill``)."""
         d0, d1 = decode.commit_date(lo), decode.commit_date(max(lo, hi - 1))
         table = None
         if not self.task.expr_filters:  # expression filters are Spark SQL over the Spark DataFrame
