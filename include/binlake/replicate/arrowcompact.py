@@ -170,7 +170,7 @@ class Compacted:
         if not isinstance(count, int) or count < 1:
             raise ValueError(f"count must be a positive integer, got {count!r}")
         if len(self._keys) == 1 and pa.types.is_integer(self._keys[0].type) and self._keys[0].null_count == 0:
-            return np.mod(self._keys[0].to_numpy(), count).astype(np.int64)
+            return np.asarray(np.mod(self._keys[0].to_numpy(), count), dtype=np.int64)
         # Strings and composite keys: a checksum of the key's text (Python's hash() of
         # a string differs between processes).
         tuples = self._key_tuples(pa.array(np.ones(len(self), dtype=bool)))

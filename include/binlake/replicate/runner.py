@@ -917,9 +917,8 @@ def apply_arrow_buckets(url: str, task_name: str, infos_raw: dict[str, bytes], s
         for _g, parts in todo:
             for name, gone, inserted, ipc in parts:
                 rows = pa.ipc.open_stream(ipc).read_all()
-                info = infos[name]
-                n += _write_final(target, conn, info, gone, lambda ins=inserted: ins,
-                                  lambda rows=rows, info=info: target.insert_arrow(conn, info, rows))
+                n += _write_final(target, conn, infos[name], gone, functools.partial(list, inserted),
+                                  functools.partial(target.insert_arrow, conn, infos[name], rows))
         return n
 
     return _apply_buckets(url, task_name, seg_end, a, b, items, write)

@@ -284,7 +284,7 @@ class Target:
                f"VALUES ({', '.join('?' for _ in names)})")
         cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
-            cur.executemany(sql, zip(*columns, strict=True))
+            cur.executemany(sql, list(zip(*columns, strict=True)))
         finally:
             cur.close()
         return int(rows.num_rows)

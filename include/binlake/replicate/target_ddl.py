@@ -31,8 +31,8 @@ def _columns(conn: Connection, table: str) -> set[str]:
 
 def _indexes(conn: Connection, table: str) -> set[str]:
     insp = sa.inspect(conn)
-    names = {i["name"] for i in insp.get_indexes(table) if i.get("name")}
-    names |= {u["name"] for u in insp.get_unique_constraints(table) if u.get("name")}
+    names = {str(i["name"]) for i in insp.get_indexes(table) if i.get("name")}
+    names |= {str(u["name"]) for u in insp.get_unique_constraints(table) if u.get("name")}
     return names
 
 
