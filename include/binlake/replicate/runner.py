@@ -91,10 +91,11 @@ _WINDOW_COLUMNS = ("start_ts", "end_ts", "status", "rows")
 _DDL_COLUMNS = ("commit_ts", "table_id", "previous_table_id", "dropped", "table_info", "query")
 # The apply's own columns beside an image's, as Spark's analysis errors list them.
 _INTERNAL_COLUMN = re.compile(r"`?__binlake_\w+`?(, )?")
-# Consecutive windows are read from the lake in one Spark job while their row
+# Consecutive windows are read from the lake in one read while their row
 # changes (the ledger's counts) add up to at most this many: small windows (the
-# ingest DAG's five minutes) then do not each pay a Spark job, and the memory a
-# read holds stays bounded (one window larger than this is read alone).
+# ingest DAG's five minutes) then do not each pay a read (a Spark job, when Spark
+# reads), and the memory a read holds stays bounded (one window larger than this
+# is read alone; two reads are held while one is written and the next compacted).
 READ_BUDGET = 200_000
 
 
