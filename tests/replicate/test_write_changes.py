@@ -135,3 +135,43 @@ def test_apply_groups_one_transaction_per_task_and_skips_groups_already_in(tmp_p
     assert (n_groups, n_rows) == (0, 0) and "target table t: the row with key id=9" in message
     assert rows(t) == [(1, 5, "x"), (2, 2, "x")]
     t.close()
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+def test_delete_keys_of_any_text_and_integers(kind: str, request: pytest.FixtureRequest,
+                                              tmp_path: pathlib.Path) -> None:
+    """The deletes' one array (PostgreSQL sends it as a text literal it builds): keys
+    with the literal's own syntax in them (quotes, backslashes, commas, braces,
+    spaces, NULL as text, an empty string) delete exactly those rows; so do integer
+    keys at both ends of the range."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'k.db'}"
+    else:
+        url = str(request.getfixturevalue("postgres_server").create_database(f"k_{uuid.uuid4().hex[:12]}"))
+    keys = ['a"b', "back\\slash", "c,d", "{e}", " sp ", "NULL", "", "ü€😀", "plain", '\\"', "x\ty"]
+    by_text = sc.new_table(6, "app", "s", [sc.ColumnDef("k", "string", False, length=40), sc.ColumnDef("n", "int")],
+                           ["k"], None, 1)
+    by_int = sc.new_table(7, "app", "i", [sc.ColumnDef("k", "int", False)], ["k"], None, 1)
+    ints = [-(2**63), -1, 0, 1, 2**63 - 1]
+    t = sink.open_target(url)
+    try:
+        t.create_table(by_text)
+        t.create_table(by_int)
+        t.bulk_load(by_text, [{"k": k, "n": i} for i, k in enumerate(keys)])
+        t.bulk_load(by_int, [{"k": k} for k in ints])
+        gone = keys[::2]
+        with t.engine.connect() as conn:
+            conn.begin()
+            assert t.delete_keys(conn, by_text, [(k,) for k in gone]) == len(gone)
+            assert t.delete_keys(conn, by_int, [(ints[0],), (ints[2],), (ints[4],)]) == 3
+            conn.commit()
+        with t.engine.connect() as conn:
+            left = sorted(r[0] for r in conn.exec_driver_sql("SELECT k FROM s"))
+            left_ints = sorted(r[0] for r in conn.exec_driver_sql("SELECT k FROM i"))
+        assert left == sorted(keys[1::2])
+        assert left_ints == [ints[1], ints[3]]
+    finally:
+        t.close()
+    assert sink._pg_array_literal([1, 2]) == "{1,2}"
+    assert sink._pg_array_literal(['a"b', "c\\"]) == '{"a\\"b","c\\\\"}'
+    assert sink._pg_array_literal([1, "a"]) is None

@@ -238,21 +238,11 @@ class Target:
             return _copy_rows(conn, info, names, rows)
         table = self.sa_table(info)
         if self.dialect == "sqlite":
-            # The driver's executemany of one prepared statement: SQLAlchemy's own
-            # per-row work (compiling, parameter dicts) costs more than SQLite's insert.
             procs = _bind_processors(table, names, conn)
-            q = conn.dialect.identifier_preparer.quote
-            sql = (f"INSERT INTO {q(info.name)} ({', '.join(q(n) for n in names)}) "
-                   f"VALUES ({', '.join('?' for _ in names)})")
             params = [tuple(v if v is None or p is None else p(v) for v, p in zip(map(row.get, names), procs,
                                                                                  strict=True))
                       for row in rows]
-            cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-            try:
-                cur.executemany(sql, params)
-            finally:
-                cur.close()
-            return len(params)
+            return _sqlite_insert(conn, info.name, names, params)
         n = 0
         for batch in _batches(rows, names):
             conn.execute(table.insert(), batch)
@@ -279,15 +269,7 @@ class Target:
             if proc is not None:
                 values = [v if v is None else proc(v) for v in values]
             columns.append(values)
-        q = conn.dialect.identifier_preparer.quote
-        sql = (f"INSERT INTO {q(info.name)} ({', '.join(q(n) for n in names)}) "
-               f"VALUES ({', '.join('?' for _ in names)})")
-        cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        try:
-            cur.executemany(sql, list(zip(*columns, strict=True)))
-        finally:
-            cur.close()
-        return int(rows.num_rows)
+        return _sqlite_insert(conn, info.name, names, list(zip(*columns, strict=True)))
 
     def copy_arrow(self, conn: Connection, info: binlog_pb2.TableInfo, rows: pa.Table) -> int:
         """PostgreSQL: append ``rows`` (an Arrow table, columns named as the target's)
@@ -428,6 +410,19 @@ def _delete_single_key(conn: Connection, table: sa.Table, name: str, keys: Seque
         return int(cur.rowcount)
     finally:
         cur.close()
+
+
+def _sqlite_insert(conn: Connection, table: str, names: Sequence[str], params: list[tuple[Any, ...]]) -> int:
+    """One prepared INSERT of ``names`` run over ``params`` by the driver (SQLAlchemy's
+    own per-row work would cost more than SQLite's insert); the rows inserted."""
+    q = conn.dialect.identifier_preparer.quote
+    sql = f"INSERT INTO {q(table)} ({', '.join(q(n) for n in names)}) VALUES ({', '.join('?' for _ in names)})"
+    cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cur.executemany(sql, params)
+    finally:
+        cur.close()
+    return len(params)
 
 
 def _pg_array_literal(values: Sequence[Any]) -> str | None:
