@@ -252,11 +252,10 @@ def _write_arrow(target: sink.Target, conn: Connection, info: binlog_pb2.TableIn
     SQLite: one prepared INSERT over the columns' values) when every column has a
     CSV form; otherwise row by row from the decoded final changes."""
     rows = final.rows_table()
-    if rows is not None:
-        return _write_final(target, conn, info, final.gone_keys(), final.insert_keys,
-                            lambda: target.insert_arrow(conn, info, rows))
-    return _write_final(target, conn, info, final.gone_keys(), final.insert_keys,
-                        lambda: target.insert_rows(conn, info, [c.after for c in final.changes() if c.after is not None]))
+    write_rows: Callable[[], int] = (
+        functools.partial(target.insert_arrow, conn, info, rows) if rows is not None else
+        lambda: target.insert_rows(conn, info, [c.after for c in final.changes() if c.after is not None]))
+    return _write_final(target, conn, info, final.gone_keys(), final.insert_keys, write_rows)
 
 
 def _write_final(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo, keys: list[tuple[Any, ...]],
@@ -780,11 +779,11 @@ class Applier:
     def _apply_parallel(self, target: sink.Target, batches: list[_Batch], a: int, b: int, safe: bool,
                         summary: ApplySummary) -> None:
         for batch in batches:
+            infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
             if _arrow_parallel(target, batch, safe):
                 with target.engine.connect() as conn:
                     done = checkpoint.done_groups(conn, self.task.name, batch.end)
                 items = _arrow_buckets(batch, self.task.parallel_tasks, done)
-                infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
                 if items:
                     summary.rows_written += self._run_groups(items, functools.partial(
                         apply_arrow_buckets, self.target_url, self.task.name, infos, batch.end, a, b))
@@ -801,7 +800,6 @@ class Applier:
                 work = [(g, [(c.table, c.op, c.before, c.after, c.commit_ts, c.seq) for c in part])
                         for g, part in _buckets(groups, self.task.parallel_tasks, done)
                         if g not in done]
-                infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
                 if work:
                     summary.rows_written += self._run_groups(work, functools.partial(
                         apply_groups, self.target_url, self.task.name, infos, batch.end, a, b, safe,
