@@ -141,7 +141,8 @@ def _datetime_arg(text: str) -> int:
 def _add_registry(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--registry", default=os.environ.get("BINLAKE_REGISTRY", os.environ.get("BINLAKE_PUMP_REGISTRY")),
-        help="registry HOST:PORT (default: $BINLAKE_REGISTRY, else 127.0.0.1:8230)",
+        help="registry HOST:PORT, or a registry group's HOST:PORT,HOST:PORT,... (clients find and follow "
+             "its leader; default: $BINLAKE_REGISTRY, else 127.0.0.1:8230)",
     )
 
 
@@ -161,12 +162,13 @@ def _add_window(p: argparse.ArgumentParser) -> None:
 
 
 def _registry_addr(args: argparse.Namespace) -> str:
-    from binlake.rpc import parse_addr
+    """--registry as given (one HOST:PORT or a comma-separated group), checked."""
+    from binlake.rpc import parse_addr_list
 
     if args.registry is not None and not args.registry.strip():
         raise errors.InvalidArgument("--registry is empty: give the registry's HOST:PORT (e.g. 127.0.0.1:8230)")
     addr = args.registry or "127.0.0.1:8230"
-    parse_addr(addr, "--registry")
+    parse_addr_list(addr, "--registry")
     return addr
 
 

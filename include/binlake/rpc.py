@@ -56,6 +56,18 @@ def from_rpc_error(exc: grpc.RpcError, what: str) -> errors.BinlakeError:
     return err
 
 
+# Trailing metadata of a registry follower's refusal (errors.NotLeader): that it
+# was refused unexecuted, and the leader's HOST:PORT when known.
+NOT_LEADER_METADATA_KEY = "binlake-not-leader"
+LEADER_METADATA_KEY = "binlake-leader"
+
+
+def not_leader_metadata(exc: errors.NotLeader) -> tuple[tuple[str, str], ...]:
+    if exc.leader:
+        return ((NOT_LEADER_METADATA_KEY, "1"), (LEADER_METADATA_KEY, exc.leader))
+    return ((NOT_LEADER_METADATA_KEY, "1"),)
+
+
 def servicer_method(fn: F) -> F:
     """Wrap a unary servicer method: domain errors become their status, anything
     else becomes INTERNAL with the error logged (never a traceback to the peer)."""
@@ -65,6 +77,8 @@ def servicer_method(fn: F) -> F:
         try:
             return fn(self, request, context)
         except errors.BinlakeError as exc:
+            if isinstance(exc, errors.NotLeader):
+                context.set_trailing_metadata(not_leader_metadata(exc))
             context.abort(status_code(exc), str(exc))
         except Exception as exc:
             log.exception("internal error in %s", fn.__name__)
@@ -129,6 +143,29 @@ def parse_addr(addr: str, what: str = "address") -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise errors.InvalidArgument(f"{what} {addr!r}: port must be in 0..65535")
     return host, port
+
+
+def parse_addr_list(text: str, what: str = "address list") -> list[str]:
+    """``a:8230,b:8230,c:8230`` (a registry group) -> its HOST:PORTs, in order, without
+    repeats; one InvalidArgument naming the bad entry otherwise. A single
+    HOST:PORT is a list of one."""
+    if not isinstance(text, str) or not text.strip():
+        raise errors.InvalidArgument(f"{what} is empty: give HOST:PORT[,HOST:PORT...] (e.g. 127.0.0.1:8230)")
+    out: list[str] = []
+    for i, part in enumerate(text.split(",")):
+        item = part.strip()
+        if not item:
+            raise errors.InvalidArgument(
+                f"{what} {text!r}: entry {i + 1} is empty; separate HOST:PORTs with single commas")
+        if any(c.isspace() for c in item) or ";" in item:
+            raise errors.InvalidArgument(
+                f"{what} {text!r}: {item!r} is not one HOST:PORT; separate HOST:PORTs with commas")
+        _, port = parse_addr(item, f"{what} entry {item!r}")
+        if port == 0:
+            raise errors.InvalidArgument(f"{what} {text!r}: {item!r} needs a port > 0 (the registry's is 8230)")
+        if item not in out:
+            out.append(item)
+    return out
 
 
 # -- TLS: every gRPC server and channel of binlake is created here ---------------------

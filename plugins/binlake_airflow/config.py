@@ -94,15 +94,16 @@ def setting(variable: str, env: Sequence[str], default: str | None) -> str | Non
 
 
 def registry_addr() -> str:
-    """The registry's HOST:PORT (Variable ``binlake_registry``, env ``BINLAKE_REGISTRY``)."""
+    """The registry's HOST:PORT, or a registry group's comma-separated list
+    (Variable ``binlake_registry``, env ``BINLAKE_REGISTRY``)."""
     from binlake import errors
-    from binlake.rpc import parse_addr
+    from binlake.rpc import parse_addr_list
 
     # BINLAKE_CLIENT_REGISTRY is what docker-compose.yaml gives every client.
     addr = setting("binlake_registry", ("BINLAKE_REGISTRY", "BINLAKE_CLIENT_REGISTRY"), DEFAULT_REGISTRY)
     assert addr is not None
     try:
-        parse_addr(addr, "registry address")
+        parse_addr_list(addr, "registry address")
     except errors.InvalidArgument as exc:
         raise ConfigError(f"{exc} (from Variable binlake_registry or env BINLAKE_REGISTRY)") from None
     return addr

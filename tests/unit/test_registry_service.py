@@ -138,8 +138,10 @@ def test_open_store_specs(tmp_path: pathlib.Path) -> None:
     with open_store(str(tmp_path / "as-text")) as s:
         assert s.describe() == str(tmp_path / "as-text" / DB_FILE_NAME)
 
-    with pytest.raises(errors.InvalidArgument, match="etcd store is not built yet.*sqlite:///"):
-        open_store("etcd://10.0.0.1:2379")
+    with pytest.raises(errors.InvalidArgument, match="empty endpoint"):
+        open_store("etcd://10.0.0.1:2379,,10.0.0.2:2379")
+    with pytest.raises(errors.InvalidArgument, match="must be HOST:PORT"):
+        open_store("etcd://10.0.0.1")
     with pytest.raises(errors.InvalidArgument, match="unknown scheme 'redis'"):
         open_store("redis://localhost")
     with pytest.raises(errors.InvalidArgument, match="sqlite:///path/to/file.db"):

@@ -13,11 +13,16 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
         "registry", help="run the registry (TSO and node states)", formatter_class=fmt,
         description="Run the registry: hands out TSOs and keeps every node's state.",
-        epilog="Example:\n  binlake registry --data-dir data/registry --addr 127.0.0.1:8230\n",
+        epilog="Examples:\n  binlake registry --data-dir data/registry --addr 127.0.0.1:8230\n"
+               "  # one member of a group of three on etcd (run one per host):\n"
+               "  binlake registry --store etcd://h1:2379,h2:2379,h3:2379 --addr h1:8230\n",
     )
     p.add_argument("--config", help="TOML config file (its [registry] table)")
     p.add_argument("--data-dir", help="where the SQLite store lives (default data/registry)")
     p.add_argument("--addr", help="HOST:PORT to listen on (default 127.0.0.1:8230; port 0 = any free port)")
+    p.add_argument("--store", help="store URL instead of --data-dir: sqlite:///file.db, or "
+                   "etcd://h1:2379,h2:2379,h3:2379[/prefix] to run one member of a registry group (one leads)")
+    p.add_argument("--cluster-id", type=_positive_int, help="refuse a store that holds another cluster id")
     p.add_argument("--tso-window-ms", type=_positive_int, help="TSO high-water step persisted ahead of use")
     p.set_defaults(handler=_run)
 
@@ -27,6 +32,6 @@ def _run(args: argparse.Namespace) -> int:
     from binlake.registry import server
 
     settings = config.load(config.RegistrySettings, args.config, data_dir=args.data_dir, addr=args.addr,
-                           tso_window_ms=args.tso_window_ms)
+                           tso_window_ms=args.tso_window_ms, store=args.store, cluster_id=args.cluster_id)
     server.run(settings)
     return 0

@@ -45,7 +45,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     m.add_argument("--dsn", required=True, help="mysql://USER[:PASSWORD]@HOST[:PORT]")
     m.add_argument("--server-id", type=_server_id, required=True,
                    help="this replica's server id (unique among the server's replicas)")
-    m.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT (default 127.0.0.1:8230)")
+    m.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT or a group HOST:PORT,HOST:PORT,... (default 127.0.0.1:8230)")
     m.add_argument("--start", default=None,
                    help="where a new --data-dir starts: now (default), snapshot (the chosen tables' rows "
                         "first, then the binlog from that snapshot), FILE:POS or gtid:SET; "
@@ -76,7 +76,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     pg.add_argument("--create", action="store_true",
                     help="create the publication FOR ALL TABLES, and the slot (--start snapshot always creates "
                          "its own), if missing")
-    pg.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT (default 127.0.0.1:8230)")
+    pg.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT or a group HOST:PORT,HOST:PORT,... (default 127.0.0.1:8230)")
     pg.add_argument("--start", default=None,
                     help="where a new --data-dir starts: now (default: stream from the slot) or snapshot (creates "
                          "the slot with an exported snapshot, sends the published tables' rows, then streams from "
@@ -145,7 +145,7 @@ def _check_args(args: argparse.Namespace) -> None:
     --registry or --data-dir is still reported as itself."""
     from binlake import argcheck
 
-    argcheck.addr("--registry", args.registry)
+    argcheck.addr_list("--registry", args.registry)
     argcheck.listen_addr("--status-addr", args.status_addr)
     argcheck.writable_dir("--data-dir", args.data_dir)
     if not args.dsn.strip():
