@@ -179,6 +179,7 @@ def _registry_addr(args: argparse.Namespace) -> str:
 # like every other command's. One line a module, so commands stay findable.
 _COMMAND_MODULES: tuple[str, ...] = (
     "binlake.ctl_consumers",
+    "binlake.registry.ctl_command",
     "binlake.source.commands",
     "binlake.replicate.commands",
     "binlake.restore.commands",

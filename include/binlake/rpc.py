@@ -160,7 +160,7 @@ def parse_addr_list(text: str, what: str = "address list") -> list[str]:
         if any(c.isspace() for c in item) or ";" in item:
             raise errors.InvalidArgument(
                 f"{what} {text!r}: {item!r} is not one HOST:PORT; separate HOST:PORTs with commas")
-        _, port = parse_addr(item, f"{what} entry {item!r}")
+        _, port = parse_addr(item, f"{what} entry")
         if port == 0:
             raise errors.InvalidArgument(f"{what} {text!r}: {item!r} needs a port > 0 (the registry's is 8230)")
         if item not in out:
