@@ -28,9 +28,12 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from binlake import config
+    from binlake import config, errors
     from binlake.registry import server
 
+    if args.store is not None and not args.store.strip():
+        raise errors.InvalidArgument(
+            "--store is empty: give etcd://HOST:2379,... or sqlite:///path/registry.db, or leave it out for --data-dir")
     settings = config.load(config.RegistrySettings, args.config, data_dir=args.data_dir, addr=args.addr,
                            tso_window_ms=args.tso_window_ms, store=args.store, cluster_id=args.cluster_id)
     server.run(settings)

@@ -22,7 +22,7 @@ def _ctl_subparsers(sub: Any) -> Any:
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """Add ``binlake ctl registry`` and ``binlake bench registry``."""
-    from binlake.cli import _add_registry
+    from binlake.cli import _add_registry, _positive_float, _positive_int
 
     c = _ctl_subparsers(sub).add_parser(
         "registry", help="members of the registry group: leader, etcd endpoint, TSO mark, lease",
@@ -43,10 +43,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         formatter_class=fmt,
         description="Measure a registry group on a three-member etcd against a lone SQLite registry (bench/RESULTS.md).",
     )
-    b.add_argument("--runs", type=int, default=5, help="failovers to time (default 5)")
-    b.add_argument("--seconds", type=float, default=3.0, help="seconds per TSO throughput case (default 3)")
-    b.add_argument("--threads", type=int, default=16, help="TSO caller threads (default 16)")
-    b.add_argument("--out", help="also write the results as JSON here")
+    b.add_argument("--runs", type=_positive_int, default=5, help="failovers to time (default 5)")
+    b.add_argument("--seconds", type=_positive_float, default=3.0, help="seconds per TSO throughput case (default 3)")
+    b.add_argument("--threads", type=_positive_int, default=16, help="TSO caller threads (default 16)")
     b.set_defaults(handler=_bench)
 
 
