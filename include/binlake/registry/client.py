@@ -39,6 +39,9 @@ _MAX_BACKOFF_S = 0.5
 # How long a call to a registry group keeps looking for a leader: a lease (3 s),
 # the election after it and the new leader's first fenced write, with room.
 FAILOVER_S = 15.0
+# A group waits at most this long between rounds over its members: the new
+# leader should be found within a poll of its election, not a backoff later.
+_GROUP_MAX_BACKOFF_S = 0.1
 # One attempt against one member of a group: a stopped or partitioned member
 # does not answer at all, and the call must move on to the others.
 _GROUP_ATTEMPT_S = 2.0
@@ -361,7 +364,7 @@ class RegistryClient:
                 if pause and self._closed.wait(pause):
                     raise self._closed_error() from None
                 if pause:
-                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                    backoff = min(backoff * 2, _GROUP_MAX_BACKOFF_S if group else _MAX_BACKOFF_S)
                 target = nxt
                 continue
             if target != self.leader:
