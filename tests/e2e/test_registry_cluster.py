@@ -2,12 +2,13 @@
 registries on three hosts (network namespaces on a bridge), two Pumps on two
 more, and writers on the test's own host committing through them. The nemesis
 kills -9 the leader registry, then partitions the new leader's host for longer
-than the lease, then heals, for two rounds. Afterwards: no writer failed a
+than the lease, then heals, for two rounds; then freezes the leader's host
+(SIGSTOP) beyond the lease and resumes it. Afterwards: no writer failed a
 transaction; every TSO any client got is unique, and one requested after
 another was returned is larger (real time, across clients and failovers,
 including what the partitioned leader handed out); the Pumps serve every
 acknowledged transaction once, in commit_ts order; the partitioned leader
-handed out nothing once its lease ran out.
+handed out nothing once its lease ran out, nor the frozen one once resumed.
 
 Skips (saying why) where network namespaces cannot be created."""
 
@@ -215,6 +216,25 @@ def test_registry_group_survives_kill_and_partition(bed: NetBed, tmp_path: pathl
             probe.kill()
             probe.wait()
             wait_until(lambda n=acked_in_partition: len(writers.acked) > n + 20, 20, what="writes after healing")
+        # 3. SIGSTOP the leader's host (a frozen VM) until another member leads
+        #    (its lease ran out in etcd: at least the lease, more when etcd's own
+        #    leader was frozen too, as etcd renews leases when its leader changes),
+        #    with a probe started after the stop; resumed, the old leader must
+        #    hand out nothing.
+        leader = _leader(addrs)
+        frozen = host_of[leader]
+        bed.pause(frozen.name)
+        frozen_log = tmp_path / "probe-frozen.log"
+        frozen_log.touch()
+        probe = frozen.spawn([sys.executable, "-c", PROBE, leader, str(frozen_log)], logs / "probe.out")
+        _leader([a for a in addrs if a != leader], timeout=30)
+        elected_acked = len(writers.acked)
+        wait_until(lambda n=elected_acked: len(writers.acked) > n + 20, 20, what="writes while the leader is frozen")
+        acked_while_frozen = len(writers.acked) - elected_acked
+        bed.resume(frozen.name)
+        time.sleep(2.0)
+        probe.kill()
+        probe.wait()
         time.sleep(1.0)
     finally:
         writers.stop.set()
@@ -236,6 +256,9 @@ def test_registry_group_survives_kill_and_partition(bed: NetBed, tmp_path: pathl
             late = [r for r in got if cut_at + LEASE_S + 0.25 < r[0] / 1e9 < healed_at]
             assert late == [], f"the partitioned leader handed out {len(late)} TSOs after its lease"
             probe_tsos += got
+        assert acked_while_frozen > 0, "no writes while the leader was frozen"
+        frozen_tsos = frozen_log.read_text().splitlines()
+        assert frozen_tsos == [], "the resumed ex-leader handed out TSOs after its lease"
         _check_real_time_order(writers.tsos + probe_tsos)
 
         # Every acknowledged transaction, once, in commit_ts order, from the Pumps.
@@ -258,4 +281,25 @@ def test_registry_group_survives_kill_and_partition(bed: NetBed, tmp_path: pathl
     finally:
         status_server.stop(0.2)
         reg.close()
+        etcd.stop()
+
+
+def test_registry_group_under_latency_and_loss(bed: NetBed, tmp_path: pathlib.Path) -> None:
+    """tc netem on the leader's host (100 ms each way out, 5 % loss): the group
+    keeps one leader and clients keep getting increasing TSOs."""
+    why = NetBed.netem_available()
+    if why:
+        pytest.skip(why)
+    hosts = bed.hosts[:3]
+    etcd = EtcdCluster(tmp_path / "etcd", 3, hosts=[h.addr for h in hosts], wraps=[h.wrap for h in hosts]).start()
+    try:
+        for h in hosts:
+            _spawn_registry(h, etcd.url(), tmp_path)
+        addrs = [f"{h.addr}:{REG_PORT}" for h in hosts]
+        leader = _leader(addrs, timeout=30)
+        bed.netem(next(h for h in hosts if f"{h.addr}:{REG_PORT}" == leader).name, delay_ms=100, loss_pct=5)
+        with RegistryClient(",".join(addrs)) as reg:
+            got = [reg.get_ts() for _ in range(30)]
+        assert got == sorted(got) and len(set(got)) == len(got)
+    finally:
         etcd.stop()

@@ -156,6 +156,11 @@ class Election:
         interval = self._lease_s / 3
         while not self._stop.wait(interval):
             sent = time.monotonic()
+            if sent >= self.expiry_at():
+                # Our own count ran out (a pause, a slow keepalive): this term is
+                # over even if etcd still holds the lease; never revive it.
+                log.warning("registry %s: lease expired locally; stepping down", self._addr)
+                return
             try:
                 ttl = self._client.keepalive_once(lease_id, timeout_s=interval)
                 kv = self._client.get(self._key) if ttl > 0 else None
