@@ -154,7 +154,9 @@ class RegistryClient:
 
     def _await(self, waiter: _TSWaiter) -> int:
         """Wait for ``waiter``'s timestamp, leading a round when promoted to."""
-        deadline = 2 * self._timeout_s + 1.0
+        # A round may retry through a failover (the window), and a waiter may wait
+        # for the round before its own.
+        deadline = 2 * self._window_s + 1.0
         while True:
             if not waiter.done.wait(deadline):
                 with self._ts_cond:
