@@ -92,7 +92,7 @@ def _tso_case(addr: str, threads: int, seconds: float) -> dict[str, float]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from binlake.testing.devcluster import free_port
+    from binlake.net import free_port
     from binlake.testing.etcdcluster import EtcdCluster
 
     if not EtcdCluster.available():

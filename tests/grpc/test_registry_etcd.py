@@ -22,7 +22,7 @@ from binlake.registry.etcd_store import EtcdStore
 from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState
 from binlake.registry.server import RegistryServer
 from binlake.registry.store import open_store
-from binlake.testing.devcluster import free_port
+from binlake.net import free_port
 from binlake.testing.etcdcluster import EtcdCluster
 
 pytestmark = pytest.mark.skipif(not EtcdCluster.available(), reason="etcd is not installed (apt-get install etcd-server)")

@@ -569,8 +569,8 @@ def test_consumer_removal_and_bad_input(service: RegistryService) -> None:
 
 
 def test_registry_and_etcd_address_lists() -> None:
+    from binlake.net import parse_addr_list
     from binlake.registry.etcd import parse_etcd_url, prefix_end
-    from binlake.rpc import parse_addr_list
 
     assert parse_addr_list("a:8230") == ["a:8230"]
     assert parse_addr_list(" a:8230, b:8230 ,a:8230") == ["a:8230", "b:8230"]

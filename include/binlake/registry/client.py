@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from binlake import errors, rpc
+from binlake import errors, net, rpc
 from binlake.config import MiB
 from binlake.proto import registry_pb2, registry_pb2_grpc
 from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState
@@ -70,7 +70,7 @@ class RegistryClient:
     ``HOST:PORT[,HOST:PORT...]``). Thread-safe; use as a context manager or close()."""
 
     def __init__(self, addr: str, timeout_s: float = 5.0, *, failover_s: float | None = None) -> None:
-        self._addrs = rpc.parse_addr_list(addr, "registry address")
+        self._addrs = net.parse_addr_list(addr, "registry address")
         if timeout_s <= 0:
             raise errors.InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
         if failover_s is not None and failover_s <= 0:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import grpc
 from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
 
-from binlake import errors, rpc
+from binlake import errors, net
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def parse_etcd_url(text: str) -> EtcdTarget:
             raise errors.InvalidArgument(
                 f"etcd store {raw!r}: an empty endpoint in the list (write etcd://h1:2379,h2:2379,h3:2379)"
             )
-        host, port = rpc.parse_addr(part, f"etcd store {raw!r} endpoint")
+        host, port = net.parse_addr(part, f"etcd store {raw!r} endpoint")
         if port == 0:
             raise errors.InvalidArgument(f"etcd store {raw!r}: endpoint {part!r} needs a port (etcd's is 2379)")
         if part not in endpoints:

@@ -13,7 +13,7 @@ from types import FrameType
 
 import grpc
 
-from binlake import config, errors, rpc
+from binlake import config, errors, net, rpc
 from binlake.proto import registry_pb2, registry_pb2_grpc
 from binlake.registry.election import Election
 from binlake.registry.etcd_store import EtcdStore
@@ -192,7 +192,7 @@ class RegistryServer:
     def start(self) -> RegistryServer:
         if self._server is not None:
             raise errors.FailedPrecondition(f"the registry server is already running on {self._addr}")
-        host, port = rpc.parse_addr(self._settings.addr, "registry addr")
+        host, port = net.parse_addr(self._settings.addr, "registry addr")
         spec: str | object = self._settings.store or self._settings.data_dir
         store = open_store(spec, cluster_id=self._settings.cluster_id)  # type: ignore[arg-type]
         election: Election | None = None

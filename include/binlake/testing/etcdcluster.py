@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Self
 
 from binlake import errors
-from binlake.testing.devcluster import free_port
+from binlake.net import free_port
 
 ETCD_BIN_NAMES = ("etcd",)
 START_TIMEOUT_S = 30.0

@@ -1,6 +1,5 @@
-"""``binlake ctl registry``: the members of a registry group (who leads, which etcd
-endpoint each uses, the TSO high-water mark, the lease left), and
-``binlake bench registry`` (failover time and TSO throughput; ``bench/registry_bench.py``)."""
+"""``binlake ctl registry``: the members of a registry group (who leads, the leader
+each one sees, the etcd endpoint it uses, the TSO high-water mark, the lease left)."""
 
 from __future__ import annotations
 
@@ -10,21 +9,13 @@ import sys
 from typing import Any
 
 from binlake import errors, tso
+from binlake.cli.args import add_registry, registry_addr
+from binlake.net import parse_addr_list
 
 
-def _ctl_subparsers(sub: Any) -> Any:
-    ctl = sub.choices["ctl"]
-    for action in ctl._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    raise RuntimeError("the ctl parser has no actions")
-
-
-def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
-    """Add ``binlake ctl registry`` and ``binlake bench registry``."""
-    from binlake.cli import _add_registry, _positive_float, _positive_int
-
-    c = _ctl_subparsers(sub).add_parser(
+def add_parsers(csub: argparse._SubParsersAction, fmt: type[argparse.HelpFormatter]) -> None:  # type: ignore[type-arg]
+    """Add ``binlake ctl registry`` to the ctl actions ``csub``."""
+    c = csub.add_parser(
         "registry", help="members of the registry group: leader, etcd endpoint, TSO mark, lease",
         formatter_class=fmt,
         description=(
@@ -34,19 +25,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         ),
         epilog="Example:\n  binlake ctl registry --registry h1:8230,h2:8230,h3:8230\n",
     )
-    _add_registry(c)
+    add_registry(c)
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     c.set_defaults(handler=_members)
-
-    b = bench.add_parser(
-        "registry", help="registry group: failover time, TSO throughput (etcd vs SQLite), writers through a failover",
-        formatter_class=fmt,
-        description="Measure a registry group on a three-member etcd against a lone SQLite registry (bench/RESULTS.md).",
-    )
-    b.add_argument("--runs", type=_positive_int, default=5, help="failovers to time (default 5)")
-    b.add_argument("--seconds", type=_positive_float, default=3.0, help="seconds per TSO throughput case (default 3)")
-    b.add_argument("--threads", type=_positive_int, default=16, help="TSO caller threads (default 16)")
-    b.set_defaults(handler=_bench)
 
 
 def member_rows(addrs: list[str]) -> list[dict[str, Any]]:
@@ -71,10 +52,7 @@ def member_rows(addrs: list[str]) -> list[dict[str, Any]]:
 
 
 def _members(args: argparse.Namespace) -> int:
-    from binlake.cli import _registry_addr
-    from binlake.rpc import parse_addr_list
-
-    addrs = parse_addr_list(_registry_addr(args), "--registry")
+    addrs = parse_addr_list(registry_addr(args), "--registry")
     rows = member_rows(addrs)
     clusters = {r["cluster_id"] for r in rows if "cluster_id" in r}
     if args.json:
@@ -102,9 +80,3 @@ def _members(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from binlake.cli import _bench_module
-
-    return int(_bench_module("registry").main(args))
