@@ -16,13 +16,13 @@ import pytest
 
 from binlake import errors
 from binlake.config import RegistrySettings
+from binlake.net import free_port
 from binlake.registry.client import RegistryClient
 from binlake.registry.etcd import parse_etcd_url
 from binlake.registry.etcd_store import EtcdStore
 from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState
 from binlake.registry.server import RegistryServer
 from binlake.registry.store import open_store
-from binlake.net import free_port
 from binlake.testing.etcdcluster import EtcdCluster
 
 pytestmark = pytest.mark.skipif(not EtcdCluster.available(), reason="etcd is not installed (apt-get install etcd-server)")
