@@ -51,8 +51,10 @@ class Election:
         self._lease_s = lease_s
         self._key = store.key("leader")
         self._value = json.dumps({"addr": addr, "pid": os.getpid()}).encode()
-        self._on_elected = on_elected or (lambda: None)
-        self._on_deposed = on_deposed or (lambda: None)
+        # Called on the election thread: when this member won (before it counts
+        # as serving; an exception resigns) and when it stopped leading.
+        self.on_elected: Callable[[], None] = on_elected or (lambda: None)
+        self.on_deposed: Callable[[], None] = on_deposed or (lambda: None)
         self._lock = threading.Lock()
         # Monotonic time until which this member may act as leader; 0 = not leading.
         self._expiry = 0.0
@@ -141,7 +143,7 @@ class Election:
             self._lease_id = lease_id
             self._leader_addr = self._addr
         try:
-            self._on_elected()
+            self.on_elected()
         except Exception as exc:
             log.warning("registry %s won the election but could not start serving: %s; resigning", self._addr, exc)
             self._step_down(lease_id)
@@ -189,7 +191,7 @@ class Election:
             self._leader_addr = ""
         self._store.fence(-1)
         try:
-            self._on_deposed()
+            self.on_deposed()
         finally:
             # Revoking deletes the key at once, so a graceful stop hands over
             # without waiting out the lease; after a partition it may fail.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import pathlib
 import signal
 import sys
 import threading
@@ -193,8 +194,8 @@ class RegistryServer:
         if self._server is not None:
             raise errors.FailedPrecondition(f"the registry server is already running on {self._addr}")
         host, port = net.parse_addr(self._settings.addr, "registry addr")
-        spec: str | object = self._settings.store or self._settings.data_dir
-        store = open_store(spec, cluster_id=self._settings.cluster_id)  # type: ignore[arg-type]
+        spec: str | pathlib.Path = self._settings.store or self._settings.data_dir
+        store = open_store(spec, cluster_id=self._settings.cluster_id)
         election: Election | None = None
         try:
             if self._settings.cluster_id and store.cluster_id() != self._settings.cluster_id:
@@ -207,13 +208,12 @@ class RegistryServer:
                         f"registry addr {self._settings.addr!r}: a member of a registry group on etcd needs the "
                         "HOST:PORT its clients reach (it is what followers name as the leader), not port 0 "
                         "or a wildcard host")
-                service_box: list[RegistryService] = []
-                election = Election(store, self._settings.addr,
-                                    on_elected=lambda: service_box[0].become_leader(),
-                                    on_deposed=lambda: service_box[0].step_down())
+                election = Election(store, self._settings.addr)
                 service = RegistryService(store, tso_window_ms=self._settings.tso_window_ms,
                                           self_addr=self._settings.addr, leadership=election)
-                service_box.append(service)
+                # The service starts serving only once elected (its allocator loads
+                # and raises the saved mark first) and stops when deposed.
+                election.on_elected, election.on_deposed = service.become_leader, service.step_down
             else:
                 service = RegistryService(store, tso_window_ms=self._settings.tso_window_ms,
                                           self_addr=self._settings.addr)
