@@ -349,9 +349,9 @@ class RegistryClient:
                     raise self._error(name, exc, target) from None
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED and not group:
                     raise self._error(name, exc, target) from None
-                failures[target] = exc.details() if hasattr(exc, "details") else str(exc)
-                if hint and hint != target:
-                    # Straight to the leader the follower named, no backoff.
+                if hint and hint != target and hint not in failures:
+                    # Straight to the leader the follower named, no backoff (once per
+                    # member and call: two stale hints must not bounce us around).
                     nxt, pause = hint, 0.0
                 elif group:
                     nxt = self._addrs[(self._addrs.index(target) + 1) % len(self._addrs)] \
@@ -359,7 +359,9 @@ class RegistryClient:
                     # A full round without a leader: wait before the next one.
                     pause = backoff if nxt == self._addrs[0] else 0.0
                 else:
-                    nxt, pause = target, backoff
+                    # One address given: back to it (a hint it gave may have been stale).
+                    nxt, pause = self._addrs[0], backoff
+                failures[target] = exc.details() if hasattr(exc, "details") else str(exc)
                 if time.monotonic() + pause >= deadline:
                     raise self._gave_up(name, exc, target, failures) from None
                 log.debug("registry %s: %s failed (%s), trying %s", target, name, code.name, nxt)
