@@ -7,7 +7,8 @@ same run, as the floor the etcd-backed leader is compared with.
 
 - failover: kill -9 the leader registry, then time until a client (given the
   whole list) gets its next TSO, which only a newly elected leader can give;
-  the killed member is restarted before the next run;
+  the killed member is restarted before the next run, and the next kill comes
+  at a random point of the new leader's 1 s keepalive cycle;
 - TSO: ``--threads`` threads calling ``get_ts`` (coalesced into batches as
   every client does) for ``--seconds`` against each registry: calls/s, p50/p99;
 - writer through a failover: threads doing a writer's two registry calls per
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import pathlib
+import random
 import signal
 import subprocess
 import sys
@@ -124,6 +126,7 @@ def main(args: argparse.Namespace) -> int:
             from binlake.registry.client import RegistryClient
 
             times: list[float] = []
+            rng = random.Random(2026)
             with RegistryClient(group) as reg:
                 for _ in range(args.runs):
                     reg.get_ts()
@@ -135,7 +138,11 @@ def main(args: argparse.Namespace) -> int:
                     times.append(time.monotonic() - t0)
                     procs[leader] = _spawn_registry(["--store", etcd.url(), "--addr", leader],
                                                     root / f"reg-{leader}.log")
-                    time.sleep(2.0)  # the restarted member is back as a follower
+                    # The restarted member is back as a follower; then a random wait, so
+                    # the next kill lands at a random point of the leader's keepalive
+                    # cycle (a fixed wait would always kill right after a keepalive,
+                    # the worst case, as the term starts when the failover ends).
+                    time.sleep(2.0 + rng.uniform(0.0, 1.0))
             ordered = sorted(times)
             results["failover_s"] = {"runs": times, "p50": percentile(ordered, 0.5), "max": ordered[-1]}
 
