@@ -1,7 +1,8 @@
 """``binlake ctl``: operate the cluster (binlogctl): Pumps, TSOs, dumps, checksums.
 
 The actions themselves are in ``binlake.ctl.actions`` (imported when one runs, so that
-building the parser stays cheap); ``binlake.ctl.consumers`` adds the consumer actions.
+building the parser stays cheap); ``binlake.ctl.consumers`` adds the consumer actions,
+``binlake.ctl.registry`` the registry group's members.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from binlake import cli
 from binlake.cli.args import add_registry, add_window, registry_addr
 from binlake.ctl import consumers
+from binlake.ctl import registry as registry_members
 
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -73,6 +75,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="type columns by binlake's table definitions in this database (e.g. the upstream)")
     c.add_argument("--include-internal", action="store_true", help="also checksum binlake's _binlake_* tables")
     consumers.add_parsers(csub, fmt)
+    registry_members.add_parsers(csub, fmt)
     # The group's handler runs every action above; the consumer actions set their own.
     ctl.set_defaults(handler=_run)
 

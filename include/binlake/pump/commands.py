@@ -25,7 +25,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         ),
     )
     p.add_argument("--config", help="TOML config file (its [pump] table documents every key)")
-    p.add_argument("--registry", help="registry HOST:PORT")
+    p.add_argument("--registry", help="registry HOST:PORT, or a registry group HOST:PORT,HOST:PORT,...")
     p.add_argument("--data-dir", help="value log and index directory")
     p.add_argument("--addr", help="HOST:PORT to listen on (port 0 = any free port)")
     p.add_argument("--advertise-addr", help="address writers and readers use, if not --addr")
