@@ -66,8 +66,9 @@ _Read = tuple[int, int, pa.Table, np.ndarray, set[tuple[int, int]]]
 
 
 class LakeReader:
-    """One apply run's reads of a task's lake (not shared between threads: the
-    run's prefetch thread is its only reader once the run started)."""
+    """A task's reads of its lake, for one ``Applier``. Used by one thread at a
+    time: the run's own thread reads the ledger and ddl_history, then only its
+    prefetch thread reads windows."""
 
     def __init__(self, spark: Any, task: Task, lake: str, task_rules: rules.Rules) -> None:
         self.spark = spark

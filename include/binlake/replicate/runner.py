@@ -23,7 +23,6 @@ target, and converges.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,8 +35,6 @@ from binlake.replicate.batch import Batch, Batcher
 from binlake.replicate.read import LakeReader
 from binlake.replicate.report import ApplySummary, progress_bar
 from binlake.replicate.task import Task
-
-log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 
