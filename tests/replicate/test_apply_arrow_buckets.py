@@ -109,6 +109,7 @@ def _checkpoint_ts(url: str, name: str) -> int:
     return cp.ts if cp else 0
 
 
+@pytest.mark.slow  # Spark tasks killed, then two reruns: 4 min at load 20
 @pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
 def test_buckets_killed_after_one_then_rerun(kind: str, spark: SparkSession, lake: dict[str, Any],
                                              request: pytest.FixtureRequest, tmp_path: pathlib.Path,
