@@ -60,6 +60,8 @@ CONNECT = "connect"
 INGEST_MODES = (CONNECT, SPARK_SUBMIT, INPROCESS)
 
 SCHEDULE_ENV = "BINLAKE_INGEST_SCHEDULE"
+MAX_ACTIVE_RUNS_ENV = "BINLAKE_INGEST_MAX_ACTIVE_RUNS"
+DEFAULT_MAX_ACTIVE_RUNS = 4
 START_DATE_ENV = "BINLAKE_INGEST_START_DATE"
 
 
@@ -236,3 +238,21 @@ def ingest_start_date(text: str | None = None) -> dt.datetime:
             f"{START_DATE_ENV}={raw!r} is not an ISO-8601 datetime such as 2026-11-21T08:00:00"
         ) from None
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def ingest_max_active_runs(text: str | None = None) -> int:
+    """How many ingest runs (windows) may run at once, catching up or backfilling:
+    ``BINLAKE_INGEST_MAX_ACTIVE_RUNS`` (default 4). Windows are independent and
+    each replaces only itself, so any number is safe; against the always-on Spark
+    a run costs its work, so more runs at once shorten a backfill until Spark's
+    cores are busy. ``airflow backfill create --max-active-runs`` overrides it per backfill."""
+    raw = (text if text is not None else os.environ.get(MAX_ACTIVE_RUNS_ENV, "")).strip()
+    if not raw:
+        return DEFAULT_MAX_ACTIVE_RUNS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 256:
+        raise ConfigError(f"{MAX_ACTIVE_RUNS_ENV}={raw!r}: give a whole number of runs in 1..256")
+    return value

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from binlake import errors
 from binlake.lake.connect import DEFAULT_PORT
 from binlake.lake.spark import LAKE_CONF, check_master, delta_jars
 
@@ -160,9 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra[key] = value
     try:
         command = server_command(args.port, args.master, extra)
-    except (ValueError, RuntimeError) as exc:
-        parser.exit(2, f"{parser.prog}: error: {exc}\n")
-    except Exception as exc:  # InvalidArgument from check_master
+    except (ValueError, RuntimeError, errors.BinlakeError) as exc:  # a bad port or master, no Delta jars
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     os.execve(command[0], command, server_env())
     return 0  # not reached
