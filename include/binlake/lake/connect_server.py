@@ -56,6 +56,9 @@ def server_conf(port: int, extra: Mapping[str, str] | None = None) -> dict[str, 
         "spark.connect.grpc.binding.port": str(port),
         # Clients cannot ask a Connect server for its parallelism; they read this conf.
         "spark.default.parallelism": str(max(1, os.cpu_count() or 1)),
+        # A window's job is small and the server's cores are few: Spark's default of
+        # 200 shuffle partitions makes every sort of a small table 200 tasks.
+        "spark.sql.shuffle.partitions": str(max(2, 2 * (os.cpu_count() or 1))),
         # A client that died mid-job must not keep its session's jobs and temp views long.
         "spark.connect.session.manager.defaultSessionTimeout": "10m",
         **LAKE_CONF,
