@@ -92,6 +92,14 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         assert again.replaced and again.rows == results[0].rows
         assert _count(spark, lake, ingest.CHANGES, *windows[0]) == results[0].rows
         assert len(ingest.read_windows(spark, lake)) == 2
+        # The ddl_history merge (SQL MERGE: Delta's Python API needs a server plugin)
+        # adds each DDL once, however often it is given.
+        ddls, _lost = ingest._history_from_pumps(cluster.registry_addr, [(0, windows[-1][1])])
+        merged = str(tmp_path / "merged")
+        for _ in range(2):
+            ingest._merge_ddls(spark, merged, ddls)
+            ingest._merge_ddls(spark, merged, ddls[:1])
+        assert spark.read.format("delta").load(merged).count() == len(ddls) > 0
     finally:
         spark.stop()
 

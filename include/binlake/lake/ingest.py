@@ -456,7 +456,8 @@ def _merge_ddls(spark: SparkSession, path: str, txns: list[Any]) -> None:
     view = f"binlake_ddls_{uuid.uuid4().hex}"
     df.createOrReplaceTempView(view)
     try:
-        spark.sql(f"MERGE INTO delta.`{path}` AS t USING {view} AS s ON t.start_ts = s.start_ts "
+        quoted = path.replace("`", "``")
+        spark.sql(f"MERGE INTO delta.`{quoted}` AS t USING {view} AS s ON t.start_ts = s.start_ts "
                   "WHEN NOT MATCHED THEN INSERT *").collect()
     finally:
         spark.catalog.dropTempView(view)
