@@ -14,7 +14,7 @@ import socket
 import tempfile
 
 from binlake import errors
-from binlake.rpc import parse_addr
+from binlake.net import parse_addr
 
 
 def addr(flag: str, value: str) -> tuple[str, int]:
@@ -87,14 +87,14 @@ def db_url(flag: str, value: str) -> str:
 
 def reachable_db(flag: str, value: str) -> None:
     """A database URL binlake can write to or read from, answering now (one round trip)."""
-    from binlake.replicate import sink
+    from binlake.sql.url import open_engine
 
     db_url(flag, value)
     try:
-        target = sink.open_target(value)
+        engine = open_engine(value)
     except errors.BinlakeError as exc:
         raise type(exc)(f"{flag}: {exc}") from None
-    target.engine.dispose()
+    engine.dispose()
 
 
 def names(flag: str, value: str | None, example: str) -> list[str] | None:

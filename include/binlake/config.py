@@ -16,7 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from binlake import errors
-from binlake.rpc import TLSFiles, parse_addr
+from binlake.net import DEFAULT_REGISTRY_ADDR, TLSFiles, parse_addr
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -47,7 +47,7 @@ class RegistrySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BINLAKE_REGISTRY_", extra="forbid")
 
-    addr: str = Field("127.0.0.1:8230", description="HOST:PORT the registry listens on (port 0 = any free port).")
+    addr: str = Field(DEFAULT_REGISTRY_ADDR, description="HOST:PORT the registry listens on (port 0 = any free port).")
     data_dir: pathlib.Path = Field(pathlib.Path("data/registry"), description="Directory of the SQLite store.")
     tso_window_ms: int = Field(3000, ge=1, le=600_000, description="TSO high-water mark step persisted ahead of use.")
 
@@ -67,7 +67,7 @@ class PumpSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BINLAKE_PUMP_", extra="forbid")
 
-    registry: str = Field("127.0.0.1:8230", description="Registry HOST:PORT.")
+    registry: str = Field(DEFAULT_REGISTRY_ADDR, description="Registry HOST:PORT.")
     addr: str = Field("127.0.0.1:8250", description="HOST:PORT the Pump listens on (port 0 = any free port).")
     advertise_addr: str | None = Field(None, description="Address clients use, if not addr (e.g. behind NAT).")
     data_dir: pathlib.Path = Field(pathlib.Path("data/pump"), description="Value log segments and the index.")
@@ -124,7 +124,7 @@ class ClientSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BINLAKE_CLIENT_", extra="forbid")
 
-    registry: str = Field("127.0.0.1:8230", description="Registry HOST:PORT.")
+    registry: str = Field(DEFAULT_REGISTRY_ADDR, description="Registry HOST:PORT.")
     strategy: Literal["range", "hash", "score"] = Field("range", description="How prewrites pick a Pump.")
     write_timeout_s: float = Field(10.0, gt=0, le=3600, description="Deadline of one write RPC.")
     max_failures: int = Field(3, ge=1, le=1000, description="Consecutive failures before a Pump is unavailable.")

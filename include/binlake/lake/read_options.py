@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from binlake import errors, rpc, tso
+from binlake import errors, net, tso
 
 # What a read yields: change rows or the window's DDL rows.
 KINDS = ("changes", "ddl")
@@ -35,7 +35,7 @@ class ReadOptions:
         registry = opts.get("registry") or ""
         if not registry:
             raise errors.InvalidArgument("binlake source: option 'registry' (HOST:PORT) is required")
-        rpc.parse_addr(registry, "registry")
+        net.parse_addr(registry, "registry")
 
         def ts(name: str) -> int:
             raw = opts.get(name)

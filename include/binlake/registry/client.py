@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from binlake import errors, rpc
+from binlake import errors, net, rpc
 from binlake.config import MiB
 from binlake.proto import registry_pb2, registry_pb2_grpc
 from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState
@@ -51,7 +51,7 @@ class RegistryClient:
     """A connection to one registry. Thread-safe; use as a context manager or close()."""
 
     def __init__(self, addr: str, timeout_s: float = 5.0) -> None:
-        rpc.parse_addr(addr, "registry addr")
+        net.parse_addr(addr, "registry addr")
         if timeout_s <= 0:
             raise errors.InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
         self._addr = addr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from binlake.cli import _positive_int
+from binlake.cli.args import positive_int
 
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -18,7 +18,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--config", help="TOML config file (its [registry] table)")
     p.add_argument("--data-dir", help="where the SQLite store lives (default data/registry)")
     p.add_argument("--addr", help="HOST:PORT to listen on (default 127.0.0.1:8230; port 0 = any free port)")
-    p.add_argument("--tso-window-ms", type=_positive_int, help="TSO high-water step persisted ahead of use")
+    p.add_argument("--tso-window-ms", type=positive_int, help="TSO high-water step persisted ahead of use")
     p.set_defaults(handler=_run)
 
 

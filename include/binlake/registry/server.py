@@ -13,7 +13,7 @@ from types import FrameType
 
 import grpc
 
-from binlake import config, errors, rpc
+from binlake import config, errors, net, rpc
 from binlake.proto import registry_pb2, registry_pb2_grpc
 from binlake.registry.model import NodeRecord, NodeState
 from binlake.registry.service import RegistryService
@@ -154,7 +154,7 @@ class RegistryServer:
     def start(self) -> RegistryServer:
         if self._server is not None:
             raise errors.FailedPrecondition(f"the registry server is already running on {self._addr}")
-        host, _ = rpc.parse_addr(self._settings.addr, "registry addr")
+        host, _ = net.parse_addr(self._settings.addr, "registry addr")
         store = open_store(self._settings.data_dir)
         try:
             service = RegistryService(store, tso_window_ms=self._settings.tso_window_ms)

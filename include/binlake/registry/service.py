@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from binlake import errors, rpc, tso
+from binlake import errors, net, tso
 from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState
 from binlake.registry.store import RegistryStore
 
@@ -329,7 +329,7 @@ def _check_addresses(record: NodeRecord) -> None:
 
 
 def _check_addr(addr: str, what: str) -> None:
-    _, port = rpc.parse_addr(addr, what)
+    _, port = net.parse_addr(addr, what)
     if port == 0:
         # Port 0 is fine to listen on, but others cannot reach it: a node
         # must report the port it actually bound.
