@@ -43,6 +43,7 @@ import dataclasses
 import datetime as dt
 import logging
 import os
+import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -75,7 +76,11 @@ WINDOWS_DDL = ("start_ts long, end_ts long, pumps array<string>, rows_per_pump m
 # Partitions of about this many row changes at least: smaller ones cost more
 # in task overhead than they win in balance.
 MIN_ROWS_PER_PARTITION = 20_000
-_CONCURRENT_RETRIES = 3
+# Attempts of a Delta write that lost a commit race. Windows of the same day write
+# the same commit_date partition, and Delta's replaceWhere conflicts with any
+# append there, so with N windows running at once (a backfill) a write may lose
+# up to N-1 races: enough attempts for the runs-at-once settings binlake suggests.
+_CONCURRENT_RETRIES = 8
 
 Progress = Callable[[str], None]
 
@@ -271,7 +276,8 @@ def _retry_concurrent(what: str, fn: Callable[[], Any]) -> Any:
             if attempt == _CONCURRENT_RETRIES or not is_conflict(exc):
                 raise
             log.info("%s: concurrent Delta commit (%s); retrying", what, type(exc).__name__)
-            time.sleep(0.5 * attempt)
+            # Jittered, so the writers that lost do not collide again in step.
+            time.sleep(min(5.0, random.uniform(0.2, 1.0) * attempt))
     return None
 
 
