@@ -33,6 +33,20 @@ pytestmark = pytest.mark.slow
 PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _classic_spark_after_this_module() -> Iterator[None]:
+    """A Connect session switches pyspark in this process to Connect mode (environment
+    flags); the other modules' shared local session needs it switched back."""
+    keys = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+    before = {k: os.environ.get(k) for k in keys}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
     srv = ConnectServer(free_port(), tmp_path_factory.mktemp("connect") / "server.log",
