@@ -137,9 +137,12 @@ def test_apply_creates_the_defaults_and_diff_is_clean(
     report = diff.diff_databases(d["copy2"], target, tables=["items"])
     assert report.ok, report.summary()
     # The target's own DEFAULTs are the upstream's now: a row inserted there without the columns gets them.
+    # label's DEFAULT was dropped (NOT NULL): an insert must give it, as upstream.
     engine = sa.create_engine(target)
     with engine.begin() as conn:
-        conn.exec_driver_sql("INSERT INTO items (id, v) VALUES (100, 'direct')")
-        row = conn.exec_driver_sql("SELECT n, label, price, ok FROM items WHERE id = 100").one()
+        conn.exec_driver_sql("INSERT INTO items (id, v, label) VALUES (100, 'direct', 'L')")
+        row = conn.exec_driver_sql("SELECT n, price, ok, day FROM items WHERE id = 100").one()
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO items (id, v) VALUES (101, 'direct')")
     engine.dispose()
-    assert (row[0], row[1], decimal.Decimal(str(row[2])), row[3]) == (9, None, decimal.Decimal("1.50"), 1)
+    assert (row[0], decimal.Decimal(str(row[1])), row[2], row[3]) == (9, decimal.Decimal("1.50"), 1, "2024-02-29")
