@@ -113,6 +113,8 @@ class MyColumn:
         try:
             if self.kind in ("int", "uint"):
                 return int(decimal.Decimal(text.strip()))
+            if self.kind == "bool":  # PostgreSQL's boolean columns
+                return text.strip().lower() in ("1", "t", "true")
             if self.kind == "decimal":
                 return decimal.Decimal(text).quantize(decimal.Decimal(1).scaleb(-(self.scale or 0)))
             if self.kind == "float":
