@@ -200,12 +200,17 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
             have = {c.name for c in C.from_json(json.loads(old["columns"]))}
             added = [c for c in cols if c.name not in have]
             if added:
+                if any(c.spark_type() == "timestamp_ntz" for c in added):
+                    # Delta turns this feature on by itself only when a table is created with such a column.
+                    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.feature.timestampNtz' = "
+                              "'supported')")
                 spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (" +
                           ", ".join(f"`{c.name}` {c.spark_type()}" for c in added) + ")")
+                table = DeltaTable.forPath(spark, path)  # with the columns just added
                 # Every version held predates the added columns: give them what the upstream gave its rows.
-                held = fills.base_fills(schema, table_id, int(old["applied_end_ts"]) - 1)
-                values = {f"`{c.name}`": C.fill_literal(held[c.id].value, held[c.id].column, c.spark_type())
-                          for c in added if c.id in held}
+                before = fills.base_fills(schema, table_id, int(old["applied_end_ts"]) - 1)
+                values = {f"`{c.name}`": C.fill_literal(before[c.id].value, before[c.id].column, c.spark_type())
+                          for c in added if c.id in before}
                 if values:
                     table.update(set=values)
             cond = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-
 from typing import Any
 
 from binlake import codec, coldefault, errors
