@@ -25,7 +25,7 @@ from binlake import oracle
 from binlake.registry.client import RegistryClient
 from binlake.replicate import diff, runner, task
 from binlake.restore import checks, history, restore, snapshot
-from binlake.source import schema as sc
+from binlake.sql import schema as sc
 from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster
 
