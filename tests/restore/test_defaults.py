@@ -25,8 +25,8 @@ from binlake import oracle
 from binlake.registry.client import RegistryClient
 from binlake.replicate import diff, runner, task
 from binlake.restore import checks, history, restore, snapshot
-from binlake.sql import schema as sc
 from binlake.source.txn_writer import TxnWriter
+from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
 
 # A cluster, a TxnWriter upstream and four ingests: minutes on two loaded cores.

@@ -13,9 +13,9 @@ from binlake import codec, coldefault, errors
 from binlake.lake.schema_history import SchemaHistory
 from binlake.proto import binlog_pb2
 from binlake.restore import fills
+from binlake.source.mysql.tables import Catalog, TableFilter, assign_ids
 from binlake.sql import dialect as dl
 from binlake.sql import schema as sc
-from binlake.source.mysql.tables import Catalog, TableFilter, assign_ids
 
 EACH = [("int", 7, {}), ("uint", 2**64 - 1, {}), ("float", -2.5, {}),
         ("decimal", decimal.Decimal("1.50"), {"precision": 10, "scale": 2}), ("string", "it's \\ ü", {}),
