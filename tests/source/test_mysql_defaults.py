@@ -43,7 +43,7 @@ def _ts(cluster: Cluster) -> int:
 
 
 def _wait_safe(cluster: Cluster, ts: int) -> None:
-    from binlake.lake import source as lake_source
+    from binlake.lake import pump_source as lake_source
     from binlake.lake.planner import plan_window
 
     def passed() -> bool:
