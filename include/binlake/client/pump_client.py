@@ -590,6 +590,10 @@ class PumpClient:
                 if not isinstance(exc, _RETRYABLE):
                     raise exc
         if len(acked) < w:
+            if acked:
+                # The writer aborts the transaction: tell the Pumps that took the prewrite
+                # now (best effort; else they ask the writer's status service later).
+                self.write_commit_async(binlog_pb2.Binlog(tp=binlog_pb2.ROLLBACK, start_ts=start_ts), ",".join(acked))
             raise errors.NotEnoughReplicas(
                 f"the prewrite of start_ts {start_ts} was acknowledged by {len(acked)} pump(s) "
                 f"({', '.join(acked) or 'none'}), fewer than min_acks={w} (replicas={r}); writable pumps: "

@@ -1,0 +1,218 @@
+"""Replicated Pumps (``replicas`` = 2) with real processes: a Pump killed for good
+(its data directory deleted) under a multi-writer load loses nothing and does not
+hold windows back; two Pumps down refuse writes with NotEnoughReplicas and make
+windows wait naming them, and nothing acknowledged is lost when they return."""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import shutil
+import threading
+import time
+
+import pytest
+from pumpkit import Processes, commit, free_port, prewrite, register_writer, wait_safe, wait_until
+
+from binlake import errors
+from binlake.client.pump_client import PumpClient
+from binlake.client.reader import pull_window
+from binlake.config import ClientSettings
+from binlake.lake.pump_check import plan_read
+from binlake.registry.client import RegistryClient
+from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
+
+pytestmark = pytest.mark.slow
+
+WRITERS = 6
+
+
+class Workload:
+    """Writer threads doing what TxnWriter does around an upstream commit, counting
+    every transaction that failed (a prewrite refused or a commit not acknowledged)."""
+
+    def __init__(self, client: PumpClient, reg: RegistryClient, provider: MemoryStatusProvider) -> None:
+        self.client, self.reg, self.provider = client, reg, provider
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.acked: dict[int, int] = {}  # start -> commit_ts, acknowledged to the writer
+        self.placements: collections.Counter[str] = collections.Counter()
+        self.failed: list[str] = []
+        self.crashes: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, name=f"writer-{i}") for i in range(WRITERS)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in self.threads), "a writer is stuck"
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.txn()
+        except BaseException as exc:
+            self.crashes.append(exc)
+
+    def txn(self) -> None:
+        start = self.reg.get_ts()
+        try:
+            placement = self.client.write_prewrite(prewrite(start))
+        except errors.BinlakeError as exc:
+            self.provider.set_rolled_back(start)
+            with self.lock:
+                self.failed.append(f"prewrite {start}: {exc}")
+            return
+        commit_ts = self.reg.get_ts()
+        self.provider.set_committed(start, commit_ts)
+        try:
+            self.client.write_commit(commit(start, commit_ts), placement)
+        except errors.BinlakeError as exc:
+            with self.lock:
+                self.failed.append(f"commit {start}: {exc}")
+            return
+        with self.lock:
+            self.acked[start] = commit_ts
+            self.placements[placement] += 1
+
+
+def _cluster(procs: Processes, tmp_path: pathlib.Path) -> tuple[str, dict[str, int], dict[str, tuple]]:
+    _reg, reg_addr = procs.registry(tmp_path / "registry")
+    ports = {f"p{i}": free_port() for i in (1, 2, 3)}
+    pumps = {n: procs.pump(reg_addr, tmp_path / n, n, port, wait=False) for n, port in ports.items()}
+    for svc, addr in pumps.values():
+        procs.wait_pump(svc, addr)
+    return reg_addr, ports, pumps
+
+
+def _settings(reg_addr: str) -> ClientSettings:
+    return ClientSettings(registry=reg_addr, replicas=2, strategy="range", max_failures=1, probe_interval_s=0.2,
+                          refresh_interval_s=0.3, write_timeout_s=3.0, commit_retry_s=5.0)
+
+
+def _check_served(addrs: dict[str, str], acked: dict[int, int], first: int, end: int) -> None:
+    served = list(pull_window(addrs, first, end))
+    keys = [(b.commit_ts, b.start_ts) for b in served]
+    assert keys == sorted(keys)
+    counts = collections.Counter(b.start_ts for b in served)
+    assert [s for s, n in counts.items() if n > 1] == [], "a transaction was served twice"
+    got = {b.start_ts: b.commit_ts for b in served}
+    missing = {s: c for s, c in acked.items() if got.get(s) != c}
+    assert missing == {}, f"{len(missing)} acknowledged transactions lost or with another commit_ts"
+
+
+def test_pump_host_lost_for_good_loses_nothing(procs: Processes, tmp_path: pathlib.Path) -> None:
+    reg_addr, _ports, pumps = _cluster(procs, tmp_path)
+    addrs = {n: addr for n, (_svc, addr) in pumps.items()}
+    reg = RegistryClient(reg_addr)
+    provider = MemoryStatusProvider()
+    status_server = TxnStatusServer(provider).start()
+    register_writer(reg, status_server.addr, "w1")
+    client = PumpClient(reg_addr, settings=_settings(reg_addr))
+    load = Workload(client, reg, provider)
+    try:
+        first = reg.get_ts()
+        load.start()
+        time.sleep(1.5)
+        victim = "p2"
+        pumps[victim][0].kill()  # kill -9 ...
+        shutil.rmtree(tmp_path / victim)  # ... and the disk is gone for good
+        acked_at_kill = len(load.acked)
+        killed_ts = reg.get_ts()
+        # Windows above the kill keep being served by the two others, without the victim:
+        # measure how long each window waited after its end was allocated.
+        waits = []
+        for _ in range(4):
+            end = reg.get_ts()
+            began = time.monotonic()
+            plan = wait_until(lambda end=end: _try_plan(reg_addr, killed_ts, end), timeout=20, interval=0.05,
+                              what="a window served without the dead pump")
+            waits.append(time.monotonic() - began)
+            assert victim not in {p.node_id for p in plan.pumps}
+        time.sleep(1.0)
+        load.finish()
+    finally:
+        load.stop.set()
+        client.close()
+    try:
+        assert load.crashes == []
+        assert load.failed == [], f"{len(load.failed)} failed transactions, first: {load.failed[:1]}"
+        assert acked_at_kill > 20 and len(load.acked) > acked_at_kill + 20
+        # Every prewrite was on two Pumps; after the kill, never on the victim.
+        assert all(len(p.split(",")) == 2 for p in load.placements)
+        print(f"longest wait of a window after the kill: {max(waits):.3f}s; "
+              f"{len(load.acked)} transactions, {acked_at_kill} before the kill")
+        assert max(waits) < 5.0, waits
+        end = max(load.acked.values()) + 1
+        live = {n: a for n, a in addrs.items() if n != victim}
+        plan = wait_until(lambda: _try_plan(reg_addr, first, end), timeout=20, what="the whole run's window")
+        assert sorted(p.node_id for p in plan.pumps) == sorted(live)
+        _check_served(plan.addrs, load.acked, first, end)
+        # Without replication (W = 1) the same window waits for the dead Pump, naming it.
+        with pytest.raises(errors.Unavailable, match=victim):
+            plan_read(reg_addr, first, end, min_acks=1)
+    finally:
+        status_server.stop(0.2)
+        reg.close()
+
+
+def _try_plan(reg_addr: str, start: int, end: int):  # type: ignore[no-untyped-def]
+    try:
+        return plan_read(reg_addr, start, end, min_acks=2)
+    except (errors.FailedPrecondition, errors.Unavailable):
+        return None
+
+
+def test_two_of_three_down_refuses_writes_and_windows_wait(procs: Processes, tmp_path: pathlib.Path) -> None:
+    reg_addr, ports, pumps = _cluster(procs, tmp_path)
+    addrs = {n: addr for n, (_svc, addr) in pumps.items()}
+    reg = RegistryClient(reg_addr)
+    provider = MemoryStatusProvider()
+    status_server = TxnStatusServer(provider).start()
+    register_writer(reg, status_server.addr, "w1")
+    client = PumpClient(reg_addr, settings=_settings(reg_addr))
+    load = Workload(client, reg, provider)
+    try:
+        first = reg.get_ts()
+        for _ in range(30):
+            load.txn()
+        assert load.failed == [] and len(load.acked) == 30
+        for n in ("p2", "p3"):
+            pumps[n][0].kill()
+        # Writes fail fast and say why; none is kept on a single copy.
+        began = time.monotonic()
+        for _ in range(4):
+            load.txn()
+        assert len(load.acked) == 30
+        assert len(load.failed) == 4
+        assert all("fewer than min_acks=2" in f for f in load.failed), load.failed[-1]
+        assert time.monotonic() - began < 15
+        refused = reg.get_ts()
+        provider.set_rolled_back(refused)  # what the upstream does with a refused prewrite
+        with pytest.raises(errors.NotEnoughReplicas, match="fewer than min_acks=2"):
+            client.write_prewrite(prewrite(refused))
+        # Windows wait, naming the Pumps they wait for.
+        end = reg.get_ts()
+        wait_safe(addrs["p1"], end)
+        with pytest.raises(errors.Unavailable, match=r"unreachable pump\(s\) p2, p3"):
+            plan_read(reg_addr, first, end, min_acks=2)
+        # They come back (same disks): nothing acknowledged was lost.
+        for n in ("p2", "p3"):
+            svc, _ = procs.pump(reg_addr, tmp_path / n, n, ports[n], wait=False)
+            procs.wait_pump(svc, addrs[n])
+        wait_until(lambda: client.available() == ["p1", "p2", "p3"], timeout=15, what="pumps writable again")
+        for _ in range(10):
+            load.txn()
+        assert len(load.acked) == 40
+        end = max(load.acked.values()) + 1
+        plan = wait_until(lambda: _try_plan(reg_addr, first, end), timeout=20, what="the window")
+        assert sorted(p.node_id for p in plan.pumps) == ["p1", "p2", "p3"]
+        _check_served(plan.addrs, load.acked, first, end)
+    finally:
+        client.close()
+        status_server.stop(0.2)
+        reg.close()
