@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from pumpkit import Processes, commit, free_port, prewrite, register_writer, wait_safe, wait_until
+from pumpkit import Processes, commit, free_port, prewrite, register_writer, run_cli, wait_safe, wait_until
 
 from binlake import errors
 from binlake.client.pump_client import PumpClient
@@ -195,6 +195,14 @@ def test_two_of_three_down_refuses_writes_and_windows_wait(procs: Processes, tmp
         provider.set_rolled_back(refused)  # what the upstream does with a refused prewrite
         with pytest.raises(errors.NotEnoughReplicas, match="fewer than min_acks=2"):
             client.write_prewrite(prewrite(refused))
+        # A client acknowledging at W = 1 leaves a transaction on p1 alone (under-replicated).
+        with PumpClient(reg_addr, settings=_settings(reg_addr).model_copy(update={"min_acks": 1})) as lax:
+            lone = reg.get_ts()
+            assert lax.write_prewrite(prewrite(lone)) == "p1"
+            lone_commit = reg.get_ts()
+            provider.set_committed(lone, lone_commit)
+            lax.write_commit(commit(lone, lone_commit), "p1")
+        load.acked[lone] = lone_commit
         # Windows wait, naming the Pumps they wait for.
         end = reg.get_ts()
         wait_safe(addrs["p1"], end)
@@ -207,11 +215,23 @@ def test_two_of_three_down_refuses_writes_and_windows_wait(procs: Processes, tmp
         wait_until(lambda: client.available() == ["p1", "p2", "p3"], timeout=15, what="pumps writable again")
         for _ in range(10):
             load.txn()
-        assert len(load.acked) == 40
+        assert len(load.acked) == 41
         end = max(load.acked.values()) + 1
         plan = wait_until(lambda: _try_plan(reg_addr, first, end), timeout=20, what="the window")
         assert sorted(p.node_id for p in plan.pumps) == ["p1", "p2", "p3"]
         _check_served(plan.addrs, load.acked, first, end)
+        # The operator sees what only p1 holds, and cannot retire p1 without --force.
+        env = {"BINLAKE_CLIENT_REPLICAS": "2"}
+        res = run_cli("ctl", "pumps", "--registry", reg_addr, env=env)
+        assert res.returncode == 0, res.stderr
+        assert "pump p1: 1 under-replicated transaction(s)" in res.stdout, res.stdout
+        assert "pump p2: 0 under-replicated" in res.stdout and "pump p3: 0 under-replicated" in res.stdout
+        res = run_cli("ctl", "offline-pump", "p1", "--registry", reg_addr, env=env)
+        assert res.returncode != 0
+        assert "holds the only copy of 1 transaction(s)" in res.stderr and "--force" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+        res = run_cli("ctl", "offline-pump", "p3", "--registry", reg_addr, env=env)
+        assert res.returncode == 0, res.stderr
     finally:
         client.close()
         status_server.stop(0.2)

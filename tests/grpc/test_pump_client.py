@@ -382,3 +382,41 @@ def test_a_broken_channel_fails_writes_promptly_and_never_wedges_the_sender(
                 conn.write(prewrite(reg.get_ts()).SerializeToString())
             assert time.monotonic() - t0 < 4.0
     assert node.storage.pending_count == 0
+
+
+# ---------------------------------------------------------------------------- replication
+
+
+def test_replicated_group_puts_each_prewrite_on_two_pumps(
+    three: dict[str, Any], registry: RegistryServer, reg: RegistryClient
+) -> None:
+    """replicas = 2: each prewrite of a group is on two Pumps (one batch per Pump), its
+    commit on both; a Pump down is replaced by the third; every copy is complete."""
+    with make_client(registry, strategy="range", max_failures=1, replicas=2) as client:
+        first = reg.get_ts_batch(12)
+        placements = client.write_prewrites([prewrite(first + i) for i in range(12)])
+        assert all(len(client.holders(p)) == 2 and len(set(client.holders(p))) == 2 for p in placements)
+        c0 = reg.get_ts_batch(12)
+        client.write_commits([commit(first + i, c0 + i) for i in range(12)], placements)
+        txns = [(first + i, c0 + i, client.holders(placements[i])) for i in range(12)]
+        three["p2"].stop(grace=0.5, report_paused=False)  # still "online" to the registry
+        s2 = reg.get_ts_batch(6)
+        later = client.write_prewrites([prewrite(s2 + i) for i in range(6)])
+        assert all(sorted(client.holders(p)) == ["p1", "p3"] for p in later)
+        c2 = reg.get_ts_batch(6)
+        client.write_commits([commit(s2 + i, c2 + i) for i in range(6)], later)
+        txns += [(s2 + i, c2 + i, client.holders(later[i])) for i in range(6)]
+    end = txns[-1][1] + 1
+    for name in ("p1", "p3"):
+        assert served_by(three[name].addr, first, end) == [(s, c) for s, c, h in txns if name in h]
+
+
+def test_replicas_prefer_distinct_hosts() -> None:
+    """Two Pumps on one host and one on another: every pair of copies spans both hosts."""
+    pumps = {"a": "127.0.0.1:1", "b": "127.0.0.1:2", "c": "127.0.0.2:3"}
+    with PumpClient(pumps=pumps, settings=config.load(config.ClientSettings, replicas=2)) as client:
+        for ts in range(1, 40):
+            assert "c" in client._pick_many(ts, set(), 2)
+        assert client.holders("a") == ["a"] and client.holders("a,c") == ["a", "c"]
+    with pytest.raises(errors.InvalidArgument, match="min_acks=3 is above replicas=2"):
+        config.load(config.ClientSettings, replicas=2, min_acks=3)

@@ -76,12 +76,16 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
             Console(width=200).print(pumps_table(nodes, gc_holder(consumers)))
             for line in lost_windows(consumers, nodes):
                 print(f"WARNING: {line}", file=sys.stderr)
+            if args.sole_copies or _replicas() > 1:
+                _print_sole_copies(nodes, consumers)
             return 0
         if cmd in ("pause-pump", "offline-pump"):
             node = reg.get_node(args.node_id)
             if node.kind != "pump":
                 raise errors.InvalidArgument(f"node {args.node_id} is a {node.kind}, not a pump")
             target = NodeState.PAUSING if cmd == "pause-pump" else NodeState.CLOSING
+            if cmd == "offline-pump" and not args.force and _replicas() > 1:
+                _check_no_sole_copy(reg, node)
             rec = reg.set_state(args.node_id, target)
             then = "paused" if target is NodeState.PAUSING else "offline"
             print(
@@ -97,6 +101,41 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
         if cmd == "dump":
             return _dump(args, reg)
     raise errors.InvalidArgument(f"unknown ctl action {args.ctl_command!r}")
+
+
+def _replicas() -> int:
+    from binlake import config
+
+    return config.load(config.ClientSettings).replicas
+
+
+def _print_sole_copies(nodes: list[NodeRecord], consumers: list[Any]) -> None:
+    """Per Pump, the transactions not consumed yet that no other reachable Pump holds."""
+    from binlake.ctl.replicas import sole_copies
+
+    sole, down, _shared = sole_copies(nodes, consumers)
+    for node_id, copies in sorted(sole.items()):
+        n = len(copies.commit_ts)
+        span = (f", commit_ts {tso.format_ts(copies.commit_ts[0])} .. {tso.format_ts(copies.commit_ts[-1])}"
+                if n else "")
+        print(f"pump {node_id}: {n} under-replicated transaction(s) held by no other pump in "
+              f"[{tso.format_ts(copies.start_ts)}, {tso.format_ts(copies.end_ts)}){span}")
+    for node_id, why in sorted(down.items()):
+        print(f"pump {node_id}: unreachable, its copies cannot be compared ({why})")
+
+
+def _check_no_sole_copy(reg: RegistryClient, node: NodeRecord) -> None:
+    from binlake.ctl.replicas import refusal, sole_copies
+
+    nodes, _ = reg.list_nodes("pump")
+    sole, down, shared = sole_copies(nodes, reg.list_consumers())
+    if node.node_id in down:
+        raise errors.FailedPrecondition(
+            f"pump {node.node_id} is unreachable ({down[node.node_id]}): what only it holds cannot be checked; "
+            "retire it with --force if its data is gone for good (replicated transactions survive on the others)")
+    mine = sole.get(node.node_id)
+    if mine is not None and mine.commit_ts:
+        raise errors.FailedPrecondition(refusal(node.node_id, mine, shared))
 
 
 def binlog_to_json(b: binlog_pb2.Binlog, rows: bool = False) -> dict[str, Any]:
