@@ -73,7 +73,8 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
     error. A Pump that registered since and belongs to the window (by the
     planner's rule) is waited for too, so a Pump joining late is never skipped.
 
-    Replicated Pumps (``min_acks`` W > 1, None: the cluster's): a Pump whose last
+    Replicated Pumps (``min_acks`` W > 1, None: the configured one; callers pass the
+    registry's, ``replication.cluster_min_acks``): a Pump whose last
     heartbeat is older than ``stale_after_s`` counts as unreachable, and up to
     W - 1 of those are skipped (``window.cluster_readiness``).
     """
@@ -109,7 +110,7 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
     if min_acks is None:
         from binlake.replication import cluster_min_acks
 
-        min_acks = cluster_min_acks()
+        min_acks = cluster_min_acks(None)
     if min_acks > 1:
         now_ms = time.time_ns() // 1_000_000
         views = [PumpView(node_id, now_ms - by_id[node_id].updated_at_ms <= stale_after_s * 1000,
@@ -182,6 +183,7 @@ class SafeTsTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from binlake import errors
         from binlake.registry.client import RegistryClient
+        from binlake.replication import cluster_min_acks
 
         client = RegistryClient(self.registry)
         last_log = 0.0
@@ -189,12 +191,13 @@ class SafeTsTrigger(BaseTrigger):
             while True:
                 try:
                     nodes, _revision = await asyncio.to_thread(client.list_nodes, "pump")
+                    acks = await asyncio.to_thread(cluster_min_acks, client, self.start_ts, self.end_ts)
                 except errors.BinlakeError as exc:
                     # A registry restart is a pause, not a failure: Pumps keep
                     # their data and the window will close once it is back.
                     self.log.warning("registry %s: %s; retrying in %.1fs", self.registry, exc, self.poll_interval)
                 else:
-                    check = check_safe_ts(nodes, self.pumps, self.start_ts, self.end_ts)
+                    check = check_safe_ts(nodes, self.pumps, self.start_ts, self.end_ts, acks)
                     if check.error is not None or check.ready:
                         if check.joined:
                             self.log.info("pump(s) %s joined the window after it was planned; waited for them too",

@@ -14,7 +14,8 @@
   binlog crosses one thread hand-off between its caller and the wire (see
   ``PumpConn``).
 
-Replication (``replicas`` R, ``min_acks`` W in ``ClientSettings``): a prewrite
+Replication (``replicas`` R, ``min_acks`` W: the registry's setting in force at
+the prewrite's start_ts, else ``ClientSettings``'; see ``binlake.replication``): a prewrite
 goes to R Pumps picked by the strategy (on distinct hosts while there are enough
 hosts), and is acknowledged once W of them fsynced it; fewer than W writable
 Pumps fail the write with ``errors.NotEnoughReplicas``, never fewer copies. The
@@ -54,7 +55,8 @@ import grpc.aio
 from binlake import errors, net, rpc
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
-from binlake.registry.model import NodeRecord, NodeState
+from binlake.registry.model import NodeRecord, NodeState, ReplicationSetting
+from binlake.replication import setting_at
 
 log = logging.getLogger(__name__)
 
@@ -410,6 +412,8 @@ class PumpClient:
         self._own_registry = False
         self.cluster_id = 0
         self._registry_warned = False
+        # The registry's replication history (empty: the settings' replicas/min_acks apply).
+        self._replication: list[ReplicationSetting] = []
         self._async: concurrent.futures.ThreadPoolExecutor | None = None
         self._async_pending: set[concurrent.futures.Future[None]] = set()
         # Guards _async and _async_pending only, and is never held while waiting: their
@@ -445,6 +449,7 @@ class PumpClient:
             if not self.cluster_id:
                 self.cluster_id, _ = self._registry.cluster_info()  # type: ignore[union-attr]
             nodes, _rev = self._registry.list_nodes("pump")  # type: ignore[union-attr]
+            replication = self._registry.get_replication()  # type: ignore[union-attr]
         except errors.BinlakeError as exc:
             if not self._registry_warned:
                 log.warning("pump client: registry unreachable, using the cached pump list: %s", exc)
@@ -452,6 +457,7 @@ class PumpClient:
             return
         self._registry_warned = False
         with self._lock:
+            self._replication = replication
             for node in nodes:
                 old = self._nodes.get(node.node_id)
                 if old is not None and old.addr != node.addr and node.node_id in self._conns:
@@ -514,6 +520,15 @@ class PumpClient:
             return random.choices(candidates, weights=weights, k=1)[0]
         return candidates[next(self._rr) % len(candidates)]
 
+    def replication_at(self, start_ts: int) -> tuple[int, int]:
+        """(R, W) for a prewrite of ``start_ts``: the registry's setting in force at it,
+        or this client's settings before the first (or without any)."""
+        with self._lock:
+            history = self._replication
+        default = ReplicationSetting(0, self.settings.replicas, self.settings.acks)
+        s = setting_at(history, start_ts, default)
+        return s.replicas, s.min_acks
+
     def _pick_many(self, start_ts: int, exclude: set[str], n: int) -> list[str]:
         """Up to ``n`` distinct Pumps for a replicated prewrite: the strategy's order,
         preferring Pumps on hosts not chosen yet (a host lost takes one copy only)."""
@@ -567,7 +582,7 @@ class PumpClient:
             raise errors.InvalidArgument("write_prewrite takes a PREWRITE binlog")
         payload = binlog.SerializeToString()
         self._check_size(payload, binlog.start_ts)
-        if self.settings.replicas > 1:
+        if self.replication_at(binlog.start_ts)[0] > 1:
             return self._replicated_prewrite(payload, binlog.start_ts, set(), [], [])
         return self._prewrite_payload(payload, binlog.start_ts, set(), [])
 
@@ -575,7 +590,7 @@ class PumpClient:
                              acked: list[str]) -> str:
         """Write to R Pumps, replacing failed ones while others are writable, until W
         acknowledged; the placement lists every Pump that acknowledged."""
-        r, w = self.settings.replicas, self.settings.acks
+        r, w = self.replication_at(start_ts)
         while len(acked) < r:
             picks = self._pick_many(start_ts, tried | set(acked), r - len(acked))
             if not picks:
@@ -649,7 +664,8 @@ class PumpClient:
         pre_payloads = [b.SerializeToString() for b in prewrites]
         for payload, b in zip(pre_payloads, prewrites, strict=True):
             self._check_size(payload, b.start_ts)
-        if self.settings.replicas > 1:
+        if (any(self.replication_at(b.start_ts)[0] > 1 for b in prewrites)
+                or any(len(self.holders(p)) > 1 for p in node_ids)):
             return self._replicated_group(commits, node_ids, prewrites, pre_payloads)
         picks: list[str] = []
         for b in prewrites:
@@ -687,9 +703,8 @@ class PumpClient:
                 targets.append(node_id)
                 owner.append(k)
         n = len(commits)
-        r = self.settings.replicas
         for j, b in enumerate(prewrites):
-            for node_id in self._pick_many(b.start_ts, set(), r):
+            for node_id in self._pick_many(b.start_ts, set(), self.replication_at(b.start_ts)[0]):
                 payloads.append(pre_payloads[j])
                 targets.append(node_id)
                 owner.append(n + j)
@@ -712,7 +727,7 @@ class PumpClient:
         out: list[str] = []
         for j, b in enumerate(prewrites):
             k = n + j
-            if len(ok[k]) < r:
+            if len(ok[k]) < self.replication_at(b.start_ts)[0]:
                 out.append(self._replicated_prewrite(pre_payloads[j], b.start_ts, tried[k], errs[k], ok[k]))
             else:
                 out.append(",".join(ok[k]))

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
             Console(width=200).print(pumps_table(nodes, gc_holder(consumers)))
             for line in lost_windows(consumers, nodes):
                 print(f"WARNING: {line}", file=sys.stderr)
-            if args.sole_copies or _replicas() > 1:
+            if args.sole_copies or _replicas(reg) > 1:
                 _print_sole_copies(nodes, consumers)
             return 0
         if cmd in ("pause-pump", "offline-pump"):
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
             if node.kind != "pump":
                 raise errors.InvalidArgument(f"node {args.node_id} is a {node.kind}, not a pump")
             target = NodeState.PAUSING if cmd == "pause-pump" else NodeState.CLOSING
-            if cmd == "offline-pump" and not args.force and _replicas() > 1:
+            if cmd == "offline-pump" and not args.force and _replicas(reg) > 1:
                 _check_no_sole_copy(reg, node)
             rec = reg.set_state(args.node_id, target)
             then = "paused" if target is NodeState.PAUSING else "offline"
@@ -94,6 +94,8 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
                 + ("; it stays readable until GC passes its data" if then == "offline" else "")
             )
             return 0
+        if cmd == "replication":
+            return _replication(args, reg)
         if cmd == "ts":
             ts = reg.get_ts()
             print(f"{ts}\t{tso.to_datetime(ts).isoformat()}")
@@ -103,10 +105,32 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
     raise errors.InvalidArgument(f"unknown ctl action {args.ctl_command!r}")
 
 
-def _replicas() -> int:
-    from binlake import config
+def _replicas(reg: RegistryClient) -> int:
+    """The largest R configured here or set in the registry (any copy may be the only one)."""
+    from binlake.replication import configured
 
-    return config.load(config.ClientSettings).replicas
+    return max([configured().replicas, *(s.replicas for s in reg.get_replication())])
+
+
+def _replication(args: argparse.Namespace, reg: RegistryClient) -> int:
+    if args.replicas is None:
+        if args.min_acks is not None:
+            raise errors.InvalidArgument("--min-acks needs --replicas (give both, e.g. --replicas 3 --min-acks 2)")
+        history = reg.get_replication()
+    else:
+        if not 0 <= args.grace_s <= 3600:
+            raise errors.InvalidArgument(f"--grace-s must be between 0 and 3600 seconds, got {args.grace_s:g}")
+        acks = args.replicas if args.min_acks is None else args.min_acks
+        history = reg.set_replication(args.replicas, acks, int(args.grace_s * 1000))
+    if args.json:
+        for s in history:
+            print(json.dumps({"from_ts": s.from_ts, "replicas": s.replicas, "min_acks": s.min_acks}))
+        return 0
+    if not history:
+        print("no replication setting: replicas = min_acks = 1 (or the writers' [client] configuration)")
+    for s in history:
+        print(f"from {tso.format_ts(s.from_ts)}: replicas={s.replicas} min_acks={s.min_acks}")
+    return 0
 
 
 def _print_sole_copies(nodes: list[NodeRecord], consumers: list[Any]) -> None:
@@ -185,6 +209,7 @@ def _dump(args: argparse.Namespace, reg: RegistryClient) -> int:
     else:
         if not pumps:
             raise errors.NotFound("no pumps are registered; nothing to dump")
+        pumps = _readable(reg, nodes, start, end, wait=args.wait)
         stream = pull_window(pumps, start, end, wait=args.wait)
     count = 0
     for b in stream:
@@ -192,6 +217,39 @@ def _dump(args: argparse.Namespace, reg: RegistryClient) -> int:
         count += 1
     print(f"{count} transactions in [{start}, {end})", file=sys.stderr)
     return 0
+
+
+def _readable(reg: RegistryClient, nodes: list[NodeRecord], start: int, end: int, wait: bool) -> dict[str, str]:
+    """The Pumps to read ``[start, end)`` from: every one that may hold it, less up to
+    W - 1 unreachable ones (``window.cluster_readiness``; each Pump checks its own
+    safe ts and GC ts when read, waiting with ``wait``)."""
+    from binlake.lake.planner import WindowPlan, pumps_for_window
+    from binlake.lake.pump_check import pump_statuses
+    from binlake.replication import cluster_min_acks
+    from binlake.window import PumpView, Readiness, Window, cluster_readiness
+
+    chosen = pumps_for_window(nodes, start, end)
+    acks = cluster_min_acks(reg, start, end)
+    if acks == 1:
+        return {n.node_id: n.addr for n in chosen}
+    down: dict[str, str] = {}
+    statuses = pump_statuses(WindowPlan(start, end, tuple(chosen)), unreachable=down)
+    # With --wait each reachable Pump waits for its own safe ts: only reachability counts here.
+    views = [PumpView(n.node_id, n.node_id in statuses, end if wait else statuses[n.node_id].safe_ts,
+                      statuses[n.node_id].gc_ts) if n.node_id in statuses else PumpView(n.node_id, False)
+             for n in chosen]
+    window = Window(start, end)
+    verdict = cluster_readiness(window, views, acks)
+    if verdict.state is Readiness.READY:
+        if verdict.skipped:
+            print(f"reading without unreachable pump(s) {', '.join(verdict.skipped)} (min_acks={acks}: every "
+                  "transaction is on another pump too)", file=sys.stderr)
+        keep = set(verdict.serve_from)
+        return {n.node_id: n.addr for n in chosen if n.node_id in keep}
+    if verdict.state is Readiness.GONE or not set(verdict.waiting) & set(verdict.unreachable):
+        # A reachable Pump's own refusal names its GC ts or safe ts.
+        return {n.node_id: n.addr for n in chosen if n.node_id in statuses}
+    raise errors.Unavailable(verdict.describe(window) + "; " + "; ".join(f"{p}: {w}" for p, w in sorted(down.items())))
 
 
 def _checksum(args: argparse.Namespace) -> int:

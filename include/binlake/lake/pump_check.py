@@ -84,10 +84,14 @@ def check_replicated(plan: WindowPlan, min_acks: int,
 def plan_read(registry: str, start_ts: int, end_ts: int, pumps: list[str] | None = None,
               min_acks: int | None = None) -> WindowPlan:
     """The Pumps to read for ``[start_ts, end_ts)``, each checked to be able to serve it
-    (``min_acks`` None: the cluster's, ``replication.cluster_min_acks``)."""
+    (``min_acks`` None: the W in force for the window, ``replication.cluster_min_acks``)."""
+    from binlake.registry.client import RegistryClient
     from binlake.replication import cluster_min_acks
 
     plan = plan_window(registry, start_ts, end_ts, pumps)
     if not plan.pumps:
         raise errors.NotFound(f"no pumps are registered with {registry} for window [{start_ts}, {end_ts})")
-    return check_replicated(plan, cluster_min_acks() if min_acks is None else min_acks)[0]
+    if min_acks is None:
+        with RegistryClient(registry) as reg:
+            min_acks = cluster_min_acks(reg, start_ts, end_ts)
+    return check_replicated(plan, min_acks)[0]
