@@ -18,6 +18,7 @@ from pumpkit import (
     prewrite,
     pull,
     row_start_ts,
+    run_cli,
     start_registry,
     wait_safe,
     wait_until,
@@ -420,3 +421,26 @@ def test_replicas_prefer_distinct_hosts() -> None:
         assert client.holders("a") == ["a"] and client.holders("a,c") == ["a", "c"]
     with pytest.raises(errors.InvalidArgument, match="min_acks=3 is above replicas=2"):
         config.load(config.ClientSettings, replicas=2, min_acks=3)
+
+
+def test_client_follows_the_registrys_replication_setting(
+    three: dict[str, Any], registry: RegistryServer, reg: RegistryClient
+) -> None:
+    """A setting made with `ctl replication` applies to prewrites from its TSO on;
+    earlier ones keep the R they were written with."""
+    with make_client(registry, strategy="range") as client:
+        before = reg.get_ts()
+        assert client.write_prewrite(prewrite(before)) in three
+        res = run_cli("ctl", "replication", "--replicas", "2", "--grace-s", "0.5", "--registry", registry.addr)
+        assert res.returncode == 0, res.stderr
+        assert "replicas=2 min_acks=2" in res.stdout
+        history = reg.get_replication()
+        wait_until(lambda: client.replication_at(history[-1].from_ts) == (2, 2), timeout=5, what="the setting")
+        assert client.replication_at(before) == (1, 1)
+        wait_until(lambda: reg.get_ts() > history[-1].from_ts, timeout=5, what="the setting's TSO")
+        after = reg.get_ts()
+        placement = client.write_prewrite(prewrite(after))
+        assert len(client.holders(placement)) == 2
+        client.write_commit(commit(after, reg.get_ts()), placement)
+    res = run_cli("ctl", "replication", "--replicas", "1", "--min-acks", "2", "--registry", registry.addr)
+    assert res.returncode == 2 and "min_acks=2 is above replicas=1" in res.stderr and "Traceback" not in res.stderr
