@@ -11,6 +11,7 @@ out of the plan and the window is read from the others (``window.cluster_readine
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 
 import grpc
@@ -18,6 +19,7 @@ import grpc
 from binlake import errors, rpc
 from binlake.lake.planner import WindowPlan, plan_window
 from binlake.proto import pump_pb2, pump_pb2_grpc
+from binlake.registry.model import NodeRecord
 from binlake.window import PumpView, Readiness, cluster_readiness, gone_error, readiness, waiting_error
 
 # How long one Pump's Status call may take before it counts as unreachable.
@@ -28,20 +30,31 @@ def pump_statuses(plan: WindowPlan, timeout_s: float = STATUS_TIMEOUT_S,
                   unreachable: dict[str, str] | None = None) -> dict[str, pump_pb2.StatusResp]:
     """Every planned Pump's own Status; Unavailable naming the Pump when one does not
     answer, unless ``unreachable`` is given: then it collects them (id -> why)."""
-    out: dict[str, pump_pb2.StatusResp] = {}
-    for node in plan.pumps:
+    def ask(node: NodeRecord) -> pump_pb2.StatusResp | grpc.RpcError:
         with rpc.channel(node.addr, rpc.client_options(16 << 20)) as channel:
             try:
-                out[node.node_id] = pump_pb2_grpc.PumpStub(channel).Status(pump_pb2.StatusReq(), timeout=timeout_s)
+                resp: pump_pb2.StatusResp = pump_pb2_grpc.PumpStub(channel).Status(
+                    pump_pb2.StatusReq(), timeout=timeout_s)
+                return resp
             except grpc.RpcError as exc:
-                why = f"{exc.code().name}: {exc.details()}"
-                if unreachable is not None:
-                    unreachable[node.node_id] = why
-                    continue
-                raise errors.Unavailable(
-                    f"pump {node.node_id} at {node.addr} is unreachable ({why}); "
-                    f"it may hold transactions of [{plan.start_ts}, {plan.end_ts}), which cannot be read "
-                    "without it") from None
+                return exc
+
+    # All at once: an unreachable Pump costs one timeout, not one per Pump.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(plan.pumps)))) as pool:
+        answers = list(pool.map(ask, plan.pumps))
+    out: dict[str, pump_pb2.StatusResp] = {}
+    for node, answer in zip(plan.pumps, answers, strict=True):
+        if isinstance(answer, pump_pb2.StatusResp):
+            out[node.node_id] = answer
+        else:
+            why = f"{answer.code().name}: {answer.details()}"
+            if unreachable is not None:
+                unreachable[node.node_id] = why
+                continue
+            raise errors.Unavailable(
+                f"pump {node.node_id} at {node.addr} is unreachable ({why}); "
+                f"it may hold transactions of [{plan.start_ts}, {plan.end_ts}), which cannot be read "
+                "without it")
     return out
 
 
@@ -72,6 +85,8 @@ def check_replicated(plan: WindowPlan, min_acks: int,
                 verdict.describe(plan.window) + f" (min_acks={min_acks}; "
                 + "; ".join(f"{p}: {why}" for p, why in sorted(down.items())) + ")")
     for node in plan.pumps:
+        if node.node_id not in out:
+            continue  # unreachable, within min_acks - 1: the reachable ones decide
         st = out[node.node_id]
         state = readiness(plan.window, st.safe_ts, st.gc_ts)
         if state is Readiness.GONE:
