@@ -259,13 +259,14 @@ def test_two_of_three_down_refuses_writes_and_windows_wait(procs: Processes, tmp
         reg.close()
 
 
-def test_partitioned_pump_host_catches_up_on_heal(tmp_path: pathlib.Path) -> None:
+def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(tmp_path: pathlib.Path) -> None:
     """Three Pump hosts (network namespaces), R = W = 2 set in the registry, writer
     threads and a real TxnWriter workload on the test's host. One Pump host is cut
-    off, then healed: no transaction fails; windows are served without it
-    meanwhile; it catches up (its safe ts passes the end, nothing pending) and
-    every copy of a transaction has one commit_ts; the rows rebuilt from the Pumps
-    equal the upstream; GC stays at the consumer's checkpoint, then follows it."""
+    off, then healed; then another is lost for good (kill -9, disk deleted). No
+    transaction fails; windows are served without the missing one meanwhile; the
+    healed one catches up (its safe ts passes the end, nothing pending) and every
+    copy of a transaction has one commit_ts; the rows rebuilt from the two Pumps
+    left equal the upstream; GC stays at the consumer's checkpoint, then follows it."""
     why = NetBed.probe()
     if why:
         pytest.skip(f"multi-host test bed unavailable: {why}")
@@ -327,6 +328,15 @@ def test_partitioned_pump_host_catches_up_on_heal(tmp_path: pathlib.Path) -> Non
             bed.heal("h2")
             wait_until(lambda: client.available() == ["p1", "p2", "p3"], timeout=20, what="p2 writable again")
             wait_until(lambda n=acked_in_partition: len(load.acked) > n + 30, timeout=20, what="writes after heal")
+            took = sum(n for p, n in load.placements.items() if "p2" in p)
+            wait_until(lambda: sum(n for p, n in load.placements.items() if "p2" in p) > took + 10, timeout=30,
+                       what="p2 taking writes again")
+            # Then the third host is lost for good (kill -9, its disk deleted) while the writes go on.
+            acked_before_loss = len(load.acked)
+            bed.kill9("h3")
+            shutil.rmtree(tmp_path / "p3")
+            wait_until(lambda n=acked_before_loss: len(load.acked) > n + 30, timeout=20, what="writes after the loss")
+            live = {n: a for n, a in addrs.items() if n != "p3"}
             load.finish()
             workload_thread.join(timeout=120)
             client.close()
@@ -343,26 +353,29 @@ def test_partitioned_pump_host_catches_up_on_heal(tmp_path: pathlib.Path) -> Non
             assert summary.errors == 0 and not summary.gave_up, summary.error_messages[:3]
             # p2 caught up: its safe ts passes the end and nothing is pending on it.
             end = max([*load.acked.values(), summary.end_ts]) + 1
-            for addr in addrs.values():
+            for addr in live.values():
                 wait_safe(addr, end, timeout=40)
-            assert all(try_status(a).pending_txns == 0 for a in addrs.values())  # type: ignore[union-attr]
+            assert all(try_status(a).pending_txns == 0 for a in live.values())  # type: ignore[union-attr]
             # GC held at the consumer's checkpoint all along.
-            assert all(try_status(a).gc_ts <= first for a in addrs.values())  # type: ignore[union-attr]
+            assert all(try_status(a).gc_ts <= first for a in live.values())  # type: ignore[union-attr]
+            # The window over the whole run is read without the lost Pump.
+            plan = wait_until(lambda: _try_plan(registry.addr, first, end), timeout=20, what="the run's window")
+            assert sorted(plan.addrs) == ["p1", "p2"]
             # Every copy of a transaction has one commit_ts (never two), on every Pump.
             copies: dict[int, set[int]] = collections.defaultdict(set)
-            for node_id, addr in addrs.items():
+            for node_id, addr in live.items():
                 for b in pull_window({node_id: addr}, first, end):
                     copies[b.start_ts].add(b.commit_ts)
             assert [s for s, c in copies.items() if len(c) > 1] == []
-            _check_served(addrs, load.acked, first, end)
+            _check_served(live, load.acked, first, end)
             # The rows rebuilt from the Pumps equal the upstream's.
-            binlogs = [b for b in pull_window(addrs, summary.start_ts, summary.end_ts) if b.start_ts not in load.acked]
+            binlogs = [b for b in pull_window(live, summary.start_ts, summary.end_ts) if b.start_ts not in load.acked]
             assert len(binlogs) == summary.committed + summary.ddls
             replay = Replay().apply(binlogs)
             assert replay.checksums() == oracle.checksum(upstream, schema=replay.schema())
             # The consumer moves on: GC follows it on every Pump, never past it.
             reg.update_consumer("lake:test", end)
-            wait_until(lambda: all(first < try_status(a).gc_ts <= end for a in addrs.values()),  # type: ignore[union-attr]
+            wait_until(lambda: all(first < try_status(a).gc_ts <= end for a in live.values()),  # type: ignore[union-attr]
                        timeout=20, what="GC to follow the checkpoint")
         finally:
             if load is not None:
