@@ -303,6 +303,7 @@ def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(tmp_path: pat
             def run_workload() -> None:
                 try:
                     with TxnWriter(upstream, registry=registry.addr, status_addr=f"{bed.gateway}:0") as tw:
+                        workload["writer"] = tw
                         plan = wl.plan("mixed", 2, 150, 7, large_txn_rows=20, large_txn_every=60, table_rows=30,
                                        accounts=10)
                         workload["summary"] = wl.run(tw, plan, clients=2, rate=15, progress=False)
@@ -331,6 +332,11 @@ def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(tmp_path: pat
             took = sum(n for p, n in load.placements.items() if "p2" in p)
             wait_until(lambda: sum(n for p, n in load.placements.items() if "p2" in p) > took + 10, timeout=30,
                        what="p2 taking writes again")
+            # The TxnWriter's own client probes p2 back too before the next loss (else, with
+            # p2 still unavailable to it and p3 gone, it rightly refuses with NotEnoughReplicas).
+            tw = workload.get("writer")
+            if isinstance(tw, TxnWriter):
+                wait_until(lambda: "p2" in tw.pump_client.available(), timeout=30, what="p2 back for the TxnWriter")
             # Then the third host is lost for good (kill -9, its disk deleted) while the writes go on.
             acked_before_loss = len(load.acked)
             bed.kill9("h3")

@@ -487,6 +487,15 @@ class PumpClient:
             fresh.close()
         return conn
 
+    def _renew(self, node_id: str) -> None:
+        """Drop a Pump's connection after a write went unanswered: the next write opens a
+        new channel (a new TCP connection). A partition can leave the old connection
+        looking alive to gRPC while streams on it go nowhere long after the heal."""
+        with self._lock:
+            conn = self._conns.pop(node_id, None)
+        if conn is not None:
+            threading.Thread(target=conn.close, name=f"pump-client-close-{node_id}", daemon=True).start()
+
     def available(self) -> list[str]:
         """Pumps a prewrite may go to: online and not marked unavailable."""
         with self._lock:
@@ -752,7 +761,7 @@ class PumpClient:
             try:
                 f.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                self._conn(node_ids[i]).reset(f"no answer within {self.settings.write_timeout_s:g}s")
+                self._renew(node_ids[i])
                 failed[i] = errors.DeadlineExceeded(
                     f"pump {node_ids[i]} did not acknowledge a write within {self.settings.write_timeout_s:g}s")
             except errors.BinlakeError as exc:
