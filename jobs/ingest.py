@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"), required="BINLAKE_LAKE_DIR" not in os.environ,
                         help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
     parser.add_argument("--registry", default=os.environ.get("BINLAKE_REGISTRY", DEFAULT_REGISTRY_ADDR),
-                        help=f"registry HOST:PORT (default: $BINLAKE_REGISTRY, else {DEFAULT_REGISTRY_ADDR})")
+                        help="registry HOST:PORT or a group's HOST:PORT,HOST:PORT,... "
+                        f"(default: $BINLAKE_REGISTRY, else {DEFAULT_REGISTRY_ADDR})")
     parser.add_argument("--pumps", help="comma-separated Pump ids (default: every Pump that may hold the window)")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, $BINLAKE_SPARK_MASTER or local[*])")
     return parser
@@ -48,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.start_ts >= args.end_ts:
         parser.error(f"window [{args.start_ts}, {args.end_ts}) is empty: --start-ts must be below --end-ts")
     try:
-        net.parse_addr(args.registry, "--registry")
+        net.parse_addr_list(args.registry, "--registry")
         writable_lake(args.lake)
         pump_list(args.pumps)
         if args.master is not None:

@@ -45,6 +45,20 @@ class DeadlineExceeded(BinlakeError):
     """The peer did not answer in time."""
 
 
+class NotEnoughReplicas(Unavailable):
+    """Fewer Pumps than ``min_acks`` could take a write (as Kafka's
+    NotEnoughReplicas): the write was refused rather than kept on fewer copies."""
+
+
+class NotLeader(Unavailable):
+    """A registry follower (or a deposed leader) refused a call; ``leader`` is the
+    HOST:PORT of the current leader when known, else empty."""
+
+    def __init__(self, message: str, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
 # Errors no retry can fix: the request itself is wrong, contradicts the lake,
 # or needs binlogs that are gone. Schedulers fail such a task at once instead
 # of retrying it (``is_final``); batch entry points exit with EXIT_FINAL.

@@ -33,6 +33,29 @@ def parse_addr(addr: str, what: str = "address") -> tuple[str, int]:
     return host, port
 
 
+def parse_addr_list(text: str, what: str = "address list") -> list[str]:
+    """``a:8230,b:8230,c:8230`` (a registry group) -> its HOST:PORTs, in order, without
+    repeats; one InvalidArgument naming the bad entry otherwise. A single
+    HOST:PORT is a list of one."""
+    if not isinstance(text, str) or not text.strip():
+        raise errors.InvalidArgument(f"{what} is empty: give HOST:PORT[,HOST:PORT...] (e.g. 127.0.0.1:8230)")
+    out: list[str] = []
+    for i, part in enumerate(text.split(",")):
+        item = part.strip()
+        if not item:
+            raise errors.InvalidArgument(
+                f"{what} {text!r}: entry {i + 1} is empty; separate HOST:PORTs with single commas")
+        if any(c.isspace() for c in item) or ";" in item:
+            raise errors.InvalidArgument(
+                f"{what} {text!r}: {item!r} is not one HOST:PORT; separate HOST:PORTs with commas")
+        _, port = parse_addr(item, f"{what} entry")
+        if port == 0:
+            raise errors.InvalidArgument(f"{what} {text!r}: {item!r} needs a port > 0 (the registry's is 8230)")
+        if item not in out:
+            out.append(item)
+    return out
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port of ``host`` nothing listens on right now (bound to port 0, then released:
     another process may take it before the caller binds it)."""

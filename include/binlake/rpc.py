@@ -56,6 +56,18 @@ def from_rpc_error(exc: grpc.RpcError, what: str) -> errors.BinlakeError:
     return err
 
 
+# Trailing metadata of a registry follower's refusal (errors.NotLeader): that it
+# was refused unexecuted, and the leader's HOST:PORT when known.
+NOT_LEADER_METADATA_KEY = "binlake-not-leader"
+LEADER_METADATA_KEY = "binlake-leader"
+
+
+def not_leader_metadata(exc: errors.NotLeader) -> tuple[tuple[str, str], ...]:
+    if exc.leader:
+        return ((NOT_LEADER_METADATA_KEY, "1"), (LEADER_METADATA_KEY, exc.leader))
+    return ((NOT_LEADER_METADATA_KEY, "1"),)
+
+
 def servicer_method(fn: F) -> F:
     """Wrap a unary servicer method: domain errors become their status, anything
     else becomes INTERNAL with the error logged (never a traceback to the peer)."""
@@ -65,6 +77,8 @@ def servicer_method(fn: F) -> F:
         try:
             return fn(self, request, context)
         except errors.BinlakeError as exc:
+            if isinstance(exc, errors.NotLeader):
+                context.set_trailing_metadata(not_leader_metadata(exc))
             context.abort(status_code(exc), str(exc))
         except Exception as exc:
             log.exception("internal error in %s", fn.__name__)

@@ -144,6 +144,11 @@ class TSOAllocator:
             self._save_limit(new_limit)
             self._limit = new_limit
 
+    @property
+    def limit(self) -> int:
+        """The persisted high-water mark (physical ms)."""
+        return self._limit
+
     def allocate(self, count: int = 1) -> int:
         """Reserve ``count`` consecutive TSOs; return the first."""
         if isinstance(count, bool) or not isinstance(count, int):

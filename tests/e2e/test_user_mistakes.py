@@ -129,6 +129,7 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("ctl", "checksum"): {"#0": c.sqlite},
         ("ctl", "consumers"): {**reg},
         ("ctl", "remove-consumer"): {"#0": "c-none", **reg},
+        ("ctl", "registry"): {**reg},
         ("workload",): {**reg, "--upstream": f"sqlite:///{c.tmp / 'up.db'}", "--txns": "1", "--tables": "1",
                         "--table-rows": "0", "--clients": "1", "--quiet": ""},
         ("ingest",): {**reg, **window, "--lake": lake, "--master": "local[1]"},
@@ -136,6 +137,7 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("lake", "changes"): {"--lake": lake, "--master": "local[1]", "--table": "t"},
         ("bench", "pump"): {"--seconds": "0.1", "--dir": str(c.tmp / "bench")},
         ("bench", "writer"): {"--seconds": "0.1"},
+        ("bench", "registry"): {"--runs": "1", "--seconds": "0.1", "--threads": "1"},
         ("bench", "ingest"): {"--rows": "10", "--dir": str(c.tmp / "bench"), "--master": "local[1]"},
         ("bench", "source"): {"--rows": "10", "--seconds": "0.1", "--dir": str(c.tmp / "bench")},
         ("bench", "apply"): {"--changes": "1000", "--windows": "1", "--targets": "sqlite", "--modes": "consistent",
@@ -213,6 +215,8 @@ def malformed(action: argparse.Action, c: Ctx) -> list[tuple[str, tuple[str, ...
         return [(NOWHERE, ()), ("", ()), (str(c.file), ())]
     if dest == "master":
         return [("bogus-master", ()), ("", ())]
+    if dest == "store":  # the registry's store URL
+        return [("bogus://x", ()), ("", ()), ("etcd://127.0.0.1", ()), ("etcd://127.0.0.1:2379,,x:1", ())]
     if dest == "task":
         return [(str(path), (named,)) for path, named in c.tasks.values()]
     if dest == "dsn":

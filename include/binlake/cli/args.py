@@ -15,7 +15,7 @@ import pathlib
 from typing import NoReturn
 
 from binlake import argcheck, errors, tso
-from binlake.net import DEFAULT_REGISTRY_ADDR, parse_addr
+from binlake.net import DEFAULT_REGISTRY_ADDR, parse_addr_list
 
 # The exit status of a user's mistake (bad flags, bad config, a refused request).
 EXIT_USER = 2
@@ -137,7 +137,8 @@ def datetime_arg(text: str) -> int:
 def add_registry(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--registry", default=os.environ.get("BINLAKE_REGISTRY", os.environ.get("BINLAKE_PUMP_REGISTRY")),
-        help=f"registry HOST:PORT (default: $BINLAKE_REGISTRY, else {DEFAULT_REGISTRY_ADDR})",
+        help="registry HOST:PORT, or a registry group's HOST:PORT,HOST:PORT,... (clients find and follow "
+             f"its leader; default: $BINLAKE_REGISTRY, else {DEFAULT_REGISTRY_ADDR})",
     )
 
 
@@ -157,9 +158,10 @@ def add_window(p: argparse.ArgumentParser) -> None:
 
 
 def registry_addr(args: argparse.Namespace) -> str:
-    """The checked --registry of ``add_registry``, else the default."""
+    """The checked --registry of ``add_registry`` (one HOST:PORT or a registry group's
+    comma-separated list, as given), else the default."""
     if args.registry is not None and not args.registry.strip():
         raise errors.InvalidArgument("--registry is empty: give the registry's HOST:PORT (e.g. 127.0.0.1:8230)")
     addr = args.registry or DEFAULT_REGISTRY_ADDR
-    parse_addr(addr, "--registry")
+    parse_addr_list(addr, "--registry")
     return addr

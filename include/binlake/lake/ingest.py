@@ -288,7 +288,7 @@ def _validate(spark: SparkSession, lake: str, registry: str, start_ts: int, end_
     check_lake(lake)
     if not isinstance(registry, str):
         raise errors.InvalidArgument(f"registry must be HOST:PORT, got {registry!r}")
-    net.parse_addr(registry, "registry")
+    net.parse_addr_list(registry, "registry")
     check_window(start_ts, end_ts)
     if pumps is None:
         return None

@@ -34,8 +34,9 @@ class ReadOptions:
                 f"binlake source: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known - {'path'}))}")
         registry = opts.get("registry") or ""
         if not registry:
-            raise errors.InvalidArgument("binlake source: option 'registry' (HOST:PORT) is required")
-        net.parse_addr(registry, "registry")
+            raise errors.InvalidArgument(
+                "binlake source: option 'registry' (HOST:PORT, or a group's HOST:PORT,HOST:PORT,...) is required")
+        net.parse_addr_list(registry, "registry")
 
         def ts(name: str) -> int:
             raw = opts.get(name)

@@ -25,7 +25,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         ),
     )
     p.add_argument("--config", help="TOML config file (its [pump] table documents every key)")
-    p.add_argument("--registry", help="registry HOST:PORT")
+    p.add_argument("--registry", help="registry HOST:PORT, or a registry group HOST:PORT,HOST:PORT,...")
     p.add_argument("--data-dir", help="value log and index directory")
     p.add_argument("--addr", help="HOST:PORT to listen on (port 0 = any free port)")
     p.add_argument("--advertise-addr", help="address writers and readers use, if not --addr")
@@ -71,6 +71,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--pump-servers", default="", metavar="KINDS", type=pump_servers,
                    help="run every case on each of these Pump gRPC servers: asyncio,threads "
                         "(default: the Pump's configured one)")
+    b.add_argument("--replicas", type=int_list, default="", metavar="RS",
+                   help="comma-separated replica counts, e.g. 1,2: every case at each R, on a cluster of max(RS) "
+                        "Pumps (default: one Pump, R = 1)")
     b.set_defaults(handler=_bench)
 
 

@@ -20,9 +20,10 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from binlake import errors, net, tso
-from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState
+from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState, ReplicationSetting
 from binlake.registry.store import RegistryStore
 
 MAX_NODE_ID_LEN = 128
@@ -31,6 +32,9 @@ MAX_DESCRIPTION_LEN = 1024
 MAX_TS_COUNT = tso.MAX_LOGICAL
 # A Pump silent for this long is dead, and an operator may mark it OFFLINE.
 DEAD_AFTER_MS = 60_000
+# Replication settings: at most this many copies, and how far ahead a change may apply.
+MAX_REPLICAS = 16
+MAX_GRACE_MS = 3_600_000
 
 # How far along the lifecycle each state is; see the module docstring.
 _RANK = {
@@ -56,6 +60,14 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class Leadership(Protocol):
+    """What a registry group's election tells the service (``election.Election``)."""
+
+    def is_leader(self) -> bool: ...
+
+    def leader_addr(self) -> str: ...
+
+
 class RegistryService:
     """TSO plus node records, over a ``RegistryStore``. Thread-safe."""
 
@@ -64,20 +76,73 @@ class RegistryService:
         store: RegistryStore,
         tso_window_ms: int = 3000,
         clock_ms: Callable[[], int] | None = None,
+        *,
+        self_addr: str = "",
+        leadership: Leadership | None = None,
     ) -> None:
         self._store = store
         self._clock_ms = clock_ms or _wall_ms
-        # The allocator persists its high-water mark through the store before it
-        # hands out any ts below it, so timestamps never repeat across restarts.
-        self._tso = tso.TSOAllocator(
-            store.load_tso_limit,
-            store.save_tso_limit,
-            window_ms=tso_window_ms,
-            clock_ms=self._clock_ms,
-        )
+        self._tso_window_ms = tso_window_ms
+        self.self_addr = self_addr
+        # For a member of a registry group: only the leader serves, and only
+        # while its lease is valid; its allocator exists only while it leads.
+        self._leadership = leadership
+        self._tso: tso.TSOAllocator | None = None if leadership is not None else self._new_allocator()
         # Serialises read-modify-write of node records (heartbeat vs operator),
         # and makes a listing and its revision agree. TSO has its own lock.
         self._nodes_lock = threading.Lock()
+
+    def _new_allocator(self) -> tso.TSOAllocator:
+        # The allocator persists its high-water mark through the store before it
+        # hands out any ts below it, so timestamps never repeat across restarts
+        # nor across leaders (it starts above the mark the last one saved).
+        return tso.TSOAllocator(
+            self._store.load_tso_limit,
+            self._store.save_tso_limit,
+            window_ms=self._tso_window_ms,
+            clock_ms=self._clock_ms,
+        )
+
+    # -- leadership (a registry group on etcd) -------------------------------------
+
+    def become_leader(self) -> None:
+        """Load the saved mark and save a new one above it (a fenced write) before
+        serving a single TSO: the new leader starts above everything handed out."""
+        self._tso = self._new_allocator()
+
+    def step_down(self) -> None:
+        self._tso = None
+
+    def tso_limit(self) -> int:
+        """The high-water mark in memory (0 when this member does not lead)."""
+        allocator = self._tso
+        return allocator.limit if allocator is not None else 0
+
+    def check_leader(self) -> None:
+        """NotLeader (naming the leader) unless this member may serve now."""
+        leadership = self._leadership
+        if leadership is None:
+            return
+        if leadership.is_leader() and self._tso is not None:
+            return
+        leader = leadership.leader_addr()
+        if leader and leader != self.self_addr:
+            raise errors.NotLeader(
+                f"registry {self.self_addr} is a follower; the leader is {leader}", leader=leader)
+        raise errors.NotLeader(
+            f"registry {self.self_addr} is a follower and no leader is elected yet (an election takes up to "
+            "one lease, 3 s); retry, or check that the etcd store has a quorum")
+
+    def _allocate(self, count: int) -> int:
+        self.check_leader()
+        allocator = self._tso
+        if allocator is None:
+            raise errors.NotLeader(f"registry {self.self_addr} stopped leading")
+        first = allocator.allocate(count)
+        # Checked again after: a TSO leaves only while the lease (counted from
+        # the keepalive's start, so ending before etcd's) is still valid.
+        self.check_leader()
+        return first
 
     @property
     def store(self) -> RegistryStore:
@@ -91,7 +156,7 @@ class RegistryService:
             raise errors.InvalidArgument(f"count must be an integer, got {type(count).__name__}")
         if not 1 <= count <= MAX_TS_COUNT:
             raise errors.InvalidArgument(f"count must be in [1, {MAX_TS_COUNT}], got {count}")
-        return self._tso.allocate(count)
+        return self._allocate(count)
 
     def cluster_info(self) -> tuple[int, int]:
         """(cluster id, revision)."""
@@ -118,7 +183,7 @@ class RegistryService:
                     f"a {record.kind} needs a different node id"
                 )
             # Stamped while holding the lock, so online_ts order equals registration order.
-            online_ts = self._tso.allocate(1)
+            online_ts = self._allocate(1)
             stored = dataclasses.replace(
                 record,
                 state=NodeState.ONLINE,
@@ -156,7 +221,7 @@ class RegistryService:
             new_state = max(stored.state, reported, key=_RANK.__getitem__)
             if new_state is NodeState.OFFLINE and stored.state is not NodeState.OFFLINE:
                 # Stamped once: the first time the node is seen offline.
-                updated.offline_ts = self._tso.allocate(1)
+                updated.offline_ts = self._allocate(1)
             updated.state = new_state
             self._store.put_node(updated)
             return updated
@@ -198,7 +263,7 @@ class RegistryService:
                 self._check_may_force_offline(record)
             record = dataclasses.replace(record, state=target)
             if target is NodeState.OFFLINE:
-                record.offline_ts = self._tso.allocate(1)
+                record.offline_ts = self._allocate(1)
             # updated_at_ms stays: it records the node's own reports, not ours.
             self._store.put_node(record)
             return record
@@ -280,6 +345,38 @@ class RegistryService:
         with self._nodes_lock:
             consumers = self._store.list_consumers()
         return sorted(consumers, key=lambda c: c.consumer_id)
+
+    # -- replication (replicas R, min_acks W, with the TSO each applies from) -------------
+
+    def get_replication(self) -> list[ReplicationSetting]:
+        """Every replication setting, oldest first (empty: R = W = 1 everywhere)."""
+        with self._nodes_lock:
+            return self._store.list_replication()
+
+    def set_replication(self, replicas: int, min_acks: int, grace_ms: int) -> list[ReplicationSetting]:
+        """Append a setting applying from a TSO ``grace_ms`` ahead of now (writers
+        re-read the setting meanwhile); returns the whole history. Invariant: from_ts
+        strictly increases along the history, so each TSO has exactly one setting."""
+        for name, value, low, high in (("replicas", replicas, 1, MAX_REPLICAS),
+                                       ("min_acks", min_acks, 1, MAX_REPLICAS),
+                                       ("grace_ms", grace_ms, 0, MAX_GRACE_MS)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise errors.InvalidArgument(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        if min_acks > replicas:
+            raise errors.InvalidArgument(
+                f"min_acks={min_acks} is above replicas={replicas}: a write cannot be acknowledged by more "
+                "Pumps than it is written to")
+        with self._nodes_lock:
+            now = self._allocate(1)
+            from_ts = tso.compose(tso.physical_ms(now) + grace_ms)
+            history = self._store.list_replication()
+            if history and from_ts <= history[-1].from_ts:
+                raise errors.FailedPrecondition(
+                    f"a replication setting already applies from {tso.format_ts(history[-1].from_ts)}, later "
+                    "than this one would; wait until then or give a longer grace")
+            setting = ReplicationSetting(from_ts, replicas, min_acks)
+            self._store.add_replication(setting)
+            return [*history, setting]
 
     def remove_consumer(self, consumer_id: str) -> ConsumerRecord:
         """Drop a consumer (an operator's decision): it no longer holds GC."""

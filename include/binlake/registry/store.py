@@ -1,8 +1,9 @@
 """Durable state of the registry: the TSO high-water mark, the cluster id and node records.
 
 ``RegistryStore`` is the narrow interface the registry service needs; the
-embedded implementation is ``SQLiteStore`` (one file, one machine). An etcd
-store for several registry replicas will implement the same interface.
+embedded implementation is ``SQLiteStore`` (one file, one machine);
+``binlake.registry.etcd_store.EtcdStore`` keeps the same state in etcd for a
+group of registries on several hosts.
 ``open_store`` turns a data directory or a store URL into a store.
 """
 
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Iterator
 
 from binlake import errors
-from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState
+from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState, ReplicationSetting
 
 # The file a data directory holds.
 DB_FILE_NAME = "registry.db"
@@ -74,6 +75,14 @@ class RegistryStore(abc.ABC):
         """Every consumer, in no particular order."""
 
     @abc.abstractmethod
+    def list_replication(self) -> list[ReplicationSetting]:
+        """Every replication setting, by from_ts (empty: none made, R = W = 1)."""
+
+    @abc.abstractmethod
+    def add_replication(self, setting: ReplicationSetting) -> None:
+        """Append a setting; its from_ts is above every stored one (the service checks)."""
+
+    @abc.abstractmethod
     def revision(self) -> int:
         """A counter that increases on every put_node."""
 
@@ -105,6 +114,14 @@ CREATE TABLE IF NOT EXISTS meta (
     --   revision: >= 0; increases by one on every node write, never decreases.
     key TEXT PRIMARY KEY,
     value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS replication (
+    -- The cluster's replication settings, a history: rows are only appended.
+    -- from_ts: the TSO the setting applies from; above every earlier row's.
+    from_ts INTEGER PRIMARY KEY CHECK (from_ts > 0),
+    -- 1 <= min_acks <= replicas.
+    replicas INTEGER NOT NULL CHECK (replicas >= 1),
+    min_acks INTEGER NOT NULL CHECK (min_acks >= 1 AND min_acks <= replicas)
 );
 CREATE TABLE IF NOT EXISTS nodes (
     -- Unique; non-empty, at most 128 printable characters, no whitespace.
@@ -314,6 +331,16 @@ class SQLiteStore(RegistryStore):
         with self._connection() as conn:
             return self._meta(conn, "revision")
 
+    def list_replication(self) -> list[ReplicationSetting]:
+        with self._connection() as conn:
+            rows = conn.execute("SELECT from_ts, replicas, min_acks FROM replication ORDER BY from_ts").fetchall()
+        return [ReplicationSetting(int(a), int(b), int(c)) for a, b, c in rows]
+
+    def add_replication(self, setting: ReplicationSetting) -> None:
+        with self._connection() as conn, _transaction(conn):
+            conn.execute("INSERT INTO replication (from_ts, replicas, min_acks) VALUES (?, ?, ?)",
+                         (setting.from_ts, setting.replicas, setting.min_acks))
+
     def get_consumer(self, consumer_id: str) -> ConsumerRecord | None:
         with self._connection() as conn:
             row = conn.execute(
@@ -366,13 +393,19 @@ def _row_to_record(row: tuple[object, ...]) -> NodeRecord:
     return NodeRecord(**fields)  # type: ignore[arg-type]
 
 
-def open_store(spec: str | pathlib.Path) -> RegistryStore:
+def is_etcd(spec: str | pathlib.Path) -> bool:
+    """Whether ``spec`` names an etcd store (a group of registries may share it)."""
+    return isinstance(spec, str) and spec.strip().lower().startswith(_ETCD_PREFIXES)
+
+
+def open_store(spec: str | pathlib.Path, *, cluster_id: int = 0) -> RegistryStore:
     """Open the store named by ``spec``.
 
     - a directory (created if missing): the SQLite file ``registry.db`` inside it;
     - ``sqlite:///path/to/file.db``: that SQLite file (as in SQLAlchemy URLs, the
       path after ``sqlite:///`` is relative unless it starts with ``/``);
-    - ``etcd://...``: reserved for the cluster store, which is not built yet.
+    - ``etcd://h1:2379,h2:2379,h3:2379[/prefix]``: the etcd store, shared by a
+      registry group (``cluster_id``, when given, must match the stored one).
     """
     if isinstance(spec, pathlib.Path):
         return _open_directory(spec)
@@ -383,10 +416,10 @@ def open_store(spec: str | pathlib.Path) -> RegistryStore:
     text = spec.strip()
     lowered = text.lower()
     if lowered.startswith(_ETCD_PREFIXES):
-        raise errors.InvalidArgument(
-            f"registry store {text!r}: the etcd store is not built yet; "
-            "use a data directory or a sqlite:///path/to/registry.db URL"
-        )
+        from binlake.registry.etcd import parse_etcd_url
+        from binlake.registry.etcd_store import EtcdStore
+
+        return EtcdStore(parse_etcd_url(text), expect_cluster_id=cluster_id)
     if lowered.startswith("sqlite:"):
         if not lowered.startswith(_SQLITE_PREFIX):
             raise errors.InvalidArgument(
@@ -408,7 +441,7 @@ def open_store(spec: str | pathlib.Path) -> RegistryStore:
         scheme = text.split("://", 1)[0]
         raise errors.InvalidArgument(
             f"registry store {text!r}: unknown scheme {scheme!r}; "
-            "use a data directory or a sqlite:///path/to/registry.db URL"
+            "use a data directory, a sqlite:///path/to/registry.db URL or etcd://HOST:2379,..."
         )
     return _open_directory(pathlib.Path(text))
 

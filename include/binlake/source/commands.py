@@ -48,7 +48,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     m.add_argument("--server-id", type=_server_id, required=True,
                    help="this replica's server id (unique among the server's replicas)")
     m.add_argument("--registry", default=DEFAULT_REGISTRY_ADDR,
-                   help=f"registry HOST:PORT (default {DEFAULT_REGISTRY_ADDR})")
+                   help=f"registry HOST:PORT or a group HOST:PORT,HOST:PORT,... (default {DEFAULT_REGISTRY_ADDR})")
     m.add_argument("--start", default=None,
                    help="where a new --data-dir starts: now (default), snapshot (the chosen tables' rows "
                         "first, then the binlog from that snapshot), FILE:POS or gtid:SET; "
@@ -80,7 +80,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                     help="create the publication FOR ALL TABLES, and the slot (--start snapshot always creates "
                          "its own), if missing")
     pg.add_argument("--registry", default=DEFAULT_REGISTRY_ADDR,
-                   help=f"registry HOST:PORT (default {DEFAULT_REGISTRY_ADDR})")
+                    help=f"registry HOST:PORT or a group HOST:PORT,HOST:PORT,... (default {DEFAULT_REGISTRY_ADDR})")
     pg.add_argument("--start", default=None,
                     help="where a new --data-dir starts: now (default: stream from the slot) or snapshot (creates "
                          "the slot with an exported snapshot, sends the published tables' rows, then streams from "
@@ -127,7 +127,7 @@ def _check_args(args: argparse.Namespace) -> None:
     --registry or --data-dir is still reported as itself."""
     from binlake import argcheck
 
-    argcheck.addr("--registry", args.registry)
+    argcheck.addr_list("--registry", args.registry)
     argcheck.listen_addr("--status-addr", args.status_addr)
     argcheck.writable_dir("--data-dir", args.data_dir)
     if not args.dsn.strip():
