@@ -73,8 +73,10 @@ def task_files(setting: str | None = None) -> list[str]:
                 "fix the Variable binlake_apply_tasks (or env BINLAKE_APPLY_TASKS)")
     if not files:
         where = ", ".join(str(d) for d in dirs) or str(config.PROJECT_ROOT / DEFAULT_TASK_DIR)
-        raise AirflowSkipException(f"no replication task configured (no *.toml in {where}): "
-                                   + where_task_files_go())
+        message = f"no replication task configured (no *.toml in {where}): " + where_task_files_go()
+        # Airflow logs only "Skipping task.": the reason goes in the log first.
+        log.warning("%s", message)
+        raise AirflowSkipException(message)
     targets: dict[str, Path] = {}
     for f in files:
         try:

@@ -101,12 +101,13 @@ def alert(timetable: Any, start: dt.datetime) -> Any:
 def describe(context: dict[str, Any] | None, grace_s: float) -> dict[str, Any]:
     """The alert's payload from the callback's context (the run and its deadline)."""
     run = (context or {}).get("dag_run") or {}
+    run_id = run.get("dag_run_id") or run.get("run_id")  # the REST model's name, or the ORM's
     deadline = (context or {}).get("deadline") or {}
     start, end = run.get("data_interval_start"), run.get("data_interval_end")
     text = (f"binlake: window {start} .. {end} of {run.get('dag_id', 'binlake_ingest')} is not in the lake "
-            f"{grace_s:g}s after it closed (run {run.get('run_id')}, state {run.get('state')}); "
+            f"{grace_s:g}s after it closed (run {run_id}); "
             "see the run in Airflow and `binlake lake status`")
-    return {"text": text, "dag_id": run.get("dag_id"), "run_id": run.get("run_id"), "window_start": start,
+    return {"text": text, "dag_id": run.get("dag_id"), "run_id": run_id, "window_start": start,
             "window_end": end, "deadline": str(deadline.get("deadline_time"))}
 
 
@@ -118,13 +119,14 @@ def _post(url: str, payload: dict[str, Any]) -> int:
 
 
 async def window_late(webhook: str | None = None, grace_s: float = 0.0,
-                      context: dict[str, Any] | None = None) -> dict[str, Any]:
+                      context: dict[str, Any] | None = None) -> str:
     """The default deadline callback (runs in the triggerer): log the late window and
-    POST it to the webhook, if one is set. A webhook that fails is logged, and the
-    callback fails, so Airflow records the alert as not delivered."""
+    POST it to the webhook, if one is set. A webhook that fails raises, so Airflow
+    records the alert as not delivered. Returns the alert's line: Airflow stores a
+    callback's result in a text column, so it must be a string."""
     payload = describe(context, grace_s)
     log.warning("%s", payload["text"])
     if webhook:
         status = await asyncio.to_thread(_post, webhook, payload)
-        payload["webhook_status"] = status
-    return payload
+        return f"{payload['text']} (webhook answered {status})"
+    return str(payload["text"])

@@ -154,10 +154,12 @@ def test_ingest_deadline_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_deadline_callback_describes_the_late_window() -> None:
     import asyncio
 
-    context = {"dag_run": {"dag_id": "binlake_ingest", "run_id": "r1", "state": "running",
+    context = {"dag_run": {"dag_id": "binlake_ingest", "dag_run_id": "r1", "state": "running",
                            "data_interval_start": "2026-11-26T01:00:00+00:00",
                            "data_interval_end": "2026-11-26T01:05:00+00:00"},
                "deadline": {"deadline_time": "2026-11-26T01:20:00+00:00"}}
+    payload = deadline.describe(context, 900.0)
+    assert payload["run_id"] == "r1" and payload["window_end"] == "2026-11-26T01:05:00+00:00"
+    # Airflow keeps a callback's result in a text column: a string, never a dict.
     out = asyncio.run(deadline.window_late(None, 900.0, context))
-    assert out["run_id"] == "r1" and out["window_end"] == "2026-11-26T01:05:00+00:00"
-    assert "is not in the lake 900s after it closed" in out["text"]
+    assert out == payload["text"] and "is not in the lake 900s after it closed (run r1)" in out
