@@ -127,7 +127,7 @@ class Stack:
         status, body = self.trigger(dag_id, run_id, conf, **kw)
         assert status == 200, (status, body)
 
-    def wait(self, dag_id: str, run_id: str, timeout: float = 240) -> str:
+    def wait(self, dag_id: str, run_id: str, timeout: float = 480) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.get(f"/dags/{dag_id}/dagRuns/{_q(run_id)}")["state"]
