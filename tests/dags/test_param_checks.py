@@ -20,7 +20,7 @@ from binlake_airflow import apply_tasks, config, deadline, restore_tasks
 from binlake import errors
 from binlake.replicate import sink
 from binlake.restore import claims
-from binlake.source import schema as sc
+from binlake.sql import schema as sc
 
 FORM = {"commit_ts": None, "datetime": None, "tz": None, "tables": None, "out": None, "target": None,
         "verify": None, "replace": False}

@@ -243,7 +243,7 @@ def _json_default(value: Any) -> Any:
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """Add ``binlake ingest``, ``binlake lake ...`` and ``binlake bench ingest``
     (see ``binlake.cli._COMMAND_MODULES``)."""
-    from binlake.cli import _add_lake, _add_registry, _add_window, _positive_int, _scratch_dir, _ts_arg
+    from binlake.cli.args import add_lake, add_registry, add_window, positive_int, scratch_dir, window_ts_arg
 
     p = sub.add_parser(
         "ingest", help="ingest a commit_ts window from every Pump into the Delta lake", formatter_class=fmt,
@@ -262,9 +262,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "                 --registry 127.0.0.1:8230 --pumps pump1,pump2 --json\n"
         ),
     )
-    _add_registry(p)
-    _add_window(p)
-    _add_lake(p)
+    add_registry(p)
+    add_window(p)
+    add_lake(p)
     p.add_argument("--pumps", help="comma-separated Pump ids to read (default: every Pump that may hold the window)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
     p.set_defaults(handler=_ingest_command)
@@ -274,7 +274,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     lsub = lake.add_subparsers(dest="lake_command", metavar="WHAT")
     c = lsub.add_parser("windows", help="table of ingested windows, with the gaps between them", formatter_class=fmt,
                         epilog="Example:\n  binlake lake windows --lake data/lake\n")
-    _add_lake(c)
+    add_lake(c)
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     c = lsub.add_parser(
         "changes", help="row changes of one table, in commit order", formatter_class=fmt,
@@ -284,11 +284,11 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "  binlake lake changes --lake data/lake --table main.accounts --from-ts 470614378216685568 --json\n"
         ),
     )
-    _add_lake(c)
+    add_lake(c)
     c.add_argument("--table", required=True, help="TABLE or DB.TABLE (the name when the change was made)")
-    c.add_argument("--from-ts", type=_ts_arg, help="only changes with commit_ts >= this TSO")
-    c.add_argument("--to-ts", type=_ts_arg, help="only changes with commit_ts < this TSO")
-    c.add_argument("--limit", type=_positive_int, default=50, help="at most this many changes (default 50)")
+    c.add_argument("--from-ts", type=window_ts_arg, help="only changes with commit_ts >= this TSO")
+    c.add_argument("--to-ts", type=window_ts_arg, help="only changes with commit_ts < this TSO")
+    c.add_argument("--limit", type=positive_int, default=50, help="at most this many changes (default 50)")
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     c = lsub.add_parser(
         "status", help="freshness: newest window, its lag behind the Pumps' safe ts, windows waiting",
@@ -302,8 +302,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         epilog="Examples:\n  binlake lake status --lake data/lake --registry 127.0.0.1:8230\n"
                "  binlake lake status --lake data/lake --json\n",
     )
-    _add_lake(c)
-    _add_registry(c)
+    add_lake(c)
+    add_registry(c)
     c.add_argument("--json", action="store_true", help="one JSON object instead of the report")
     c = lsub.add_parser(
         "metrics", help="serve the lake's freshness as Prometheus metrics (binlake_lake_lag_seconds, ...)",
@@ -316,8 +316,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         ),
         epilog="Example:\n  binlake lake metrics --lake data/lake --registry 127.0.0.1:8230 --addr 127.0.0.1:8239\n",
     )
-    _add_lake(c)
-    _add_registry(c)
+    add_lake(c)
+    add_registry(c)
     c.add_argument("--addr", default="127.0.0.1:8239", help="HOST:PORT to serve /metrics on (default 127.0.0.1:8239)")
     lake.set_defaults(handler=_lake_command)
 
@@ -325,22 +325,22 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "ingest", help="row changes/s from three Pumps into Delta vs Parquet->Delta", formatter_class=fmt,
         epilog="Example:\n  binlake bench ingest --rows 1000000 --runs 2\n",
     )
-    b.add_argument("--rows", type=_positive_int, default=1_000_000, help="row changes to ingest (default 1000000)")
-    b.add_argument("--rows-per-txn", type=_positive_int, default=2000, help="row changes per transaction (default 2000)")
-    b.add_argument("--runs", type=_positive_int, default=2, help="runs of each case; the best is reported (default 2)")
+    b.add_argument("--rows", type=positive_int, default=1_000_000, help="row changes to ingest (default 1000000)")
+    b.add_argument("--rows-per-txn", type=positive_int, default=2000, help="row changes per transaction (default 2000)")
+    b.add_argument("--runs", type=positive_int, default=2, help="runs of each case; the best is reported (default 2)")
     b.add_argument("--master", help="Spark master (default local[*])")
-    b.add_argument("--dir", type=_scratch_dir, help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
     b.add_argument("--decode-only", action="store_true",
                    help="only the decoding step: CPU µs per row change, Python path vs native (no Pumps, no Spark)")
     b.set_defaults(handler=_bench_command)
 
 
 def _ingest_command(args: argparse.Namespace) -> int:
-    from binlake.cli import _registry_addr
+    from binlake.cli.args import registry_addr
 
     if not args.lake:
         raise errors.InvalidArgument("ingest needs --lake PATH (the lake directory or URI), or $BINLAKE_LAKE_DIR")
-    return ingest(args, _registry_addr(args))
+    return ingest(args, registry_addr(args))
 
 
 def _lake_command(args: argparse.Namespace) -> int:
@@ -359,11 +359,11 @@ def _lake_command(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     """``binlake lake status``: the lake's freshness (``binlake.lake.freshness``)."""
-    from binlake.cli import _registry_addr
+    from binlake.cli.args import registry_addr
     from binlake.lake import freshness
 
     existing_lake(args.lake)
-    f = freshness.measure(args.lake, _registry_addr(args))
+    f = freshness.measure(args.lake, registry_addr(args))
     if args.json:
         print(json.dumps(f.to_dict(), sort_keys=True))
     else:
@@ -374,11 +374,11 @@ def status(args: argparse.Namespace) -> int:
 
 def metrics(args: argparse.Namespace) -> int:
     """``binlake lake metrics``: serve the freshness gauges until interrupted."""
-    from binlake.cli import _registry_addr
+    from binlake.cli.args import registry_addr
     from binlake.lake import freshness
 
     existing_lake(args.lake)
-    registry = _registry_addr(args)
+    registry = registry_addr(args)
     freshness.ledger(args.lake)  # an unreadable lake is refused before serving
     try:
         server, where = freshness.serve(args.addr, args.lake, registry)
@@ -395,7 +395,7 @@ def metrics(args: argparse.Namespace) -> int:
 
 
 def _bench_command(args: argparse.Namespace) -> int:
-    from binlake.cli import _bench_module
+    from binlake.cli.benchmarks import bench_module
 
-    # bench/ingest_bench.py, found the way every benchmark is (``cli._bench_module``).
-    return int(_bench_module("ingest").main(args))
+    # bench/ingest_bench.py, found the way every benchmark is (``binlake.cli.benchmarks``).
+    return int(bench_module("ingest").main(args))

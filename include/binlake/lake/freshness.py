@@ -179,7 +179,7 @@ class FreshnessCollector(Collector):
 def serve(addr: str, lake: str, registry: str | None) -> tuple[Any, str]:
     """Serve the lake's freshness on ``http://ADDR/metrics`` (port 0: a free one); the
     server (``shutdown()`` stops it) and the HOST:PORT it listens on."""
-    from binlake.rpc import parse_addr
+    from binlake.net import parse_addr
 
     host, port = parse_addr(addr, "metrics address")
     reg = CollectorRegistry()

@@ -18,8 +18,8 @@ WINDOWS = 5
 
 
 def _table_info() -> Any:
-    from binlake.source import schema
-    from binlake.source.schema import ColumnDef
+    from binlake.sql import schema
+    from binlake.sql.schema import ColumnDef
 
     cols = [ColumnDef("id", "int", False), ColumnDef("k", "int", False), ColumnDef("c", "string", True, length=120),
             ColumnDef("balance", "decimal", True, precision=20, scale=2)]
