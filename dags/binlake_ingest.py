@@ -28,7 +28,8 @@ the schedule's grid (whole multiples of the interval after the start date),
 or its windows overlap the scheduled ones with other bounds and fail at once.
 
 Settings, read when tasks run (Airflow Variable, else environment, else default):
-`binlake_registry` / `BINLAKE_REGISTRY` (127.0.0.1:8230), `binlake_lake` /
+`binlake_registry` / `BINLAKE_REGISTRY` (127.0.0.1:8230; the Airflow Connection
+`binlake_registry`, host `h1:8230,h2:8230`, wins over both), `binlake_lake` /
 `BINLAKE_LAKE_DIR` (data/lake), `binlake_ingest_mode` / `BINLAKE_INGEST_MODE`
 (spark-submit), `binlake_spark_python`, `binlake_spark_master`,
 `binlake_safe_ts_poll_s`. The schedule (`BINLAKE_INGEST_SCHEDULE`: `5m`, `1h`

@@ -2,8 +2,12 @@
 
 Run-time settings are resolved when a task runs, never when a DAG file is
 parsed: the DAG processor parses every file every few seconds, and a
-Variable read there is a metadata-database (or secrets-backend) round trip
-per parse. Each run-time setting is looked up in this order:
+Variable or Connection read there is a metadata-database (or secrets-backend)
+round trip per parse. The registry's address is first looked up as the Airflow
+Connection ``binlake_registry`` (see ``registry_addr``): a registry group is an
+endpoint like the databases the DAGs reach, and an Airflow user keeps those
+as Connections. Then each run-time setting, the registry's included, is
+looked up in this order:
 
 1. the Airflow Variable (``binlake_registry``, ``binlake_lake``, ...), which
    also covers ``AIRFLOW_VAR_BINLAKE_*`` environment variables and any
@@ -60,6 +64,9 @@ INPROCESS = "inprocess"
 INGEST_MODES = (SPARK_SUBMIT, INPROCESS)
 
 SCHEDULE_ENV = "BINLAKE_INGEST_SCHEDULE"
+# The Connection holding the registry group: conn type ``generic``, host the
+# comma-separated members, port the port of members that name none.
+REGISTRY_CONN_ID = "binlake_registry"
 START_DATE_ENV = "BINLAKE_INGEST_START_DATE"
 
 
@@ -94,11 +101,66 @@ def setting(variable: str, env: Sequence[str], default: str | None) -> str | Non
     return default
 
 
-def registry_addr() -> str:
-    """The registry's HOST:PORT, or a registry group's comma-separated list
-    (Variable ``binlake_registry``, env ``BINLAKE_REGISTRY``)."""
+def registry_from_connection(host: str | None, port: int | None) -> str:
+    """The registry list a ``binlake_registry`` Connection's ``host`` and ``port`` give.
+
+    ``host`` is one member or a comma-separated group (``h1:8230,h2:8230``);
+    a member without a port takes the Connection's ``port`` (so
+    ``generic://h1,h2,h3:8230`` as a URI is the group ``h1:8230,h2:8230,h3:8230``).
+    Raises ConfigError naming the Connection when the list is malformed.
+    """
     from binlake import errors
 
+    where = f"Airflow Connection {REGISTRY_CONN_ID}"
+    text = (host or "").strip()
+    if not text:
+        raise ConfigError(f"{where} has no host: set it to the registry group, e.g. h1:8230,h2:8230,h3:8230")
+    if port is not None and not (isinstance(port, int) and 0 < port < 65536):
+        raise ConfigError(f"{where}: port {port!r} is not a TCP port (1-65535)")
+    members = []
+    for part in text.split(","):
+        item = part.strip()
+        # A bare name or IPv4 address (no colon) or a bracketed IPv6 one without
+        # a port takes the Connection's port; anything else is parsed as given.
+        if port is not None and item and (":" not in item or (item.startswith("[") and item.endswith("]"))):
+            item = f"{item}:{port}"
+        members.append(item)
+    addr = ",".join(members)
+    try:
+        parse_addr_list(addr, "registry address list")
+    except errors.InvalidArgument as exc:
+        raise ConfigError(
+            f"{where}: {exc}; its host must list the registry group as HOST:PORT[,HOST:PORT...] "
+            "(or HOST[,HOST...] with the port in the Connection's port field)"
+        ) from None
+    return addr
+
+
+def _registry_connection() -> str | None:
+    """The registry list of the ``binlake_registry`` Connection; None when no such Connection exists."""
+    # Imported here for the same reason as in _variable: never at parse time.
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = Connection.get(REGISTRY_CONN_ID)
+    except AirflowNotFoundException:
+        return None
+    return registry_from_connection(conn.host, conn.port)
+
+
+def registry_addr() -> str:
+    """The registry's HOST:PORT, or a registry group's comma-separated list.
+
+    In order: the Airflow Connection ``binlake_registry`` (its host the list,
+    see ``registry_from_connection``), the Variable ``binlake_registry``, env
+    ``BINLAKE_REGISTRY`` (or ``BINLAKE_CLIENT_REGISTRY``), 127.0.0.1:8230.
+    """
+    from binlake import errors
+
+    from_connection = _registry_connection()
+    if from_connection is not None:
+        return from_connection
     # BINLAKE_CLIENT_REGISTRY is what docker-compose.yaml gives every client.
     addr = setting("binlake_registry", ("BINLAKE_REGISTRY", "BINLAKE_CLIENT_REGISTRY"), DEFAULT_REGISTRY_ADDR)
     assert addr is not None
