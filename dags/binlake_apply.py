@@ -6,8 +6,11 @@ Runs whenever `binlake_ingest` publishes the Asset `binlake://lake/changes`
 
 1. **task_files** — the replication task files (setting `binlake_apply_tasks` /
    `BINLAKE_APPLY_TASKS`: a directory of `*.toml` or a comma-separated list;
-   default `config/tasks`), and the newest window end the triggering Asset
-   events announce.
+   default `config/tasks`), each loaded and checked (a bad file, two files with
+   one target, a path set but missing: the run fails here, without retries).
+   No task file configured: the run is skipped, its log saying where they go.
+   **until** — the param `until_ts` (a TSO), else the newest window end the
+   triggering Asset events announce.
 2. **apply** — one mapped task per task file: every ingested window after the
    target's checkpoint, strictly in commit_ts order, up to that window end,
    exactly once (the checkpoint lives in the target, written with the data).
@@ -25,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from airflow.sdk import dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task
 from binlake_airflow import apply_tasks
 from binlake_airflow.assets import LAKE_CHANGES
 
@@ -43,7 +46,8 @@ from binlake_airflow.assets import LAKE_CHANGES
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": dt.timedelta(minutes=10),
     },
-    params={"until_ts": None},
+    params={"until_ts": Param(None, type=["null", "integer"], minimum=1,
+                              description="apply windows up to this commit_ts; empty = every ingested window")},
     tags=["binlake", "apply"],
 )
 def binlake_apply() -> None:
@@ -55,8 +59,7 @@ def binlake_apply() -> None:
     def until() -> int | None:
         context = get_current_context()
         events = [e.extra or {} for evs in context["triggering_asset_events"].values() for e in evs]
-        param = context["params"].get("until_ts")
-        return int(param) if param else apply_tasks.until_ts(events)
+        return apply_tasks.until_param(context["params"].get("until_ts")) or apply_tasks.until_ts(events)
 
     @task(max_active_tis_per_dagrun=2)
     def apply(task_file: str, until_ts: int | None) -> dict[str, Any]:

@@ -42,6 +42,12 @@ Settings, read when tasks run (Airflow Variable, else environment, else default)
 or a cron expression; default every 5 minutes) and the start date
 (`BINLAKE_INGEST_START_DATE`) and the runs at once (`BINLAKE_INGEST_MAX_ACTIVE_RUNS`,
 default 4) are read from the environment when the file is parsed, because they shape the DAG itself.
+
+Deadline: a window not ingested `BINLAKE_INGEST_DEADLINE` (default `15m`;
+`off` disables it) after it closes runs a callback in the triggerer: a WARNING
+line, a JSON POST to `BINLAKE_INGEST_DEADLINE_WEBHOOK` when set, or the
+awaitable named by `BINLAKE_INGEST_DEADLINE_CALLBACK` (see
+`plugins/binlake_airflow/deadline.py`).
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ import datetime as dt
 from typing import Any
 
 from airflow.sdk import dag, get_current_context, task
-from binlake_airflow import config, ingest_tasks
+from binlake_airflow import config, deadline, ingest_tasks
 from binlake_airflow.assets import LAKE_CHANGES
 from binlake_airflow.operators import IngestSubmitOperator, WaitForSafeTsOperator
 
@@ -61,11 +67,18 @@ def _plan_value(key: str) -> str:
     return "{{ ti.xcom_pull(task_ids='plan', key='" + key + "') }}"
 
 
+_TIMETABLE = config.ingest_timetable()
+_START = config.ingest_start_date()
+
+
 @dag(
     dag_id="binlake_ingest",
     doc_md=__doc__,
-    schedule=config.ingest_timetable(),
-    start_date=config.ingest_start_date(),
+    schedule=_TIMETABLE,
+    start_date=_START,
+    # A window still not ingested BINLAKE_INGEST_DEADLINE (15m) after it closed runs
+    # a callback in the triggerer (a log line, a webhook, or the user's own).
+    deadline=deadline.alert(_TIMETABLE, _START),
     # Every interval since the start date is a window to ingest, including the
     # ones missed while Airflow was down.
     catchup=True,

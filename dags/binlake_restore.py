@@ -7,16 +7,24 @@ transaction with commit_ts <= T is in, none after.
 Params (checked in the trigger form, then again by **resolve**):
 - `commit_ts` — T as a TSO, **or** `datetime` (ISO-8601) with `tz` (an IANA
   zone; empty = the worker's local time, as Reparo reads its stop datetime);
-- `tables` — names (`TABLE` or `DB.TABLE`, as named at T); empty = every table;
-- `out` — a directory for typed Delta tables, **or** `target` — a SQLAlchemy
-  URL to create and load the tables in (staged under `LAKE/restores/<run_id>`);
-- `verify` — with `target`: a source database URL to compare with (`binlake diff`).
+- `tables` — names (`TABLE` or `DB.TABLE`, as named at T), comma-separated;
+  empty = every table;
+- `out` — an absolute directory (or URI) for typed Delta tables, **or** `target`
+  — a SQLAlchemy URL to create and load the tables in (staged under
+  `LAKE/restores/<run_id>`);
+- `verify` — with `target`: a source database URL to compare with (`binlake diff`);
+  its summary is the verify task's XCom;
+- `replace` — overwrite tables already in `out`; with `target`, replace tables
+  another run (or a person) made there. Without it such a target is refused; a
+  retry of the same run always replaces what that run created (each table a
+  restore creates is claimed in the target's `_binlake_restore_claims`).
 
 Tasks: **resolve** (params -> T) -> **check_coverage** (every table's base and
 the `windows` ledger: a T above the newest window, in a gap or before the
 lake's data fails here, naming the window to ingest; an unreachable target too)
 -> **rebuild** (typed Delta tables) -> **load** (target only) -> **verify**
-(with `verify` only). Bad params and uncovered ts fail at once, without retries.
+(with `verify` only). Bad params (resolve) and uncovered ts or an occupied
+destination (check_coverage) fail at once, without retries, naming the param.
 """
 
 from __future__ import annotations
@@ -44,13 +52,16 @@ from binlake_airflow import restore_tasks
                           pattern=r"^$|^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?([+-]\d{2}:\d{2}|Z)?$",
                           description="instead of commit_ts: ISO-8601, e.g. 2026-11-21T08:00:00"),
         "tz": Param(None, type=["null", "string"], description="zone of datetime, e.g. Europe/Paris; empty = local"),
-        "tables": Param([], type="array", items={"type": "string"}, description="TABLE or DB.TABLE; empty = all"),
+        # A string, not an array: optional in the form (no asterisk), empty = every table.
+        "tables": Param(None, type=["null", "string"], pattern=r"^[,\s]*([^.\s,]+(\.[^.\s,]+)?([,\s]+|$))*$",
+                        description="TABLE or DB.TABLE, comma-separated; empty = every table"),
         "out": Param(None, type=["null", "string"], description="directory for typed Delta tables (or target)"),
         "target": Param(None, type=["null", "string"], pattern=r"^$|^[A-Za-z0-9+_.-]+://",
                         description="SQLAlchemy URL to create and load the tables in (or out)"),
         "verify": Param(None, type=["null", "string"], pattern=r"^$|^[A-Za-z0-9+_.-]+://",
                         description="with target: a source database URL to compare with"),
-        "replace": Param(False, type="boolean", description="overwrite tables already in out"),
+        "replace": Param(False, type="boolean",
+                         description="overwrite tables already in out, or in target made by another run"),
     },
 )
 def binlake_restore() -> None:
@@ -73,7 +84,7 @@ def binlake_restore() -> None:
 
     @task
     def verify(resolved: dict[str, Any], loaded: dict[str, Any]) -> dict[str, Any]:
-        return restore_tasks.verify(resolved)
+        return restore_tasks.verify(resolved, loaded)
 
     # TaskFlow: a task called in the DAG body takes XComArgs (and indexes them) where the
     # function takes values; Airflow resolves them at run time, its types cannot say so.

@@ -39,4 +39,10 @@ if ! ls jars/lib/delta-spark_*.jar >/dev/null 2>&1; then
   (cd jars && mvn -q -B dependency:copy-dependencies -DincludeScope=runtime \
       -DexcludeGroupIds=org.scala-lang,org.antlr -DoutputDirectory=lib)
 fi
+# Chromium and its driver, for the browser test of the restore trigger form (skipped without them).
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  echo "[setup] installing chromium and chromium-driver (the trigger-form test)"
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver \
+    || echo "[setup] could not install chromium; the browser test will be skipped"
+fi
 echo "[setup] done: $(ls jars/lib | tr '\n' ' ')"

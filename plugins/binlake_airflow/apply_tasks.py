@@ -2,7 +2,8 @@
 
 Task files come from the setting ``binlake_apply_tasks`` (Airflow Variable, else
 env ``BINLAKE_APPLY_TASKS``, else ``config/tasks``): a directory (every
-``*.toml`` in it) or a comma-separated list of files. A task file's ``target``
+``*.toml`` in it) or a comma-separated list of files. None there (a new stack
+with no replication configured) skips the run; a path set but missing fails. A task file's ``target``
 is a SQLAlchemy URL or the id of an Airflow Connection (resolved here, when the
 task runs). Each run applies every ingested window up to the newest one the
 triggering Asset events announce (all ingested windows when run by hand), in
@@ -20,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from binlake_airflow import config
 
@@ -29,25 +30,64 @@ log = logging.getLogger(__name__)
 DEFAULT_TASK_DIR = "config/tasks"
 
 
+def _configured() -> tuple[str, bool]:
+    """The setting's text and whether someone set it (False: the default directory)."""
+    text = config.setting("binlake_apply_tasks", ("BINLAKE_APPLY_TASKS",), None)
+    return (text, True) if text is not None else (DEFAULT_TASK_DIR, False)
+
+
+def where_task_files_go() -> str:
+    """One line saying where the apply DAG looks for task files (``binlake up`` prints it)."""
+    return (f"put replication task files (*.toml, see config/task.sample.toml) in "
+            f"{config.PROJECT_ROOT / DEFAULT_TASK_DIR}, or set the Airflow Variable binlake_apply_tasks "
+            "(env BINLAKE_APPLY_TASKS) to a directory or comma-separated files")
+
+
 def task_files(setting: str | None = None) -> list[str]:
-    """The task files to run, absolute paths, sorted (fails when there are none)."""
-    text = setting if setting is not None else config.setting(
-        "binlake_apply_tasks", ("BINLAKE_APPLY_TASKS",), DEFAULT_TASK_DIR)
-    assert text is not None
+    """The task files to run, absolute paths, sorted; each one loaded, so a bad file fails
+    here (the run's first task) naming the file and its key, without retries.
+
+    Nothing configured (the default directory missing, or a directory without
+    ``*.toml``) skips the run (``AirflowSkipException``) with one line saying where task
+    files go; a path that is set but does not exist fails.
+    """
+    from binlake import errors
+    from binlake.replicate import task
+
+    text, explicit = (setting, True) if setting is not None else _configured()
     files: list[Path] = []
+    dirs: list[Path] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         path = Path(part).expanduser()
         path = path if path.is_absolute() else config.PROJECT_ROOT / path
         if path.is_dir():
+            dirs.append(path)
             files.extend(sorted(path.glob("*.toml")))
         elif path.is_file():
             files.append(path)
-        else:
-            raise AirflowFailException(f"binlake_apply_tasks: {path} is neither a task file nor a directory")
+        elif explicit:
+            raise AirflowFailException(
+                f"binlake_apply_tasks: {path} is neither a task file nor a directory; "
+                "fix the Variable binlake_apply_tasks (or env BINLAKE_APPLY_TASKS)")
     if not files:
-        raise AirflowFailException(f"binlake_apply_tasks ({text}): no task files (*.toml) found")
+        where = ", ".join(str(d) for d in dirs) or str(config.PROJECT_ROOT / DEFAULT_TASK_DIR)
+        message = f"no replication task configured (no *.toml in {where}): " + where_task_files_go()
+        # Airflow logs only "Skipping task.": the reason goes in the log first.
+        log.warning("%s", message)
+        raise AirflowSkipException(message)
+    targets: dict[str, Path] = {}
+    for f in files:
+        try:
+            t = task.load(f)
+        except errors.BinlakeError as exc:
+            raise AirflowFailException(f"binlake_apply_tasks: {exc}") from None
+        if t.target in targets:
+            raise AirflowFailException(
+                f"binlake_apply_tasks: task files {targets[t.target]} and {f} write the same target "
+                f"{t.target!r}; give each task its own target")
+        targets[t.target] = f
     return [str(f) for f in files]
 
 
@@ -55,6 +95,15 @@ def until_ts(events: Iterable[Mapping[str, Any]]) -> int | None:
     """The newest window end the triggering Asset events announce (None: no events)."""
     ends = [int(e["end_ts"]) for e in events if e and e.get("end_ts") is not None]
     return max(ends) if ends else None
+
+
+def until_param(value: Any) -> int | None:
+    """The run's ``until_ts`` param: None (every ingested window) or a positive TSO."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool) or not str(value).strip().isdigit() or int(value) < 1:
+        raise AirflowFailException(f"bad params: until_ts must be a TSO (a positive integer) or empty, got {value!r}")
+    return int(value)
 
 
 def resolve_target(target: str) -> str:

@@ -61,6 +61,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         registry = config.registry_addr()
         lake = config.lake_dir()
         mode = config.ingest_mode()
+        config.poll_interval_s()  # the wait step's; checked here so a bad one fails the first task
     except config.ConfigError as exc:
         raise AirflowFailException(str(exc)) from None
     try:

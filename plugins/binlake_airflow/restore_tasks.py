@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -63,32 +64,83 @@ def _spark(name: str) -> Iterator[Any]:
 
 
 # ---------------------------------------------------------------- binlake_restore
+_TABLE_NAME = re.compile(r"^[^.\s]+(\.[^.\s]+)?$")
+
+
+def parse_tables(value: Any) -> list[str] | None:
+    """The ``tables`` param: None or empty (every table), a string of names separated by
+    commas or whitespace (what the trigger form sends), or a list of names (the REST API)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        names = [t for t in re.split(r"[,\s]+", value) if t]
+    elif isinstance(value, (list, tuple)):
+        if not all(isinstance(t, str) for t in value):
+            raise ValueError(f"tables: give table names (TABLE or DB.TABLE), got {value!r}")
+        names = [t.strip() for t in value if t.strip()]
+    else:
+        raise ValueError(f"tables: give table names separated by commas (TABLE or DB.TABLE), got {value!r}")
+    bad = [t for t in names if not _TABLE_NAME.match(t)]
+    if bad:
+        raise ValueError(f"tables: {', '.join(map(repr, bad))} is not TABLE or DB.TABLE; "
+                         "separate names with commas, leave it empty for every table")
+    return list(dict.fromkeys(names)) or None
+
+
+def _text(params: Mapping[str, Any], key: str) -> str | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{key}: give a string, got {value!r}")
+    return value.strip() or None
+
+
 def resolve(params: Mapping[str, Any], run_id: str) -> dict[str, Any]:
     """Check the run's params and turn them into the restore's settings (T, tables,
-    destination). Everything checked here fails the run at once."""
+    destination). Every bad param or combination fails here, the run's first task,
+    at once (no retries), naming the param and what to do."""
     from binlake import errors, tso
     from binlake.restore.restore import resolve_ts
 
-    commit_ts = params.get("commit_ts")
-    when = params.get("datetime") or None
-    tz = params.get("tz") or None
-    out = params.get("out") or None
-    target = params.get("target") or None
-    verify = params.get("verify") or None
-    tables = [t.strip() for t in (params.get("tables") or []) if str(t).strip()] or None
     try:
-        ts = resolve_ts(int(commit_ts) if commit_ts not in (None, "") else None, when, tz)
+        commit_ts = params.get("commit_ts")
+        if commit_ts in (None, ""):
+            commit_ts = None
+        elif isinstance(commit_ts, bool) or not isinstance(commit_ts, (int, str)) \
+                or not str(commit_ts).strip().isdigit():
+            raise ValueError(f"commit_ts: give a TSO (a positive integer), got {commit_ts!r}")
+        when, tz = _text(params, "datetime"), _text(params, "tz")
+        out, target, verify = _text(params, "out"), _text(params, "target"), _text(params, "verify")
+        tables = parse_tables(params.get("tables"))
+        if tz and commit_ts is not None:
+            raise ValueError("tz applies to datetime only: clear tz, or give datetime instead of commit_ts")
+        if tz and not when:
+            raise ValueError("tz is set but datetime is empty: give datetime (or clear tz and give commit_ts)")
+        ts = resolve_ts(int(commit_ts) if commit_ts is not None else None, when, tz)
         if (out is None) == (target is None):
-            raise errors.InvalidArgument("give exactly one destination: the param out (a directory) or target (a URL)")
+            raise ValueError("give exactly one destination: the param out (a directory) or target (a URL)")
+        if out is not None and "://" not in out and not out.startswith("/"):
+            raise ValueError(f"out: give an absolute directory (or a URI such as s3a://bucket/dir), got {out!r}; "
+                             "a relative one would land wherever the worker runs")
+        if target is not None and "://" not in target:
+            raise ValueError(f"target: give a SQLAlchemy URL such as sqlite:////abs/restored.db, got {target!r}")
         if verify and not target:
-            raise errors.InvalidArgument("verify compares a target database: set target too")
+            raise ValueError("verify compares a target database: set target too (or clear verify)")
+        if verify and target and verify == target:
+            raise ValueError("verify and target are the same database: target must be a new database, "
+                             "verify the source to compare it with")
+        replace = params.get("replace", False)
+        if not isinstance(replace, bool):
+            raise ValueError(f"replace: give true or false, got {replace!r}")
         lake = config.lake_dir()
     except (errors.BinlakeError, config.ConfigError, ValueError) as exc:
         raise AirflowFailException(f"bad params: {exc}") from None
     staging = out or f"{lake.rstrip('/')}/restores/{_safe(run_id)}"
+    # For out, replace is the user's; the staging dir of a target run is the run's own.
     return {"ts": ts, "datetime": tso.to_datetime(ts).isoformat(), "tables": tables, "lake": lake,
-            "out": staging, "target": target, "verify": verify, "replace": bool(params.get("replace"))
-            or out is None}
+            "out": staging, "target": target, "verify": verify, "replace": replace or out is None,
+            "replace_target": replace, "run_id": run_id}
 
 
 def _safe(run_id: str) -> str:
@@ -96,21 +148,30 @@ def _safe(run_id: str) -> str:
 
 
 def check_coverage(resolved: Mapping[str, Any]) -> dict[str, Any]:
-    """Plan the restore: every table at T and its base, each checked against the ledger."""
+    """Plan the restore: every table at T and its base, each checked against the ledger;
+    a target that holds any of the tables another run made is refused (unless replace)."""
     from binlake import errors
-    from binlake.restore import restore
+    from binlake.restore import claims, restore
 
+    target = None
     if resolved.get("target"):
         try:  # an unreachable target is refused before any rebuild
-            restore.open_target(str(resolved["target"])).close()
+            target = restore.open_target(str(resolved["target"]))
         except errors.BinlakeError as exc:
             raise _fail(exc) from None
-    with _spark(f"binlake-restore-check-{resolved['ts']}") as spark:
-        try:
-            p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
-            restore.check_out(spark, resolved["out"], p, bool(resolved["replace"]))
-        except errors.BinlakeError as exc:
-            raise _fail(exc) from None
+    try:
+        with _spark(f"binlake-restore-check-{resolved['ts']}") as spark:
+            try:
+                p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
+                restore.check_out(spark, resolved["out"], p, bool(resolved["replace"]))
+                if target is not None:
+                    claims.refuse_foreign(target, [t.info.name for t in p.tables], str(resolved["run_id"]),
+                                          bool(resolved.get("replace_target")))
+            except errors.BinlakeError as exc:
+                raise _fail(exc) from None
+    finally:
+        if target is not None:
+            target.close()
     tables = [{"table": t.name, "base": t.base.kind, "base_ts": t.base.ts} for t in p.tables]
     log.info("restore to %s: %s", resolved["ts"], tables)
     return {"tables": tables}
@@ -133,22 +194,26 @@ def rebuild(resolved: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load(resolved: Mapping[str, Any]) -> dict[str, Any]:
-    """Create the tables in the target from the definitions at T and bulk-load them."""
+    """Create the tables in the target from the definitions at T and bulk-load them.
+    Each table is claimed for this run (``binlake.restore.claims``): a retry replaces
+    what this run created, never a table another run or a person made (unless replace)."""
     from binlake import errors
-    from binlake.restore import restore
+    from binlake.restore import claims, restore
 
     if not resolved.get("target"):
         raise AirflowSkipException("no target: the restore is the Delta tables in out")
+    run_id, replace = str(resolved["run_id"]), bool(resolved.get("replace_target"))
     with _spark(f"binlake-restore-load-{resolved['ts']}") as spark:
         try:
             p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
             target = restore.open_target(str(resolved["target"]))
             try:
+                # Every table checked before the first is created: a refusal writes nothing.
+                claims.refuse_foreign(target, [t.info.name for t in p.tables], run_id, replace)
                 loaded = []
                 for t in p.tables:
                     df = spark.read.format("delta").load(restore.out_path(resolved["out"], t.info))
-                    # A retry starts over: tables made by an earlier try are replaced.
-                    target.create_table(t.info, if_exists="replace")
+                    claims.create(target, t.info, run_id, int(resolved["ts"]), replace)
                     n = target.bulk_load(t.info, restore.python_rows(df, t.info))
                     loaded.append({"table": t.name, "rows": int(n)})
             finally:
@@ -158,20 +223,24 @@ def load(resolved: Mapping[str, Any]) -> dict[str, Any]:
     return {"loaded": loaded}
 
 
-def verify(resolved: Mapping[str, Any]) -> dict[str, Any]:
+def verify(resolved: Mapping[str, Any], loaded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``binlake diff`` of the restored tables in the target against the ``verify`` source;
+    the summary is the task's XCom."""
     from binlake import errors
     from binlake.restore import restore
 
     if not (resolved.get("verify") and resolved.get("target")):
         raise AirflowSkipException("no verify source given")
+    # The tables this run loaded (as named in the target); every table when none was.
+    names = [str(t["table"]).rpartition(".")[2] for t in (loaded or {}).get("loaded") or []]
     try:
-        ok, text = restore.verify(str(resolved["verify"]), str(resolved["target"]),
-                                  [t.rpartition(".")[2] for t in resolved.get("tables") or []] or None)
+        ok, text = restore.verify(str(resolved["verify"]), str(resolved["target"]), names or None)
     except errors.BinlakeError as exc:
         raise _fail(exc) from None
+    log.info("%s", text)
     if not ok:
         raise AirflowFailException(f"the restored target differs from {resolved['verify']}: {text}")
-    return {"ok": True, "summary": text}
+    return {"ok": True, "tables": names, "summary": text}
 
 
 # ---------------------------------------------------------------- binlake_maintenance
@@ -181,7 +250,7 @@ def snapshot_latest() -> dict[str, Any]:
     from binlake.lake.ingest import read_windows
     from binlake.restore import coverage, snapshot
 
-    lake = config.lake_dir()
+    lake = maintenance_settings()["lake"]
     with _spark("binlake-maintenance-snapshot") as spark:
         try:
             ts = coverage.last_restorable(read_windows(spark, lake))
@@ -211,6 +280,30 @@ def history_update() -> dict[str, Any]:
     return {"applied_end_ts": result.applied_end_ts, "tables": len(result.tables)}
 
 
+def gc_margin_hours() -> float:
+    text = config.setting("binlake_gc_margin_hours", ("BINLAKE_GC_MARGIN_HOURS",), str(DEFAULT_GC_MARGIN_HOURS))
+    try:
+        hours = float(text or "")
+    except ValueError:
+        hours = -1.0
+    if not 0 <= hours < 24 * 3650:
+        raise AirflowFailException(
+            f"binlake_gc_margin_hours must be a number of hours >= 0, got {text!r}; "
+            "fix the Variable binlake_gc_margin_hours (or env BINLAKE_GC_MARGIN_HOURS)")
+    return hours
+
+
+def maintenance_settings() -> dict[str, Any]:
+    """Every setting of the maintenance DAG, checked by each of its first tasks (snapshot,
+    gc_report), so a bad one fails the run at its start, without retries, naming it."""
+    try:
+        lake, registry = config.lake_dir(), config.registry_addr()
+    except config.ConfigError as exc:
+        raise AirflowFailException(str(exc)) from None
+    return {"lake": lake, "registry": registry, "vacuum_retention_hours": vacuum_retention_hours(),
+            "gc_margin_hours": gc_margin_hours()}
+
+
 def vacuum_retention_hours() -> float:
     text = config.setting("binlake_vacuum_retention_hours", ("BINLAKE_VACUUM_RETENTION_HOURS",),
                           str(DEFAULT_VACUUM_RETENTION_HOURS))
@@ -220,7 +313,8 @@ def vacuum_retention_hours() -> float:
         hours = -1.0
     if hours < MIN_VACUUM_RETENTION_HOURS:
         raise AirflowFailException(
-            f"binlake_vacuum_retention_hours must be a number >= {MIN_VACUUM_RETENTION_HOURS}, got {text!r}")
+            f"binlake_vacuum_retention_hours must be a number >= {MIN_VACUUM_RETENTION_HOURS}, got {text!r}; "
+            "fix the Variable binlake_vacuum_retention_hours (or env BINLAKE_VACUUM_RETENTION_HOURS)")
     return hours
 
 
@@ -236,15 +330,14 @@ def optimize_vacuum() -> dict[str, Any]:
 
 def gc_report(at: dt.datetime | None) -> dict[str, Any]:
     """Each Pump's GC ts against the oldest window the lake has not ingested, as of
-    ``at`` (the run's data interval end); fails when binlogs of it are gone, or will
+    ``at`` (the run's data interval end; now for a run triggered without one); fails when binlogs of it are gone, or will
     be within the margin."""
     from binlake import errors
     from binlake.restore import maintenance
 
-    margin = float(config.setting("binlake_gc_margin_hours", ("BINLAKE_GC_MARGIN_HOURS",),
-                                  str(DEFAULT_GC_MARGIN_HOURS)) or DEFAULT_GC_MARGIN_HOURS)
-    if at is None:
-        raise AirflowFailException("the GC report needs the run's data interval (a scheduled or backfilled run)")
+    margin = maintenance_settings()["gc_margin_hours"]
+    if at is None:  # triggered by hand without a logical date: as of now
+        at = dt.datetime.now(dt.UTC)
     with _spark("binlake-maintenance-gc-report") as spark:
         try:
             report = maintenance.gc_report(spark, config.lake_dir(), config.registry_addr(), margin,

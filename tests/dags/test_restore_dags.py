@@ -101,7 +101,7 @@ def test_restore_dag_rebuilds_the_table_at_a_ts(
     ({"commit_ts": None, "out": "X"}, "resolve", "exactly one"),
     ({"commit_ts": 5, "datetime": "2026-11-21T08:00:00", "out": "X"}, "resolve", "exactly one"),
     ({"commit_ts": T0 + 4 * CHANGES + 10, "out": "X"}, "check_coverage", "ingest"),
-    ({"commit_ts": T0 + 8, "tables": ["nope"], "out": "X"}, "check_coverage", "no table"),
+    ({"commit_ts": T0 + 8, "tables": "nope", "out": "X"}, "check_coverage", "no table"),
 ])
 def test_restore_dag_refuses_bad_params_and_writes_nothing(
         dags: Any, lake: tuple[str, int], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
@@ -150,7 +150,11 @@ def test_restore_dag_params_are_validated_in_the_trigger_form(dags: Any) -> None
 
     params = dags["binlake_restore"].params
     assert isinstance(params, ParamsDict)
-    for key, bad in (("commit_ts", -1), ("commit_ts", "soon"), ("datetime", "yesterday"), ("target", "nope")):
+    for key, bad in (("commit_ts", -1), ("commit_ts", "soon"), ("datetime", "yesterday"), ("target", "nope"),
+                     ("tables", "a.b.c"), ("tables", ["a"])):
         with pytest.raises(Exception):  # noqa: B017 - Airflow raises ParamValidationError
             params.get_param(key).resolve(bad)
     assert params.get_param("commit_ts").resolve(123) == 123
+    # tables is optional (no asterisk in the form): empty or absent means every table.
+    for empty in (None, "", "main.a, b"):
+        assert params.get_param("tables").resolve(empty) == empty

@@ -291,6 +291,35 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     c.add_argument("--to-ts", type=window_ts_arg, help="only changes with commit_ts < this TSO")
     c.add_argument("--limit", type=positive_int, default=50, help="at most this many changes (default 50)")
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    c = lsub.add_parser(
+        "status", help="freshness: newest window, its lag behind the Pumps' safe ts, windows waiting",
+        formatter_class=fmt,
+        description=(
+            "How fresh the lake is, without Spark: the newest ingested window, how far its end is behind\n"
+            "the lowest safe ts of the online Pumps (the lag), the closed windows not ingested yet (gaps in\n"
+            "the ledger, and windows of the newest one's length up to the safe ts), the Pumps and the\n"
+            "consumers' checkpoints. `binlake lake metrics` serves the same figures to Prometheus."
+        ),
+        epilog="Examples:\n  binlake lake status --lake data/lake --registry 127.0.0.1:8230\n"
+               "  binlake lake status --lake data/lake --json\n",
+    )
+    add_lake(c)
+    add_registry(c)
+    c.add_argument("--json", action="store_true", help="one JSON object instead of the report")
+    c = lsub.add_parser(
+        "metrics", help="serve the lake's freshness as Prometheus metrics (binlake_lake_lag_seconds, ...)",
+        formatter_class=fmt,
+        description=(
+            "Serve http://ADDR/metrics until Ctrl-C; every scrape measures the lake as `binlake lake status`\n"
+            "does: binlake_lake_lag_seconds, binlake_lake_windows_waiting, binlake_lake_windows,\n"
+            "binlake_lake_newest_window_end_seconds, binlake_lake_consumer_checkpoint_seconds{consumer},\n"
+            "binlake_lake_up (0 when the registry or the ledger cannot be read)."
+        ),
+        epilog="Example:\n  binlake lake metrics --lake data/lake --registry 127.0.0.1:8230 --addr 127.0.0.1:8239\n",
+    )
+    add_lake(c)
+    add_registry(c)
+    c.add_argument("--addr", default="127.0.0.1:8239", help="HOST:PORT to serve /metrics on (default 127.0.0.1:8239)")
     lake.set_defaults(handler=_lake_command)
 
     b = bench.add_parser(
@@ -322,7 +351,48 @@ def _lake_command(args: argparse.Namespace) -> int:
         build_parser().parse_args(["lake", "--help"])
     if not args.lake:
         raise errors.InvalidArgument(f"lake {args.lake_command} needs --lake PATH, or $BINLAKE_LAKE_DIR")
+    if args.lake_command == "status":
+        return status(args)
+    if args.lake_command == "metrics":
+        return metrics(args)
     return windows(args) if args.lake_command == "windows" else changes(args)
+
+
+def status(args: argparse.Namespace) -> int:
+    """``binlake lake status``: the lake's freshness (``binlake.lake.freshness``)."""
+    from binlake.cli.args import registry_addr
+    from binlake.lake import freshness
+
+    existing_lake(args.lake)
+    f = freshness.measure(args.lake, registry_addr(args))
+    if args.json:
+        print(json.dumps(f.to_dict(), sort_keys=True))
+    else:
+        for line in freshness.lines(f):
+            print(line)
+    return 0
+
+
+def metrics(args: argparse.Namespace) -> int:
+    """``binlake lake metrics``: serve the freshness gauges until interrupted."""
+    from binlake.cli.args import registry_addr
+    from binlake.lake import freshness
+
+    existing_lake(args.lake)
+    registry = registry_addr(args)
+    freshness.ledger(args.lake)  # an unreadable lake is refused before serving
+    try:
+        server, where = freshness.serve(args.addr, args.lake, registry)
+    except OSError as exc:
+        raise errors.InvalidArgument(f"--addr {args.addr}: cannot listen there ({exc.strerror or exc})") from None
+    print(f"binlake lake metrics: http://{where}/metrics (lake {args.lake}, registry {registry}); Ctrl-C stops",
+          flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
 
 
 def _bench_command(args: argparse.Namespace) -> int:

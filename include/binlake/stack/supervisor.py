@@ -444,6 +444,7 @@ class Stack:
                 f"  lake         {self.lake}",
                 f"  Airflow UI   http://127.0.0.1:{self.cfg.airflow_port}  (local admin, no login; loopback only)",
                 f"  DAG          binlake_ingest, catching up from {env['BINLAKE_INGEST_START_DATE']}",
+                f"  DAG          binlake_apply: {self.apply_tasks_line()}",
                 "  Airflow CLI  in another shell:",
                 f"               . {self.airflow_home / 'env.sh'}",
                 "               airflow backfill create --dag-id binlake_ingest --from-date ... --to-date ...",
@@ -453,6 +454,18 @@ class Stack:
         lines += [f"  binlake ctl pumps --registry {self.registry_addr}", "",
                   "Press Ctrl-C to stop everything (Airflow, then the Pumps, then the registry).", ""]
         self.say("\n".join(lines))
+
+    def apply_tasks_line(self) -> str:
+        """Where the apply DAG finds its replication task files (its runs are skipped while
+        there are none), as plugins/binlake_airflow/apply_tasks.py reads the setting."""
+        explicit = os.environ.get("BINLAKE_APPLY_TASKS", "").strip()
+        if explicit:
+            return f"task files from BINLAKE_APPLY_TASKS={explicit}"
+        tasks = self.cfg.plugins_folder.resolve().parent / "config" / "tasks"
+        if tasks.is_dir() and any(tasks.glob("*.toml")):
+            return f"task files (*.toml) in {tasks}"
+        return (f"no task file yet, its runs are skipped: put replication task files (*.toml, see "
+                f"config/task.sample.toml) in {tasks}")
 
     def _watch(self) -> int:
         while not self.stop_requested.wait(1.0):

@@ -1,0 +1,165 @@
+"""The DAGs' first-task checks without a run: the restore params and their
+combinations, the apply task files, the maintenance settings, the ingest
+deadline; and the per-run claims of restore targets (a real SQLite target).
+Each bad value fails with ``AirflowFailException`` (no retries) naming it.
+
+(The same checks inside real runs, triggered as the UI does, are in
+tests/e2e/test_dag_journeys.py.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import pathlib
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from binlake_airflow import apply_tasks, config, deadline, restore_tasks
+
+from binlake import errors
+from binlake.replicate import sink
+from binlake.restore import claims
+from binlake.sql import schema as sc
+
+FORM = {"commit_ts": None, "datetime": None, "tz": None, "tables": None, "out": None, "target": None,
+        "verify": None, "replace": False}
+
+
+def _resolve(**filled: Any) -> dict[str, Any]:
+    return restore_tasks.resolve({**FORM, **filled}, "manual__2026-11-26T01:00:00+00:00")
+
+
+def test_the_form_defaults_with_a_datetime_and_a_target_resolve(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: pathlib.Path) -> None:
+    monkeypatch.setenv("BINLAKE_LAKE_DIR", str(tmp_path / "lake"))
+    r = _resolve(datetime="2026-11-21T08:00:00", tz="UTC", target="sqlite:///x.db", verify="sqlite:///up.db",
+                 tables="", out="")
+    assert r["tables"] is None and r["target"] == "sqlite:///x.db" and r["replace_target"] is False
+    assert r["out"].startswith(str(tmp_path / "lake" / "restores" / "manual__2026-11-26T01_00_00_00_00"))
+    assert _resolve(commit_ts=5, out="/o", tables="main.a, b  c,")["tables"] == ["main.a", "b", "c"]
+    assert _resolve(commit_ts="5", out="/o", tables=["a", " b "])["tables"] == ["a", "b"]
+
+
+@pytest.mark.parametrize(("filled", "message"), [
+    ({}, "exactly one of a commit_ts"),
+    ({"commit_ts": 5, "datetime": "2026-11-21T08:00:00", "out": "/o"}, "exactly one of a commit_ts"),
+    ({"commit_ts": 5, "tz": "UTC", "out": "/o"}, "tz applies to datetime only"),
+    ({"tz": "UTC", "out": "/o"}, "tz is set but datetime is empty"),
+    ({"datetime": "2026-11-21T08:00", "tz": "Mars/Base", "out": "/o"}, "unknown time zone"),
+    ({"commit_ts": "soon", "out": "/o"}, "commit_ts: give a TSO"),
+    ({"commit_ts": True, "out": "/o"}, "commit_ts: give a TSO"),
+    ({"commit_ts": 5}, "exactly one destination"),
+    ({"commit_ts": 5, "out": "/o", "target": "sqlite:///x.db"}, "exactly one destination"),
+    ({"commit_ts": 5, "out": "rel"}, "out: give an absolute directory"),
+    ({"commit_ts": 5, "target": "x.db"}, "target: give a SQLAlchemy URL"),
+    ({"commit_ts": 5, "out": "/o", "verify": "sqlite:///u.db"}, "verify compares a target database"),
+    ({"commit_ts": 5, "target": "sqlite:///u.db", "verify": "sqlite:///u.db"}, "the same database"),
+    ({"commit_ts": 5, "out": "/o", "tables": "a.b.c"}, "'a.b.c' is not TABLE or DB.TABLE"),
+    ({"commit_ts": 5, "out": "/o", "tables": 7}, "tables: give table names"),
+    ({"commit_ts": 5, "out": "/o", "replace": "yes"}, "replace: give true or false"),
+])
+def test_bad_restore_params_name_the_param(filled: dict[str, Any], message: str) -> None:
+    with pytest.raises(AirflowFailException, match="bad params") as caught:
+        _resolve(**filled)
+    assert message in str(caught.value)
+
+
+def _info(name: str) -> Any:
+    return sc.new_table(7, "main", name, [sc.ColumnDef("id", "int", False)], ["id"], None, 1)
+
+
+def test_a_target_table_is_replaced_only_by_the_run_that_made_it(tmp_path: pathlib.Path) -> None:
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with sink.open_target(url) as target:
+        claims.create(target, _info("a"), "run1", 10, replace=False)
+        target.bulk_load(_info("a"), [{"id": 1}])
+        claims.refuse_foreign(target, ["a"], "run1", replace=False)  # its own: fine (a retry)
+        claims.create(target, _info("a"), "run1", 10, replace=False)  # the retry replaces it
+        assert target.table_names().count("a") == 1
+        with pytest.raises(errors.AlreadyExists, match=r"already holds table\(s\) a that this run did not create"):
+            claims.refuse_foreign(target, ["a", "b"], "run2", replace=False)
+        with pytest.raises(errors.AlreadyExists, match="already holds table a"):
+            claims.create(target, _info("a"), "run2", 11, replace=False)
+        # A table made by hand is nobody's run's.
+        with target.engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE b (id INTEGER)")
+        assert claims.foreign_tables(target, ["a", "b"], "run1") == ["b"]
+        claims.create(target, _info("b"), "run2", 11, replace=True)  # replace: taken over
+        assert claims.foreign_tables(target, ["a", "b"], "run2") == ["a"]
+    with pytest.raises(ValueError, match="run_id"):
+        claims.foreign_tables(object(), ["a"], "")
+
+
+def test_apply_without_task_files_is_skipped_and_a_missing_path_fails(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BINLAKE_APPLY_TASKS", raising=False)
+    monkeypatch.setattr(config, "PROJECT_ROOT", tmp_path)  # no config/tasks there
+    with pytest.raises(AirflowSkipException, match="no replication task configured.*config/tasks"):
+        apply_tasks.task_files()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AirflowSkipException, match="no replication task configured"):
+        apply_tasks.task_files(str(tmp_path / "empty"))
+    with pytest.raises(AirflowFailException, match="nope is neither a task file nor a directory"):
+        apply_tasks.task_files(str(tmp_path / "nope"))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("a", "b"):
+        (tasks / f"{name}.toml").write_text(f'name = "{name}"\nlake = "/l"\ntarget = "sqlite:///same.db"\n'
+                                            'mode = "consistent"\n')
+    with pytest.raises(AirflowFailException, match="write the same target"):
+        apply_tasks.task_files(str(tasks))
+    (tasks / "b.toml").write_text('name = "b"\nlake = "/l"\ntarget = "sqlite:///b.db"\nmode = "fast"\n')
+    with pytest.raises(AirflowFailException, match=r"b\.toml.*mode"):
+        apply_tasks.task_files(str(tasks))
+    (tasks / "b.toml").write_text('name = "b"\nlake = "/l"\ntarget = "sqlite:///b.db"\nmode = "parallel"\n')
+    assert apply_tasks.task_files(str(tasks)) == [str(tasks / "a.toml"), str(tasks / "b.toml")]
+    assert apply_tasks.until_param(None) is None and apply_tasks.until_param(42) == 42
+    with pytest.raises(AirflowFailException, match="until_ts must be a TSO"):
+        apply_tasks.until_param("soon")
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("BINLAKE_VACUUM_RETENTION_HOURS", "0", "binlake_vacuum_retention_hours must be a number >= 1"),
+    ("BINLAKE_GC_MARGIN_HOURS", "soon", "binlake_gc_margin_hours must be a number of hours"),
+    ("BINLAKE_REGISTRY", "nowhere", "binlake_registry"),
+])
+def test_bad_maintenance_settings_fail_its_first_tasks(monkeypatch: pytest.MonkeyPatch, variable: str, value: str,
+                                                       message: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(AirflowFailException) as caught:
+        restore_tasks.maintenance_settings()
+    assert message in str(caught.value)
+
+
+def test_ingest_deadline_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    five = config.ingest_timetable("5m")
+    start = config.DEFAULT_START_DATE
+    assert deadline.grace("") == dt.timedelta(minutes=15) and deadline.grace("off") is None
+    assert deadline.window_length(config.ingest_timetable("*/10 * * * *"), start) == dt.timedelta(minutes=10)
+    monkeypatch.setenv(deadline.DEADLINE_ENV, "30s")
+    alert = deadline.alert(five, start)
+    assert alert.interval == dt.timedelta(minutes=5, seconds=30)
+    for env, value, message in ((deadline.DEADLINE_ENV, "soon", "is not a duration"),
+                                (deadline.CALLBACK_ENV, "nodots", "dotted path"),
+                                (deadline.WEBHOOK_ENV, "ftp://x", r"an http\(s\) URL")):
+        monkeypatch.setenv(env, value)
+        with pytest.raises(config.ConfigError, match=message):
+            deadline.alert(five, start)
+        monkeypatch.delenv(env)
+    monkeypatch.setenv(deadline.DEADLINE_ENV, "off")
+    assert deadline.alert(five, start) is None
+
+
+def test_the_deadline_callback_describes_the_late_window() -> None:
+    import asyncio
+
+    context = {"dag_run": {"dag_id": "binlake_ingest", "dag_run_id": "r1", "state": "running",
+                           "data_interval_start": "2026-11-26T01:00:00+00:00",
+                           "data_interval_end": "2026-11-26T01:05:00+00:00"},
+               "deadline": {"deadline_time": "2026-11-26T01:20:00+00:00"}}
+    payload = deadline.describe(context, 900.0)
+    assert payload["run_id"] == "r1" and payload["window_end"] == "2026-11-26T01:05:00+00:00"
+    # Airflow keeps a callback's result in a text column: a string, never a dict.
+    out = asyncio.run(deadline.window_late(None, 900.0, context))
+    assert out == payload["text"] and "is not in the lake 900s after it closed (run r1)" in out
