@@ -78,7 +78,8 @@ def window_length(timetable: Any, start: dt.datetime) -> dt.timedelta:
 
 def alert(timetable: Any, start: dt.datetime) -> Any:
     """The ``DeadlineAlert`` of the ingest DAG (None when ``BINLAKE_INGEST_DEADLINE=off``)."""
-    from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference
+    # The public path (airflow.sdk) exports these lazily, which mypy cannot see.
+    from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference  # type: ignore[attr-defined]
 
     from binlake_airflow.config import ConfigError
 
