@@ -24,7 +24,7 @@ from binlake.proto import binlog_pb2
 from binlake.sql.schema import ColumnDef, column_def
 
 
-class _DecimalText(sa.types.TypeDecorator):
+class _DecimalText(sa.types.TypeDecorator[Any]):
     """Exact decimals in SQLite (stored as text)."""
 
     impl = sa.Text
@@ -37,7 +37,7 @@ class _DecimalText(sa.types.TypeDecorator):
         return None if value is None else decimal.Decimal(value)
 
 
-class _UintText(sa.types.TypeDecorator):
+class _UintText(sa.types.TypeDecorator[Any]):
     """Unsigned 64-bit integers in SQLite (stored as text: SQLite integers are signed)."""
 
     impl = sa.Text
@@ -50,7 +50,7 @@ class _UintText(sa.types.TypeDecorator):
         return None if value is None else int(value)
 
 
-class _UintNumeric(sa.types.TypeDecorator):
+class _UintNumeric(sa.types.TypeDecorator[Any]):
     """Unsigned 64-bit integers in PostgreSQL (NUMERIC(20,0))."""
 
     impl = sa.Numeric(20, 0)
@@ -60,14 +60,14 @@ class _UintNumeric(sa.types.TypeDecorator):
         return None if value is None else int(value)
 
 
-class _JsonText(sa.types.TypeDecorator):
+class _JsonText(sa.types.TypeDecorator[Any]):
     """JSON kept as canonical text where the driver hands back text (SQLite, MariaDB)."""
 
     impl = sa.JSON
     cache_ok = True
 
 
-def sa_type(col: ColumnDef, dialect: str, keyed: bool = False) -> sa.types.TypeEngine:
+def sa_type(col: ColumnDef, dialect: str, keyed: bool = False) -> sa.types.TypeEngine[Any]:
     t = col.type
     if t == "int":
         return sa.BigInteger()

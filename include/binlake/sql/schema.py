@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, cast
 
 from binlake import codec, coldefault, errors
 from binlake.proto import binlog_pb2
@@ -90,7 +90,7 @@ def check_column(col: ColumnDef) -> None:
 
 def column_info(col: ColumnDef, col_id: int) -> binlog_pb2.ColumnInfo:
     info = binlog_pb2.ColumnInfo(
-        id=col_id, name=col.name, type=codec.type_code(col.type), nullable=col.nullable, sql_type=col.sql_type()
+        id=col_id, name=col.name, type=_type_code(col.type), nullable=col.nullable, sql_type=col.sql_type()
     )
     _set_default(info, col)
     return info
@@ -118,7 +118,13 @@ def column_def(info: binlog_pb2.ColumnInfo) -> ColumnDef:
     return ColumnDef(info.name, name, info.nullable, precision, scale, length, default, coldefault.expr_of(info))
 
 
+def _type_code(name: str) -> binlog_pb2.ColumnType:
+    # The generated stubs type the enum field as ColumnType; codec's codes are its plain ints.
+    return cast(binlog_pb2.ColumnType, codec.type_code(name))
+
+
 def _col(table: binlog_pb2.TableInfo, name: str) -> binlog_pb2.ColumnInfo:
+    c: binlog_pb2.ColumnInfo
     for c in table.columns:
         if c.name == name:
             return c
@@ -285,7 +291,7 @@ def change_column_type(table: binlog_pb2.TableInfo, col: ColumnDef, version: int
         _check_key_column(table.name, col, "key")
     out = _next(table, version)
     target = _col(out, col.name)
-    target.type = codec.type_code(col.type)
+    target.type = _type_code(col.type)
     target.sql_type = col.sql_type()
     target.nullable = col.nullable if ci.id not in table.primary_key else False
     _set_default(target, col)
