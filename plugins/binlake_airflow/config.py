@@ -61,9 +61,12 @@ DEFAULT_POLL_INTERVAL_S = 5.0
 
 SPARK_SUBMIT = "spark-submit"
 INPROCESS = "inprocess"
-INGEST_MODES = (SPARK_SUBMIT, INPROCESS)
+CONNECT = "connect"
+INGEST_MODES = (CONNECT, SPARK_SUBMIT, INPROCESS)
 
 SCHEDULE_ENV = "BINLAKE_INGEST_SCHEDULE"
+MAX_ACTIVE_RUNS_ENV = "BINLAKE_INGEST_MAX_ACTIVE_RUNS"
+DEFAULT_MAX_ACTIVE_RUNS = 4
 # The Connection holding the registry group: conn type ``generic``, host the
 # comma-separated members, port the port of members that name none.
 REGISTRY_CONN_ID = "binlake_registry"
@@ -185,16 +188,39 @@ def lake_dir() -> str:
 
 
 def ingest_mode() -> str:
-    """``spark-submit`` (default) or ``inprocess`` (Variable ``binlake_ingest_mode``,
-    env ``BINLAKE_INGEST_MODE``). In-process runs the ingest inside the Airflow
-    task's own interpreter, for machines without a spark-submit on PATH."""
-    mode = (setting("binlake_ingest_mode", ("BINLAKE_INGEST_MODE",), SPARK_SUBMIT) or SPARK_SUBMIT).lower()
+    """How a window's Spark job runs (Variable ``binlake_ingest_mode``, env ``BINLAKE_INGEST_MODE``):
+
+    ``connect``       inside the task, as a client of the always-on Spark Connect
+                      server at ``spark_remote()`` (the default when one is set:
+                      ``binlake up`` and docker-compose set it);
+    ``spark-submit``  a Spark application per window through the ``spark_default``
+                      connection (the default without a Connect server; a cluster
+                      without Connect);
+    ``inprocess``     a ``local[*]`` Spark inside the task's own interpreter.
+    """
+    default = CONNECT if spark_remote() is not None else SPARK_SUBMIT
+    mode = (setting("binlake_ingest_mode", ("BINLAKE_INGEST_MODE",), default) or default).lower()
     if mode not in INGEST_MODES:
         raise ConfigError(
             f"binlake_ingest_mode must be one of {', '.join(INGEST_MODES)}, got {mode!r} "
             "(from Variable binlake_ingest_mode or env BINLAKE_INGEST_MODE)"
         )
     return mode
+
+
+def spark_remote() -> str | None:
+    """The always-on Spark Connect server, ``sc://HOST:PORT`` (Variable
+    ``binlake_spark_remote``, env ``BINLAKE_SPARK_REMOTE``); None when there is none."""
+    from binlake import errors
+    from binlake.lake.connect import check_remote
+
+    url = setting("binlake_spark_remote", ("BINLAKE_SPARK_REMOTE",), None)
+    if url is None:
+        return None
+    try:
+        return check_remote(url, "binlake_spark_remote")
+    except errors.InvalidArgument as exc:
+        raise ConfigError(f"{exc} (from Variable binlake_spark_remote or env BINLAKE_SPARK_REMOTE)") from None
 
 
 def spark_master() -> str | None:
@@ -275,3 +301,21 @@ def ingest_start_date(text: str | None = None) -> dt.datetime:
             f"{START_DATE_ENV}={raw!r} is not an ISO-8601 datetime such as 2026-11-21T08:00:00"
         ) from None
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def ingest_max_active_runs(text: str | None = None) -> int:
+    """How many ingest runs (windows) may run at once, catching up or backfilling:
+    ``BINLAKE_INGEST_MAX_ACTIVE_RUNS`` (default 4). Windows are independent and
+    each replaces only itself, so any number is safe; against the always-on Spark
+    a run costs its work, so more runs at once shorten a backfill until Spark's
+    cores are busy. ``airflow backfill create --max-active-runs`` overrides it per backfill."""
+    raw = (text if text is not None else os.environ.get(MAX_ACTIVE_RUNS_ENV, "")).strip()
+    if not raw:
+        return DEFAULT_MAX_ACTIVE_RUNS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 256:
+        raise ConfigError(f"{MAX_ACTIVE_RUNS_ENV}={raw!r}: give a whole number of runs in 1..256")
+    return value
