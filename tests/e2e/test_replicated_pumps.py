@@ -425,6 +425,8 @@ def _snapshot(url: str, copy: pathlib.Path) -> None:
         dst.close()
 
 
+# ~95 s with a warm Spark session on two loaded cores; minutes when Spark competes.
+@pytest.mark.timeout(600)
 def test_lake_goes_on_through_a_lost_pump_host_then_apply_and_restore_equal_the_upstream(
         procs: Processes, tmp_path: pathlib.Path, spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
     """R = W = 2 configured from the start, three Pumps, a real TxnWriter workload in
@@ -518,7 +520,7 @@ def test_lake_goes_on_through_a_lost_pump_host_then_apply_and_restore_equal_the_
         print(f"{len(probes)} windows probed after the loss, longest wait for readiness {longest:.3f}s; "
               f"{len(results)} windows ingested, run + ingest {ingest_secs:.1f}s")
         # No window after the loss waited for the dead Pump, nor was read from it.
-        assert len(probes) >= 5 and longest < 3.0, probes
+        assert len(probes) >= 5 and longest < 5.0, probes
         assert all(victim not in p for _e, _w, p in probes)
         assert all(r.pumps == ("p1", "p3") for r in results), [r.pumps for r in results]
         assert sum(r.txns for r in results) >= sum(s.committed for s in summaries)
