@@ -4,7 +4,11 @@ hold windows back; two Pumps down refuse writes with NotEnoughReplicas and make
 windows wait naming them, and nothing acknowledged is lost when they return; a
 Pump host partitioned (network namespaces) and healed catches up, nothing is
 served with two commit_ts, the rows rebuilt equal the upstream, and GC follows
-the consumer's checkpoint."""
+the consumer's checkpoint. And the chain a user runs through a host lost for good:
+windows ingested into a Delta lake while the workload runs and after the loss,
+through the real readiness path, never waiting for the dead Pump; the lake
+applied to a fresh target equals the upstream (``binlake diff``), and restores at
+commit_ts captured during the run equal copies of the upstream taken there."""
 
 from __future__ import annotations
 
@@ -12,11 +16,14 @@ import collections
 import os
 import pathlib
 import shutil
+import sqlite3
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import pytest
+import sqlalchemy as sa
 from pumpkit import (
     Processes,
     commit,
@@ -34,13 +41,19 @@ from binlake import errors, oracle
 from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_window
 from binlake.config import ClientSettings
+from binlake.lake import ingest
 from binlake.lake.pump_check import STATUS_TIMEOUT_S, plan_read
 from binlake.registry.client import RegistryClient
+from binlake.replicate import diff, runner, task
+from binlake.restore import restore
 from binlake.source import workload as wl
 from binlake.source.replay import Replay
 from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 from binlake.source.txn_writer import TxnWriter
 from binlake.testing.netbed import NetBed
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.slow
 
@@ -389,3 +402,151 @@ def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(tmp_path: pat
             status_server.stop(0.2)
             reg.close()
             registry.stop()
+
+
+def _ready_plan(reg_addr: str, start: int, end: int, why: list[str]):  # type: ignore[no-untyped-def]
+    """The ingest's own readiness check (W from the registry), None while the window
+    waits (the reason kept in ``why``, for the failure message)."""
+    try:
+        return plan_read(reg_addr, start, end)
+    except (errors.FailedPrecondition, errors.Unavailable) as exc:
+        why[:] = [str(exc)]
+        return None
+
+
+def _snapshot(url: str, copy: pathlib.Path) -> None:
+    """SQLite's online backup (the upstream runs in WAL mode: a file copy could miss commits)."""
+    src = sqlite3.connect(url.removeprefix("sqlite:///"))
+    dst = sqlite3.connect(copy)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+
+
+# ~95 s with a warm Spark session on two loaded cores; minutes when Spark competes.
+@pytest.mark.timeout(600)
+def test_lake_goes_on_through_a_lost_pump_host_then_apply_and_restore_equal_the_upstream(
+        procs: Processes, tmp_path: pathlib.Path, spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R = W = 2 configured from the start, three Pumps, a real TxnWriter workload in
+    three slices (the upstream quiesced after each: a TSO taken and the upstream
+    copied there). A Pump is killed -9 and its data directory deleted during the
+    second slice. Meanwhile windows keep coming ready through the readiness rule
+    the ingest uses (``plan_read``, W in force), never waiting for the dead Pump
+    (the longest wait measured), and are ingested into the lake, from the two
+    Pumps left; the lake applied to a fresh SQLite target equals the upstream, and
+    restores to the ts captured before and after the loss equal the copies taken there."""
+    # The cluster's R and W from the configuration (the registry's history would
+    # read windows within TXN_LOOKBACK_MS of a change with the older W = 1).
+    monkeypatch.setenv("BINLAKE_CLIENT_REPLICAS", "2")
+    monkeypatch.setenv("BINLAKE_CLIENT_MIN_ACKS", "2")
+    reg_addr, _ports, pumps = _cluster(procs, tmp_path)
+    reg = RegistryClient(reg_addr)
+    victim = "p2"
+    try:
+        lake_start = reg.get_ts()
+        upstream = f"sqlite:///{tmp_path / 'upstream.db'}"
+        plan = wl.plan("mixed", 2, 180, 21, large_txn_rows=20, large_txn_every=60, table_rows=30, accounts=10)
+        slices = [plan[0:60], plan[60:120], plan[120:180]]
+        captures: list[tuple[int, pathlib.Path, dict[str, tuple[int, str]]]] = []
+        summaries: list[wl.Summary] = []
+        workload: dict[str, BaseException] = {}
+
+        def run_workload() -> None:
+            try:
+                with TxnWriter(upstream, registry=reg_addr) as tw, RegistryClient(reg_addr) as wreg:
+                    for i, part in enumerate(slices):
+                        summaries.append(wl.run(tw, part, clients=2, rate=10, progress=False))
+                        # Every writer is idle: all committed so far are below ts, all later above.
+                        ts = wreg.get_ts()
+                        copy = tmp_path / f"cut{i}.db"
+                        _snapshot(upstream, copy)
+                        captures.append((ts, copy, oracle.checksum(upstream)))
+            except BaseException as exc:  # reported by the assertions below
+                workload["error"] = exc
+
+        # The windows' readiness, probed as the ingest's trigger does, all through the run:
+        # (window end, seconds from its end being allocated to the window being ready, Pumps to read).
+        probes: list[tuple[int, float, tuple[str, ...]]] = []
+        killed = threading.Event()
+        done = threading.Event()
+
+        def probe_windows() -> None:
+            start = lake_start
+            why: list[str] = []
+            while not done.is_set():
+                end = reg.get_ts()
+                began = time.monotonic()
+                while (ready := _ready_plan(reg_addr, start, end, why)) is None:
+                    if time.monotonic() - began > 30:
+                        workload["probe"] = AssertionError(f"window [{start}, {end}) not ready in 30 s: {why}")
+                        return
+                    time.sleep(0.05)
+                if killed.is_set():
+                    probes.append((end, time.monotonic() - began, tuple(sorted(ready.addrs))))
+                start = end
+                time.sleep(0.3)
+
+        thread = threading.Thread(target=run_workload, name="workload", daemon=True)
+        prober = threading.Thread(target=probe_windows, name="readiness", daemon=True)
+        lake = str(tmp_path / "lake")
+        results: list[ingest.IngestResult] = []
+        began_run = time.monotonic()
+        thread.start()
+        prober.start()
+        wait_until(lambda: len(captures) >= 1, timeout=60, what="the first slice")
+        time.sleep(1.0)
+        pumps[victim][0].kill()  # kill -9 mid-slice ...
+        shutil.rmtree(tmp_path / victim)  # ... and the disk is gone for good
+        killed.set()
+        # A window ingested while the workload goes on, after the loss: from the two left.
+        bound = reg.get_ts()
+        results.append(ingest.ingest_window(spark, lake, reg_addr, lake_start, bound))
+        thread.join(timeout=180)
+        done.set()
+        prober.join(timeout=60)
+        assert "error" not in workload and "probe" not in workload, workload
+        assert len(summaries) == 3 and len(captures) == 3
+        for s in summaries:
+            assert s.errors == 0 and not s.gave_up, s.error_messages[:3]
+        # The rest of the run in two more windows.
+        end = reg.get_ts()
+        mid = captures[1][0] if captures[1][0] > bound else (bound + end) // 2
+        for a, b in ((bound, mid), (mid, end)):
+            results.append(ingest.ingest_window(spark, lake, reg_addr, a, b))
+        ingest_secs = time.monotonic() - began_run
+        longest = max(w for _e, w, _p in probes)
+        print(f"{len(probes)} windows probed after the loss, longest wait for readiness {longest:.3f}s; "
+              f"{len(results)} windows ingested, run + ingest {ingest_secs:.1f}s")
+        # No window after the loss waited for the dead Pump, nor was read from it.
+        assert len(probes) >= 5 and longest < 5.0, probes
+        assert all(victim not in p for _e, _w, p in probes)
+        assert all(r.pumps == ("p1", "p3") for r in results), [r.pumps for r in results]
+        assert sum(r.txns for r in results) >= sum(s.committed for s in summaries)
+        assert sum(r.duplicates for r in results) > 0  # two copies read, each transaction written once
+
+        # The lake applied to a fresh target equals the upstream.
+        target = f"sqlite:///{tmp_path / 'target.db'}"
+        summary = runner.Applier(spark, task.Task(name="replicas", lake=lake, target=target,
+                                                  mode="consistent")).run()
+        assert summary.windows == len(results)
+        engine = sa.create_engine(upstream)
+        try:
+            tables = [t for t in sa.inspect(engine).get_table_names() if not t.startswith("_binlake")]
+        finally:
+            engine.dispose()
+        assert len(tables) >= 3
+        report = diff.diff_databases(upstream, target, tables=tables)
+        assert report.ok, report.summary()
+
+        # Restores at a ts before the loss and one after it equal the upstream's copies there.
+        for ts, copy, sums in captures[:2]:
+            restored = f"sqlite:///{tmp_path / f'restored-{ts}.db'}"
+            res = restore.run(spark, lake, ts, target=restored, verify_url=f"sqlite:///{copy}")
+            assert res.verified is not None and res.verified.startswith("clean"), res.verified
+            got = oracle.checksum(restored, list(sums), schema=oracle.load_schema(f"sqlite:///{copy}"))
+            assert got == sums, f"restore at {ts}"
+        print(f"whole chain (workload, ingest, apply, diff, 2 restores): {time.monotonic() - began_run:.1f}s")
+    finally:
+        reg.close()

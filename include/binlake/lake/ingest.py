@@ -208,18 +208,33 @@ def _history_from_pumps(registry: str, gaps: list[tuple[int, int]]) -> tuple[lis
     """DDLs in the uncovered ranges, read from every Pump that may hold them, plus
     notes on ranges a Pump cannot serve any more (below its GC ts)."""
     from binlake.lake.planner import WindowPlan
+    from binlake.replication import cluster_min_acks
 
     with RegistryClient(registry) as reg:
         nodes, _ = reg.list_nodes("pump")
+        acks = [cluster_min_acks(reg, lo, hi) for lo, hi in gaps]
     ranges: list[tuple[str, int, int]] = []
     addrs: dict[str, str] = {}
     lost: list[str] = []
-    for lo, hi in gaps:
+    for (lo, hi), min_acks in zip(gaps, acks, strict=True):
         chosen = pumps_for_window(nodes, lo, hi)
         # Each Pump's own GC ts (the registry's is as old as its last heartbeat).
         plan = WindowPlan(lo, hi, tuple(chosen))
-        statuses = pump_statuses(plan)
+        if min_acks == 1:
+            statuses = pump_statuses(plan)  # every Pump may hold the only copy of a DDL
+        else:
+            # A DDL, as any acknowledged transaction, is on at least W Pumps: up to W - 1
+            # unreachable ones are left out, as the window's own read does (window.py's rule).
+            down: dict[str, str] = {}
+            statuses = pump_statuses(plan, unreachable=down)
+            if len(down) > min_acks - 1:
+                raise errors.Unavailable(
+                    f"pump(s) {', '.join(sorted(down))} unreachable "
+                    f"({'; '.join(f'{n}: {why}' for n, why in sorted(down.items()))}); with min_acks={min_acks} "
+                    f"at most {min_acks - 1} may be missing to read the DDLs of [{lo}, {hi}); bring them back")
         for node in chosen:
+            if node.node_id not in statuses:
+                continue
             gc_ts = statuses[node.node_id].gc_ts
             if gc_ts > lo:
                 lost.append(f"pump {node.node_id} no longer holds [{lo}, {min(hi, gc_ts)}) "
