@@ -446,6 +446,10 @@ def dag_runs(spec: dict[str, Any]) -> int:
 
     # Started before the runs, so every in-process ingest reuses this JVM.
     spark = build_spark("binlake-demo", "local[2]", shuffle_partitions=2, extra_conf=LAKE_CONF)
+    # dag.test() (Airflow 3.3) cannot finish a run of a DAG that declares a
+    # DeadlineAlert (it looks the alert up by its serialized form, not the id the
+    # scheduler's sync gives it): this child parses the ingest DAG without its deadline.
+    os.environ["BINLAKE_INGEST_DEADLINE"] = "off"
     bag = DagBag(dag_folder=str(DAGS))
     if bag.import_errors:
         print(bag.import_errors)

@@ -115,9 +115,15 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 @pytest.fixture
-def ingest_dag(airflow_db: pathlib.Path) -> Any:
+def ingest_dag(airflow_db: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     from airflow.dag_processing.dagbag import DagBag
 
+    # dag.test() in Airflow 3.3 fails a run that declares a DeadlineAlert when it
+    # succeeds (it looks the alert up by its serialized form instead of the id the
+    # scheduler's DAG sync gives it). The deadline is parsed from the environment, so
+    # these dag.test() runs parse the DAG without it; tests/e2e/test_dag_journeys.py
+    # runs it with the deadline under the real scheduler.
+    monkeypatch.setenv("BINLAKE_INGEST_DEADLINE", "off")
     bag = DagBag(dag_folder=str(DAGS))
     assert not bag.import_errors, bag.import_errors
     return bag.dags["binlake_ingest"]
