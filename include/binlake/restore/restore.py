@@ -30,7 +30,7 @@ import shutil
 import threading
 import time
 import zoneinfo
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
@@ -189,6 +189,7 @@ class Tally:
             self.tables += 1
             self.rows += rows
             self.say(f"[{self.tables}/{self.total} tables, {self.rows:,} rows] {name}: {rows:,} {what}")
+        failpoint.hit("restore-after-table")
 
 
 @dataclasses.dataclass
@@ -261,24 +262,21 @@ def check_out(spark: Any, out: str, p: Plan, replace: bool) -> None:
             f"{out} already holds table(s) {', '.join(taken)}: choose an empty --out directory or pass --replace")
 
 
-def write_out(spark: Any, p: Plan, out: str, replace: bool = False, progress: Progress | None = None,
-              parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
-    """Rebuild every planned table and write it as a typed Delta table under ``out``:
-    one pass over the lake, then up to ``parallelism`` tables written at once (each
-    one Delta commit: a table is there whole or not at all)."""
-    onepass.check_parallelism(parallelism)
-    say = progress or (lambda _m: None)
-    started = time.monotonic()
-    check_out(spark, out, p, replace)
+def write_tables(spark: Any, p: Plan, path_of: Callable[[TablePlan], str], parallelism: int,
+                 say: Progress) -> list[tuple[str, int, str]]:
+    """Every planned table rebuilt and written as a typed Delta table at ``path_of(table)``
+    (each one commit), from one pass over the lake, ``parallelism`` tables at once.
+    Tables rebuilt from changes alone go to local paths through delta-rs (``direct``);
+    the others through Spark. (db.table, rows, base kind) per table, in plan order."""
     say(f"reading the lake once for {len(p.tables)} table(s)")
     shared = shared_changes(spark, p)
-    local = "://" not in out
-    direct = {t.table_id for t in p.tables if local and _direct.delta_eligible(p.schema, t.table_id, p.ts, t.base)}
+    direct = {t.table_id for t in p.tables
+              if "://" not in path_of(t) and _direct.delta_eligible(p.schema, t.table_id, p.ts, t.base)}
     tally = Tally(len(p.tables), say)
 
     def one(item: Item) -> tuple[str, int, str]:
         t, raw, df = item
-        path = out_path(out, t.info)
+        path = path_of(t)
         if df is None:
             rows = _direct.rows_at(p.schema, t.table_id, p.ts, raw)
             _direct.write_delta(path, _direct.arrow_table(t.info, rows))
@@ -289,7 +287,19 @@ def write_out(spark: Any, p: Plan, out: str, replace: bool = False, progress: Pr
         tally.done(t.name, n, "rows from " + t.base.kind)
         return (t.name, n, t.base.kind)
 
-    done = _in_plan_order(p, onepass.each_table(items(spark, p, shared, direct), one, parallelism))
+    return _in_plan_order(p, onepass.each_table(items(spark, p, shared, direct), one, parallelism))
+
+
+def write_out(spark: Any, p: Plan, out: str, replace: bool = False, progress: Progress | None = None,
+              parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
+    """Rebuild every planned table and write it as a typed Delta table under ``out``:
+    one pass over the lake, then up to ``parallelism`` tables written at once (each
+    one Delta commit: a table is there whole or not at all)."""
+    onepass.check_parallelism(parallelism)
+    say = progress or (lambda _m: None)
+    started = time.monotonic()
+    check_out(spark, out, p, replace)
+    done = write_tables(spark, p, lambda t: out_path(out, t.info), parallelism, say)
     result = RestoreResult(p.ts, done, time.monotonic() - started, out=out)
     failpoint.hit("restore-before-manifest")
     if "://" not in out:
@@ -326,6 +336,18 @@ def python_rows(df: Any, info: binlog_pb2.TableInfo) -> Iterator[dict[str, Any]]
         yield {c.name: C.python_value(r[i], c.type) for i, c in enumerate(cols)}
 
 
+def load_table(target: Any, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Create table ``info`` in ``target`` (refused when it exists) and load ``rows``, in
+    one transaction: where DDL is transactional (PostgreSQL, SQLite) a crash leaves
+    no table at all rather than an empty or partial one; MySQL commits its DDL."""
+    with target.engine.connect() as conn:
+        conn.begin()
+        target.create_table_in(conn, info, if_exists="fail")
+        n = int(target.insert_rows(conn, info, rows))
+        conn.commit()
+    return n
+
+
 def load_target(spark: Any, p: Plan, target: Any, url: str, progress: Progress | None = None,
                 parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
     """Create every table from its definition at T and bulk-load its rows, up to
@@ -346,8 +368,7 @@ def load_target(spark: Any, p: Plan, target: Any, url: str, progress: Progress |
     def load(item: Item) -> tuple[str, int, str]:
         t, raw, df = item
         rows = _direct.rows_at(p.schema, t.table_id, p.ts, raw) if df is None else python_rows(df, t.info)
-        target.create_table(t.info, if_exists="fail")
-        n = int(target.bulk_load(t.info, rows))
+        n = load_table(target, t.info, rows)
         tally.done(t.name, n, "rows from " + t.base.kind)
         return (t.name, n, t.base.kind)
 
