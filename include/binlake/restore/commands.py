@@ -124,12 +124,16 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b = bench.add_parser(
         "restore", help="restore at a late ts: whole history, snapshot, history tables vs SQLite replay",
         formatter_class=fmt,
-        epilog="Example:\n  binlake bench restore --rows 1000000 --changes 5000000\n")
+        epilog=("Examples:\n  binlake bench restore --rows 1000000 --changes 5000000\n"
+                "  binlake bench restore --tables 10,1000\n"))
     b.add_argument("--rows", type=_count, default=1_000_000, help="rows of the table (default 1000000)")
     b.add_argument("--changes", type=_count, default=5_000_000, help="row changes of its history (default 5000000)")
     b.add_argument("--master", help="Spark master (default local[*])")
     b.add_argument("--dir", type=_bench_dir, help="scratch directory (default: a temp dir under bench/)")
     b.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    b.add_argument("--tables", help="comma-separated table counts (e.g. 10,1000): the same rows spread over each, "
+                                    "restored into SQLite, PostgreSQL and Delta (default rows 20000)")
+    b.add_argument("--parallel", type=_parallel, default=4, metavar="N", help="tables written at once (default 4)")
     b.set_defaults(handler=bench_cmd)
 
 

@@ -361,6 +361,8 @@ def load_target(spark: Any, p: Plan, target: Any, url: str, progress: Progress |
     say = progress or (lambda _m: None)
     started = time.monotonic()
     say(f"reading the lake once for {len(p.tables)} table(s)")
+    if parallelism > 1:
+        target.ensure_schema_table()
     shared = shared_changes(spark, p)
     direct = {t.table_id for t in p.tables if _direct.eligible(p.schema, t.table_id, p.ts, t.base)}
     tally = Tally(len(p.tables), say)
