@@ -62,14 +62,12 @@ def spec(schema: decode.SchemaHistory, table_id: int) -> list[C.Column]:
     """The history table's columns: every column id the table ever had, newest name/type."""
     newest: dict[int, binlog_pb2.ColumnInfo] = {}
     order: list[int] = []
-    for _ts, info in schema.entries():
-        if info.table_id != table_id:
-            continue
+    for _ts, info in schema.entries_of(table_id):
         for c in info.columns:
             if c.id not in newest:
                 order.append(c.id)
             newest[c.id] = c
-    last = max(((ts, info) for ts, info in schema.entries() if info.table_id == table_id), key=lambda x: x[0])[1]
+    last = max(schema.entries_of(table_id), key=lambda x: x[0])[1]
     live = {c.id for c in last.columns}
     live_names = {c.name for c in last.columns}
     out = []
@@ -82,7 +80,7 @@ def spec(schema: decode.SchemaHistory, table_id: int) -> list[C.Column]:
 
 def ended_ts(schema: decode.SchemaHistory, table_id: int) -> int | None:
     """commit_ts at which the table id stopped existing (DROP, or TRUNCATE's new id), if it did."""
-    stamps = sorted(ts for ts, info in schema.entries() if info.table_id == table_id)
+    stamps = sorted(ts for ts, _info in schema.entries_of(table_id))
     last = stamps[-1]
     at = min(last + 1, tso.MAX_TS)
     if schema.knows(table_id, at):
@@ -158,7 +156,7 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
     results: dict[int, tuple[str, str, dict[str, Any]]] = {}
     for table_id in ids:
         cols = spec(schema, table_id)
-        last_info = max(((ts, i) for ts, i in schema.entries() if i.table_id == table_id), key=lambda x: x[0])[1]
+        last_info = max(schema.entries_of(table_id), key=lambda x: x[0])[1]
         name = f"{last_info.db}.{last_info.name}"
         key = [c.name for c in cols if c.id in set(last_info.primary_key)]
         old = cat.get(table_id)

@@ -68,12 +68,12 @@ def tables_at(schema: decode.SchemaHistory, ts: int) -> dict[int, binlog_pb2.Tab
 
 def created_ts(schema: decode.SchemaHistory, table_id: int) -> int:
     """The commit_ts of the first definition the history holds for ``table_id``."""
-    return min(ts for ts, info in schema.entries() if info.table_id == table_id)
+    return min(ts for ts, _info in schema.entries_of(table_id))
 
 
 def versions(schema: decode.SchemaHistory, table_id: int) -> dict[int, binlog_pb2.TableInfo]:
     """schema_version -> definition, for the change rows of ``table_id``."""
-    return {info.schema_version: info for _ts, info in schema.entries() if info.table_id == table_id}
+    return {info.schema_version: info for _ts, info in schema.entries_of(table_id)}
 
 
 def select_tables(found: dict[int, binlog_pb2.TableInfo], names: Sequence[str] | None,
