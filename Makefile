@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.binlake-setup
 
-.PHONY: setup test demo up proto proto-check bench lint typecheck clean
+.PHONY: setup test test-fast demo up proto proto-check bench lint typecheck clean
 
 setup: $(STAMP)
 
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml setup.py include/binlake/lake/_imagec.c include/binlake
 
 test: setup
 	$(BIN)/pytest -q tests
+
+# The suite without the tests marked slow: the quick loop while changing code.
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow" tests
 
 demo: setup
 	$(BIN)/python scripts/demo.py

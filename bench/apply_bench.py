@@ -96,7 +96,7 @@ def write_lake(spark: Any, lake: str, changes: list[Any], windows: int
 
     from binlake import tso
     from binlake.lake import decode, ingest
-    from binlake.source import schema as sc
+    from binlake.sql import schema as sc
 
     info = sc.new_table(100, "main", TABLE, [sc.ColumnDef("id", "int", False), sc.ColumnDef("k", "int"),
                                              sc.ColumnDef("c", "string", length=120),

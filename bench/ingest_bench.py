@@ -65,7 +65,7 @@ def _field(tag: int, payload: bytes) -> bytes:
 
 
 def bench_table() -> Any:
-    from binlake.source.schema import ColumnDef, new_table
+    from binlake.sql.schema import ColumnDef, new_table
 
     cols = [ColumnDef("id", "int", False), ColumnDef("k", "int", False), ColumnDef("c", "string", False, length=120),
             ColumnDef("pad", "string", True, length=60), ColumnDef("price", "decimal", False, precision=12, scale=2),

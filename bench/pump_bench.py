@@ -393,7 +393,8 @@ def main(args: argparse.Namespace | None = None) -> int:
               "(e.g. `git archive main include | tar -x -C /tmp/base`, then --baseline /tmp/base/include)",
               file=sys.stderr)
         return 2
-    from binlake.testing.devcluster import DevCluster, free_port
+    from binlake.net import free_port
+    from binlake.testing.devcluster import DevCluster
 
     base = pathlib.Path(args.dir) if args.dir else ROOT / "bench"
     base.mkdir(parents=True, exist_ok=True)

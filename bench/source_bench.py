@@ -94,9 +94,9 @@ def _spawn(args: list[str], log: pathlib.Path) -> subprocess.Popen[bytes]:
 def _start_cluster(base: pathlib.Path, log: pathlib.Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
     """A registry and one Pump (node p1) as child processes; returns the registry address."""
     from binlake import errors
+    from binlake.net import free_port
     from binlake.registry.client import RegistryClient
     from binlake.registry.model import NodeState
-    from binlake.testing.devcluster import free_port
 
     reg_addr = f"127.0.0.1:{free_port()}"
     procs = [_spawn(["registry", "--data-dir", str(base / "registry"), "--addr", reg_addr], log)]

@@ -31,7 +31,7 @@ ROWS = 1000
 
 
 def _columns():
-    from binlake.source.schema import ColumnDef
+    from binlake.sql.schema import ColumnDef
 
     return [ColumnDef("id", "int"), ColumnDef("k", "int"), ColumnDef("c", "string", length=120),
             ColumnDef("pad", "string", length=60)]

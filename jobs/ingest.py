@@ -19,34 +19,20 @@ import argparse
 import json
 import os
 import sys
-from typing import NoReturn
 
-
-def _ts(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TSO (an integer), got {text!r}") from None
-    if not 0 <= value < 1 << 63:
-        raise argparse.ArgumentTypeError(f"a TSO must be in [0, 2^63), got {value}")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    """A usage mistake is one line (and exit 2), as in the ``binlake`` command."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+from binlake.cli.args import Parser, ts_arg
+from binlake.net import DEFAULT_REGISTRY_ADDR
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="jobs/ingest.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--start-ts", type=_ts, required=True, help="window start (inclusive), a TSO")
-    parser.add_argument("--end-ts", type=_ts, required=True, help="window end (exclusive), a TSO")
+    parser = Parser(prog="jobs/ingest.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--start-ts", type=ts_arg, required=True, help="window start (inclusive), a TSO")
+    parser.add_argument("--end-ts", type=ts_arg, required=True, help="window end (exclusive), a TSO")
     parser.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"), required="BINLAKE_LAKE_DIR" not in os.environ,
                         help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
-    parser.add_argument("--registry", default=os.environ.get("BINLAKE_REGISTRY", "127.0.0.1:8230"),
-                        help="registry HOST:PORT (default: $BINLAKE_REGISTRY, else 127.0.0.1:8230)")
+    parser.add_argument("--registry", default=os.environ.get("BINLAKE_REGISTRY", DEFAULT_REGISTRY_ADDR),
+                        help="registry HOST:PORT or a group's HOST:PORT,HOST:PORT,... "
+                        f"(default: $BINLAKE_REGISTRY, else {DEFAULT_REGISTRY_ADDR})")
     parser.add_argument("--pumps", help="comma-separated Pump ids (default: every Pump that may hold the window)")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, $BINLAKE_SPARK_MASTER or local[*])")
     return parser
@@ -54,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, every one checked before a JVM starts (a mistake: one line, exit 2)."""
-    from binlake import errors, rpc
+    from binlake import errors, net
     from binlake.lake.commands import pump_list, writable_lake
     from binlake.lake.spark import check_master
 
@@ -63,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.start_ts >= args.end_ts:
         parser.error(f"window [{args.start_ts}, {args.end_ts}) is empty: --start-ts must be below --end-ts")
     try:
-        rpc.parse_addr(args.registry, "--registry")
+        net.parse_addr_list(args.registry, "--registry")
         writable_lake(args.lake)
         pump_list(args.pumps)
         if args.master is not None:

@@ -55,12 +55,12 @@ from binlake import errors, tso
 from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_window
 from binlake.config import ClientSettings
-from binlake.ctl import binlog_to_json, pumps_table
+from binlake.ctl.actions import binlog_to_json, pumps_table
 from binlake.proto import binlog_pb2 as bp
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
 from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
-from binlake.stack import local_airflow
+from binlake.stack.supervisor import local_airflow
 from binlake.testing.devcluster import DevCluster
 
 WRITERS = 8
@@ -232,7 +232,7 @@ def replay(binlogs: list[bp.Binlog], url: str) -> dict[str, int]:
     import sqlalchemy as sa
 
     from binlake import codec
-    from binlake.source import dialect, schema
+    from binlake.sql import dialect, schema
 
     engine = sa.create_engine(url)
     tables: dict[int, bp.TableInfo] = {}

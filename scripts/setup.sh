@@ -22,6 +22,16 @@ if [ "$have" != "$want" ] || ! .venv/bin/python -c 'from pyspark.core.status imp
   .venv/bin/pip install -q --force-reinstall --no-deps "pyspark==$want"
 fi
 
+# etcd: the store of a registry group across hosts, and what its tests start
+# (binlake.testing.etcdcluster). Debian's etcd-server (3.4); only when missing.
+if ! command -v etcd >/dev/null && [ ! -x /usr/bin/etcd ]; then
+  echo "[setup] installing etcd-server"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends etcd-server
+fi
+
 if ! ls jars/lib/delta-spark_*.jar >/dev/null 2>&1; then
   echo "[setup] fetching the Delta Lake jars with Maven into jars/lib"
   command -v mvn >/dev/null || { apt-get update -qq && apt-get install -y -qq maven; }

@@ -16,7 +16,6 @@ import dataclasses
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import grpc
 
 from binlake import config, errors, tso
 from binlake.client.reader import pull_pump
+from binlake.net import free_port
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
 from binlake.pump.node import PumpNode
 from binlake.registry.client import RegistryClient
@@ -63,13 +63,6 @@ def wait_until(pred: Callable[[], T], timeout: float = 10.0, interval: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what or pred}")
         time.sleep(interval)
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (bound to port 0, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def now_ts(offset_ms: int = 0) -> int:

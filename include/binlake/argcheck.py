@@ -14,7 +14,7 @@ import socket
 import tempfile
 
 from binlake import errors
-from binlake.rpc import parse_addr
+from binlake.net import parse_addr, parse_addr_list
 
 
 def addr(flag: str, value: str) -> tuple[str, int]:
@@ -22,6 +22,11 @@ def addr(flag: str, value: str) -> tuple[str, int]:
     if not value.strip():
         raise errors.InvalidArgument(f"{flag} is empty: give HOST:PORT (e.g. 127.0.0.1:8230)")
     return parse_addr(value, flag)
+
+
+def addr_list(flag: str, value: str) -> list[str]:
+    """One HOST:PORT or a comma-separated group of them (a registry group)."""
+    return parse_addr_list(value, flag)
 
 
 def listen_addr(flag: str, value: str) -> tuple[str, int]:
@@ -87,14 +92,14 @@ def db_url(flag: str, value: str) -> str:
 
 def reachable_db(flag: str, value: str) -> None:
     """A database URL binlake can write to or read from, answering now (one round trip)."""
-    from binlake.replicate import sink
+    from binlake.sql.url import open_engine
 
     db_url(flag, value)
     try:
-        target = sink.open_target(value)
+        engine = open_engine(value)
     except errors.BinlakeError as exc:
         raise type(exc)(f"{flag}: {exc}") from None
-    target.engine.dispose()
+    engine.dispose()
 
 
 def names(flag: str, value: str | None, example: str) -> list[str] | None:

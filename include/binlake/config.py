@@ -16,7 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from binlake import errors
-from binlake.rpc import TLSFiles, parse_addr
+from binlake.net import DEFAULT_REGISTRY_ADDR, TLSFiles, parse_addr, parse_addr_list
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -35,6 +35,16 @@ def _check_addr(value: str | None, what: str) -> str | None:
     return value
 
 
+def _check_addr_list(value: str | None, what: str) -> str | None:
+    if value is None:
+        return value
+    try:
+        parse_addr_list(value, what)
+    except errors.InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
 def _non_empty(value: Any, what: str) -> Any:
     # An empty string would silently mean "." (a path) or "unset" (an id): refuse it.
     if isinstance(value, str) and not value.strip():
@@ -47,9 +57,13 @@ class RegistrySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BINLAKE_REGISTRY_", extra="forbid")
 
-    addr: str = Field("127.0.0.1:8230", description="HOST:PORT the registry listens on (port 0 = any free port).")
+    addr: str = Field(DEFAULT_REGISTRY_ADDR, description="HOST:PORT the registry listens on (port 0 = any free port).")
     data_dir: pathlib.Path = Field(pathlib.Path("data/registry"), description="Directory of the SQLite store.")
     tso_window_ms: int = Field(3000, ge=1, le=600_000, description="TSO high-water mark step persisted ahead of use.")
+    store: str = Field(
+        "", description="Store URL instead of data_dir: sqlite:///file.db, or etcd://h1:2379,h2:2379,h3:2379[/prefix] "
+        "for a group of registries on several hosts (one leads; the others stand by).")
+    cluster_id: int = Field(0, ge=0, description="When > 0, refuse a store that holds another cluster id.")
 
     @field_validator("addr")
     @classmethod
@@ -67,7 +81,7 @@ class PumpSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BINLAKE_PUMP_", extra="forbid")
 
-    registry: str = Field("127.0.0.1:8230", description="Registry HOST:PORT.")
+    registry: str = Field(DEFAULT_REGISTRY_ADDR, description="Registry HOST:PORT, or the group's HOST:PORT,HOST:PORT,...")
     addr: str = Field("127.0.0.1:8250", description="HOST:PORT the Pump listens on (port 0 = any free port).")
     advertise_addr: str | None = Field(None, description="Address clients use, if not addr (e.g. behind NAT).")
     data_dir: pathlib.Path = Field(pathlib.Path("data/pump"), description="Value log segments and the index.")
@@ -100,10 +114,15 @@ class PumpSettings(BaseSettings):
         "bench/RESULTS.md compares them."
     )
 
-    @field_validator("registry", "addr", "advertise_addr", "metrics_addr")
+    @field_validator("addr", "advertise_addr", "metrics_addr")
     @classmethod
     def _addr(cls, v: str | None, info: Any) -> str | None:
         return _check_addr(v, f"pump {info.field_name}")
+
+    @field_validator("registry")
+    @classmethod
+    def _registry(cls, v: str) -> str:
+        return _check_addr_list(v, "pump registry") or v
 
     @field_validator("data_dir", "node_id", mode="before")
     @classmethod
@@ -124,7 +143,7 @@ class ClientSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BINLAKE_CLIENT_", extra="forbid")
 
-    registry: str = Field("127.0.0.1:8230", description="Registry HOST:PORT.")
+    registry: str = Field(DEFAULT_REGISTRY_ADDR, description="Registry HOST:PORT, or the group's HOST:PORT,HOST:PORT,...")
     strategy: Literal["range", "hash", "score"] = Field("range", description="How prewrites pick a Pump.")
     write_timeout_s: float = Field(10.0, gt=0, le=3600, description="Deadline of one write RPC.")
     max_failures: int = Field(3, ge=1, le=1000, description="Consecutive failures before a Pump is unavailable.")
@@ -139,7 +158,7 @@ class ClientSettings(BaseSettings):
     @field_validator("registry")
     @classmethod
     def _addr(cls, v: str) -> str:
-        return _check_addr(v, "client registry") or v
+        return _check_addr_list(v, "client registry") or v
 
 
 class SecuritySettings(BaseSettings):

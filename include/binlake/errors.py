@@ -7,19 +7,13 @@ from __future__ import annotations
 class BinlakeError(Exception):
     """Base of every error binlake reports to a user."""
 
-    code_name = "UNKNOWN"
-
 
 class InvalidArgument(BinlakeError, ValueError):
     """The request itself is malformed; retrying it unchanged cannot succeed."""
 
-    code_name = "INVALID_ARGUMENT"
-
 
 class FailedPrecondition(BinlakeError):
     """The request is well-formed but the system is not in a state to serve it."""
-
-    code_name = "FAILED_PRECONDITION"
 
 
 class Conflict(FailedPrecondition):
@@ -28,35 +22,36 @@ class Conflict(FailedPrecondition):
 
 
 class NotFound(BinlakeError, LookupError):
-    code_name = "NOT_FOUND"
+    """The named thing (a node, a consumer, a window) is not stored."""
 
 
 class AlreadyExists(BinlakeError):
     """The thing was already stored exactly so: a retry that changes nothing."""
 
-    code_name = "ALREADY_EXISTS"
-
 
 class OutOfRange(BinlakeError):
     """A window reaches below the data a Pump still holds (below its GC ts)."""
-
-    code_name = "OUT_OF_RANGE"
 
 
 class ResourceExhausted(BinlakeError):
     """Disk nearly full, message too large."""
 
-    code_name = "RESOURCE_EXHAUSTED"
-
 
 class Unavailable(BinlakeError):
     """A peer cannot be reached or is shutting down; retry elsewhere or later."""
 
-    code_name = "UNAVAILABLE"
-
 
 class DeadlineExceeded(BinlakeError):
-    code_name = "DEADLINE_EXCEEDED"
+    """The peer did not answer in time."""
+
+
+class NotLeader(Unavailable):
+    """A registry follower (or a deposed leader) refused a call; ``leader`` is the
+    HOST:PORT of the current leader when known, else empty."""
+
+    def __init__(self, message: str, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader
 
 
 # Errors no retry can fix: the request itself is wrong, contradicts the lake,
@@ -73,3 +68,14 @@ EXIT_FINAL = 3
 def is_final(exc: BaseException) -> bool:
     """Whether retrying the request that raised ``exc`` unchanged cannot succeed."""
     return isinstance(exc, FINAL)
+
+
+def first_line(exc: BaseException, with_type: bool = False) -> str:
+    """The first line of ``exc``'s message (of the driver's own error when ``exc`` wraps
+    one as ``orig``, as SQLAlchemy's do), for a one-line report; the type's name when
+    the message is empty. ``with_type`` puts the type's name in front."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    if with_type:
+        return f"{type(orig).__name__}: {lines[0] if lines else ''}"
+    return lines[0] if lines else type(orig).__name__

@@ -121,7 +121,7 @@ def load_schema(url: str) -> dict[str, binlog_pb2.TableInfo]:
         with engine.connect() as conn:
             return _binlake_tables(conn)
     except sa.exc.OperationalError as exc:
-        raise errors.Unavailable(f"cannot read {_show(engine)}: {_first_line(exc)}") from None
+        raise errors.Unavailable(f"cannot read {_show(engine)}: {errors.first_line(exc)}") from None
     finally:
         engine.dispose()
 
@@ -163,7 +163,7 @@ def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal:
             defs = dict(schema) if schema is not None else _binlake_tables(conn)
             return {name: _table_checksum(conn, name, defs.get(name)) for name in sorted(wanted)}
     except sa.exc.OperationalError as exc:
-        raise errors.Unavailable(f"cannot read {_show(engine)}: {_first_line(exc)}") from None
+        raise errors.Unavailable(f"cannot read {_show(engine)}: {errors.first_line(exc)}") from None
     finally:
         engine.dispose()
 
@@ -184,7 +184,7 @@ def _typed_table(conn: Connection, name: str, info: binlog_pb2.TableInfo | None)
     """binlake's Table for ``info`` if the stored table has exactly its columns."""
     if info is None:
         return None
-    from binlake.source import dialect as dl
+    from binlake.sql import dialect as dl
 
     stored = {c["name"] for c in sa.inspect(conn).get_columns(name)}
     if stored != {c.name for c in info.columns}:
@@ -204,9 +204,3 @@ def _engine(url: str) -> sa.Engine:
 
 def _show(engine: sa.Engine) -> str:
     return engine.url.render_as_string(hide_password=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    lines = str(orig).strip().splitlines()
-    return lines[0] if lines else type(orig).__name__

@@ -6,7 +6,6 @@ when ``[security]`` is set."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import functools
 import logging
@@ -19,7 +18,8 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from binlake import errors
+from binlake import config, errors
+from binlake.net import TLSFiles, parse_addr
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,18 @@ def from_rpc_error(exc: grpc.RpcError, what: str) -> errors.BinlakeError:
     return err
 
 
+# Trailing metadata of a registry follower's refusal (errors.NotLeader): that it
+# was refused unexecuted, and the leader's HOST:PORT when known.
+NOT_LEADER_METADATA_KEY = "binlake-not-leader"
+LEADER_METADATA_KEY = "binlake-leader"
+
+
+def not_leader_metadata(exc: errors.NotLeader) -> tuple[tuple[str, str], ...]:
+    if exc.leader:
+        return ((NOT_LEADER_METADATA_KEY, "1"), (LEADER_METADATA_KEY, exc.leader))
+    return ((NOT_LEADER_METADATA_KEY, "1"),)
+
+
 def servicer_method(fn: F) -> F:
     """Wrap a unary servicer method: domain errors become their status, anything
     else becomes INTERNAL with the error logged (never a traceback to the peer)."""
@@ -65,6 +77,8 @@ def servicer_method(fn: F) -> F:
         try:
             return fn(self, request, context)
         except errors.BinlakeError as exc:
+            if isinstance(exc, errors.NotLeader):
+                context.set_trailing_metadata(not_leader_metadata(exc))
             context.abort(status_code(exc), str(exc))
         except Exception as exc:
             log.exception("internal error in %s", fn.__name__)
@@ -114,23 +128,6 @@ def client_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     ]
 
 
-def parse_addr(addr: str, what: str = "address") -> tuple[str, int]:
-    """Check a HOST:PORT string; raise InvalidArgument naming what is wrong."""
-    if not isinstance(addr, str) or ":" not in addr:
-        raise errors.InvalidArgument(f"{what} must be HOST:PORT (e.g. 127.0.0.1:8250), got {addr!r}")
-    host, _, port_text = addr.rpartition(":")
-    host = host.strip("[]")
-    if not host:
-        raise errors.InvalidArgument(f"{what} {addr!r} has no host; use e.g. 127.0.0.1:{port_text}")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise errors.InvalidArgument(f"{what} {addr!r}: port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise errors.InvalidArgument(f"{what} {addr!r}: port must be in 0..65535")
-    return host, port
-
-
 # -- TLS: every gRPC server and channel of binlake is created here ---------------------
 #
 # ``[security] ca / cert / key`` (config file, BINLAKE_SECURITY_* environment, or the
@@ -140,26 +137,6 @@ def parse_addr(addr: str, what: str = "address") -> tuple[str, int]:
 # - ca: clients verify servers against it, and servers REQUIRE a client
 #   certificate signed by it, so only holders of such a certificate connect.
 # Only file paths are kept in settings and logs; the key's bytes never leave this module.
-
-
-@dataclasses.dataclass(frozen=True)
-class TLSFiles:
-    """Paths of the PEM files (None = not configured)."""
-
-    ca: str | None = None
-    cert: str | None = None
-    key: str | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.ca or self.cert)
-
-    def describe(self) -> str:
-        """For logs: which files, never their contents."""
-        if not self.enabled:
-            return "plaintext (no [security] configured)"
-        mutual = "mutual TLS (client certificates signed by the CA required)" if self.ca else "TLS"
-        return f"{mutual}: ca={self.ca or '-'} cert={self.cert or '-'}"
 
 
 _tls: TLSFiles | None = None
@@ -181,8 +158,6 @@ def tls() -> TLSFiles:
     global _tls
     with _tls_lock:
         if _tls is None:
-            from binlake import config  # config imports this module: resolve at call time
-
             settings = config.load(config.SecuritySettings)
             files = settings.files()
             _read_files(files)

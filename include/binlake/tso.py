@@ -91,6 +91,15 @@ def format_ts(ts: int) -> str:
     return f"{ts} ({to_datetime(ts).strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}Z)"
 
 
+def iso(ts: int, millis: bool = False) -> str:
+    """``ts`` as an ISO UTC datetime ending in ``Z`` (microseconds, or milliseconds when
+    ``millis``), for messages naming a window; 0 (no ts yet) prints as ``-``."""
+    if ts <= 0:
+        return "-"
+    text = to_datetime(ts).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return (text[:-3] if millis else text) + "Z"
+
+
 def _check_ts(ts: int) -> None:
     if isinstance(ts, bool) or not isinstance(ts, int):
         raise TypeError(f"a TSO is an integer, got {type(ts).__name__}")
@@ -134,6 +143,11 @@ class TSOAllocator:
             new_limit = physical + self._window_ms
             self._save_limit(new_limit)
             self._limit = new_limit
+
+    @property
+    def limit(self) -> int:
+        """The persisted high-water mark (physical ms)."""
+        return self._limit
 
     def allocate(self, count: int = 1) -> int:
         """Reserve ``count`` consecutive TSOs; return the first."""

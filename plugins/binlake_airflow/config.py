@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from binlake.net import DEFAULT_REGISTRY_ADDR, parse_addr_list
+
 # plugins/binlake_airflow/config.py -> parents[2] is the project root.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The spark-submit entry point of the ingest (a path only: nothing is read here):
@@ -41,7 +43,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # else the checkout's (the environment is free to read at parse time).
 INGEST_JOB = Path(os.environ.get("BINLAKE_INGEST_JOB", "").strip() or PROJECT_ROOT / "jobs" / "ingest.py")
 
-DEFAULT_REGISTRY = "127.0.0.1:8230"
 DEFAULT_LAKE_DIR = "data/lake"
 DEFAULT_SCHEDULE = "5m"
 # A fixed start date, as Airflow requires for stable serialized DAGs. Catchup
@@ -94,15 +95,15 @@ def setting(variable: str, env: Sequence[str], default: str | None) -> str | Non
 
 
 def registry_addr() -> str:
-    """The registry's HOST:PORT (Variable ``binlake_registry``, env ``BINLAKE_REGISTRY``)."""
+    """The registry's HOST:PORT, or a registry group's comma-separated list
+    (Variable ``binlake_registry``, env ``BINLAKE_REGISTRY``)."""
     from binlake import errors
-    from binlake.rpc import parse_addr
 
     # BINLAKE_CLIENT_REGISTRY is what docker-compose.yaml gives every client.
-    addr = setting("binlake_registry", ("BINLAKE_REGISTRY", "BINLAKE_CLIENT_REGISTRY"), DEFAULT_REGISTRY)
+    addr = setting("binlake_registry", ("BINLAKE_REGISTRY", "BINLAKE_CLIENT_REGISTRY"), DEFAULT_REGISTRY_ADDR)
     assert addr is not None
     try:
-        parse_addr(addr, "registry address")
+        parse_addr_list(addr, "registry address")
     except errors.InvalidArgument as exc:
         raise ConfigError(f"{exc} (from Variable binlake_registry or env BINLAKE_REGISTRY)") from None
     return addr

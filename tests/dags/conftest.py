@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from binlake.stack import local_airflow
+from binlake.stack.supervisor import local_airflow
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"

@@ -64,8 +64,8 @@ from binlake.lake.image import image_values
 from binlake.lake.rows import OPS
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
-from binlake.source.schema import ColumnDef as C
 from binlake.source.txn_writer import TxnWriter
+from binlake.sql.schema import ColumnDef as C
 
 # Short windows keep the workload (three of them) shorter than Airflow's start,
 # during which it runs.
@@ -406,4 +406,3 @@ def test_backfill_fills_historical_windows_newest_first(tmp_path: pathlib.Path) 
         columns = [col.name for col in upstream.writer.table(table).columns]
         assert {k: {col: row.get(col) for col in columns} for k, row in rows.items()} == upstream_rows, table
         assert upstream.rows[table] == upstream_rows, table
-

@@ -44,9 +44,9 @@ from binlake.client.reader import pull_window
 from binlake.proto import binlog_pb2
 from binlake.pump.node import PumpNode
 from binlake.registry.server import RegistryServer
-from binlake.source import schema as sc
-from binlake.source.schema import ColumnDef as C
 from binlake.source.txn_writer import STATUS_TABLE, CommitInfo, Txn, TxnWriter
+from binlake.sql import schema as sc
+from binlake.sql.schema import ColumnDef as C
 
 D = decimal.Decimal
 OPS = {binlog_pb2.INSERT: "insert", binlog_pb2.UPDATE: "update", binlog_pb2.DELETE_ROW: "delete"}

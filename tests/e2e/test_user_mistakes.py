@@ -33,6 +33,7 @@ import pytest
 from pumpkit import free_port, start_registry
 
 from binlake import cli
+from binlake.cli import benchmarks
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
 
@@ -128,6 +129,7 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("ctl", "checksum"): {"#0": c.sqlite},
         ("ctl", "consumers"): {**reg},
         ("ctl", "remove-consumer"): {"#0": "c-none", **reg},
+        ("ctl", "registry"): {**reg},
         ("workload",): {**reg, "--upstream": f"sqlite:///{c.tmp / 'up.db'}", "--txns": "1", "--tables": "1",
                         "--table-rows": "0", "--clients": "1", "--quiet": ""},
         ("ingest",): {**reg, **window, "--lake": lake, "--master": "local[1]"},
@@ -135,6 +137,7 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("lake", "changes"): {"--lake": lake, "--master": "local[1]", "--table": "t"},
         ("bench", "pump"): {"--seconds": "0.1", "--dir": str(c.tmp / "bench")},
         ("bench", "writer"): {"--seconds": "0.1"},
+        ("bench", "registry"): {"--runs": "1", "--seconds": "0.1", "--threads": "1"},
         ("bench", "ingest"): {"--rows": "10", "--dir": str(c.tmp / "bench"), "--master": "local[1]"},
         ("bench", "source"): {"--rows": "10", "--seconds": "0.1", "--dir": str(c.tmp / "bench")},
         ("bench", "apply"): {"--changes": "1000", "--windows": "1", "--targets": "sqlite", "--modes": "consistent",
@@ -175,17 +178,16 @@ _PEMS = {"ca", "cert", "key"}
 _FREE = {"pump_args_ok"}
 
 _BY_TYPE: dict[str, list[str]] = {
-    "_positive_int": ["abc", "0", "-3", ""],
-    "_non_negative_int": ["abc", "-1"],
-    "_positive_float": ["abc", "0", "nan", "-2"],
-    "_int_arg": ["abc", "1.5"],
-    "_ts_arg": ["abc", "-1", str(1 << 63)],
-    "_datetime_arg": ["yesterday", ""],
+    "positive_int": ["abc", "0", "-3", ""],
+    "non_negative_int": ["abc", "-1"],
+    "positive_float": ["abc", "0", "nan", "-2"],
+    "int_arg": ["abc", "1.5"],
+    "window_ts_arg": ["abc", "-1", str(1 << 63)],
+    "datetime_arg": ["yesterday", ""],
     "int": ["abc", "-1"],
     "float": ["abc", "-1", "nan"],
-    "_int_list": ["", ",", "a,b", "0"],
+    "int_list": ["", ",", "a,b", "0"],
     "_ts": ["abc", "-1", str(1 << 63)],
-    "_positive": ["abc", "0", "-3", ""],
     "_server_id": ["abc", "0", "-1", str(1 << 32)],
 }
 
@@ -213,6 +215,8 @@ def malformed(action: argparse.Action, c: Ctx) -> list[tuple[str, tuple[str, ...
         return [(NOWHERE, ()), ("", ()), (str(c.file), ())]
     if dest == "master":
         return [("bogus-master", ()), ("", ())]
+    if dest == "store":  # the registry's store URL
+        return [("bogus://x", ()), ("", ()), ("etcd://127.0.0.1", ()), ("etcd://127.0.0.1:2379,,x:1", ())]
     if dest == "task":
         return [(str(path), (named,)) for path, named in c.tasks.values()]
     if dest == "dsn":
@@ -329,9 +333,9 @@ def no_serving(monkeypatch: pytest.MonkeyPatch) -> None:
     """registry, pump and up stop where they would start serving (everything before,
     including binding ports, opening data dirs and registering, really runs); the
     benchmarks themselves do not run (their arguments are checked before)."""
-    from binlake import stack
     from binlake.pump import node
     from binlake.registry import server
+    from binlake.stack import supervisor as stack
 
     def registry_run(settings: Any) -> None:
         server.RegistryServer(settings).start().stop(0)
@@ -353,7 +357,7 @@ def no_serving(monkeypatch: pytest.MonkeyPatch) -> None:
         def main(args: Any) -> int:
             return 0
 
-    monkeypatch.setattr(cli, "_bench_module", lambda name: _NoBenchmark)
+    monkeypatch.setattr(benchmarks, "bench_module", lambda name: _NoBenchmark)
     monkeypatch.setattr(server, "run", registry_run)
     monkeypatch.setattr(node, "run", pump_run)
     monkeypatch.setattr(stack.Stack, "run", up_run)

@@ -19,6 +19,7 @@ import pytest
 
 from binlake import errors
 from binlake.config import RegistrySettings
+from binlake.net import free_port
 from binlake.proto import registry_pb2, registry_pb2_grpc
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord, NodeState
@@ -167,12 +168,6 @@ def test_client_raises_domain_errors(client: RegistryClient) -> None:
         client.get_ts_batch(-1)
     with pytest.raises(errors.InvalidArgument, match="port must be > 0"):
         client.register(NodeRecord("pump-1", "pump", "127.0.0.1:0"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_unreachable_registry() -> None:
@@ -414,4 +409,3 @@ def test_server_main_refuses_a_bad_log_level(tmp_path: pathlib.Path) -> None:
     )
     assert result.returncode == 2
     assert "'loud' is not a log level" in result.stderr and "Traceback" not in result.stderr
-

@@ -14,7 +14,7 @@ import pytest
 from pumpkit import PumpFactory, commit, prewrite, start_registry, wait_until
 from tlskit import CA, Leaf
 
-from binlake import cli, config, errors, rpc
+from binlake import cli, config, errors, net, rpc
 from binlake.client import txn_status as status_client
 from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_window
@@ -30,9 +30,9 @@ def pki(tmp_path: pathlib.Path) -> tuple[CA, Leaf, CA]:
 
 
 @pytest.fixture
-def mutual_tls(pki: tuple[CA, Leaf, CA]) -> Iterator[rpc.TLSFiles]:
+def mutual_tls(pki: tuple[CA, Leaf, CA]) -> Iterator[net.TLSFiles]:
     ca, leaf, _ = pki
-    files = rpc.TLSFiles(str(ca.pem), str(leaf.cert), str(leaf.key))
+    files = net.TLSFiles(str(ca.pem), str(leaf.cert), str(leaf.key))
     rpc.configure_tls(files)
     yield files
     rpc.configure_tls(None)
@@ -43,7 +43,7 @@ def get_cluster_info(ch: grpc.Channel) -> registry_pb2.GetClusterInfoResp:
 
 
 def test_tls_cluster_path_and_refused_clients(
-    mutual_tls: rpc.TLSFiles, pki: tuple[CA, Leaf, CA], tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture,
+    mutual_tls: net.TLSFiles, pki: tuple[CA, Leaf, CA], tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     ca, _, other = pki
     caplog.set_level(logging.DEBUG)
@@ -102,7 +102,7 @@ def test_security_settings_from_flags_env_and_file(
         monkeypatch.setenv("BINLAKE_SECURITY_CERT", str(leaf.cert))
         monkeypatch.setenv("BINLAKE_SECURITY_KEY", str(leaf.key))
         rpc.configure_tls(None)
-        assert rpc.tls() == rpc.TLSFiles(str(ca.pem), str(leaf.cert), str(leaf.key))
+        assert rpc.tls() == net.TLSFiles(str(ca.pem), str(leaf.cert), str(leaf.key))
         for name in ("CA", "CERT", "KEY"):
             monkeypatch.delenv(f"BINLAKE_SECURITY_{name}")
         # The config file's [security] table.
@@ -116,7 +116,7 @@ def test_security_settings_from_flags_env_and_file(
         err = capsys.readouterr().err
         assert "nope.pem" in err and "readable PEM" in err and "Traceback" not in err
         with pytest.raises(errors.InvalidArgument, match="not a PEM file"):
-            rpc.configure_tls(rpc.TLSFiles(ca=str(toml)))
+            rpc.configure_tls(net.TLSFiles(ca=str(toml)))
     finally:
         rpc.configure_tls(None)
     # --help shows no key material and no defaults taken from the environment.

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from binlake import failpoint, tso
 from binlake.lake import decode, ingest
 from binlake.replicate import checkpoint, runner, sink, task
-from binlake.source import schema as sc
+from binlake.sql import schema as sc
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -31,13 +31,13 @@ from pyspark.sql import SparkSession
 
 from binlake import errors, failpoint, oracle
 from binlake.lake import ingest
-from binlake.lake import source as lake_source
+from binlake.lake import pump_source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.registry.client import RegistryClient
 from binlake.replicate import checkpoint, diff, runner, sink, task
-from binlake.source import schema as sc
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
+from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
 
 # One cluster, upstream and lake for the module: the setup is most of the time.

@@ -23,7 +23,7 @@ from binlake.lake import decode
 from binlake.proto import binlog_pb2
 from binlake.replicate import arrowcompact, compactor, rawcompact, runner, sink
 from binlake.replicate.compactor import Change
-from binlake.source import schema as sc
+from binlake.sql import schema as sc
 
 # A table every column of which has a verbatim CSV form (the PostgreSQL COPY path).
 FLAT = [sc.ColumnDef("id", "int", False), sc.ColumnDef("g", "string", False, length=8),

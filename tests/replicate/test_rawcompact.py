@@ -21,7 +21,7 @@ from binlake.proto import binlog_pb2
 from binlake.replicate import checkpoint, compactor, rawcompact, runner
 from binlake.replicate.causality import TableKeys, group
 from binlake.replicate.compactor import Change
-from binlake.source import schema as sc
+from binlake.sql import schema as sc
 
 COLUMNS = [sc.ColumnDef("id", "int", False), sc.ColumnDef("g", "string", False, length=8),
            sc.ColumnDef("v", "string"), sc.ColumnDef("d", "decimal", precision=10, scale=2),

@@ -21,7 +21,8 @@ from dbfixtures import mariadb_server, postgres_server  # noqa: F401
 from binlake import errors, oracle
 from binlake.proto import binlog_pb2
 from binlake.replicate import diff, sink
-from binlake.source import schema as sc
+from binlake.sql import schema as sc
+from binlake.sql import url as sql_url
 
 COLS = [
     sc.ColumnDef("id", "int", False), sc.ColumnDef("code", "string", True, length=32),
@@ -76,7 +77,7 @@ def test_bulk_load_then_diff_ok_and_fix(target_url: str, tmp_path: pathlib.Path)
     assert oracle.checksum(source_url) == oracle.checksum(target_url)
 
     # Change the target by hand: one row altered, one deleted, one added.
-    engine = sa.create_engine(sink.normalize_url(target_url))
+    engine = sa.create_engine(sql_url.normalize_url(target_url))
     with engine.begin() as conn:
         conn.exec_driver_sql("UPDATE items SET note = 'changed' WHERE id = 17")
         conn.exec_driver_sql("DELETE FROM items WHERE id = 120")
@@ -94,7 +95,7 @@ def test_bulk_load_then_diff_ok_and_fix(target_url: str, tmp_path: pathlib.Path)
     assert "missing   id=120" in report.summary()
     assert oracle.checksum(source_url) != oracle.checksum(target_url)
 
-    engine = sa.create_engine(sink.normalize_url(target_url))
+    engine = sa.create_engine(sql_url.normalize_url(target_url))
     with engine.begin() as conn:
         for stmt in fix.read_text().splitlines():
             if stmt and not stmt.startswith("--"):
@@ -124,8 +125,8 @@ def test_open_target_validates() -> None:
         sink.open_target("oracle://u:p@h/db")
     with pytest.raises(errors.InvalidArgument, match="not a database URL"):
         sink.open_target("not a url")
-    assert sink.normalize_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
-    assert sink.normalize_url("mysql://u@h/db").drivername == "mysql+pymysql"
+    assert sql_url.normalize_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+    assert sql_url.normalize_url("mysql://u@h/db").drivername == "mysql+pymysql"
     with pytest.raises(errors.Unavailable, match=r"cannot reach target postgresql\+psycopg://u:\*\*\*@127.0.0.1:1/db"):
         sink.open_target("postgresql://u:secret@127.0.0.1:1/db")
 

@@ -11,7 +11,7 @@ import pytest
 
 from binlake import errors
 from binlake.replicate import rules, task
-from binlake.source import schema as sc
+from binlake.sql import schema as sc
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[2] / "config" / "task.sample.toml"
 MINIMAL = 'name = "replica1"\nlake = "data/lake"\ntarget = "sqlite:///data/replica.db"\nmode = "consistent"\n'

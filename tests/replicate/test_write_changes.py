@@ -14,7 +14,7 @@ from dbfixtures import mariadb_server, postgres_server  # noqa: F401
 from binlake.proto import binlog_pb2
 from binlake.replicate import runner, sink
 from binlake.replicate.compactor import Change
-from binlake.source import schema as sc
+from binlake.sql import schema as sc
 
 
 def info() -> binlog_pb2.TableInfo:

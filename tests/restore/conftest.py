@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 
 from binlake import errors, oracle
 from binlake.lake import ingest
-from binlake.lake import source as lake_source
+from binlake.lake import pump_source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter

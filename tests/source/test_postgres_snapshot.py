@@ -115,13 +115,12 @@ def slot_exists(url: str, slot: str) -> bool:
 # ---------------------------------------------------------------------------- snapshot + stream -> lake -> target
 
 
-
 @pytest.mark.slow  # the Spark ingest and apply: about 30 s with a warm JVM
 def test_snapshot_with_concurrent_writes_ingested_and_applied_equals_upstream(
         pg: LocalPostgres, cluster: Cluster, tmp_path: pathlib.Path, spark: Any,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from binlake.lake import ingest
-    from binlake.lake import source as lake_source
+    from binlake.lake import pump_source as lake_source
     from binlake.lake.planner import plan_window
     from binlake.registry.client import RegistryClient
     from binlake.replicate import diff, runner, task

@@ -116,7 +116,7 @@ def test_apply_reads_through_spark_when_in_process_cannot(spark: SparkSession, t
     """A lake whose change table has deletion vectors: the apply says so in its log,
     reads through Spark, and the target holds exactly the rows the vectors left."""
     from binlake.replicate import runner, sink, task
-    from binlake.source import schema as sc
+    from binlake.sql import schema as sc
 
     lake = str(tmp_path / "lake")
     info = sc.new_table(7, "main", "t", [sc.ColumnDef("id", "int", False), sc.ColumnDef("v", "string")],

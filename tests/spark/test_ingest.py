@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from binlake import errors, failpoint, oracle, tso
 from binlake.client.reader import pull_window
 from binlake.lake import checkpoint, ingest
-from binlake.lake import source as lake_source
+from binlake.lake import pump_source as lake_source
 from binlake.lake.image import image_values
 from binlake.lake.planner import plan_window
 from binlake.lake.pump_check import check_pumps

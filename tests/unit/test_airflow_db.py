@@ -9,12 +9,13 @@ import time
 
 import pytest
 
-from binlake import airflow_db, stack
+from binlake.stack import airflow_db
+from binlake.stack import supervisor as stack
 
 
 def test_every_local_airflow_points_at_the_connect_args(tmp_path: pathlib.Path) -> None:
     env = stack.local_airflow(tmp_path)
-    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] == "binlake.airflow_db.SQLITE_CONNECT_ARGS"
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] == "binlake.stack.airflow_db.SQLITE_CONNECT_ARGS"
     assert airflow_db.SQLITE_CONNECT_ARGS["timeout"] >= 30
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from binlake import codec
 from binlake.proto import binlog_pb2
-from binlake.source.schema import ColumnDef, new_table
+from binlake.sql.schema import ColumnDef, new_table
 
 # A top-level str is read as JSON *text* (what MySQL drivers return), so top-level
 # documents here are non-strings; strings appear nested.
@@ -149,7 +149,7 @@ def _table() -> binlog_pb2.TableInfo:
 
 
 def test_rows_decode_by_column_id_across_schema_changes() -> None:
-    from binlake.source import schema
+    from binlake.sql import schema
 
     t1 = _table()
     data = codec.encode_row({"id": 1, "v": "a", "n": 5}, t1)
@@ -177,8 +177,8 @@ def test_update_pair_round_trip() -> None:
 def test_writer_json_string_documents_round_trip(tmp_path) -> None:
     """Through TxnWriter a str in a JSON column is a JSON string document (SQLAlchemy's
     meaning), and it reaches the binlog as that document."""
-    from binlake.source.schema import ColumnDef, new_table
     from binlake.source.txn_writer import Txn
+    from binlake.sql.schema import ColumnDef, new_table
 
     info = new_table(1, "db", "t", [ColumnDef("id", "int"), ColumnDef("doc", "json")], ["id"], None, 1)
     data = Txn._encode(None, info, {"id": 1, "doc": "plain text, not JSON"})  # type: ignore[arg-type]

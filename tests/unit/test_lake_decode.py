@@ -22,8 +22,8 @@ from binlake.lake.rows import commit_date
 from binlake.lake.schema_history import SchemaHistory, UnknownTableError
 from binlake.lake.txn import CorruptBinlogError
 from binlake.proto import binlog_pb2
-from binlake.source import schema as sc
-from binlake.source.schema import ColumnDef, new_table
+from binlake.sql import schema as sc
+from binlake.sql.schema import ColumnDef, new_table
 
 TS = tso.compose(1_795_000_000_000)  # 2026-11-18
 ALL_TYPES = ["int", "uint", "bool", "float", "decimal", "string", "bytes", "date", "datetime", "time", "json"]

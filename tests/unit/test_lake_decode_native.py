@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from binlake import codec, errors, tso
 from binlake.lake import image as lake_image
 from binlake.lake import native as lake_native
-from binlake.lake import source
+from binlake.lake import pump_source as source
 from binlake.lake.arrow_batches import changes_batch
 from binlake.lake.change_decoder import ChangeDecoder
 from binlake.lake.native import (

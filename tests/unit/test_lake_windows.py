@@ -16,8 +16,8 @@ from binlake.lake.schema_history import SchemaHistory
 from binlake.lake.spark_errors import binlake_error
 from binlake.lake.window_index import WindowIndex, _splits
 from binlake.proto import binlog_pb2
-from binlake.source import schema as sc
-from binlake.source.schema import ColumnDef, new_table
+from binlake.sql import schema as sc
+from binlake.sql.schema import ColumnDef, new_table
 
 DAY = tso.compose(86_400_000)
 

@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 
 from binlake import cli, errors, oracle
-from binlake.source import dialect as dl
-from binlake.source import schema as sc
+from binlake.sql import dialect as dl
+from binlake.sql import schema as sc
 
 ROWS = [
     {"id": i, "name": f"row {i} é", "price": Decimal(i) / 4, "blob": bytes([i, 0, 255]),

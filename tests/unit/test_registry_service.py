@@ -138,8 +138,10 @@ def test_open_store_specs(tmp_path: pathlib.Path) -> None:
     with open_store(str(tmp_path / "as-text")) as s:
         assert s.describe() == str(tmp_path / "as-text" / DB_FILE_NAME)
 
-    with pytest.raises(errors.InvalidArgument, match="etcd store is not built yet.*sqlite:///"):
-        open_store("etcd://10.0.0.1:2379")
+    with pytest.raises(errors.InvalidArgument, match="empty endpoint"):
+        open_store("etcd://10.0.0.1:2379,,10.0.0.2:2379")
+    with pytest.raises(errors.InvalidArgument, match="must be HOST:PORT"):
+        open_store("etcd://10.0.0.1")
     with pytest.raises(errors.InvalidArgument, match="unknown scheme 'redis'"):
         open_store("redis://localhost")
     with pytest.raises(errors.InvalidArgument, match="sqlite:///path/to/file.db"):
@@ -564,3 +566,23 @@ def test_consumer_removal_and_bad_input(service: RegistryService) -> None:
     for bad_ts in (-1, True, 1.5, 1 << 63):
         with pytest.raises(errors.InvalidArgument, match="checkpoint_ts must be a TSO"):
             service.update_consumer("c", bad_ts)  # type: ignore[arg-type]
+
+
+def test_registry_and_etcd_address_lists() -> None:
+    from binlake.net import parse_addr_list
+    from binlake.registry.etcd import parse_etcd_url, prefix_end
+
+    assert parse_addr_list("a:8230") == ["a:8230"]
+    assert parse_addr_list(" a:8230, b:8230 ,a:8230") == ["a:8230", "b:8230"]
+    for bad, message in (("", "is empty"), ("a:8230,,b:8230", "entry 2 is empty"), ("a:8230,", "entry 2 is empty"),
+                         ("a:8230;b:8230", "not one HOST:PORT"), ("a:82x0", "not a number"), ("a:0", "port > 0"),
+                         ("a", "HOST:PORT")):
+        with pytest.raises(errors.InvalidArgument, match=message):
+            parse_addr_list(bad, "--registry")
+    target = parse_etcd_url("etcd://h1:2379,h2:2379,h1:2379/apps/binlake/")
+    assert target.endpoints == ("h1:2379", "h2:2379") and target.prefix == "/apps/binlake"
+    assert parse_etcd_url("etcd+http://h1:2379").prefix == "/binlake"
+    for bad in ("etcd+https://h1:2379", "etcd://h1", "etcd://h1:0", "etcd://"):
+        with pytest.raises(errors.InvalidArgument):
+            parse_etcd_url(bad)
+    assert prefix_end(b"/binlake/nodes/") == b"/binlake/nodes0"

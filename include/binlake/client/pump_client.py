@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from binlake import errors, rpc
+from binlake import errors, net, rpc
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
 from binlake.registry.model import NodeRecord, NodeState
@@ -408,7 +408,7 @@ class PumpClient:
         self._loop = _LoopThread("pump-client-loop")
         if self._static:
             for node_id, addr in (pumps or {}).items():
-                rpc.parse_addr(addr, f"pump {node_id} address")
+                net.parse_addr(addr, f"pump {node_id} address")
                 self._nodes[node_id] = NodeRecord(node_id=node_id, kind="pump", addr=addr)
         else:
             if self._registry is None:

@@ -1038,7 +1038,7 @@ static PyObject *get_row(PyObject *rows, Py_ssize_t i) {
 /* The images can also go straight into Arrow's string layout instead of one str
  * each: per column an int32 offsets buffer (rows + 1 entries, starting at 0), the
  * UTF-8 text back to back, and a validity bitmap (bit i set: row i is not null,
- * least significant bit first). binlake.lake.source wraps them with
+ * least significant bit first). binlake.lake.pump_source wraps them with
  * pyarrow.Array.from_buffers, so the text is never turned into Python objects at
  * all (making those str and converting them back to UTF-8 for Arrow cost about as
  * much as decoding). The four columns are the change rows' op, keys, before and
@@ -1450,7 +1450,7 @@ static PyTypeObject PlanType = {
     .tp_basicsize = sizeof(PlanObject),
     .tp_dealloc = (destructor)plan_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Plan(cols, key_idx): one table definition's image plan (see binlake.lake.decode._TablePlan).",
+    .tp_doc = "Plan(cols, key_idx): one table definition's image plan (see binlake.lake.image.TablePlan).",
     .tp_methods = plan_methods,
     .tp_init = (initproc)plan_init,
     .tp_new = PyType_GenericNew,

@@ -28,6 +28,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from binlake import errors
+
 
 class NotReadable(Exception):
     """This table cannot be read here; read it through Spark (the message says why)."""
@@ -64,7 +66,7 @@ class TableReader:
         try:
             self._table: Any = DeltaTable(local)
         except Exception as exc:  # delta-rs raises its own error types for an unreadable log
-            raise NotReadable(f"delta-rs cannot load {path}: {_first_line(exc)}") from None
+            raise NotReadable(f"delta-rs cannot load {path}: {errors.first_line(exc)}") from None
         self.path = path
 
     def read(self, columns: Sequence[str], *, prune: str | None = None,
@@ -77,7 +79,7 @@ class TableReader:
             self._table.update_incremental()
             dataset = self._table.to_pyarrow_dataset(file_pruning_predicate=prune)
         except Exception as exc:  # DeltaProtocolError and friends: what delta-rs will not read
-            raise NotReadable(f"delta-rs cannot read {self.path}: {_first_line(exc)}") from None
+            raise NotReadable(f"delta-rs cannot read {self.path}: {errors.first_line(exc)}") from None
         return dataset.to_table(columns=list(columns), filter=where)
 
     def read_changes(self, lo: int, hi: int, columns: Sequence[str], first_date: dt.date,
@@ -96,8 +98,3 @@ class TableReader:
         prune = (f"commit_date >= '{first_date.isoformat()}' AND commit_date <= '{last_date.isoformat()}' "
                  f"AND commit_ts >= {lo} AND commit_ts < {hi}")
         return self.read(columns, prune=prune, where=(ds.field("commit_ts") >= lo) & (ds.field("commit_ts") < hi))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

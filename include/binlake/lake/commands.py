@@ -243,7 +243,7 @@ def _json_default(value: Any) -> Any:
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """Add ``binlake ingest``, ``binlake lake ...`` and ``binlake bench ingest``
     (see ``binlake.cli._COMMAND_MODULES``)."""
-    from binlake.cli import _add_lake, _add_registry, _add_window, _positive_int, _scratch_dir, _ts_arg
+    from binlake.cli.args import add_lake, add_registry, add_window, positive_int, scratch_dir, window_ts_arg
 
     p = sub.add_parser(
         "ingest", help="ingest a commit_ts window from every Pump into the Delta lake", formatter_class=fmt,
@@ -262,9 +262,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "                 --registry 127.0.0.1:8230 --pumps pump1,pump2 --json\n"
         ),
     )
-    _add_registry(p)
-    _add_window(p)
-    _add_lake(p)
+    add_registry(p)
+    add_window(p)
+    add_lake(p)
     p.add_argument("--pumps", help="comma-separated Pump ids to read (default: every Pump that may hold the window)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
     p.set_defaults(handler=_ingest_command)
@@ -274,7 +274,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     lsub = lake.add_subparsers(dest="lake_command", metavar="WHAT")
     c = lsub.add_parser("windows", help="table of ingested windows, with the gaps between them", formatter_class=fmt,
                         epilog="Example:\n  binlake lake windows --lake data/lake\n")
-    _add_lake(c)
+    add_lake(c)
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     c = lsub.add_parser(
         "changes", help="row changes of one table, in commit order", formatter_class=fmt,
@@ -284,11 +284,11 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "  binlake lake changes --lake data/lake --table main.accounts --from-ts 470614378216685568 --json\n"
         ),
     )
-    _add_lake(c)
+    add_lake(c)
     c.add_argument("--table", required=True, help="TABLE or DB.TABLE (the name when the change was made)")
-    c.add_argument("--from-ts", type=_ts_arg, help="only changes with commit_ts >= this TSO")
-    c.add_argument("--to-ts", type=_ts_arg, help="only changes with commit_ts < this TSO")
-    c.add_argument("--limit", type=_positive_int, default=50, help="at most this many changes (default 50)")
+    c.add_argument("--from-ts", type=window_ts_arg, help="only changes with commit_ts >= this TSO")
+    c.add_argument("--to-ts", type=window_ts_arg, help="only changes with commit_ts < this TSO")
+    c.add_argument("--limit", type=positive_int, default=50, help="at most this many changes (default 50)")
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     lake.set_defaults(handler=_lake_command)
 
@@ -296,22 +296,22 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "ingest", help="row changes/s from three Pumps into Delta vs Parquet->Delta", formatter_class=fmt,
         epilog="Example:\n  binlake bench ingest --rows 1000000 --runs 2\n",
     )
-    b.add_argument("--rows", type=_positive_int, default=1_000_000, help="row changes to ingest (default 1000000)")
-    b.add_argument("--rows-per-txn", type=_positive_int, default=2000, help="row changes per transaction (default 2000)")
-    b.add_argument("--runs", type=_positive_int, default=2, help="runs of each case; the best is reported (default 2)")
+    b.add_argument("--rows", type=positive_int, default=1_000_000, help="row changes to ingest (default 1000000)")
+    b.add_argument("--rows-per-txn", type=positive_int, default=2000, help="row changes per transaction (default 2000)")
+    b.add_argument("--runs", type=positive_int, default=2, help="runs of each case; the best is reported (default 2)")
     b.add_argument("--master", help="Spark master (default local[*])")
-    b.add_argument("--dir", type=_scratch_dir, help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
     b.add_argument("--decode-only", action="store_true",
                    help="only the decoding step: CPU µs per row change, Python path vs native (no Pumps, no Spark)")
     b.set_defaults(handler=_bench_command)
 
 
 def _ingest_command(args: argparse.Namespace) -> int:
-    from binlake.cli import _registry_addr
+    from binlake.cli.args import registry_addr
 
     if not args.lake:
         raise errors.InvalidArgument("ingest needs --lake PATH (the lake directory or URI), or $BINLAKE_LAKE_DIR")
-    return ingest(args, _registry_addr(args))
+    return ingest(args, registry_addr(args))
 
 
 def _lake_command(args: argparse.Namespace) -> int:
@@ -325,7 +325,7 @@ def _lake_command(args: argparse.Namespace) -> int:
 
 
 def _bench_command(args: argparse.Namespace) -> int:
-    from binlake.cli import _bench_module
+    from binlake.cli.benchmarks import bench_module
 
-    # bench/ingest_bench.py, found the way every benchmark is (``cli._bench_module``).
-    return int(_bench_module("ingest").main(args))
+    # bench/ingest_bench.py, found the way every benchmark is (``binlake.cli.benchmarks``).
+    return int(bench_module("ingest").main(args))

@@ -41,13 +41,10 @@ from binlake.lake.schema_history import SchemaHistory, UnknownTableError
 from binlake.lake.txn import CorruptBinlogError, check_txn, is_ddl, parse_prewrite
 from binlake.proto import binlog_pb2
 
-# The plan's former private name, kept for code written against it.
-_TablePlan = TablePlan
-
 __all__ = [
     "CHANGES_DDL", "CHANGE_COLUMNS", "DDL_COLUMNS", "DDL_HISTORY_DDL", "IMAGE_COLUMNS", "NATIVE_DECODE_ENV", "OPS",
     "ChangeDecoder", "CorruptBinlogError", "SchemaHistory", "StringColumn", "TablePlan", "UnknownTableError",
-    "_TablePlan", "change_rows", "commit_date", "commit_date_days", "ddl_row", "decode_window", "image_values",
+    "change_rows", "commit_date", "commit_date_days", "ddl_row", "decode_window", "image_values",
     "is_ddl", "native_available", "native_enabled", "native_import_error", "parse_prewrite", "table_json",
     "value_json",
 ]
@@ -75,4 +72,3 @@ def decode_window(
             ddls.append(ddl_row(txn))
         changes.extend(change_rows(txn, history, pump))
     return changes, ddls
-

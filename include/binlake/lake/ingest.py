@@ -47,9 +47,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from binlake import errors, failpoint, rpc, tso
+from binlake import errors, failpoint, net, tso
 from binlake.lake import checkpoint
-from binlake.lake import source as lake_source
+from binlake.lake import pump_source as lake_source
 from binlake.lake.ddl_rows import ddl_row
 from binlake.lake.planner import check_window, pumps_for_window
 from binlake.lake.pump_check import plan_read, pump_statuses
@@ -108,7 +108,7 @@ class IngestResult:
 
     def summary(self) -> str:
         lines = [
-            f"window [{self.start_ts}, {self.end_ts})  {_dt(self.start_ts)} .. {_dt(self.end_ts)}"
+            f"window [{self.start_ts}, {self.end_ts})  {tso.iso(self.start_ts)} .. {tso.iso(self.end_ts)}"
             + ("  (replaced)" if self.replaced else ""),
             f"  pumps         {', '.join(self.pumps)}",
             f"  transactions  {self.txns} ({self.ddls} DDL, {self.duplicates} duplicate copies dropped)",
@@ -117,10 +117,6 @@ class IngestResult:
         lines += [f"    {pump:<20} {n}" for pump, n in sorted(self.rows_per_pump.items())]
         lines += [f"    {key:<40} {n}" for key, n in sorted(self.rows_per_table_op.items())]
         return "\n".join(lines)
-
-
-def _dt(ts: int) -> str:
-    return tso.to_datetime(ts).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if ts > 0 else "-"
 
 
 def table_path(lake: str, name: str) -> str:
@@ -166,8 +162,8 @@ def check_overlap(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int)
             same = True
         elif s < end_ts and start_ts < e:
             raise errors.Conflict(
-                f"window [{start_ts}, {end_ts}) ({_dt(start_ts)} .. {_dt(end_ts)}) overlaps the ingested window "
-                f"[{s}, {e}) ({_dt(s)} .. {_dt(e)}) without the same bounds: re-ingest exactly that window, or "
+                f"window [{start_ts}, {end_ts}) ({tso.iso(start_ts)} .. {tso.iso(end_ts)}) overlaps the ingested window "
+                f"[{s}, {e}) ({tso.iso(s)} .. {tso.iso(e)}) without the same bounds: re-ingest exactly that window, or "
                 "choose a window that does not overlap it")
     return same
 
@@ -275,7 +271,7 @@ def _validate(spark: SparkSession, lake: str, registry: str, start_ts: int, end_
     check_lake(lake)
     if not isinstance(registry, str):
         raise errors.InvalidArgument(f"registry must be HOST:PORT, got {registry!r}")
-    rpc.parse_addr(registry, "registry")
+    net.parse_addr_list(registry, "registry")
     check_window(start_ts, end_ts)
     if pumps is None:
         return None

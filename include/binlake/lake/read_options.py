@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from binlake import errors, rpc, tso
+from binlake import errors, net, tso
 
 # What a read yields: change rows or the window's DDL rows.
 KINDS = ("changes", "ddl")
@@ -34,8 +34,9 @@ class ReadOptions:
                 f"binlake source: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known - {'path'}))}")
         registry = opts.get("registry") or ""
         if not registry:
-            raise errors.InvalidArgument("binlake source: option 'registry' (HOST:PORT) is required")
-        rpc.parse_addr(registry, "registry")
+            raise errors.InvalidArgument(
+                "binlake source: option 'registry' (HOST:PORT, or a group's HOST:PORT,HOST:PORT,...) is required")
+        net.parse_addr_list(registry, "registry")
 
         def ts(name: str) -> int:
             raw = opts.get(name)

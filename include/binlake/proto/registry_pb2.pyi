@@ -157,3 +157,27 @@ class RemoveConsumerReq(_message.Message):
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     consumer_id: str
     def __init__(self, consumer_id: _Optional[str] = ...) -> None: ...
+
+class GetMemberReq(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MemberInfo(_message.Message):
+    __slots__ = ("addr", "leader", "leader_addr", "store", "etcd_endpoint", "tso_limit", "lease_left_ms", "cluster_id")
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    ETCD_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    TSO_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_LEFT_MS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    addr: str
+    leader: bool
+    leader_addr: str
+    store: str
+    etcd_endpoint: str
+    tso_limit: int
+    lease_left_ms: int
+    cluster_id: int
+    def __init__(self, addr: _Optional[str] = ..., leader: _Optional[bool] = ..., leader_addr: _Optional[str] = ..., store: _Optional[str] = ..., etcd_endpoint: _Optional[str] = ..., tso_limit: _Optional[int] = ..., lease_left_ms: _Optional[int] = ..., cluster_id: _Optional[int] = ...) -> None: ...

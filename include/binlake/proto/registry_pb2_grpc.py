@@ -84,6 +84,11 @@ class RegistryStub:
                 request_serializer=binlake_dot_proto_dot_registry__pb2.RemoveConsumerReq.SerializeToString,
                 response_deserializer=binlake_dot_proto_dot_registry__pb2.ConsumerInfo.FromString,
                 _registered_method=True)
+        self.GetMember = channel.unary_unary(
+                '/binlake.registry.Registry/GetMember',
+                request_serializer=binlake_dot_proto_dot_registry__pb2.GetMemberReq.SerializeToString,
+                response_deserializer=binlake_dot_proto_dot_registry__pb2.MemberInfo.FromString,
+                _registered_method=True)
 
 
 class RegistryServicer:
@@ -159,6 +164,15 @@ class RegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMember(self, request, context):
+        """Who this member is and who leads its group. Every member answers it, leader
+        or follower; every other call on a follower fails UNAVAILABLE with the
+        leader's HOST:PORT in the trailing metadata key "binlake-leader".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +225,11 @@ def add_RegistryServicer_to_server(servicer, server):
                     servicer.RemoveConsumer,
                     request_deserializer=binlake_dot_proto_dot_registry__pb2.RemoveConsumerReq.FromString,
                     response_serializer=binlake_dot_proto_dot_registry__pb2.ConsumerInfo.SerializeToString,
+            ),
+            'GetMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMember,
+                    request_deserializer=binlake_dot_proto_dot_registry__pb2.GetMemberReq.FromString,
+                    response_serializer=binlake_dot_proto_dot_registry__pb2.MemberInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -483,6 +502,33 @@ class Registry:
             '/binlake.registry.Registry/RemoveConsumer',
             binlake_dot_proto_dot_registry__pb2.RemoveConsumerReq.SerializeToString,
             binlake_dot_proto_dot_registry__pb2.ConsumerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/binlake.registry.Registry/GetMember',
+            binlake_dot_proto_dot_registry__pb2.GetMemberReq.SerializeToString,
+            binlake_dot_proto_dot_registry__pb2.MemberInfo.FromString,
             options,
             channel_credentials,
             insecure,

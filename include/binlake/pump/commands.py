@@ -5,15 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from binlake.cli import (
-    _bench_module,
-    _include_dir,
-    _int_list,
-    _positive_float,
-    _positive_int,
-    _pump_servers,
-    _scratch_dir,
-)
+from binlake.cli import benchmarks
+from binlake.cli.args import include_dir, int_list, positive_float, positive_int, pump_servers, scratch_dir
 
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -32,7 +25,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         ),
     )
     p.add_argument("--config", help="TOML config file (its [pump] table documents every key)")
-    p.add_argument("--registry", help="registry HOST:PORT")
+    p.add_argument("--registry", help="registry HOST:PORT, or a registry group HOST:PORT,HOST:PORT,...")
     p.add_argument("--data-dir", help="value log and index directory")
     p.add_argument("--addr", help="HOST:PORT to listen on (port 0 = any free port)")
     p.add_argument("--advertise-addr", help="address writers and readers use, if not --addr")
@@ -46,7 +39,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="collect past consumer checkpoints older than this (default 0 = never)")
     p.add_argument("--gc-hard-limit-bytes", type=int,
                    help="collect past consumer checkpoints above this storage size (default 0 = never)")
-    p.add_argument("--max-binlog-bytes", type=_positive_int, help="largest binlog accepted (default 1 GiB)")
+    p.add_argument("--max-binlog-bytes", type=positive_int, help="largest binlog accepted (default 1 GiB)")
     p.add_argument("--stop-write-at-free-bytes", type=int, help="refuse writes below this free disk (default 1 GiB)")
     p.set_defaults(handler=_run)
 
@@ -54,17 +47,17 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "pump", help="Pump write throughput and latency vs raw append+fsync", formatter_class=fmt,
         epilog="Example:\n  binlake bench pump --seconds 5 --writers 1,4,16 --sizes 1024,65536\n",
     )
-    b.add_argument("--seconds", type=_positive_float, default=5.0, help="measure each case this long (default 5)")
-    b.add_argument("--writers", type=_int_list, default="1,4,16,64,256",
+    b.add_argument("--seconds", type=positive_float, default=5.0, help="measure each case this long (default 5)")
+    b.add_argument("--writers", type=int_list, default="1,4,16,64,256",
                    help="comma-separated writer counts (default 1,4,16,64,256)")
-    b.add_argument("--sizes", type=_int_list, default="1024,65536", help="comma-separated transaction sizes in bytes")
-    b.add_argument("--dir", type=_scratch_dir,
+    b.add_argument("--sizes", type=int_list, default="1024,65536", help="comma-separated transaction sizes in bytes")
+    b.add_argument("--dir", type=scratch_dir,
                    help="scratch directory on the disk to measure (default: a temp dir under bench/)")
-    b.add_argument("--client-procs", type=_positive_int, default=1,
+    b.add_argument("--client-procs", type=positive_int, default=1,
                    help="writer threads are spread over this many client processes (default 1)")
     b.add_argument("--no-tso-per-txn", dest="tso_per_txn", action="store_false",
                    help="skip the extra case that fetches two TSOs per transaction from the registry")
-    b.add_argument("--baseline", metavar="INCLUDE_DIR", type=_include_dir,
+    b.add_argument("--baseline", metavar="INCLUDE_DIR", type=include_dir,
                    help="also run every case on another checkout's Pump and client (its include dir), "
                         "back to back in the same run")
     b.add_argument("--no-storage", dest="storage", action="store_false",
@@ -75,7 +68,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--echo", action="store_true",
                    help="also measure grpcio alone: a stream echo with no binlake code, one stream per writer "
                         "(what any Python Pump on grpcio could reach here)")
-    b.add_argument("--pump-servers", default="", metavar="KINDS", type=_pump_servers,
+    b.add_argument("--pump-servers", default="", metavar="KINDS", type=pump_servers,
                    help="run every case on each of these Pump gRPC servers: asyncio,threads "
                         "(default: the Pump's configured one)")
     b.set_defaults(handler=_bench)
@@ -98,5 +91,5 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    # bench/pump_bench.py, found the way every benchmark is (``cli._bench_module``).
-    return int(_bench_module("pump").main(args))
+    # bench/pump_bench.py, found the way every benchmark is (``binlake.cli.benchmarks``).
+    return int(benchmarks.bench_module("pump").main(args))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import pathlib
 import signal
 import sys
 import threading
@@ -13,8 +14,10 @@ from types import FrameType
 
 import grpc
 
-from binlake import config, errors, rpc
+from binlake import config, errors, net, rpc
 from binlake.proto import registry_pb2, registry_pb2_grpc
+from binlake.registry.election import Election
+from binlake.registry.etcd_store import EtcdStore
 from binlake.registry.model import NodeRecord, NodeState
 from binlake.registry.service import RegistryService
 from binlake.registry.store import RegistryStore, open_store
@@ -30,8 +33,9 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
     """Protobuf <-> NodeRecord; every rule lives in RegistryService. Counts calls per
     method (``calls``) so tests and operators can see how well clients batch."""
 
-    def __init__(self, service: RegistryService) -> None:
+    def __init__(self, service: RegistryService, election: Election | None = None) -> None:
         self._service = service
+        self._election = election
         self._calls: collections.Counter[str] = collections.Counter()
         self._calls_lock = threading.Lock()
 
@@ -44,13 +48,42 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         with self._calls_lock:
             return dict(self._calls)
 
-    def _count(self, method: str) -> None:
+    def _count(self, method: str, context: grpc.ServicerContext | None = None) -> None:
         with self._calls_lock:
             self._calls[method] += 1
+        if context is not None:
+            self._gate(context)
+
+    def _gate(self, context: grpc.ServicerContext) -> None:
+        """A follower refuses every call but GetMember with NotLeader naming the
+        leader (rpc.servicer_method also puts it in the trailing metadata), so a
+        client goes there directly. Why not proxy: a proxy adds a hop and a second
+        failure point to every TSO, and a client that knows the leader needs none."""
+        self._service.check_leader()
+
+    @rpc.servicer_method
+    def GetMember(self, request: registry_pb2.GetMemberReq, context: grpc.ServicerContext) -> registry_pb2.MemberInfo:
+        self._count("GetMember")
+        store = self._service.store
+        election = self._election
+        info = registry_pb2.MemberInfo(
+            addr=self._service.self_addr, store=store.describe(), cluster_id=store.cluster_id(),
+            tso_limit=self._service.tso_limit(),
+        )
+        if election is None:
+            info.leader = True
+            info.leader_addr = self._service.self_addr
+        else:
+            info.leader = election.is_leader()
+            info.leader_addr = election.leader_addr()
+            info.lease_left_ms = int(election.lease_left_s() * 1000)
+            if isinstance(store, EtcdStore):
+                info.etcd_endpoint = store.client.current_endpoint
+        return info
 
     @rpc.servicer_method
     def GetTS(self, request: registry_pb2.GetTSReq, context: grpc.ServicerContext) -> registry_pb2.GetTSResp:
-        self._count("GetTS")
+        self._count("GetTS", context)
         first = self._service.get_ts(request.count)
         return registry_pb2.GetTSResp(first=first, count=request.count)
 
@@ -58,7 +91,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
     def GetClusterInfo(
         self, request: registry_pb2.GetClusterInfoReq, context: grpc.ServicerContext
     ) -> registry_pb2.GetClusterInfoResp:
-        self._count("GetClusterInfo")
+        self._count("GetClusterInfo", context)
         cluster_id, revision = self._service.cluster_info()
         return registry_pb2.GetClusterInfoResp(cluster_id=cluster_id, revision=revision)
 
@@ -66,32 +99,32 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
     def RegisterNode(
         self, request: registry_pb2.RegisterNodeReq, context: grpc.ServicerContext
     ) -> registry_pb2.NodeInfo:
-        self._count("RegisterNode")
+        self._count("RegisterNode", context)
         return self._service.register(NodeRecord.from_proto(request.node)).to_proto()
 
     @rpc.servicer_method
     def Heartbeat(self, request: registry_pb2.HeartbeatReq, context: grpc.ServicerContext) -> registry_pb2.NodeInfo:
-        self._count("Heartbeat")
+        self._count("Heartbeat", context)
         return self._service.heartbeat(NodeRecord.from_proto(request.node)).to_proto()
 
     @rpc.servicer_method
     def SetNodeState(
         self, request: registry_pb2.SetNodeStateReq, context: grpc.ServicerContext
     ) -> registry_pb2.NodeInfo:
-        self._count("SetNodeState")
+        self._count("SetNodeState", context)
         state = NodeState.from_proto(request.state)
         return self._service.set_state(request.node_id, state).to_proto()
 
     @rpc.servicer_method
     def GetNode(self, request: registry_pb2.GetNodeReq, context: grpc.ServicerContext) -> registry_pb2.NodeInfo:
-        self._count("GetNode")
+        self._count("GetNode", context)
         return self._service.get_node(request.node_id).to_proto()
 
     @rpc.servicer_method
     def ListNodes(
         self, request: registry_pb2.ListNodesReq, context: grpc.ServicerContext
     ) -> registry_pb2.ListNodesResp:
-        self._count("ListNodes")
+        self._count("ListNodes", context)
         nodes, revision = self._service.list_nodes(request.kind or None)
         return registry_pb2.ListNodesResp(
             nodes=[n.to_proto() for n in nodes],
@@ -103,7 +136,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
     def UpdateConsumer(
         self, request: registry_pb2.UpdateConsumerReq, context: grpc.ServicerContext
     ) -> registry_pb2.ConsumerInfo:
-        self._count("UpdateConsumer")
+        self._count("UpdateConsumer", context)
         c = request.consumer
         return self._service.update_consumer(c.consumer_id, c.checkpoint_ts, c.description).to_proto()
 
@@ -111,14 +144,14 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
     def ListConsumers(
         self, request: registry_pb2.ListConsumersReq, context: grpc.ServicerContext
     ) -> registry_pb2.ListConsumersResp:
-        self._count("ListConsumers")
+        self._count("ListConsumers", context)
         return registry_pb2.ListConsumersResp(consumers=[c.to_proto() for c in self._service.list_consumers()])
 
     @rpc.servicer_method
     def RemoveConsumer(
         self, request: registry_pb2.RemoveConsumerReq, context: grpc.ServicerContext
     ) -> registry_pb2.ConsumerInfo:
-        self._count("RemoveConsumer")
+        self._count("RemoveConsumer", context)
         return self._service.remove_consumer(request.consumer_id).to_proto()
 
 
@@ -128,6 +161,7 @@ class RegistryServer:
     def __init__(self, settings: config.RegistrySettings) -> None:
         self._settings = settings
         self._store: RegistryStore | None = None
+        self._election: Election | None = None
         self._servicer: RegistryServicer | None = None
         self._server: grpc.Server | None = None
         self._addr = ""
@@ -146,6 +180,11 @@ class RegistryServer:
         return self._servicer
 
     @property
+    def election(self) -> Election | None:
+        """The election of a registry group member (None with a SQLite store)."""
+        return self._election
+
+    @property
     def store(self) -> RegistryStore:
         if self._store is None:
             raise errors.FailedPrecondition("the registry server is not started")
@@ -154,11 +193,31 @@ class RegistryServer:
     def start(self) -> RegistryServer:
         if self._server is not None:
             raise errors.FailedPrecondition(f"the registry server is already running on {self._addr}")
-        host, _ = rpc.parse_addr(self._settings.addr, "registry addr")
-        store = open_store(self._settings.data_dir)
+        host, port = net.parse_addr(self._settings.addr, "registry addr")
+        spec: str | pathlib.Path = self._settings.store or self._settings.data_dir
+        store = open_store(spec, cluster_id=self._settings.cluster_id)
+        election: Election | None = None
         try:
-            service = RegistryService(store, tso_window_ms=self._settings.tso_window_ms)
-            servicer = RegistryServicer(service)
+            if self._settings.cluster_id and store.cluster_id() != self._settings.cluster_id:
+                raise errors.FailedPrecondition(
+                    f"registry store {store.describe()} holds cluster {store.cluster_id()}, not "
+                    f"{self._settings.cluster_id}: give this cluster's store, or drop --cluster-id")
+            if isinstance(store, EtcdStore):
+                if port == 0 or host in ("0.0.0.0", "::", ""):
+                    raise errors.InvalidArgument(
+                        f"registry addr {self._settings.addr!r}: a member of a registry group on etcd needs the "
+                        "HOST:PORT its clients reach (it is what followers name as the leader), not port 0 "
+                        "or a wildcard host")
+                election = Election(store, self._settings.addr)
+                service = RegistryService(store, tso_window_ms=self._settings.tso_window_ms,
+                                          self_addr=self._settings.addr, leadership=election)
+                # The service starts serving only once elected (its allocator loads
+                # and raises the saved mark first) and stops when deposed.
+                election.on_elected, election.on_deposed = service.become_leader, service.step_down
+            else:
+                service = RegistryService(store, tso_window_ms=self._settings.tso_window_ms,
+                                          self_addr=self._settings.addr)
+            servicer = RegistryServicer(service, election)
             options = [
                 *rpc.message_options(MAX_MESSAGE_BYTES),
                 # Without this, a second registry could bind the same port next to
@@ -177,18 +236,26 @@ class RegistryServer:
             if port == 0:
                 raise errors.Unavailable(f"registry cannot listen on {self._settings.addr}: {reason}")
             server.start()
+            if election is not None:
+                election.start()
         except BaseException:
             store.close()
             raise
-        self._store, self._servicer, self._server = store, servicer, server
+        self._store, self._servicer, self._server, self._election = store, servicer, server, election
         shown_host = f"[{host}]" if ":" in host else host
         self._addr = f"{shown_host}:{port}"
+        if election is None:
+            service.self_addr = self._addr
         return self
 
     def stop(self, grace: float = 5.0) -> None:
         """Finish in-flight calls (up to ``grace`` seconds), then release the store."""
-        server, store = self._server, self._store
+        server, store, election = self._server, self._store, self._election
         self._server = None
+        self._election = None
+        if election is not None:
+            # Resign first: the next leader takes over while we drain.
+            election.stop()
         if server is not None:
             server.stop(grace).wait()
         if store is not None:
@@ -216,6 +283,8 @@ def run(settings: config.RegistrySettings) -> None:
     cluster_id = server.store.cluster_id()
     log.info("registry listening on %s (store %s, cluster id %d; %s)", server.addr, server.store.describe(),
              cluster_id, rpc.tls().describe())
+    if server.election is not None:
+        log.info("registry %s stands for election in its group (lease %d s)", server.addr, server.election.lease_s)
     print(f"registry listening on {server.addr}", flush=True)
     stop = threading.Event()
 
@@ -240,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="TOML config file ([registry] table)")
     parser.add_argument("--addr", help="HOST:PORT to listen on (port 0 = any free port)")
     parser.add_argument("--data-dir", help="directory of the SQLite store")
+    parser.add_argument("--store", help="store URL: sqlite:///file.db or etcd://h1:2379,h2:2379,h3:2379[/prefix]")
+    parser.add_argument("--cluster-id", type=int, help="refuse a store holding another cluster id")
     parser.add_argument("--tso-window-ms", type=int, help="TSO high-water mark step persisted ahead of use")
     parser.add_argument("--log-level", default="INFO", type=_log_level, help="DEBUG, INFO, WARNING, ERROR")
     args = parser.parse_args(argv)
@@ -255,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             addr=args.addr,
             data_dir=args.data_dir,
             tso_window_ms=args.tso_window_ms,
+            store=args.store,
+            cluster_id=args.cluster_id,
         )
         run(settings)
     except errors.BinlakeError as exc:

@@ -20,8 +20,9 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from binlake import errors, rpc, tso
+from binlake import errors, net, tso
 from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState
 from binlake.registry.store import RegistryStore
 
@@ -56,6 +57,14 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class Leadership(Protocol):
+    """What a registry group's election tells the service (``election.Election``)."""
+
+    def is_leader(self) -> bool: ...
+
+    def leader_addr(self) -> str: ...
+
+
 class RegistryService:
     """TSO plus node records, over a ``RegistryStore``. Thread-safe."""
 
@@ -64,20 +73,73 @@ class RegistryService:
         store: RegistryStore,
         tso_window_ms: int = 3000,
         clock_ms: Callable[[], int] | None = None,
+        *,
+        self_addr: str = "",
+        leadership: Leadership | None = None,
     ) -> None:
         self._store = store
         self._clock_ms = clock_ms or _wall_ms
-        # The allocator persists its high-water mark through the store before it
-        # hands out any ts below it, so timestamps never repeat across restarts.
-        self._tso = tso.TSOAllocator(
-            store.load_tso_limit,
-            store.save_tso_limit,
-            window_ms=tso_window_ms,
-            clock_ms=self._clock_ms,
-        )
+        self._tso_window_ms = tso_window_ms
+        self.self_addr = self_addr
+        # For a member of a registry group: only the leader serves, and only
+        # while its lease is valid; its allocator exists only while it leads.
+        self._leadership = leadership
+        self._tso: tso.TSOAllocator | None = None if leadership is not None else self._new_allocator()
         # Serialises read-modify-write of node records (heartbeat vs operator),
         # and makes a listing and its revision agree. TSO has its own lock.
         self._nodes_lock = threading.Lock()
+
+    def _new_allocator(self) -> tso.TSOAllocator:
+        # The allocator persists its high-water mark through the store before it
+        # hands out any ts below it, so timestamps never repeat across restarts
+        # nor across leaders (it starts above the mark the last one saved).
+        return tso.TSOAllocator(
+            self._store.load_tso_limit,
+            self._store.save_tso_limit,
+            window_ms=self._tso_window_ms,
+            clock_ms=self._clock_ms,
+        )
+
+    # -- leadership (a registry group on etcd) -------------------------------------
+
+    def become_leader(self) -> None:
+        """Load the saved mark and save a new one above it (a fenced write) before
+        serving a single TSO: the new leader starts above everything handed out."""
+        self._tso = self._new_allocator()
+
+    def step_down(self) -> None:
+        self._tso = None
+
+    def tso_limit(self) -> int:
+        """The high-water mark in memory (0 when this member does not lead)."""
+        allocator = self._tso
+        return allocator.limit if allocator is not None else 0
+
+    def check_leader(self) -> None:
+        """NotLeader (naming the leader) unless this member may serve now."""
+        leadership = self._leadership
+        if leadership is None:
+            return
+        if leadership.is_leader() and self._tso is not None:
+            return
+        leader = leadership.leader_addr()
+        if leader and leader != self.self_addr:
+            raise errors.NotLeader(
+                f"registry {self.self_addr} is a follower; the leader is {leader}", leader=leader)
+        raise errors.NotLeader(
+            f"registry {self.self_addr} is a follower and no leader is elected yet (an election takes up to "
+            "one lease, 3 s); retry, or check that the etcd store has a quorum")
+
+    def _allocate(self, count: int) -> int:
+        self.check_leader()
+        allocator = self._tso
+        if allocator is None:
+            raise errors.NotLeader(f"registry {self.self_addr} stopped leading")
+        first = allocator.allocate(count)
+        # Checked again after: a TSO leaves only while the lease (counted from
+        # the keepalive's start, so ending before etcd's) is still valid.
+        self.check_leader()
+        return first
 
     @property
     def store(self) -> RegistryStore:
@@ -91,7 +153,7 @@ class RegistryService:
             raise errors.InvalidArgument(f"count must be an integer, got {type(count).__name__}")
         if not 1 <= count <= MAX_TS_COUNT:
             raise errors.InvalidArgument(f"count must be in [1, {MAX_TS_COUNT}], got {count}")
-        return self._tso.allocate(count)
+        return self._allocate(count)
 
     def cluster_info(self) -> tuple[int, int]:
         """(cluster id, revision)."""
@@ -118,7 +180,7 @@ class RegistryService:
                     f"a {record.kind} needs a different node id"
                 )
             # Stamped while holding the lock, so online_ts order equals registration order.
-            online_ts = self._tso.allocate(1)
+            online_ts = self._allocate(1)
             stored = dataclasses.replace(
                 record,
                 state=NodeState.ONLINE,
@@ -156,7 +218,7 @@ class RegistryService:
             new_state = max(stored.state, reported, key=_RANK.__getitem__)
             if new_state is NodeState.OFFLINE and stored.state is not NodeState.OFFLINE:
                 # Stamped once: the first time the node is seen offline.
-                updated.offline_ts = self._tso.allocate(1)
+                updated.offline_ts = self._allocate(1)
             updated.state = new_state
             self._store.put_node(updated)
             return updated
@@ -198,7 +260,7 @@ class RegistryService:
                 self._check_may_force_offline(record)
             record = dataclasses.replace(record, state=target)
             if target is NodeState.OFFLINE:
-                record.offline_ts = self._tso.allocate(1)
+                record.offline_ts = self._allocate(1)
             # updated_at_ms stays: it records the node's own reports, not ours.
             self._store.put_node(record)
             return record
@@ -329,7 +391,7 @@ def _check_addresses(record: NodeRecord) -> None:
 
 
 def _check_addr(addr: str, what: str) -> None:
-    _, port = rpc.parse_addr(addr, what)
+    _, port = net.parse_addr(addr, what)
     if port == 0:
         # Port 0 is fine to listen on, but others cannot reach it: a node
         # must report the port it actually bound.

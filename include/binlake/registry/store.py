@@ -1,8 +1,9 @@
 """Durable state of the registry: the TSO high-water mark, the cluster id and node records.
 
 ``RegistryStore`` is the narrow interface the registry service needs; the
-embedded implementation is ``SQLiteStore`` (one file, one machine). An etcd
-store for several registry replicas will implement the same interface.
+embedded implementation is ``SQLiteStore`` (one file, one machine);
+``binlake.registry.etcd_store.EtcdStore`` keeps the same state in etcd for a
+group of registries on several hosts.
 ``open_store`` turns a data directory or a store URL into a store.
 """
 
@@ -366,13 +367,19 @@ def _row_to_record(row: tuple[object, ...]) -> NodeRecord:
     return NodeRecord(**fields)  # type: ignore[arg-type]
 
 
-def open_store(spec: str | pathlib.Path) -> RegistryStore:
+def is_etcd(spec: str | pathlib.Path) -> bool:
+    """Whether ``spec`` names an etcd store (a group of registries may share it)."""
+    return isinstance(spec, str) and spec.strip().lower().startswith(_ETCD_PREFIXES)
+
+
+def open_store(spec: str | pathlib.Path, *, cluster_id: int = 0) -> RegistryStore:
     """Open the store named by ``spec``.
 
     - a directory (created if missing): the SQLite file ``registry.db`` inside it;
     - ``sqlite:///path/to/file.db``: that SQLite file (as in SQLAlchemy URLs, the
       path after ``sqlite:///`` is relative unless it starts with ``/``);
-    - ``etcd://...``: reserved for the cluster store, which is not built yet.
+    - ``etcd://h1:2379,h2:2379,h3:2379[/prefix]``: the etcd store, shared by a
+      registry group (``cluster_id``, when given, must match the stored one).
     """
     if isinstance(spec, pathlib.Path):
         return _open_directory(spec)
@@ -383,10 +390,10 @@ def open_store(spec: str | pathlib.Path) -> RegistryStore:
     text = spec.strip()
     lowered = text.lower()
     if lowered.startswith(_ETCD_PREFIXES):
-        raise errors.InvalidArgument(
-            f"registry store {text!r}: the etcd store is not built yet; "
-            "use a data directory or a sqlite:///path/to/registry.db URL"
-        )
+        from binlake.registry.etcd import parse_etcd_url
+        from binlake.registry.etcd_store import EtcdStore
+
+        return EtcdStore(parse_etcd_url(text), expect_cluster_id=cluster_id)
     if lowered.startswith("sqlite:"):
         if not lowered.startswith(_SQLITE_PREFIX):
             raise errors.InvalidArgument(
@@ -408,7 +415,7 @@ def open_store(spec: str | pathlib.Path) -> RegistryStore:
         scheme = text.split("://", 1)[0]
         raise errors.InvalidArgument(
             f"registry store {text!r}: unknown scheme {scheme!r}; "
-            "use a data directory or a sqlite:///path/to/registry.db URL"
+            "use a data directory, a sqlite:///path/to/registry.db URL or etcd://HOST:2379,..."
         )
     return _open_directory(pathlib.Path(text))
 

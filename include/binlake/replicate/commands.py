@@ -66,7 +66,7 @@ def _at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
         return value
 
-    parse.__name__ = "_positive_int"  # reported like the other positive counts
+    parse.__name__ = "positive_int"  # reported like the other positive counts
     return parse
 
 
@@ -81,10 +81,10 @@ def _subset(*allowed: str) -> Callable[[str], str]:
 
 
 def bench_apply_command(args: argparse.Namespace) -> int:
-    # bench/apply_bench.py, found the way every benchmark is (``cli._bench_module``).
-    from binlake.cli import _bench_module
+    # bench/apply_bench.py, found the way every benchmark is (``binlake.cli.benchmarks``).
+    from binlake.cli.benchmarks import bench_module
 
-    return int(_bench_module("apply").main(args))
+    return int(bench_module("apply").main(args))
 
 
 def apply_command(args: argparse.Namespace) -> int:

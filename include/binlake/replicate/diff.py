@@ -29,8 +29,8 @@ from sqlalchemy.engine import Connection
 
 from binlake import codec, errors, oracle
 from binlake.proto import binlog_pb2
-from binlake.replicate.sink import first_line, normalize_url
-from binlake.source import dialect as dl
+from binlake.sql import dialect as dl
+from binlake.sql.url import normalize_url
 
 OK, DIFF, MISSING = "OK", "DIFF", "MISSING"
 _SHOW_KEYS = 10
@@ -146,7 +146,7 @@ def diff_databases(source_url: str, target_url: str, tables: Sequence[str] | Non
                 results.append(_diff_table(src, tgt, name, src_schema.get(name), tgt_schema.get(name),
                                            chunk_size, fixes, tgt_engine))
     except sa.exc.OperationalError as exc:
-        raise errors.Unavailable(f"diff: {first_line(exc)}") from None
+        raise errors.Unavailable(f"diff: {errors.first_line(exc)}") from None
     finally:
         src_engine.dispose()
         tgt_engine.dispose()
@@ -168,7 +168,7 @@ def _engine(url: str, what: str) -> sa.Engine:
             pass
     except sa.exc.DBAPIError as exc:
         engine.dispose()
-        raise errors.Unavailable(f"cannot reach the {what} {_show(engine)}: {first_line(exc)}") from None
+        raise errors.Unavailable(f"cannot reach the {what} {_show(engine)}: {errors.first_line(exc)}") from None
     return engine
 
 

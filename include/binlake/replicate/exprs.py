@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from binlake.proto import binlog_pb2
-from binlake.source.schema import column_def
+from binlake.sql.schema import column_def
 
 
 def spark_type(col: binlog_pb2.ColumnInfo) -> str:

@@ -155,14 +155,10 @@ class ApplySummary:
                  f"  rows written {self.rows_written:,} after compaction",
                  f"  DDLs         {self.ddls}",
                  f"  rate         {rate:,.0f} row changes/s in {self.elapsed_s:.1f}s",
-                 f"  checkpoint   {self.checkpoint_ts} ({_dt(self.checkpoint_ts)})"]
+                 f"  checkpoint   {self.checkpoint_ts} ({tso.iso(self.checkpoint_ts)})"]
         if self.behind:
             lines.append(f"  not applied  {self.behind} later window(s) (beyond --until)")
         return "\n".join(lines)
-
-
-def _dt(ts: int) -> str:
-    return tso.to_datetime(ts).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if ts > 0 else "-"
 
 
 @dataclasses.dataclass
@@ -236,7 +232,7 @@ def write_changes(target: sink.Target, conn: Connection, info: binlog_pb2.TableI
     try:
         target.insert_rows(conn, info, rows)
     except sa.exc.IntegrityError as exc:
-        raise _Mismatch(info, keys, [k(c.after) for c in final if c.op == INSERT], sink.first_line(exc)) from None
+        raise _Mismatch(info, keys, [k(c.after) for c in final if c.op == INSERT], errors.first_line(exc)) from None
     except Exception as exc:  # psycopg raises its own UniqueViolation from COPY
         if type(exc).__name__ in ("UniqueViolation", "IntegrityError"):
             raise _Mismatch(info, keys, [k(c.after) for c in final if c.op == INSERT], str(exc).splitlines()[0]) \
@@ -269,7 +265,7 @@ def _write_final(target: sink.Target, conn: Connection, info: binlog_pb2.TableIn
     try:
         n = write_rows()
     except sa.exc.IntegrityError as exc:
-        raise _Mismatch(info, keys, insert_keys(), sink.first_line(exc)) from None
+        raise _Mismatch(info, keys, insert_keys(), errors.first_line(exc)) from None
     except Exception as exc:  # psycopg raises its own UniqueViolation from COPY
         if type(exc).__name__ in ("UniqueViolation", "IntegrityError"):
             raise _Mismatch(info, keys, insert_keys(), str(exc).splitlines()[0]) from None
@@ -366,7 +362,7 @@ class Applier:
         if start > 0 and todo and int(todo[0]["start_ts"]) > start:
             a, b = start, int(todo[0]["start_ts"])
             raise errors.FailedPrecondition(
-                f"window [{a}, {b}) ({_dt(a)} .. {_dt(b)}) is missing from the lake's windows ledger: ingest it "
+                f"window [{a}, {b}) ({tso.iso(a)} .. {tso.iso(b)}) is missing from the lake's windows ledger: ingest it "
                 "(or backfill the ingest DAG) and apply again")
         for prev, nxt in zip(todo, todo[1:], strict=False):
             if int(prev["end_ts"]) != int(nxt["start_ts"]):
@@ -374,7 +370,7 @@ class Applier:
                 if until_ts is not None and a >= until_ts:
                     break
                 raise errors.FailedPrecondition(
-                    f"window [{a}, {b}) ({_dt(a)} .. {_dt(b)}) is missing from the lake's windows ledger: ingest "
+                    f"window [{a}, {b}) ({tso.iso(a)} .. {tso.iso(b)}) is missing from the lake's windows ledger: ingest "
                     "it (or backfill the ingest DAG) and apply again")
         if until_ts is not None:
             kept = [w for w in todo if int(w["end_ts"]) <= until_ts]
@@ -393,7 +389,7 @@ class Applier:
         behind = [w for w in windows if int(w["end_ts"]) > ts]
         latest = max((int(w["end_ts"]) for w in windows), default=0)
         return {"task": self.task.name, "target": str(target), "checkpoint_ts": ts,
-                "checkpoint_time": _dt(ts) if cp else "-", "windows_behind": len(behind),
+                "checkpoint_time": tso.iso(ts) if cp else "-", "windows_behind": len(behind),
                 "lake_end_ts": latest,
                 "lag_s": round(max(0.0, (tso.to_datetime(latest) - tso.to_datetime(ts)).total_seconds()), 3)
                 if cp and latest else None}
@@ -704,7 +700,7 @@ class Applier:
                     summary.first_window = summary.first_window or (a, b)
                     summary.last_window = (a, b)
                     summary.checkpoint_ts = start = b
-                    self.progress(f"[{_bar(n, len(windows))}] {n}/{len(windows)} window [{a}, {b}) {_dt(b)}  "
+                    self.progress(f"[{_bar(n, len(windows))}] {n}/{len(windows)} window [{a}, {b}) {tso.iso(b)}  "
                                   f"{summary.changes:,} row changes, {summary.ddls} DDL")
                     failpoint.hit("apply-after-window")
         finally:

@@ -2,7 +2,7 @@
 table definitions, load rows in bulk, and write compacted changes in batches.
 
 Dialects: SQLite, PostgreSQL (psycopg) and MySQL/MariaDB (pymysql). Column
-types are the upstream writer's (``binlake.source.dialect``), so a value reads
+types are the upstream writer's (``binlake.sql.dialect``), so a value reads
 back from a target exactly as it does from an upstream of the same dialect.
 
 Every table the sink creates is recorded in the target's ``_binlake_schema``
@@ -23,7 +23,6 @@ Writes are whole batches, never a statement per row:
 
 from __future__ import annotations
 
-import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -36,7 +35,8 @@ from sqlalchemy.engine import Connection
 
 from binlake import errors
 from binlake.proto import binlog_pb2
-from binlake.source import dialect as dl
+from binlake.sql import dialect as dl
+from binlake.sql.url import open_engine
 
 # _binlake_schema in a target: one row per table the sink created, keyed by table_id.
 # Invariant: ``info`` is the definition the target table ``name`` has now (``name``
@@ -44,9 +44,6 @@ from binlake.source import dialect as dl
 # transaction as the DDL where the dialect's DDL is transactional, right after it on MySQL.
 SCHEMA_TABLE = "_binlake_schema"
 
-_DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
-            "mysql": "mysql+pymysql", "mariadb": "mysql+pymysql"}
-_ALLOWED = {"sqlite", "sqlite+pysqlite", "postgresql+psycopg", "mysql+pymysql", "mariadb+pymysql"}
 IF_EXISTS = ("fail", "skip", "replace")
 # Bound parameters per statement stay below every dialect's limit (SQLite 32766,
 # PostgreSQL 65535); 1,000 rows a statement is where larger batches stop paying.
@@ -62,75 +59,9 @@ _schema = sa.Table(SCHEMA_TABLE, _md, sa.Column("table_id", sa.BigInteger, prima
                    sa.Column("dropped", sa.Boolean(create_constraint=False), nullable=False))
 
 
-def normalize_url(url: str) -> sa.engine.URL:
-    """``url`` parsed, with bare ``postgresql://`` / ``mysql://`` given binlake's drivers;
-    ``errors.InvalidArgument`` for anything else."""
-    if not isinstance(url, str) or not url.strip():
-        raise errors.InvalidArgument(f"target must be a database URL such as sqlite:///replica.db, got {url!r}")
-    try:
-        parsed = sa.engine.make_url(url.strip())
-    except sa.exc.ArgumentError:
-        raise errors.InvalidArgument(
-            f"target {url!r} is not a database URL: use sqlite:///PATH, postgresql://USER@HOST/DB "
-            "or mysql://USER@HOST/DB") from None
-    name = parsed.drivername
-    if name in _DRIVERS:
-        parsed = parsed.set(drivername=_DRIVERS[name])
-    elif name not in _ALLOWED:
-        raise errors.InvalidArgument(
-            f"target {parsed.render_as_string(hide_password=True)!r}: unsupported database {name!r} "
-            "(use sqlite, postgresql[+psycopg] or mysql[+pymysql])")
-    if parsed.drivername.startswith("mariadb"):
-        parsed = parsed.set(drivername="mysql+pymysql")
-    if parsed.drivername.startswith("sqlite") and not parsed.database:
-        raise errors.InvalidArgument("target sqlite:// needs a file path (sqlite:///PATH): an in-memory "
-                                     "database would vanish with the connection")
-    return parsed
-
-
 def open_target(url: str) -> Target:
     """Connect to the target at ``url`` (checked with one round trip)."""
-    parsed = normalize_url(url)
-    kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if parsed.drivername.startswith("sqlite"):
-        # A parallel apply writes from several connections: wait for the lock, do not fail.
-        kwargs["connect_args"] = {"timeout": 120}
-        path = pathlib.Path(parsed.database or "")
-        path.parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(parsed, **kwargs)
-    if parsed.drivername.startswith("sqlite"):
-        sa.event.listen(engine, "connect", _sqlite_on_connect)
-        sa.event.listen(engine, "begin", _sqlite_on_begin)
-    shown = parsed.render_as_string(hide_password=True)
-    try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
-    except sa.exc.DBAPIError as exc:
-        engine.dispose()
-        raise errors.Unavailable(f"cannot reach target {shown}: {first_line(exc)}") from None
-    return Target(engine)
-
-
-def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
-    # SQLAlchemy emits BEGIN itself: pysqlite's implicit transactions start only at
-    # the first INSERT/UPDATE/DELETE, which would leave a leading DDL outside the
-    # window's transaction. WAL keeps readers (diff, status) from blocking the apply.
-    dbapi_conn.isolation_level = None
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.close()
-
-
-def _sqlite_on_begin(conn: Connection) -> None:
-    # Take the write lock at the start: parallel groups then wait for each other
-    # (busy timeout) instead of failing when a read lock cannot be upgraded.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def first_line(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    lines = str(orig).strip().splitlines()
-    return lines[0] if lines else type(orig).__name__
+    return Target(open_engine(url))
 
 
 class Target:

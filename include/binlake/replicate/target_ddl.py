@@ -19,8 +19,8 @@ from sqlalchemy.engine import Connection
 
 from binlake.proto import binlog_pb2
 from binlake.replicate.sink import Target
-from binlake.source import dialect as dl
-from binlake.source.schema import column_def
+from binlake.sql import dialect as dl
+from binlake.sql.schema import column_def
 
 log = logging.getLogger(__name__)
 

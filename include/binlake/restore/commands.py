@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from binlake import errors, tso
+from binlake.cli.args import positive_int, scratch_dir
 
 
 def _ts(text: str) -> int:
@@ -126,10 +127,10 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         formatter_class=fmt,
         epilog=("Examples:\n  binlake bench restore --rows 1000000 --changes 5000000\n"
                 "  binlake bench restore --tables 10,1000\n"))
-    b.add_argument("--rows", type=_count, default=1_000_000, help="rows of the table (default 1000000)")
-    b.add_argument("--changes", type=_count, default=5_000_000, help="row changes of its history (default 5000000)")
+    b.add_argument("--rows", type=positive_int, default=1_000_000, help="rows of the table (default 1000000)")
+    b.add_argument("--changes", type=positive_int, default=5_000_000, help="row changes of its history (default 5000000)")
     b.add_argument("--master", help="Spark master (default local[*])")
-    b.add_argument("--dir", type=_bench_dir, help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
     b.add_argument("--keep", action="store_true", help="keep the scratch directory")
     b.add_argument("--tables", help="comma-separated table counts (e.g. 10,1000): the same rows spread over each, "
                                     "restored into SQLite, PostgreSQL and Delta (default rows 20000)")
@@ -141,18 +142,6 @@ def _session(args: argparse.Namespace) -> Any:
     from binlake.lake.commands import session
 
     return session(args.master, quiet=args.log_level != "DEBUG")
-
-
-def _count(text: str) -> int:
-    from binlake.cli import _positive_int
-
-    return _positive_int(text)
-
-
-def _bench_dir(text: str) -> str:
-    from binlake.cli import _scratch_dir
-
-    return _scratch_dir(text)
 
 
 def _check_lake(args: argparse.Namespace) -> str:
@@ -260,7 +249,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
 
 
 def bench_cmd(args: argparse.Namespace) -> int:
-    # bench/restore_bench.py, found the way every benchmark is (``cli._bench_module``).
-    from binlake.cli import _bench_module
+    # bench/restore_bench.py, found the way every benchmark is (``binlake.cli.benchmarks``).
+    from binlake.cli.benchmarks import bench_module
 
-    return int(_bench_module("restore").main(args))
+    return int(bench_module("restore").main(args))

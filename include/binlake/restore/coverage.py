@@ -19,10 +19,6 @@ from binlake import errors, tso
 from binlake.lake.ingest import uncovered
 
 
-def _dt(ts: int) -> str:
-    return tso.to_datetime(ts).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
 def done_windows(windows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     return sorted((int(w["start_ts"]), int(w["end_ts"])) for w in windows if w.get("status") == "done")
 
@@ -51,19 +47,19 @@ def check(windows: Sequence[Mapping[str, Any]], ts: int, base_ts: int | None = N
     first, end = lake_span(windows)
     if ts >= end:
         raise errors.FailedPrecondition(
-            f"commit_ts {ts} ({_dt(ts)}) is not covered: the newest ingested window ends at {end} ({_dt(end)}); "
+            f"commit_ts {ts} ({tso.iso(ts, millis=True)}) is not covered: the newest ingested window ends at {end} ({tso.iso(end, millis=True)}); "
             f"ingest [{end}, {ts + 1}) or later first (binlake ingest --start-ts {end} --end-ts {ts + 1})")
     lo = first if base_ts is None else base_ts + 1
     if base_ts is None and ts < first:
         raise errors.FailedPrecondition(
-            f"commit_ts {ts} ({_dt(ts)}) is before the oldest data the lake holds: its first window starts at "
-            f"{first} ({_dt(first)}) and no snapshot at or below {ts} exists")
+            f"commit_ts {ts} ({tso.iso(ts, millis=True)}) is before the oldest data the lake holds: its first window starts at "
+            f"{first} ({tso.iso(first, millis=True)}) and no snapshot at or below {ts} exists")
     done = [{"start_ts": s, "end_ts": e} for s, e in done_windows(windows)]
     # Over the whole ledger, so a gap is named whole (the window to ingest), not cut at T.
     gaps = [(a, b) for a, b in uncovered(done, lo, end) if a <= ts]
     if gaps:
         a, b = gaps[0]
         raise errors.FailedPrecondition(
-            f"commit_ts {ts} ({_dt(ts)}) is not covered: the windows ledger has a gap [{a}, {b}) ({_dt(a)} .. "
-            f"{_dt(b)}) between the base at {lo - 1 if base_ts is not None else first} and {ts}; ingest "
+            f"commit_ts {ts} ({tso.iso(ts, millis=True)}) is not covered: the windows ledger has a gap [{a}, {b}) ({tso.iso(a, millis=True)} .. "
+            f"{tso.iso(b, millis=True)}) between the base at {lo - 1 if base_ts is not None else first} and {ts}; ingest "
             f"[{a}, {b}) first (binlake ingest --start-ts {a} --end-ts {b})")

@@ -28,8 +28,8 @@ def table_name(index: int, tables: int) -> str:
 
 
 def _table_info(index: int = 0, tables: int = 1) -> Any:
-    from binlake.source import schema
-    from binlake.source.schema import ColumnDef
+    from binlake.sql import schema
+    from binlake.sql.schema import ColumnDef
 
     cols = [ColumnDef("id", "int", False), ColumnDef("k", "int", False), ColumnDef("c", "string", True, length=120),
             ColumnDef("balance", "decimal", True, precision=20, scale=2)]

@@ -11,6 +11,8 @@ import threading
 from typing import Any
 
 from binlake import errors
+from binlake.cli.args import positive_float, positive_int, scratch_dir
+from binlake.net import DEFAULT_REGISTRY_ADDR
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     m.add_argument("--dsn", required=True, help="mysql://USER[:PASSWORD]@HOST[:PORT]")
     m.add_argument("--server-id", type=_server_id, required=True,
                    help="this replica's server id (unique among the server's replicas)")
-    m.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT (default 127.0.0.1:8230)")
+    m.add_argument("--registry", default=DEFAULT_REGISTRY_ADDR,
+                   help=f"registry HOST:PORT or a group HOST:PORT,HOST:PORT,... (default {DEFAULT_REGISTRY_ADDR})")
     m.add_argument("--start", default=None,
                    help="where a new --data-dir starts: now (default), snapshot (the chosen tables' rows "
                         "first, then the binlog from that snapshot), FILE:POS or gtid:SET; "
@@ -76,12 +79,13 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     pg.add_argument("--create", action="store_true",
                     help="create the publication FOR ALL TABLES, and the slot (--start snapshot always creates "
                          "its own), if missing")
-    pg.add_argument("--registry", default="127.0.0.1:8230", help="registry HOST:PORT (default 127.0.0.1:8230)")
+    pg.add_argument("--registry", default=DEFAULT_REGISTRY_ADDR,
+                    help=f"registry HOST:PORT or a group HOST:PORT,HOST:PORT,... (default {DEFAULT_REGISTRY_ADDR})")
     pg.add_argument("--start", default=None,
                     help="where a new --data-dir starts: now (default: stream from the slot) or snapshot (creates "
                          "the slot with an exported snapshot, sends the published tables' rows, then streams from "
                          "that snapshot; refused if the slot exists); ignored once a checkpoint exists")
-    pg.add_argument("--snapshot-batch-rows", type=_positive, default=10_000,
+    pg.add_argument("--snapshot-batch-rows", type=positive_int, default=10_000,
                     help="rows per transaction of a --start snapshot (default 10000)")
     pg.add_argument("--data-dir", default="data/source-postgres",
                     help="checkpoint and TSO journal (default data/source-postgres)")
@@ -92,23 +96,13 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "source", help="MariaDB source row changes/s vs mysqlbinlog, and its overhead on the upstream",
         formatter_class=fmt, epilog="Example:\n  binlake bench source --rows 1000000 --seconds 10\n",
     )
-    b.add_argument("--rows", type=_positive, default=1_000_000, help="row changes in the binlog (default 1000000)")
-    b.add_argument("--rows-per-txn", type=_positive, default=1000, help="row changes per transaction (default 1000)")
-    b.add_argument("--seconds", type=_positive_seconds, default=10.0, help="each upstream throughput case (default 10)")
-    b.add_argument("--dir", type=_bench_dir, help="scratch directory (default: a temp dir under bench/, removed after)")
+    b.add_argument("--rows", type=positive_int, default=1_000_000, help="row changes in the binlog (default 1000000)")
+    b.add_argument("--rows-per-txn", type=positive_int, default=1000, help="row changes per transaction (default 1000)")
+    b.add_argument("--seconds", type=positive_float, default=10.0, help="each upstream throughput case (default 10)")
+    b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/, removed after)")
     b.add_argument("--nice", type=_niceness, default=0,
                    help="run the registry, Pump and source at this niceness, 0..19 (default 0: as the benchmark)")
     b.set_defaults(handler=_bench)
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
-    return v
 
 
 def _niceness(text: str) -> int:
@@ -121,23 +115,11 @@ def _niceness(text: str) -> int:
     return v
 
 
-def _positive_seconds(text: str) -> float:
-    from binlake.cli import _positive_float
-
-    return _positive_float(text)
-
-
-def _bench_dir(text: str) -> str:
-    from binlake.cli import _scratch_dir
-
-    return _scratch_dir(text)
-
-
 def _bench(args: argparse.Namespace) -> int:
-    # bench/source_bench.py, found the way every benchmark is (``cli._bench_module``).
-    from binlake.cli import _bench_module
+    # bench/source_bench.py, found the way every benchmark is (``binlake.cli.benchmarks``).
+    from binlake.cli.benchmarks import bench_module
 
-    return int(_bench_module("source").main(args))
+    return int(bench_module("source").main(args))
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -145,7 +127,7 @@ def _check_args(args: argparse.Namespace) -> None:
     --registry or --data-dir is still reported as itself."""
     from binlake import argcheck
 
-    argcheck.addr("--registry", args.registry)
+    argcheck.addr_list("--registry", args.registry)
     argcheck.listen_addr("--status-addr", args.status_addr)
     argcheck.writable_dir("--data-dir", args.data_dir)
     if not args.dsn.strip():

@@ -12,7 +12,7 @@ from typing import Any
 
 from binlake import codec, oracle
 from binlake.proto import binlog_pb2
-from binlake.source import schema as sc
+from binlake.sql import schema as sc
 
 
 class Replay:

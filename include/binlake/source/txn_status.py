@@ -15,7 +15,7 @@ from typing import Protocol
 
 import grpc
 
-from binlake import errors, rpc
+from binlake import errors, net, rpc
 
 # The states and the client side live in binlake.client.txn_status (all a Pump
 # needs); the writers that serve them import the states from here too.
@@ -51,8 +51,6 @@ class MemoryStatusProvider:
             return self._outcomes.get(start_ts, (RUNNING, 0))
 
 
-
-
 class _Servicer(upstream_pb2_grpc.TxnStatusServicer):
     def __init__(self, provider: StatusProvider) -> None:
         self._provider = provider
@@ -69,7 +67,7 @@ class TxnStatusServer:
     """gRPC server for the TxnStatus service on ``addr`` (port 0 = any free port)."""
 
     def __init__(self, provider: StatusProvider, addr: str = "127.0.0.1:0") -> None:
-        rpc.parse_addr(addr, "txn status addr")
+        net.parse_addr(addr, "txn status addr")
         self._server = rpc.create_server(4, "txn-status")
         upstream_pb2_grpc.add_TxnStatusServicer_to_server(_Servicer(provider), self._server)
         host = addr.rpartition(":")[0]

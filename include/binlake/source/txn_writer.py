@@ -67,9 +67,9 @@ from binlake.client.pump_client import PumpClient
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
 from binlake.registry.model import NodeRecord
-from binlake.source import dialect as dl
-from binlake.source import schema as sc
 from binlake.source import txn_status
+from binlake.sql import dialect as dl
+from binlake.sql import schema as sc
 
 log = logging.getLogger(__name__)
 
@@ -656,9 +656,9 @@ class Txn:
         try:
             return self.conn.execute(stmt, params) if params is not None else self.conn.execute(stmt)
         except sa.exc.IntegrityError as exc:
-            raise errors.FailedPrecondition(f"upstream refused the change: {_first_line(exc)}") from None
+            raise errors.FailedPrecondition(f"upstream refused the change: {errors.first_line(exc)}") from None
         except sa.exc.DataError as exc:
-            raise errors.InvalidArgument(f"upstream refused a value: {_first_line(exc)}") from None
+            raise errors.InvalidArgument(f"upstream refused a value: {errors.first_line(exc)}") from None
 
     # -- statements
     def insert(self, table: str, row: Mapping[str, Any]) -> None:
@@ -786,8 +786,3 @@ class Txn:
                                          mutations=[self._mutations[i] for i in self._order])
         commit_ts, pump = self.writer._two_phase(self.conn, self.start_ts, value)
         self.info = CommitInfo(self.start_ts, commit_ts, pump, self._changes)
-
-
-def _first_line(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    return str(orig).splitlines()[0]

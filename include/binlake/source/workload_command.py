@@ -11,15 +11,15 @@ import os
 from typing import Any
 
 from binlake import errors
-from binlake.cli import (
-    _add_registry,
-    _bench_module,
-    _int_arg,
-    _int_list,
-    _non_negative_int,
-    _positive_float,
-    _positive_int,
-    _registry_addr,
+from binlake.cli import benchmarks
+from binlake.cli.args import (
+    add_registry,
+    int_arg,
+    int_list,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    registry_addr,
 )
 
 
@@ -50,25 +50,25 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "  binlake workload --upstream postgresql+psycopg2://u:p@db/app --profile bank --rate 200\n"
         ),
     )
-    _add_registry(p)
+    add_registry(p)
     p.add_argument("--upstream", default=os.environ.get("BINLAKE_UPSTREAM"),
                    help="SQLAlchemy URL of the upstream database (default: $BINLAKE_UPSTREAM)")
     p.add_argument("--profile", choices=["oltp", "bank", "ddl", "mixed"], default="oltp",
                    help="transaction mix (default oltp)")
-    p.add_argument("--tables", type=_positive_int, default=4, help="oltp tables sbtest1..K (default 4)")
-    p.add_argument("--txns", type=_positive_int, default=10_000,
+    p.add_argument("--tables", type=positive_int, default=4, help="oltp tables sbtest1..K (default 4)")
+    p.add_argument("--txns", type=positive_int, default=10_000,
                    help="workload transactions after the setup (default 10000)")
-    p.add_argument("--clients", type=_positive_int, default=8, help="concurrent client threads (default 8)")
-    p.add_argument("--seed", type=_int_arg, default=1, help="random seed of the plan (default 1)")
-    p.add_argument("--rate", type=_positive_float, help="at most this many transactions/s overall (default: no limit)")
-    p.add_argument("--table-rows", type=_non_negative_int, default=1000,
+    p.add_argument("--clients", type=positive_int, default=8, help="concurrent client threads (default 8)")
+    p.add_argument("--seed", type=int_arg, default=1, help="random seed of the plan (default 1)")
+    p.add_argument("--rate", type=positive_float, help="at most this many transactions/s overall (default: no limit)")
+    p.add_argument("--table-rows", type=non_negative_int, default=1000,
                    help="initial rows per oltp table (default 1000)")
-    p.add_argument("--accounts", type=_positive_int, default=100, help="bank accounts (default 100)")
-    p.add_argument("--large-txn-rows", type=_positive_int, default=10_000,
+    p.add_argument("--accounts", type=positive_int, default=100, help="bank accounts (default 100)")
+    p.add_argument("--large-txn-rows", type=positive_int, default=10_000,
                    help="rows of a large transaction (default 10000)")
-    p.add_argument("--large-txn-every", type=_non_negative_int, default=500,
+    p.add_argument("--large-txn-every", type=non_negative_int, default=500,
                    help="one large transaction every this many (default 500; 0 = none)")
-    p.add_argument("--ddl-every", type=_positive_int, default=50,
+    p.add_argument("--ddl-every", type=positive_int, default=50,
                    help="about this many transactions between DDLs (profiles ddl, mixed; default 50)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -78,8 +78,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "writer", help="TxnWriter throughput with binlog vs the same transactions without", formatter_class=fmt,
         epilog="Example:\n  binlake bench writer --seconds 5 --clients 1,8\n",
     )
-    b.add_argument("--seconds", type=_positive_float, default=5.0, help="measure each case this long (default 5)")
-    b.add_argument("--clients", type=_int_list, default="1,8", help="comma-separated client counts (default 1,8)")
+    b.add_argument("--seconds", type=positive_float, default=5.0, help="measure each case this long (default 5)")
+    b.add_argument("--clients", type=int_list, default="1,8", help="comma-separated client counts (default 1,8)")
     b.set_defaults(handler=_bench)
 
 
@@ -93,9 +93,9 @@ def _run(args: argparse.Namespace) -> int:
         )
     if args.accounts < 2:
         raise errors.InvalidArgument(f"--accounts must be at least 2 (a transfer needs two), got {args.accounts}")
-    return workload.command(args, _registry_addr(args))
+    return workload.command(args, registry_addr(args))
 
 
 def _bench(args: argparse.Namespace) -> int:
-    # bench/writer_bench.py, found the way every benchmark is (``cli._bench_module``).
-    return int(_bench_module("writer").main(args))
+    # bench/writer_bench.py, found the way every benchmark is (``binlake.cli.benchmarks``).
+    return int(benchmarks.bench_module("writer").main(args))

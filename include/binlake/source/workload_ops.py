@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from binlake import errors
-from binlake.source.schema import ColumnDef
+from binlake.sql.schema import ColumnDef
 
 PROFILES = ("oltp", "bank", "ddl", "mixed")
 BANK_TABLE = "accounts"
@@ -386,5 +386,3 @@ class LogicalTxn:
     @property
     def is_ddl(self) -> bool:
         return any(isinstance(op, DDL) for op in self.ops)
-
-

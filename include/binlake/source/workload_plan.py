@@ -14,7 +14,6 @@ from decimal import Decimal
 from typing import Any
 
 from binlake import errors
-from binlake.source.schema import ColumnDef
 from binlake.source.workload_ops import (
     _LOAD_ROWS_PER_TXN,
     BANK_INITIAL_BALANCE,
@@ -37,6 +36,7 @@ from binlake.source.workload_ops import (
     WideUpdate,
     _value,
 )
+from binlake.sql.schema import ColumnDef
 
 
 # ---------------------------------------------------------------- the planner

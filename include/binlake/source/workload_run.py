@@ -154,12 +154,6 @@ def _retryable(exc: sa.exc.DBAPIError) -> bool:
     return bool(args) and args[0] in _MYSQL_RETRY
 
 
-def _first_line(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    text = str(orig).strip().splitlines()
-    return f"{type(orig).__name__}: {text[0] if text else ''}"
-
-
 class _Runner:
     def __init__(self, writer: Any, txns: Sequence[LogicalTxn], clients: int, rate: float | None,
                  max_consecutive_errors: int) -> None:
@@ -223,7 +217,7 @@ class _Runner:
                         self.summary.retries += 1
                     time.sleep(0.005 * attempt)
         except (errors.BinlakeError, sa.exc.SQLAlchemyError) as exc:
-            message = str(exc) if isinstance(exc, errors.BinlakeError) else _first_line(exc)
+            message = str(exc) if isinstance(exc, errors.BinlakeError) else errors.first_line(exc, with_type=True)
             with self.lock:
                 s = self.summary
                 s.done += 1
@@ -345,7 +339,6 @@ def bank_total(url: str, table: str = BANK_TABLE) -> Decimal:
                 total += Decimal(str(balance))
             return total
     except sa.exc.OperationalError as exc:
-        raise errors.Unavailable(f"cannot read {table}: {_first_line(exc)}") from None
+        raise errors.Unavailable(f"cannot read {table}: {errors.first_line(exc, with_type=True)}") from None
     finally:
         engine.dispose()
-

@@ -8,25 +8,18 @@ address with the same data.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 
 from binlake import errors, rpc
+from binlake.net import free_port
 from binlake.registry.client import RegistryClient
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _binlake() -> list[str]:

@@ -27,12 +27,12 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from typing import Any, Self
 
 from binlake import errors
+from binlake.net import free_port
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -40,13 +40,6 @@ STOP_TIMEOUT_S = 30.0
 # take it before the server binds. Retry start-up on a new port that often.
 _PORT_ATTEMPTS = 3
 _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on right now."""
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _is_root() -> bool:

@@ -10,7 +10,7 @@ same code) and then applies every DDL of the binlog to its own copy.
 Each tracked table also has its binlake ``TableInfo`` (``to_info``): column
 ids follow column *names* across versions, so a renamed column keeps its id, a
 dropped column's id is retired for good, and a new column takes
-``next_column_id`` (the invariants of ``source.schema``).
+``next_column_id`` (the invariants of ``sql.schema``).
 
 Type mapping (MySQL -> binlake codec):
 
@@ -44,7 +44,7 @@ from sqlglot.tokens import TokenType
 
 from binlake import errors
 from binlake.proto import binlog_pb2
-from binlake.source.schema import ColumnDef
+from binlake.sql.schema import ColumnDef
 
 SYSTEM_DBS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 

@@ -35,13 +35,13 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from binlake import airflow_db, config, errors, rpc
+from binlake import config, errors, net
+from binlake.stack import airflow_db
 
 # The checkout's root (dags/, plugins/, jobs/) when run from one; the folders
 # themselves come from binlake.config.PathSettings (BINLAKE_DAGS_FOLDER, ...).
 PROJECT_ROOT = config.CHECKOUT
 
-DEFAULT_REGISTRY_ADDR = "127.0.0.1:8230"
 DEFAULT_PUMP_PORT_BASE = 8250
 DEFAULT_AIRFLOW_PORT = 8080
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -63,7 +63,7 @@ def local_airflow(home: pathlib.Path, dags: pathlib.Path | None = None,
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins.resolve()),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        # Writers wait for SQLite's lock instead of failing after 5 s (binlake.airflow_db).
+        # Writers wait for SQLite's lock instead of failing after 5 s (binlake.stack.airflow_db).
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": airflow_db.CONNECT_ARGS_PATH,
     }
 
@@ -72,7 +72,7 @@ def local_airflow(home: pathlib.Path, dags: pathlib.Path | None = None,
 class StackConfig:
     data_dir: pathlib.Path
     pumps: int = 3
-    registry_addr: str = DEFAULT_REGISTRY_ADDR
+    registry_addr: str = net.DEFAULT_REGISTRY_ADDR
     # Pump i (1-based) listens on base + 10*(i-1) and serves metrics on the port
     # after it (8250/8251, 8260/8261, ...); 0 = free ports.
     pump_port_base: int = DEFAULT_PUMP_PORT_BASE
@@ -131,7 +131,7 @@ class Child:
 
 
 def _check_port_free(addr: str, what: str) -> None:
-    host, port = rpc.parse_addr(addr, what)
+    host, port = net.parse_addr(addr, what)
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         # As the servers themselves bind: connections of a previous run still in
         # TIME_WAIT must not count as "in use"; a listener still does.
@@ -145,12 +145,6 @@ def _check_port_free(addr: str, what: str) -> None:
             ) from None
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 class Stack:
     """The processes of `binlake up`; ``run()`` is the whole command."""
 
@@ -159,15 +153,15 @@ class Stack:
         self.out = out or sys.stdout
         self.data = cfg.data_dir.resolve()
         self.logs = self.data / "logs"
-        host, port = rpc.parse_addr(cfg.registry_addr, "--registry-addr")
-        self.registry_addr = f"{host}:{port or _free_port(host)}"
+        host, port = net.parse_addr(cfg.registry_addr, "--registry-addr")
+        self.registry_addr = f"{host}:{port or net.free_port(host)}"
         self.pump_addrs: dict[str, tuple[str, str]] = {}
         for i in range(1, cfg.pumps + 1):
             if cfg.pump_port_base:
                 port = cfg.pump_port_base + 10 * (i - 1)
                 self.pump_addrs[f"pump{i}"] = (f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}")
             else:
-                self.pump_addrs[f"pump{i}"] = (f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}")
+                self.pump_addrs[f"pump{i}"] = (f"127.0.0.1:{net.free_port()}", f"127.0.0.1:{net.free_port()}")
         self.airflow_home = self.data / "airflow"
         self.lake = self.data / "lake"
         self.children: list[Child] = []

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from binlake import errors
 from binlake.proto import binlog_pb2
-from binlake.source.schema import ColumnDef, column_def
+from binlake.sql.schema import ColumnDef, column_def
 
 
 class _DecimalText(sa.types.TypeDecorator):

@@ -56,7 +56,7 @@ from binlake.lake.read_options import KINDS, ReadOptions
 from binlake.lake.rows import CHANGES_DDL, DDL_HISTORY_DDL
 from binlake.lake.schema_history import SchemaHistory
 from binlake.lake.spark_errors import binlake_error
-from binlake.lake.window_index import WindowIndex, _splits, index_window, scan_ddls
+from binlake.lake.window_index import WindowIndex, index_window, scan_ddls
 
 if TYPE_CHECKING:
     # pyspark is heavy; type checkers see it, runtime imports it where a session is used.
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_ROWS", "FORMAT", "KINDS", "PULL_ATTEMPTS", "STATUS_TIMEOUT_S", "BinlakeDataSource", "BinlakeReader",
-    "DdlRows", "PumpWindow", "ReadOptions", "WindowIndex", "_splits", "binlake_error", "changes_batch",
+    "DdlRows", "PumpWindow", "ReadOptions", "WindowIndex", "binlake_error", "changes_batch",
     "check_pumps", "index_window", "plan_read", "pull_resumable", "pump_statuses", "read_changes", "register",
     "scan_ddls",
 ]
@@ -178,4 +178,3 @@ def read_changes(part: PumpWindow, history: SchemaHistory, batch_rows: int = BAT
 def register(spark: SparkSession) -> None:
     """Make ``spark.read.format("binlake")`` available in this session."""
     spark.dataSource.register(BinlakeDataSource)
-

@@ -1,7 +1,8 @@
 """``binlake ctl``: operate the cluster (binlogctl): Pumps, TSOs, dumps, checksums.
 
-The actions themselves are in ``binlake.ctl`` (imported when one runs, so that
-building the parser stays cheap); ``binlake.ctl_consumers`` adds the consumer actions.
+The actions themselves are in ``binlake.ctl.actions`` (imported when one runs, so that
+building the parser stays cheap); ``binlake.ctl.consumers`` adds the consumer actions,
+``binlake.ctl.registry`` the registry group's members.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import argparse
 from typing import Any
 
 from binlake import cli
-from binlake.cli import _add_registry, _add_window, _registry_addr
+from binlake.cli.args import add_registry, add_window, registry_addr
+from binlake.ctl import consumers
+from binlake.ctl import registry as registry_members
 
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -20,7 +23,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     csub = ctl.add_subparsers(dest="ctl_command", metavar="ACTION")
     c = csub.add_parser("pumps", help="table of Pumps and their state", formatter_class=fmt,
                         epilog="Example:\n  binlake ctl pumps --registry 127.0.0.1:8230\n")
-    _add_registry(c)
+    add_registry(c)
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     for name, help_text in (
         ("pause-pump", "stop a Pump taking new transactions (it finishes pending ones, then reports paused)"),
@@ -29,9 +32,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         c = csub.add_parser(name, help=help_text, description=help_text, formatter_class=fmt,
                             epilog=f"Example:\n  binlake ctl {name} pump1 --registry 127.0.0.1:8230\n")
         c.add_argument("node_id", help="the Pump's node id (see `binlake ctl pumps`)")
-        _add_registry(c)
+        add_registry(c)
     c = csub.add_parser("ts", help="a fresh TSO and its datetime")
-    _add_registry(c)
+    add_registry(c)
     c = csub.add_parser(
         "dump", help="complete transactions of a window as JSON lines", formatter_class=fmt,
         description=(
@@ -44,8 +47,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "  binlake ctl dump --start 2026-11-21T08:00 --end 2026-11-21T08:05 --pump pump1\n"
         ),
     )
-    _add_registry(c)
-    _add_window(c)
+    add_registry(c)
+    add_window(c)
     c.add_argument("--pump", help="read only this Pump")
     c.add_argument("--wait", action="store_true", help="wait for the safe ts to reach the window end")
     c.add_argument("--rows", action="store_true", help="include decoded rows, not only counts")
@@ -71,15 +74,17 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     c.add_argument("--schema-from", metavar="URL",
                    help="type columns by binlake's table definitions in this database (e.g. the upstream)")
     c.add_argument("--include-internal", action="store_true", help="also checksum binlake's _binlake_* tables")
-    # The group's handler runs every action above; actions added later set their own.
+    consumers.add_parsers(csub, fmt)
+    registry_members.add_parsers(csub, fmt)
+    # The group's handler runs every action above; the consumer actions set their own.
     ctl.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from binlake import ctl
+    from binlake.ctl import actions
 
     if args.ctl_command is None:
         cli.build_parser().parse_args(["ctl", "--help"])
     if args.ctl_command == "checksum":
-        return ctl.run(args, None)  # reads a database, not the cluster
-    return ctl.run(args, _registry_addr(args))
+        return actions.run(args, None)  # reads a database, not the cluster
+    return actions.run(args, registry_addr(args))

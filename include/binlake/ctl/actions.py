@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
                 return 0
             from rich.console import Console
 
-            from binlake.ctl_consumers import gc_holder, lost_windows
+            from binlake.ctl.consumers import gc_holder, lost_windows
 
             consumers = reg.list_consumers()
             Console(width=200).print(pumps_table(nodes, gc_holder(consumers)))

@@ -1,4 +1,4 @@
-"""``binlake up``: the command that runs the always-on stack (``binlake.stack``) of `make up`."""
+"""``binlake up``: the command that runs the always-on stack (``binlake.stack.supervisor``) of `make up`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pathlib
 from typing import Any
 
 from binlake import cli, errors
-from binlake.cli import _non_negative_int, _positive_float, _positive_int
+from binlake.cli.args import non_negative_int, positive_float, positive_int
+from binlake.net import DEFAULT_REGISTRY_ADDR
 
 _UP_DESCRIPTION = """\
 Run the always-on stack on this machine, in the foreground: the registry, N Pumps on fixed
@@ -20,7 +21,7 @@ same cluster, lake and Airflow state, and the ingest DAG catches up on the windo
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """Add ``binlake up`` (see ``binlake.cli._COMMAND_MODULES``)."""
-    from binlake import stack
+    from binlake.stack import supervisor as stack
 
     p = sub.add_parser(
         "up", help="run registry, Pumps and Airflow on this machine (make up)", formatter_class=fmt,
@@ -34,21 +35,21 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         ),
     )
     p.add_argument("--data-dir", default="data", help="root of all state and logs (default ./data)")
-    p.add_argument("--pumps", type=_positive_int, default=3, help="number of Pumps (default 3)")
-    p.add_argument("--registry-addr", default=stack.DEFAULT_REGISTRY_ADDR,
-                   help=f"registry HOST:PORT (default {stack.DEFAULT_REGISTRY_ADDR}; port 0 = a free port)")
-    p.add_argument("--pump-port-base", type=_non_negative_int, default=stack.DEFAULT_PUMP_PORT_BASE,
+    p.add_argument("--pumps", type=positive_int, default=3, help="number of Pumps (default 3)")
+    p.add_argument("--registry-addr", default=DEFAULT_REGISTRY_ADDR,
+                   help=f"registry HOST:PORT (default {DEFAULT_REGISTRY_ADDR}; port 0 = a free port)")
+    p.add_argument("--pump-port-base", type=non_negative_int, default=stack.DEFAULT_PUMP_PORT_BASE,
                    help="Pump i listens on BASE+10*(i-1), metrics on the next port (default 8250: "
                         "8250/8251, 8260/8261, ...; 0 = free ports)")
     p.add_argument("--pump-args", default="",
                    help="extra `binlake pump` flags for every Pump, one string (use --pump-args='...')")
     p.add_argument("--no-airflow", dest="airflow", action="store_false", help="start only the registry and Pumps")
-    p.add_argument("--airflow-port", type=_positive_int, default=stack.DEFAULT_AIRFLOW_PORT,
+    p.add_argument("--airflow-port", type=positive_int, default=stack.DEFAULT_AIRFLOW_PORT,
                    help="port of the Airflow API server and UI on 127.0.0.1 (default 8080)")
     p.add_argument("--dags-folder", help="Airflow DAGs (default: $BINLAKE_DAGS_FOLDER, else the checkout's dags/)")
     p.add_argument("--plugins-folder",
                    help="Airflow plugins (default: $BINLAKE_PLUGINS_FOLDER, else the checkout's plugins/)")
-    p.add_argument("--ready-timeout-s", type=_positive_float, default=180.0,
+    p.add_argument("--ready-timeout-s", type=positive_float, default=180.0,
                    help="give up if a service is not ready after this long (default 180)")
     p.set_defaults(handler=_run_up)
 
@@ -56,7 +57,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
 def _run_up(args: argparse.Namespace) -> int:
     import shlex
 
-    from binlake import config, stack
+    from binlake import config
+    from binlake.stack import supervisor as stack
 
     for flag, value in (("--data-dir", args.data_dir), ("--dags-folder", args.dags_folder),
                         ("--plugins-folder", args.plugins_folder)):

@@ -1,5 +1,5 @@
 """Table definitions and the DDL operations binlake's upstream writer supports,
-as pure functions on ``TableInfo`` (no SQL here; ``source.dialect`` renders SQL).
+as pure functions on ``TableInfo`` (no SQL here; ``sql.dialect`` renders SQL).
 
 Invariants kept here: column ids are never reused within a table (a dropped
 column's id stays retired, so old rows never decode into a new column); a

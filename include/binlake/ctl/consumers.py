@@ -15,22 +15,12 @@ import time
 from collections.abc import Sequence
 
 from binlake import errors, tso
+from binlake.cli.args import add_registry, registry_addr
 from binlake.registry.model import ConsumerRecord, NodeRecord
 
 
-def _ctl_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:  # type: ignore[type-arg]
-    ctl = sub.choices["ctl"]
-    for action in ctl._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    raise RuntimeError("the ctl parser has no actions")
-
-
-def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction,  # type: ignore[type-arg]
-             fmt: type[argparse.HelpFormatter]) -> None:
-    from binlake.cli import _add_registry
-
-    csub = _ctl_subparsers(sub)
+def add_parsers(csub: argparse._SubParsersAction, fmt: type[argparse.HelpFormatter]) -> None:  # type: ignore[type-arg]
+    """Add the consumer actions to ``binlake ctl``'s subparsers ``csub`` (``ctl.commands`` calls it)."""
     c = csub.add_parser(
         "consumers", help="consumers holding Pump GC: checkpoint, lag, windows lost", formatter_class=fmt,
         description=(
@@ -40,7 +30,7 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction,
         ),
         epilog="Example:\n  binlake ctl consumers --registry 127.0.0.1:8230\n",
     )
-    _add_registry(c)
+    add_registry(c)
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     c.set_defaults(handler=_consumers)
     c = csub.add_parser(
@@ -49,7 +39,7 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction,
         epilog="Example:\n  binlake ctl remove-consumer lake:/data/lake --registry 127.0.0.1:8230\n",
     )
     c.add_argument("consumer_id", help="the consumer's id (see `binlake ctl consumers`)")
-    _add_registry(c)
+    add_registry(c)
     c.set_defaults(handler=_remove)
 
 
@@ -82,10 +72,9 @@ def _lag(ts: int) -> str:
 
 
 def _consumers(args: argparse.Namespace) -> int:
-    from binlake.cli import _registry_addr
     from binlake.registry.client import RegistryClient
 
-    with RegistryClient(_registry_addr(args)) as reg:
+    with RegistryClient(registry_addr(args)) as reg:
         consumers = reg.list_consumers()
         pumps, _ = reg.list_nodes("pump")
     warnings = lost_windows(consumers, pumps)
@@ -111,12 +100,11 @@ def _consumers(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
-    from binlake.cli import _registry_addr
     from binlake.registry.client import RegistryClient
 
     if not args.consumer_id.strip():
         raise errors.InvalidArgument("remove-consumer needs a consumer id (see `binlake ctl consumers`)")
-    with RegistryClient(_registry_addr(args)) as reg:
+    with RegistryClient(registry_addr(args)) as reg:
         rec = reg.remove_consumer(args.consumer_id)
     print(f"consumer {rec.consumer_id} removed (checkpoint was {tso.format_ts(rec.checkpoint_ts)}); "
           "the Pumps' next GC rounds no longer wait for it")
