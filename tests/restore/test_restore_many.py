@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from binlake import oracle
-from binlake.restore import checks, restore
+from binlake.restore import checks, direct, restore
 from binlake.source import workload as wl
 from binlake.source.workload_ops import DDL
 from binlake.testing.devcluster import DevCluster
@@ -91,7 +91,11 @@ def test_a_subset_reads_nothing_of_the_other_tables_beyond_the_shared_scan(
     mid = _jobs(spark)
     restore.load_target(spark, p_all, restore.open_target(f"sqlite:///{tmp_path / 'all.db'}"), "all")
     after = _jobs(spark)
-    assert after - mid <= mid - before + 2, (mid - before, after - mid)
+    # Tables with a retyped column take the typed Spark rebuild (a few jobs each); the
+    # others add none: 300 tables cost the 3 tables' jobs plus those few.
+    typed = [t for t in p_all.tables if not direct.eligible(p_all.schema, t.table_id, p_all.ts, t.base)]
+    assert len(typed) < 20
+    assert after - mid <= mid - before + 2 * len(typed) + 2, (mid - before, after - mid, len(typed))
     assert {t for t, _n, _b in sub.tables} == {t.name for t in p_sub.tables}
     assert oracle.checksum(f"sqlite:///{tmp_path / 'sub.db'}", names) == {n: cap.checksums[n] for n in names}
 
@@ -108,7 +112,9 @@ def test_a_restore_killed_mid_way_leaves_only_whole_tables_and_the_rerun_finishe
     assert killed.returncode == 137, killed.stderr[-2000:]
     assert not (out / restore.MANIFEST).exists()
     plan = {t.name: t for t in restore.plan(spark, lake, cap.ts).tables}
-    visible = [d for d in out.iterdir() if (d / "_delta_log").is_dir()]
+    # A table is visible once its log holds a commit; a write the kill cut short may
+    # leave data files and an empty _delta_log, which no reader takes for a table.
+    visible = [d for d in out.iterdir() if any((d / "_delta_log").glob("*.json"))]
     assert 40 <= len(visible) < len(plan)
     for d in visible:  # every table a reader can see is whole
         t = plan[d.name]
