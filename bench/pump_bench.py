@@ -14,6 +14,11 @@ keeps nothing (the same gRPC server, servicer, PumpService checks and
 PumpClient; no value log, no fsync, no index). No Pump written in Python on
 this gRPC stack can go faster than that row, whatever its storage does.
 
+``--replicas 1,2`` runs every case at each replica count R on a cluster of
+max(R) Pumps (each on its own data directory; on one disk here, so the copies'
+fsyncs share it): R = 1 spreads prewrites over the Pumps, R = 2 writes each to
+two and acknowledges once both fsynced. Pump CPU and fsync figures are pump1's.
+
 ``--echo`` adds grpcio's own ceiling (``grpc_echo``): a bidirectional-stream
 echo with no binlake code, one stream per writer, in the same run. Two of its
 round trips are one committed transaction's worth of acknowledged messages.
@@ -69,7 +74,7 @@ def _use_tree(include: str | None) -> None:
 
 
 def _worker(registry: str, threads: int, size: int, seconds: float, tso_mode: str, commit_mode: str,
-            out: mp.Queue, include: str | None = None, pump_addr: str = "") -> None:
+            out: mp.Queue, include: str | None = None, pump_addr: str = "", replicas: int = 1) -> None:
     _use_tree(include)
     from binlake.client.pump_client import PumpClient
     from binlake.config import ClientSettings
@@ -80,7 +85,8 @@ def _worker(registry: str, threads: int, size: int, seconds: float, tso_mode: st
     reg = _BlockTS(registry_client) if tso_mode == "block" else registry_client
     # The floor's null Pump is not registered: the client is given its address.
     client = (PumpClient(pumps={"pump1": pump_addr}) if pump_addr
-              else PumpClient(settings=ClientSettings(registry=registry)))
+              else PumpClient(settings=ClientSettings(registry=registry, **({"replicas": replicas} if replicas > 1
+                                                                             else {}))))
     value = bp.PrewriteValue(mutations=[bp.TableMutation(table_id=1, inserted_rows=[os.urandom(size)],
                                                          sequence=[bp.INSERT])]).SerializeToString()
     latencies: list[float] = []
@@ -324,7 +330,7 @@ def _peak_rss_mib(pid: int) -> float:
 
 def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: float, tso_mode: str,
              procs: int, commit_mode: str = "sync", include: str | None = None,
-             pump_pid: int = 0, pump_addr: str = "") -> dict[str, float]:
+             pump_pid: int = 0, pump_addr: str = "", replicas: int = 1) -> dict[str, float]:
     procs = min(writers, procs)
     per = [writers // procs + (1 if i < writers % procs else 0) for i in range(procs)]
     ctx = mp.get_context("spawn")
@@ -332,7 +338,7 @@ def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: 
     zero = {"binlake_pump_fsyncs_total": 0.0, "binlake_pump_bytes_stored_total": 0.0}
     before = _metrics(metrics_url) if metrics_url else zero
     workers = [ctx.Process(target=_worker, args=(registry, n, size, seconds, tso_mode, commit_mode, out, include,
-                                                 pump_addr))
+                                                 pump_addr, replicas))
                for n in per]
     if pump_pid:
         _reset_peak_rss(pump_pid)
@@ -352,7 +358,7 @@ def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: 
     if not metrics_url:  # the floor stores nothing: count the bytes the writers sent
         stored = txns * (size + 64)
     return {
-        "tso": tso_mode, "commit": commit_mode, "procs": procs, "writers": writers, "size": size, "txn_s": txns / elapsed, "mb_s": stored / elapsed / 1e6,
+        "replicas": replicas, "tso": tso_mode, "commit": commit_mode, "procs": procs, "writers": writers, "size": size, "txn_s": txns / elapsed, "mb_s": stored / elapsed / 1e6,
         "p50_ms": percentile(lat, 0.5) * 1000,
         "p99_ms": percentile(lat, 0.99) * 1000,
         "fsync_s": fsyncs / elapsed, "binlogs_per_fsync": (2 * txns / fsyncs) if fsyncs else 0.0,
@@ -377,12 +383,18 @@ def main(args: argparse.Namespace | None = None) -> int:
         parser.add_argument("--floor", action="store_true")
         parser.add_argument("--pump-servers", default="")
         parser.add_argument("--echo", action="store_true")
+        parser.add_argument("--replicas", default="")
         args = parser.parse_args()
     try:
         writers = [int(x) for x in args.writers.split(",") if x]
         sizes = [int(x) for x in args.sizes.split(",") if x]
+        replica_counts = [int(x) for x in (getattr(args, "replicas", "") or "").split(",") if x] or [1]
     except ValueError:
-        print("bench pump: --writers and --sizes take comma-separated integers, e.g. 1,4,16", file=sys.stderr)
+        print("bench pump: --writers, --sizes and --replicas take comma-separated integers, e.g. 1,4,16",
+              file=sys.stderr)
+        return 2
+    if min(replica_counts) < 1 or max(replica_counts) > 16:
+        print("bench pump: --replicas takes counts from 1 to 16, e.g. 1,2", file=sys.stderr)
         return 2
     if not writers or not sizes or min(writers) < 1 or min(sizes) < 1 or args.seconds <= 0:
         print("bench pump: writers, sizes and --seconds must be positive", file=sys.stderr)
@@ -445,8 +457,10 @@ def main(args: argparse.Namespace | None = None) -> int:
                               f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms {r['fsync_s']:.0f} fsyncs/s",
                               flush=True)
                 metrics_addr = f"127.0.0.1:{free_port()}"
-                cluster = DevCluster(root / f"{name}-{size}", pumps=1, pump_args=[
-                    "--stop-write-at-free-bytes", "0", "--metrics-addr", metrics_addr])
+                cluster = DevCluster(root / f"{name}-{size}", pumps=max(replica_counts), pump_args=[
+                    "--stop-write-at-free-bytes", "0"])
+                # Only pump1 serves metrics (one address cannot serve several Pumps).
+                cluster.pumps["pump1"].args += ["--metrics-addr", metrics_addr]
                 env = {"PYTHONPATH": include, "BINLAKE_PUMP_SERVER": server}
                 saved = {k: os.environ.get(k) for k in env}
                 for k, v in env.items():
@@ -467,12 +481,13 @@ def main(args: argparse.Namespace | None = None) -> int:
                     if args.tso_per_txn:
                         cases.append((per_txn_writers, "per-txn", "sync"))
                         cases.append((per_txn_writers, "per-txn", "background"))
-                    for w, mode, commit_mode in cases:
+                    for (w, mode, commit_mode), replicas in ((c, rep) for c in cases for rep in replica_counts):
                         r = run_case(cluster.registry_addr, f"http://{metrics_addr}/metrics", w, size, args.seconds,
-                                     mode, args.client_procs, commit_mode, include, pid)
+                                     mode, args.client_procs, commit_mode, include, pid, replicas=replicas)
                         r.update(variant=name, raw_mb_s=raw_mb_s, raw_rec_s=raw_rec_s)
                         rows.append(r)
-                        print(f"  {name:<8} tso={mode:<7} commit={commit_mode:<10} writers={w:<3} size={size:<6} "
+                        print(f"  {name:<8} R={replicas} tso={mode:<7} commit={commit_mode:<10} writers={w:<3} "
+                              f"size={size:<6} "
                               f"{r['txn_s']:>8.0f} txn/s {r['mb_s']:>7.1f} MB/s  p50 {r['p50_ms']:.2f} ms  "
                               f"p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s  pump {r['cpu_us_txn']:.0f} "
                               f"CPU µs/txn, peak RSS {r['rss_mib']:.0f} MiB", flush=True)
@@ -491,12 +506,12 @@ def main(args: argparse.Namespace | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print()
-    print("| path | TSO | commit binlog | writers | txn size | committed txn/s | MB/s | p50 write ms | p99 write ms "
+    print("| path | R | TSO | commit binlog | writers | txn size | committed txn/s | MB/s | p50 write ms | p99 write ms "
           "| fsyncs/s | binlogs/fsync | pump CPU µs/txn | client CPU µs/txn | pump peak RSS MiB | raw append+fsync MB/s "
           "| ratio to raw |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['variant']} | {r['tso']} | {r['commit']} | {r['writers']} | {r['size'] // 1024} KiB | "
+        print(f"| {r['variant']} | {r.get('replicas', 1)} | {r['tso']} | {r['commit']} | {r['writers']} | {r['size'] // 1024} KiB | "
               f"{r['txn_s']:.0f} | {r['mb_s']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['fsync_s']:.0f} | "
               f"{r['binlogs_per_fsync']:.1f} | {r['cpu_us_txn']:.0f} | {r['client_cpu_us_txn']:.0f} | "
               f"{r['rss_mib']:.0f} | {r['raw_mb_s']:.1f} | "

@@ -10,11 +10,16 @@ the window `[tso(start), tso(end))`.
 2. **wait** — deferrable: until every planned Pump (and any that joined since)
    reports a safe ts >= the window end. The triggerer polls the registry; no
    worker slot is held.
-3. **ingest** — `spark-submit jobs/ingest.py` through the `spark_default`
-   connection (`local[*]` on one machine; point it at a cluster master
-   elsewhere); a window no retry can ingest (below a GC ts, overlapping an
-   ingested window with other bounds) fails at once, anything else retries — or **ingest_inprocess** — the same job inside the task, when the
-   setting `binlake_ingest_mode` is `inprocess`.
+3. **ingest_inprocess** — the job inside the task, as a client of the
+   always-on Spark Connect server (`binlake_ingest_mode` `connect`, the
+   default when `binlake_spark_remote` is set, as `binlake up` does) or in a
+   `local[*]` session (`inprocess`) — or **ingest** — `spark-submit
+   jobs/ingest.py` through the `spark_default` connection, one Spark
+   application per window (`spark-submit`, the default without a Connect
+   server). A window no retry can ingest (below a GC ts, overlapping an
+   ingested window with other bounds) fails at once, anything else retries;
+   a Connect server lost mid-job fails the try with a message naming it, and
+   the retry re-ingests the whole window.
 4. **publish** — emits an event of the Asset `binlake://lake/changes` whose
    extra holds the window, the Pumps and their safe ts.
 
@@ -28,13 +33,15 @@ the schedule's grid (whole multiples of the interval after the start date),
 or its windows overlap the scheduled ones with other bounds and fail at once.
 
 Settings, read when tasks run (Airflow Variable, else environment, else default):
-`binlake_registry` / `BINLAKE_REGISTRY` (127.0.0.1:8230), `binlake_lake` /
+`binlake_registry` / `BINLAKE_REGISTRY` (127.0.0.1:8230; the Airflow Connection
+`binlake_registry`, host `h1:8230,h2:8230`, wins over both), `binlake_lake` /
 `BINLAKE_LAKE_DIR` (data/lake), `binlake_ingest_mode` / `BINLAKE_INGEST_MODE`
-(spark-submit), `binlake_spark_python`, `binlake_spark_master`,
+(connect | spark-submit | inprocess), `binlake_spark_remote` /
+`BINLAKE_SPARK_REMOTE` (sc://HOST:PORT), `binlake_spark_python`, `binlake_spark_master`,
 `binlake_safe_ts_poll_s`. The schedule (`BINLAKE_INGEST_SCHEDULE`: `5m`, `1h`
 or a cron expression; default every 5 minutes) and the start date
-(`BINLAKE_INGEST_START_DATE`) are read from the environment when the file is
-parsed, because they shape the DAG itself.
+(`BINLAKE_INGEST_START_DATE`) and the runs at once (`BINLAKE_INGEST_MAX_ACTIVE_RUNS`,
+default 4) are read from the environment when the file is parsed, because they shape the DAG itself.
 """
 
 from __future__ import annotations
@@ -62,9 +69,9 @@ def _plan_value(key: str) -> str:
     # Every interval since the start date is a window to ingest, including the
     # ones missed while Airflow was down.
     catchup=True,
-    # Windows are independent (each replaces only itself), so a few may run at
-    # once when catching up; more would only queue Spark jobs on one machine.
-    max_active_runs=4,
+    # Windows are independent (each replaces only itself), so several may run at
+    # once when catching up or backfilling (BINLAKE_INGEST_MAX_ACTIVE_RUNS).
+    max_active_runs=config.ingest_max_active_runs(),
     default_args={
         "retries": 3,
         "retry_delay": dt.timedelta(seconds=30),
@@ -115,7 +122,9 @@ def binlake_ingest() -> None:
         max_active_tis_per_dag=2,
     )
 
-    @task(task_id=ingest_tasks.INPROCESS_TASK, multiple_outputs=False, max_active_tis_per_dag=2)
+    # Against the always-on Spark a window costs its work: as many at once as runs.
+    @task(task_id=ingest_tasks.INPROCESS_TASK, multiple_outputs=False,
+          max_active_tis_per_dag=config.ingest_max_active_runs())
     def ingest_inprocess(planned: dict[str, Any]) -> dict[str, Any]:
         return ingest_tasks.ingest_inprocess(planned)
 

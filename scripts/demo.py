@@ -122,9 +122,13 @@ def main() -> int:
 
         rc6 = act_sources(cluster, root)
         done("6 MariaDB source")
+        from demo_replicas import act_replicas  # act 7: two copies, a Pump host lost for good
+
+        rc7 = act_replicas(cluster, root)
+        done("7 replicas, host lost")
         total = sum(t for _a, t in took)
         say("time per act: " + ", ".join(f"act {a} {t:.0f}s" for a, t in took) + f"; total {total / 60:.1f} min")
-        return rc or rc2 or rc3 or rc4 or rc5 or rc6
+        return rc or rc2 or rc3 or rc4 or rc5 or rc6 or rc7
     except errors.BinlakeError as exc:
         say(f"FAILED: {exc}")
         return 1

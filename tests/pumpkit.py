@@ -347,8 +347,9 @@ class Processes:
                 svc.terminate(timeout=5)
 
 
-def run_cli(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    """Run ``binlake ARGS`` and capture its output."""
+def run_cli(*args: str, timeout: float = 30.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``binlake ARGS`` and capture its output (``env``: added to this process's environment)."""
     return subprocess.run(
         [str(BINLAKE), *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        env={**os.environ, **env} if env else None,
     )

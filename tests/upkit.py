@@ -40,6 +40,10 @@ class Up:
 
     def __init__(self, args: list[str], cwd: pathlib.Path, env: Mapping[str, str] | None = None) -> None:
         self.lines: list[str] = []
+        if "--spark-connect-port" not in args:
+            # A test opts in to the always-on Spark: its JVM costs CPU, and the fixed
+            # port would clash between test runs.
+            args = [*args, "--spark-connect-port", "0"]
         self.proc = subprocess.Popen([*BINLAKE, "up", *args], cwd=cwd, stdout=subprocess.PIPE, env=clean_env(env),
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -11,7 +11,7 @@ import pathlib
 import tomllib
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -154,11 +154,26 @@ class ClientSettings(BaseSettings):
     max_batch_bytes: int = Field(8 * MiB, ge=1024, description="Bytes coalesced into one write RPC (soft).")
     max_binlog_bytes: int = Field(GiB, ge=1024, le=MAX_BINLOG_BYTES_CEILING, description="Largest binlog sent.")
     max_inflight_batches: int = Field(1, ge=1, le=1024, description="Write batches on the wire per Pump at once.")
+    replicas: int = Field(1, ge=1, le=16, description="Pumps each prewrite is written to (R; a cluster setting).")
+    min_acks: int | None = Field(None, ge=1, le=16, description="Pumps that must fsync before a write is "
+                                 "acknowledged (W; default R). Readers skip up to W - 1 unreachable Pumps.")
 
     @field_validator("registry")
     @classmethod
     def _addr(cls, v: str) -> str:
         return _check_addr_list(v, "client registry") or v
+
+    @model_validator(mode="after")
+    def _acks(self) -> ClientSettings:
+        if self.min_acks is not None and self.min_acks > self.replicas:
+            raise ValueError(f"min_acks={self.min_acks} is above replicas={self.replicas}: a write cannot be "
+                             "acknowledged by more Pumps than it is written to; lower min_acks or raise replicas")
+        return self
+
+    @property
+    def acks(self) -> int:
+        """W: ``min_acks``, or R when unset."""
+        return self.replicas if self.min_acks is None else self.min_acks
 
 
 class SecuritySettings(BaseSettings):

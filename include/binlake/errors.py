@@ -45,6 +45,11 @@ class DeadlineExceeded(BinlakeError):
     """The peer did not answer in time."""
 
 
+class NotEnoughReplicas(Unavailable):
+    """Fewer Pumps than ``min_acks`` could take a write (as Kafka's
+    NotEnoughReplicas): the write was refused rather than kept on fewer copies."""
+
+
 class NotLeader(Unavailable):
     """A registry follower (or a deposed leader) refused a call; ``leader`` is the
     HOST:PORT of the current leader when known, else empty."""

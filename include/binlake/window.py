@@ -3,7 +3,11 @@
 ``Window(start_ts, end_ts)`` is ``[start_ts, end_ts)``, validated once where it is
 built (integers, TSOs in [0, 2^63), start before end). ``readiness`` is the rule
 the window planner, the Pump's PullBinlogs and the Airflow trigger all apply to a
-Pump: the window is *gone* when the Pump's GC ts is above its start (binlogs of
+Pump;
+``cluster_readiness`` applies it to every Pump that may hold a window, knowing
+each transaction is on at least ``min_acks`` Pumps (replicated Pumps), and is
+what the ingest trigger, the Spark data source, ``ctl dump`` and the apply ask.
+For one Pump: the window is *gone* when the Pump's GC ts is above its start (binlogs of
 the window were collected), *waiting* while the Pump's safe ts is below its end
 (transactions of the window may still arrive), else *ready*.
 """
@@ -66,3 +70,72 @@ def waiting_error(window: Window, pump: str, safe_ts: int) -> errors.FailedPreco
     return errors.FailedPrecondition(
         f"window end {window.end_ts} is above pump {pump}'s safe ts {tso.format_ts(safe_ts)}: "
         "transactions below the window end may still arrive; retry later or pull with wait")
+
+
+@dataclasses.dataclass(frozen=True)
+class PumpView:
+    """What a reader knows of one Pump that may hold a window's transactions:
+    its safe ts and GC ts, or ``reachable=False`` when it did not answer (or its
+    heartbeat is stale)."""
+
+    node_id: str
+    reachable: bool
+    safe_ts: int = 0
+    gc_ts: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterReadiness:
+    """``cluster_readiness``'s verdict. ``serve_from`` are the Pumps to read when
+    READY; ``waiting`` names the Pumps a WAITING window waits for; ``gone`` the
+    Pump whose GC passed the window start; ``skipped`` the unreachable Pumps a
+    READY window is served without."""
+
+    state: Readiness
+    serve_from: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    unreachable: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    gone: str = ""
+
+    def describe(self, window: Window) -> str:
+        """One line saying why the window is not ready (empty when it is)."""
+        if self.state is Readiness.READY:
+            return ""
+        if self.state is Readiness.GONE:
+            return f"window {window} starts below pump {self.gone}'s GC ts"
+        behind = [p for p in self.waiting if p not in self.unreachable]
+        parts = []
+        if behind:
+            parts.append(f"the safe ts of {', '.join(behind)} to pass {tso.format_ts(window.end_ts)}")
+        if self.unreachable and set(self.unreachable) & set(self.waiting):
+            parts.append(f"unreachable pump(s) {', '.join(self.unreachable)} (more than min_acks - 1 are down, so "
+                         "an acknowledged transaction may be on them only)")
+        return f"window {window} waits for " + " and ".join(parts)
+
+
+def cluster_readiness(window: Window, pumps: list[PumpView], min_acks: int = 1) -> ClusterReadiness:
+    """The one readiness rule for a window over every Pump that may hold its
+    transactions, with each transaction acknowledged on at least ``min_acks`` (W)
+    Pumps.
+
+    Every reachable Pump must have passed the window (``readiness`` above). Up to
+    W - 1 unreachable Pumps are skipped: every acknowledged transaction is on W
+    Pumps, so at least one reachable Pump holds it. With more than W - 1
+    unreachable the window waits for them (W = 1: any unreachable Pump holds the
+    window back, as before replication)."""
+    if isinstance(min_acks, bool) or not isinstance(min_acks, int) or min_acks < 1:
+        raise ValueError(f"min_acks must be an integer >= 1, got {min_acks!r}")
+    reachable = [p for p in pumps if p.reachable]
+    unreachable = tuple(sorted(p.node_id for p in pumps if not p.reachable))
+    for p in reachable:
+        if readiness(window, p.safe_ts, p.gc_ts) is Readiness.GONE:
+            return ClusterReadiness(Readiness.GONE, gone=p.node_id, unreachable=unreachable)
+    behind = [p.node_id for p in reachable if readiness(window, p.safe_ts, p.gc_ts) is Readiness.WAITING]
+    # Skipping needs someone to serve from: no reachable Pump at all waits too.
+    too_many = len(unreachable) > min_acks - 1 or (unreachable and not reachable)
+    waiting = sorted(behind) + (list(unreachable) if too_many else [])
+    if waiting:
+        return ClusterReadiness(Readiness.WAITING, waiting=tuple(waiting), unreachable=unreachable)
+    return ClusterReadiness(Readiness.READY, serve_from=tuple(sorted(p.node_id for p in reachable)),
+                            unreachable=unreachable, skipped=unreachable)

@@ -2,8 +2,12 @@
 
 Run-time settings are resolved when a task runs, never when a DAG file is
 parsed: the DAG processor parses every file every few seconds, and a
-Variable read there is a metadata-database (or secrets-backend) round trip
-per parse. Each run-time setting is looked up in this order:
+Variable or Connection read there is a metadata-database (or secrets-backend)
+round trip per parse. The registry's address is first looked up as the Airflow
+Connection ``binlake_registry`` (see ``registry_addr``): a registry group is an
+endpoint like the databases the DAGs reach, and an Airflow user keeps those
+as Connections. Then each run-time setting, the registry's included, is
+looked up in this order:
 
 1. the Airflow Variable (``binlake_registry``, ``binlake_lake``, ...), which
    also covers ``AIRFLOW_VAR_BINLAKE_*`` environment variables and any
@@ -57,9 +61,15 @@ DEFAULT_POLL_INTERVAL_S = 5.0
 
 SPARK_SUBMIT = "spark-submit"
 INPROCESS = "inprocess"
-INGEST_MODES = (SPARK_SUBMIT, INPROCESS)
+CONNECT = "connect"
+INGEST_MODES = (CONNECT, SPARK_SUBMIT, INPROCESS)
 
 SCHEDULE_ENV = "BINLAKE_INGEST_SCHEDULE"
+MAX_ACTIVE_RUNS_ENV = "BINLAKE_INGEST_MAX_ACTIVE_RUNS"
+DEFAULT_MAX_ACTIVE_RUNS = 4
+# The Connection holding the registry group: conn type ``generic``, host the
+# comma-separated members, port the port of members that name none.
+REGISTRY_CONN_ID = "binlake_registry"
 START_DATE_ENV = "BINLAKE_INGEST_START_DATE"
 
 
@@ -94,11 +104,66 @@ def setting(variable: str, env: Sequence[str], default: str | None) -> str | Non
     return default
 
 
-def registry_addr() -> str:
-    """The registry's HOST:PORT, or a registry group's comma-separated list
-    (Variable ``binlake_registry``, env ``BINLAKE_REGISTRY``)."""
+def registry_from_connection(host: str | None, port: int | None) -> str:
+    """The registry list a ``binlake_registry`` Connection's ``host`` and ``port`` give.
+
+    ``host`` is one member or a comma-separated group (``h1:8230,h2:8230``);
+    a member without a port takes the Connection's ``port`` (so
+    ``generic://h1,h2,h3:8230`` as a URI is the group ``h1:8230,h2:8230,h3:8230``).
+    Raises ConfigError naming the Connection when the list is malformed.
+    """
     from binlake import errors
 
+    where = f"Airflow Connection {REGISTRY_CONN_ID}"
+    text = (host or "").strip()
+    if not text:
+        raise ConfigError(f"{where} has no host: set it to the registry group, e.g. h1:8230,h2:8230,h3:8230")
+    if port is not None and not (isinstance(port, int) and 0 < port < 65536):
+        raise ConfigError(f"{where}: port {port!r} is not a TCP port (1-65535)")
+    members = []
+    for part in text.split(","):
+        item = part.strip()
+        # A bare name or IPv4 address (no colon) or a bracketed IPv6 one without
+        # a port takes the Connection's port; anything else is parsed as given.
+        if port is not None and item and (":" not in item or (item.startswith("[") and item.endswith("]"))):
+            item = f"{item}:{port}"
+        members.append(item)
+    addr = ",".join(members)
+    try:
+        parse_addr_list(addr, "registry address list")
+    except errors.InvalidArgument as exc:
+        raise ConfigError(
+            f"{where}: {exc}; its host must list the registry group as HOST:PORT[,HOST:PORT...] "
+            "(or HOST[,HOST...] with the port in the Connection's port field)"
+        ) from None
+    return addr
+
+
+def _registry_connection() -> str | None:
+    """The registry list of the ``binlake_registry`` Connection; None when no such Connection exists."""
+    # Imported here for the same reason as in _variable: never at parse time.
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = Connection.get(REGISTRY_CONN_ID)
+    except AirflowNotFoundException:
+        return None
+    return registry_from_connection(conn.host, conn.port)
+
+
+def registry_addr() -> str:
+    """The registry's HOST:PORT, or a registry group's comma-separated list.
+
+    In order: the Airflow Connection ``binlake_registry`` (its host the list,
+    see ``registry_from_connection``), the Variable ``binlake_registry``, env
+    ``BINLAKE_REGISTRY`` (or ``BINLAKE_CLIENT_REGISTRY``), 127.0.0.1:8230.
+    """
+    from binlake import errors
+
+    from_connection = _registry_connection()
+    if from_connection is not None:
+        return from_connection
     # BINLAKE_CLIENT_REGISTRY is what docker-compose.yaml gives every client.
     addr = setting("binlake_registry", ("BINLAKE_REGISTRY", "BINLAKE_CLIENT_REGISTRY"), DEFAULT_REGISTRY_ADDR)
     assert addr is not None
@@ -123,16 +188,39 @@ def lake_dir() -> str:
 
 
 def ingest_mode() -> str:
-    """``spark-submit`` (default) or ``inprocess`` (Variable ``binlake_ingest_mode``,
-    env ``BINLAKE_INGEST_MODE``). In-process runs the ingest inside the Airflow
-    task's own interpreter, for machines without a spark-submit on PATH."""
-    mode = (setting("binlake_ingest_mode", ("BINLAKE_INGEST_MODE",), SPARK_SUBMIT) or SPARK_SUBMIT).lower()
+    """How a window's Spark job runs (Variable ``binlake_ingest_mode``, env ``BINLAKE_INGEST_MODE``):
+
+    ``connect``       inside the task, as a client of the always-on Spark Connect
+                      server at ``spark_remote()`` (the default when one is set:
+                      ``binlake up`` and docker-compose set it);
+    ``spark-submit``  a Spark application per window through the ``spark_default``
+                      connection (the default without a Connect server; a cluster
+                      without Connect);
+    ``inprocess``     a ``local[*]`` Spark inside the task's own interpreter.
+    """
+    default = CONNECT if spark_remote() is not None else SPARK_SUBMIT
+    mode = (setting("binlake_ingest_mode", ("BINLAKE_INGEST_MODE",), default) or default).lower()
     if mode not in INGEST_MODES:
         raise ConfigError(
             f"binlake_ingest_mode must be one of {', '.join(INGEST_MODES)}, got {mode!r} "
             "(from Variable binlake_ingest_mode or env BINLAKE_INGEST_MODE)"
         )
     return mode
+
+
+def spark_remote() -> str | None:
+    """The always-on Spark Connect server, ``sc://HOST:PORT`` (Variable
+    ``binlake_spark_remote``, env ``BINLAKE_SPARK_REMOTE``); None when there is none."""
+    from binlake import errors
+    from binlake.lake.connect import check_remote
+
+    url = setting("binlake_spark_remote", ("BINLAKE_SPARK_REMOTE",), None)
+    if url is None:
+        return None
+    try:
+        return check_remote(url, "binlake_spark_remote")
+    except errors.InvalidArgument as exc:
+        raise ConfigError(f"{exc} (from Variable binlake_spark_remote or env BINLAKE_SPARK_REMOTE)") from None
 
 
 def spark_master() -> str | None:
@@ -228,3 +316,21 @@ def ingest_start_date(text: str | None = None) -> dt.datetime:
             f"{START_DATE_ENV}={raw!r} is not an ISO-8601 datetime such as 2026-11-21T08:00:00"
         ) from None
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def ingest_max_active_runs(text: str | None = None) -> int:
+    """How many ingest runs (windows) may run at once, catching up or backfilling:
+    ``BINLAKE_INGEST_MAX_ACTIVE_RUNS`` (default 4). Windows are independent and
+    each replaces only itself, so any number is safe; against the always-on Spark
+    a run costs its work, so more runs at once shorten a backfill until Spark's
+    cores are busy. ``airflow backfill create --max-active-runs`` overrides it per backfill."""
+    raw = (text if text is not None else os.environ.get(MAX_ACTIVE_RUNS_ENV, "")).strip()
+    if not raw:
+        return DEFAULT_MAX_ACTIVE_RUNS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 256:
+        raise ConfigError(f"{MAX_ACTIVE_RUNS_ENV}={raw!r}: give a whole number of runs in 1..256")
+    return value

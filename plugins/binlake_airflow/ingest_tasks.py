@@ -14,6 +14,7 @@ ordinary error, which the DAG's retries with exponential backoff absorb.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -107,35 +108,73 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
 
 def choose_ingest(mode: str) -> str:
     """The task id of the ingest flavour this run uses."""
-    return INPROCESS_TASK if mode == config.INPROCESS else SPARK_SUBMIT_TASK
+    return SPARK_SUBMIT_TASK if mode == config.SPARK_SUBMIT else INPROCESS_TASK
 
 
 def ingest_inprocess(window: Mapping[str, Any]) -> dict[str, Any]:
-    """Run the ingest of the planned window inside this task's interpreter."""
+    """Run the ingest of the planned window inside this task (``inprocess`` or ``connect``)."""
+    return ingest_window_task(window)
+
+
+def _session(window: Mapping[str, Any]) -> tuple[Any, bool, str | None]:
+    """(session, whether this task owns it, the Connect URL if any) for the run's mode."""
     from pyspark.sql import SparkSession
 
-    from binlake import errors
-    from binlake.lake.ingest import ingest_window
+    from binlake.lake import connect
     from binlake.lake.spark import LAKE_CONF, build_spark
 
+    name = f"binlake-ingest-{window['start_ts']}-{window['end_ts']}"
+    if window.get("mode") == config.CONNECT:
+        try:
+            remote = config.spark_remote() or connect.DEFAULT_REMOTE
+        except config.ConfigError as exc:
+            raise AirflowFailException(str(exc)) from None
+        try:
+            return connect.connect(remote, name), True, remote
+        except ConnectionError as exc:
+            # The server is down or restarting: the DAG's retries absorb it.
+            raise AirflowException(f"ingest failed, will retry: {exc}") from None
     # A session that already runs here (dag.test in a test process) is reused
     # and left running; one this task starts is stopped with it.
     owned = SparkSession.getActiveSession() is None
-    spark = build_spark(f"binlake-ingest-{window['start_ts']}-{window['end_ts']}", master=config.spark_master(),
-                        extra_conf=LAKE_CONF)
+    return build_spark(name, master=config.spark_master(), extra_conf=LAKE_CONF), owned, None
+
+
+def ingest_window_task(window: Mapping[str, Any], progress: Any = None) -> dict[str, Any]:
+    """The ingest of the planned window, run in this task: over the always-on Spark
+    Connect server (mode ``connect``) or a ``local[*]`` session (``inprocess``).
+
+    A Connect server that goes away mid-job fails the task with a message naming
+    it; the retry re-ingests the whole window, which replaces whatever the lost
+    attempt committed (rows before the ledger row: see ``binlake.lake.ingest``),
+    so the window ends up ingested exactly once.
+    """
+    from binlake import errors
+    from binlake.lake import connect
+    from binlake.lake.ingest import ingest_window
+
+    spark, owned, remote = _session(window)
+    say = progress or (lambda msg: log.info("ingest: %s", msg))
     try:
         # No pump list: the ingest asks the registry again, so a Pump that joined
         # during the wait is read too (the wait step waited for it).
         result = ingest_window(spark, window["lake"], window["registry"], int(window["start_ts"]),
-                               int(window["end_ts"]), progress=lambda msg: log.info("ingest: %s", msg))
+                               int(window["end_ts"]), progress=say)
     except errors.BinlakeError as exc:
         if errors.is_final(exc):  # below a GC ts, overlapping another window: no retry can help
             raise AirflowFailException(str(exc)) from None
         # A Pump down or restarting, a safe ts not there yet: the DAG's retries absorb it.
         raise AirflowException(f"ingest failed, will retry: {exc}") from None
+    except Exception as exc:
+        if remote is not None and connect.is_connection_loss(exc):
+            raise AirflowException(
+                f"ingest of [{window['start_ts']}, {window['end_ts']}) failed, will retry: "
+                f"{connect.unreachable(remote, exc)}; the retry re-ingests the whole window") from None
+        raise
     finally:
         if owned:
-            spark.stop()
+            with contextlib.suppress(Exception):  # a lost Connect server cannot be told
+                spark.stop()
     summary = summarize(result)
     log.info("ingested window [%s, %s): %s", window["start_ts"], window["end_ts"], summary)
     return summary

@@ -86,6 +86,7 @@ class WaitForSafeTsOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from binlake import errors, tso
         from binlake.registry.client import RegistryClient
+        from binlake.replication import cluster_min_acks
         from binlake_airflow import config
 
         start_ts, end_ts, pumps = self._window()
@@ -94,11 +95,12 @@ class WaitForSafeTsOperator(BaseOperator):
         try:
             with RegistryClient(self.registry) as client:
                 nodes, _revision = client.list_nodes("pump")
+                acks = cluster_min_acks(client, start_ts, end_ts)
         except errors.BinlakeError as exc:
             # The trigger keeps polling through a registry outage; no need to fail here.
             self.log.warning("registry %s: %s; deferring to the triggerer", self.registry, exc)
         else:
-            check = check_safe_ts(nodes, pumps, start_ts, end_ts)
+            check = check_safe_ts(nodes, pumps, start_ts, end_ts, acks)
             if check.error is not None or check.ready:
                 return self._finish(check.payload(start_ts, end_ts), deferred=False)
             self.log.info("window %s: %s", window, describe_waiting(check, nodes, end_ts))

@@ -35,6 +35,9 @@ MISSING = "missing"
 
 # While waiting, say which Pumps hold the window back at most this often.
 _PROGRESS_LOG_EVERY_S = 60.0
+# A Pump silent for this long counts as unreachable for replicated reads (5 missed
+# heartbeats at the default 2 s interval).
+STALE_HEARTBEAT_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,17 +64,23 @@ class SafeTsCheck:
                 "pumps": sorted(self.safe_ts), "joined": self.joined}
 
 
-def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts: int, end_ts: int) -> SafeTsCheck:
+def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts: int, end_ts: int,
+                  min_acks: int | None = None, stale_after_s: float = STALE_HEARTBEAT_S) -> SafeTsCheck:
     """Is window ``[start_ts, end_ts)`` closed on every Pump that may hold part of it?
 
     ``planned`` are the Pumps chosen when the window was planned. A planned Pump
     that is no longer registered, or whose GC ts passed ``start_ts``, is an
     error. A Pump that registered since and belongs to the window (by the
     planner's rule) is waited for too, so a Pump joining late is never skipped.
+
+    Replicated Pumps (``min_acks`` W > 1, None: the configured one; callers pass the
+    registry's, ``replication.cluster_min_acks``): a Pump whose last
+    heartbeat is older than ``stale_after_s`` counts as unreachable, and up to
+    W - 1 of those are skipped (``window.cluster_readiness``).
     """
     from binlake import tso
     from binlake.lake.planner import pumps_for_window
-    from binlake.window import Readiness, Window, readiness
+    from binlake.window import PumpView, Readiness, Window, cluster_readiness, readiness
 
     window_ts = Window(start_ts, end_ts)
     nodes = list(nodes)
@@ -98,6 +107,18 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
                        "longer be ingested completely"),
             )
     safe = {node_id: by_id[node_id].safe_ts for node_id in chosen}
+    if min_acks is None:
+        from binlake.replication import cluster_min_acks
+
+        min_acks = cluster_min_acks(None)
+    if min_acks > 1:
+        now_ms = time.time_ns() // 1_000_000
+        views = [PumpView(node_id, now_ms - by_id[node_id].updated_at_ms <= stale_after_s * 1000,
+                          by_id[node_id].safe_ts, by_id[node_id].gc_ts) for node_id in chosen]
+        verdict = cluster_readiness(window_ts, views, min_acks)
+        served = {p: safe[p] for p in verdict.serve_from} if verdict.state is Readiness.READY else safe
+        return SafeTsCheck(ready=verdict.state is Readiness.READY, safe_ts=served, waiting=list(verdict.waiting),
+                           joined=joined)
     waiting = [node_id for node_id in chosen if states[node_id] is Readiness.WAITING]
     return SafeTsCheck(ready=not waiting, safe_ts=safe, waiting=waiting, joined=joined)
 
@@ -162,6 +183,7 @@ class SafeTsTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from binlake import errors
         from binlake.registry.client import RegistryClient
+        from binlake.replication import cluster_min_acks
 
         client = RegistryClient(self.registry)
         last_log = 0.0
@@ -169,12 +191,13 @@ class SafeTsTrigger(BaseTrigger):
             while True:
                 try:
                     nodes, _revision = await asyncio.to_thread(client.list_nodes, "pump")
+                    acks = await asyncio.to_thread(cluster_min_acks, client, self.start_ts, self.end_ts)
                 except errors.BinlakeError as exc:
                     # A registry restart is a pause, not a failure: Pumps keep
                     # their data and the window will close once it is back.
                     self.log.warning("registry %s: %s; retrying in %.1fs", self.registry, exc, self.poll_interval)
                 else:
-                    check = check_safe_ts(nodes, self.pumps, self.start_ts, self.end_ts)
+                    check = check_safe_ts(nodes, self.pumps, self.start_ts, self.end_ts, acks)
                     if check.error is not None or check.ready:
                         if check.joined:
                             self.log.info("pump(s) %s joined the window after it was planned; waited for them too",

@@ -184,3 +184,19 @@ def test_start_date_setting() -> None:
     assert config.ingest_start_date("2026-11-21T08:05").isoformat() == "2026-11-21T08:05:00+00:00"
     with pytest.raises(config.ConfigError, match="BINLAKE_INGEST_START_DATE"):
         config.ingest_start_date("yesterday")
+
+
+def test_max_active_runs_setting() -> None:
+    assert config.ingest_max_active_runs("") == config.DEFAULT_MAX_ACTIVE_RUNS
+    assert config.ingest_max_active_runs("16") == 16
+    for bad in ("0", "many", "1000"):
+        with pytest.raises(config.ConfigError, match="BINLAKE_INGEST_MAX_ACTIVE_RUNS"):
+            config.ingest_max_active_runs(bad)
+
+
+def test_connect_and_inprocess_run_inside_the_task() -> None:
+    from binlake_airflow import ingest_tasks
+
+    assert ingest_tasks.choose_ingest(config.CONNECT) == ingest_tasks.INPROCESS_TASK
+    assert ingest_tasks.choose_ingest(config.INPROCESS) == ingest_tasks.INPROCESS_TASK
+    assert ingest_tasks.choose_ingest(config.SPARK_SUBMIT) == ingest_tasks.SPARK_SUBMIT_TASK

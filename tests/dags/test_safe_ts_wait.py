@@ -139,6 +139,24 @@ def test_check_is_pure_and_uses_the_planner_rule() -> None:
     assert check.ready and check.safe_ts == {"pump1": end} and check.error is None
 
 
+def test_replicated_window_skips_up_to_w_minus_one_silent_pumps() -> None:
+    """With min_acks W = 2 a Pump whose heartbeat went stale is skipped (its
+    transactions are on another Pump too); two silent Pumps make the window wait,
+    naming them; W = 1 waits for the one."""
+    start, end = 50 << 18, 100 << 18
+    fresh = time.time_ns() // 1_000_000
+    nodes = [NodeRecord("p1", "pump", "127.0.0.1:9", safe_ts=end, updated_at_ms=fresh),
+             NodeRecord("p2", "pump", "127.0.0.1:9", safe_ts=end - 1, updated_at_ms=fresh - 60_000),
+             NodeRecord("p3", "pump", "127.0.0.1:9", safe_ts=end, updated_at_ms=fresh)]
+    check = check_safe_ts(nodes, ["p1", "p2", "p3"], start, end, min_acks=2)
+    assert check.ready and sorted(check.safe_ts) == ["p1", "p3"]
+    check = check_safe_ts(nodes, ["p1", "p2", "p3"], start, end, min_acks=1)
+    assert not check.ready and check.waiting == ["p2"]
+    nodes[2].updated_at_ms = fresh - 60_000
+    check = check_safe_ts(nodes, ["p1", "p2", "p3"], start, end, min_acks=2)
+    assert not check.ready and check.waiting == ["p2", "p3"]
+
+
 # ------------------------------------------------------------------------------ operator
 
 

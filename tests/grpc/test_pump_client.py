@@ -18,6 +18,7 @@ from pumpkit import (
     prewrite,
     pull,
     row_start_ts,
+    run_cli,
     start_registry,
     wait_safe,
     wait_until,
@@ -382,3 +383,64 @@ def test_a_broken_channel_fails_writes_promptly_and_never_wedges_the_sender(
                 conn.write(prewrite(reg.get_ts()).SerializeToString())
             assert time.monotonic() - t0 < 4.0
     assert node.storage.pending_count == 0
+
+
+# ---------------------------------------------------------------------------- replication
+
+
+def test_replicated_group_puts_each_prewrite_on_two_pumps(
+    three: dict[str, Any], registry: RegistryServer, reg: RegistryClient
+) -> None:
+    """replicas = 2: each prewrite of a group is on two Pumps (one batch per Pump), its
+    commit on both; a Pump down is replaced by the third; every copy is complete."""
+    with make_client(registry, strategy="range", max_failures=1, replicas=2) as client:
+        first = reg.get_ts_batch(12)
+        placements = client.write_prewrites([prewrite(first + i) for i in range(12)])
+        assert all(len(client.holders(p)) == 2 and len(set(client.holders(p))) == 2 for p in placements)
+        c0 = reg.get_ts_batch(12)
+        client.write_commits([commit(first + i, c0 + i) for i in range(12)], placements)
+        txns = [(first + i, c0 + i, client.holders(placements[i])) for i in range(12)]
+        three["p2"].stop(grace=0.5, report_paused=False)  # still "online" to the registry
+        s2 = reg.get_ts_batch(6)
+        later = client.write_prewrites([prewrite(s2 + i) for i in range(6)])
+        assert all(sorted(client.holders(p)) == ["p1", "p3"] for p in later)
+        c2 = reg.get_ts_batch(6)
+        client.write_commits([commit(s2 + i, c2 + i) for i in range(6)], later)
+        txns += [(s2 + i, c2 + i, client.holders(later[i])) for i in range(6)]
+    end = txns[-1][1] + 1
+    for name in ("p1", "p3"):
+        assert served_by(three[name].addr, first, end) == [(s, c) for s, c, h in txns if name in h]
+
+
+def test_replicas_prefer_distinct_hosts() -> None:
+    """Two Pumps on one host and one on another: every pair of copies spans both hosts."""
+    pumps = {"a": "127.0.0.1:1", "b": "127.0.0.1:2", "c": "127.0.0.2:3"}
+    with PumpClient(pumps=pumps, settings=config.load(config.ClientSettings, replicas=2)) as client:
+        for ts in range(1, 40):
+            assert "c" in client._pick_many(ts, set(), 2)
+        assert client.holders("a") == ["a"] and client.holders("a,c") == ["a", "c"]
+    with pytest.raises(errors.InvalidArgument, match="min_acks=3 is above replicas=2"):
+        config.load(config.ClientSettings, replicas=2, min_acks=3)
+
+
+def test_client_follows_the_registrys_replication_setting(
+    three: dict[str, Any], registry: RegistryServer, reg: RegistryClient
+) -> None:
+    """A setting made with `ctl replication` applies to prewrites from its TSO on;
+    earlier ones keep the R they were written with."""
+    with make_client(registry, strategy="range") as client:
+        before = reg.get_ts()
+        assert client.write_prewrite(prewrite(before)) in three
+        res = run_cli("ctl", "replication", "--replicas", "2", "--grace-s", "0.5", "--registry", registry.addr)
+        assert res.returncode == 0, res.stderr
+        assert "replicas=2 min_acks=2" in res.stdout
+        history = reg.get_replication()
+        wait_until(lambda: client.replication_at(history[-1].from_ts) == (2, 2), timeout=5, what="the setting")
+        assert client.replication_at(before) == (1, 1)
+        wait_until(lambda: reg.get_ts() > history[-1].from_ts, timeout=5, what="the setting's TSO")
+        after = reg.get_ts()
+        placement = client.write_prewrite(prewrite(after))
+        assert len(client.holders(placement)) == 2
+        client.write_commit(commit(after, reg.get_ts()), placement)
+    res = run_cli("ctl", "replication", "--replicas", "1", "--min-acks", "2", "--registry", registry.addr)
+    assert res.returncode == 2 and "min_acks=2 is above replicas=1" in res.stderr and "Traceback" not in res.stderr

@@ -20,7 +20,7 @@ from binlake.net import free_port
 from binlake.registry.client import RegistryClient
 from binlake.registry.etcd import parse_etcd_url
 from binlake.registry.etcd_store import EtcdStore
-from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState
+from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState, ReplicationSetting
 from binlake.registry.server import RegistryServer
 from binlake.registry.store import open_store
 from binlake.testing.etcdcluster import EtcdCluster
@@ -67,6 +67,12 @@ def test_etcd_store_keeps_state_in_transactions(etcd3: EtcdCluster) -> None:
         a.put_consumer(ConsumerRecord("c1", 5, "lake", 1, 2))
         assert [c.consumer_id for c in b.list_consumers()] == ["c1"]
         assert b.delete_consumer("c1") and not a.delete_consumer("c1")
+        # The replication history: appended, listed in from_ts order, never overwritten.
+        a.add_replication(ReplicationSetting(200, 2, 2))
+        b.add_replication(ReplicationSetting(30, 1, 1))
+        assert [r.from_ts for r in a.list_replication()] == [30, 200]
+        with pytest.raises(errors.Unavailable, match="already exists"):
+            b.add_replication(ReplicationSetting(200, 3, 2))
         # A fenced writer whose leader key is not there any more writes nothing.
         a.fence(12345)
         with pytest.raises(errors.NotLeader):

@@ -97,6 +97,28 @@ def test_three_distinct_pumps(compose: dict[str, Any]) -> None:
     assert len(set(data_volumes)) == 3 and all(data_volumes), data_volumes
 
 
+def test_every_registry_client_names_the_whole_group(compose: dict[str, Any]) -> None:
+    """Every service that names the registry (a ``--registry`` flag, BINLAKE_REGISTRY,
+    BINLAKE_CLIENT_REGISTRY) gives every member of the group, so it can follow the
+    leader wherever it moves."""
+    members = {_flag([str(p) for p in service["command"]], "--addr")
+               for service in compose["services"].values()
+               if isinstance(service.get("command"), list) and service["command"][:2] == ["binlake", "registry"]}
+    assert len(members) >= 2, members
+    named = {}
+    for name, service in compose["services"].items():
+        command = [str(p) for p in service.get("command") or []] if isinstance(service.get("command"), list) else []
+        if "--registry" in command:
+            named[f"{name} --registry"] = _flag(command, "--registry")
+        env = service.get("environment") or {}
+        for key in ("BINLAKE_REGISTRY", "BINLAKE_CLIENT_REGISTRY"):
+            if isinstance(env, dict) and key in env:
+                named[f"{name} {key}"] = str(env[key])
+    assert len(named) >= 3, named
+    partial = {k: v for k, v in named.items() if set(v.split(",")) != members}
+    assert not partial, f"not the whole registry group {sorted(members)}: {partial}"
+
+
 def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
     declared = set(compose.get("volumes") or {})
     used = {(name, vol) for name, service in compose["services"].items() for vol in _named_volumes(service)}

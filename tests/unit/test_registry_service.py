@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from binlake import errors, tso
-from binlake.registry.model import NodeRecord, NodeState
+from binlake.registry.model import NodeRecord, NodeState, ReplicationSetting
 from binlake.registry.service import DEAD_AFTER_MS, MAX_TS_COUNT, RegistryService
 from binlake.registry.store import DB_FILE_NAME, RegistryStore, SQLiteStore, open_store
 
@@ -586,3 +586,41 @@ def test_registry_and_etcd_address_lists() -> None:
         with pytest.raises(errors.InvalidArgument):
             parse_etcd_url(bad)
     assert prefix_end(b"/binlake/nodes/") == b"/binlake/nodes0"
+
+
+def test_replication_history_applies_from_a_tso_ahead_and_survives_restart(
+        tmp_path: pathlib.Path, service: RegistryService) -> None:
+    from binlake import replication
+
+    assert service.get_replication() == []
+    history = service.set_replication(2, 2, 30_000)
+    now = service.get_ts()
+    # It applies 30 s ahead of the TSO handed out when it was set: writers read it meanwhile.
+    assert len(history) == 1 and 29_000 <= tso.physical_ms(history[0].from_ts) - tso.physical_ms(now) <= 30_000
+    with pytest.raises(errors.FailedPrecondition, match="already applies from"):
+        service.set_replication(3, 2, 0)  # would apply before the pending one
+    later = service.set_replication(3, 2, 60_000)
+    assert [(s.replicas, s.min_acks) for s in later] == [(2, 2), (3, 2)]
+    for bad, match in (((2, 3, 0), "above replicas"), ((0, 0, 0), "replicas must be"),
+                       ((2, 1, -1), "grace_ms must be"), ((17, 1, 0), "replicas must be")):
+        with pytest.raises(errors.InvalidArgument, match=match):
+            service.set_replication(*bad)
+    assert service.get_replication() == later
+    # Prewrites pick the setting in force at their start_ts; before the first, R = W = 1.
+    one = ReplicationSetting(0, 1, 1)
+    assert replication.setting_at(later, later[0].from_ts - 1) == one
+    assert replication.setting_at(later, later[0].from_ts) == later[0]
+    assert replication.setting_at(later, later[1].from_ts + 5) == later[1]
+    # A window is read with the lowest W in force from a transaction's lifetime before it to its end.
+    lookback = tso.compose(replication.TXN_LOOKBACK_MS)
+    start = later[0].from_ts + lookback
+    assert replication.min_acks_for_window(later, start, start + 10) == 2
+    assert replication.min_acks_for_window(later, start - 2, start + 10) == 1
+    assert replication.min_acks_for_window([], start, start + 10) == 1
+
+
+def test_replication_history_is_kept_by_the_sqlite_store(tmp_path: pathlib.Path) -> None:
+    with open_store(tmp_path / "r") as store:
+        store.add_replication(ReplicationSetting(100, 2, 1))
+    with open_store(tmp_path / "r") as store:
+        assert store.list_replication() == [ReplicationSetting(100, 2, 1)]

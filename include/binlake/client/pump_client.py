@@ -14,6 +14,17 @@
   binlog crosses one thread hand-off between its caller and the wire (see
   ``PumpConn``).
 
+Replication (``replicas`` R, ``min_acks`` W: the registry's setting in force at
+the prewrite's start_ts, else ``ClientSettings``'; see ``binlake.replication``): a prewrite
+goes to R Pumps picked by the strategy (on distinct hosts while there are enough
+hosts), and is acknowledged once W of them fsynced it; fewer than W writable
+Pumps fail the write with ``errors.NotEnoughReplicas``, never fewer copies. The
+"pump" a prewrite returns is then a placement, ``"p1,p3"``: every Pump that may
+hold the prewrite, which the commit or rollback goes to (one acknowledgement is
+enough for the writer: a holder that missed the commit resolves the
+transaction through the writer's status service, to the same commit_ts).
+R = 1 is exactly the unreplicated client: the placement is one Pump's id.
+
 Duplicates: when a prewrite's write fails (say the Pump died after storing it
 but before answering), the prewrite is retried on another Pump. The first Pump
 may still hold it and, after the transaction timeout, resolve it through the
@@ -28,6 +39,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import random
@@ -43,7 +55,8 @@ import grpc.aio
 from binlake import errors, net, rpc
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
-from binlake.registry.model import NodeRecord, NodeState
+from binlake.registry.model import NodeRecord, NodeState, ReplicationSetting
+from binlake.replication import setting_at
 
 log = logging.getLogger(__name__)
 
@@ -399,6 +412,8 @@ class PumpClient:
         self._own_registry = False
         self.cluster_id = 0
         self._registry_warned = False
+        # The registry's replication history (empty: the settings' replicas/min_acks apply).
+        self._replication: list[ReplicationSetting] = []
         self._async: concurrent.futures.ThreadPoolExecutor | None = None
         self._async_pending: set[concurrent.futures.Future[None]] = set()
         # Guards _async and _async_pending only, and is never held while waiting: their
@@ -434,6 +449,7 @@ class PumpClient:
             if not self.cluster_id:
                 self.cluster_id, _ = self._registry.cluster_info()  # type: ignore[union-attr]
             nodes, _rev = self._registry.list_nodes("pump")  # type: ignore[union-attr]
+            replication = self._registry.get_replication()  # type: ignore[union-attr]
         except errors.BinlakeError as exc:
             if not self._registry_warned:
                 log.warning("pump client: registry unreachable, using the cached pump list: %s", exc)
@@ -441,6 +457,7 @@ class PumpClient:
             return
         self._registry_warned = False
         with self._lock:
+            self._replication = replication
             for node in nodes:
                 old = self._nodes.get(node.node_id)
                 if old is not None and old.addr != node.addr and node.node_id in self._conns:
@@ -469,6 +486,15 @@ class PumpClient:
         if conn is not fresh:  # another thread opened one meanwhile
             fresh.close()
         return conn
+
+    def _renew(self, node_id: str) -> None:
+        """Drop a Pump's connection after a write went unanswered: the next write opens a
+        new channel (a new TCP connection). A partition can leave the old connection
+        looking alive to gRPC while streams on it go nowhere long after the heal."""
+        with self._lock:
+            conn = self._conns.pop(node_id, None)
+        if conn is not None:
+            threading.Thread(target=conn.close, name=f"pump-client-close-{node_id}", daemon=True).start()
 
     def available(self) -> list[str]:
         """Pumps a prewrite may go to: online and not marked unavailable."""
@@ -503,6 +529,48 @@ class PumpClient:
             return random.choices(candidates, weights=weights, k=1)[0]
         return candidates[next(self._rr) % len(candidates)]
 
+    def replication_at(self, start_ts: int) -> tuple[int, int]:
+        """(R, W) for a prewrite of ``start_ts``: the registry's setting in force at it,
+        or this client's settings before the first (or without any)."""
+        with self._lock:
+            history = self._replication
+        default = ReplicationSetting(0, self.settings.replicas, self.settings.acks)
+        s = setting_at(history, start_ts, default)
+        return s.replicas, s.min_acks
+
+    def _pick_many(self, start_ts: int, exclude: set[str], n: int) -> list[str]:
+        """Up to ``n`` distinct Pumps for a replicated prewrite: the strategy's order,
+        preferring Pumps on hosts not chosen yet (a host lost takes one copy only)."""
+        candidates = [p for p in self.available() if p not in exclude]
+        if len(candidates) <= n:
+            order = candidates
+        else:
+            first = self._pick(start_ts, exclude)
+            assert first is not None
+            i = candidates.index(first)
+            order = candidates[i:] + candidates[:i]  # the strategy's choice, then the ring after it
+        with self._lock:
+            hosts = {p: self._nodes[p].addr.rpartition(":")[0] for p in order}
+        chosen: list[str] = []
+        seen: set[str] = set()
+        for p in order:
+            if len(chosen) < n and hosts[p] not in seen:
+                chosen.append(p)
+                seen.add(hosts[p])
+        for p in order:
+            if len(chosen) < n and p not in chosen:
+                chosen.append(p)
+        return chosen
+
+    def holders(self, placement: str) -> list[str]:
+        """The Pumps of a placement a prewrite returned (one id when R = 1)."""
+        if not isinstance(placement, str) or not placement:
+            raise errors.InvalidArgument(f"a pump placement must be a non-empty string, got {placement!r}")
+        with self._lock:
+            if placement in self._nodes:
+                return [placement]
+        return placement.split(",")
+
     def _record_failure(self, node_id: str, exc: errors.BinlakeError) -> None:
         with self._lock:
             self._failures[node_id] += 1
@@ -523,7 +591,40 @@ class PumpClient:
             raise errors.InvalidArgument("write_prewrite takes a PREWRITE binlog")
         payload = binlog.SerializeToString()
         self._check_size(payload, binlog.start_ts)
+        if self.replication_at(binlog.start_ts)[0] > 1:
+            return self._replicated_prewrite(payload, binlog.start_ts, set(), [], [])
         return self._prewrite_payload(payload, binlog.start_ts, set(), [])
+
+    def _replicated_prewrite(self, payload: bytes, start_ts: int, tried: set[str], failures: list[str],
+                             acked: list[str]) -> str:
+        """Write to R Pumps, replacing failed ones while others are writable, until W
+        acknowledged; the placement lists every Pump that acknowledged."""
+        r, w = self.replication_at(start_ts)
+        while len(acked) < r:
+            picks = self._pick_many(start_ts, tried | set(acked), r - len(acked))
+            if not picks:
+                break
+            tried.update(picks)
+            failed = self._send_together([payload] * len(picks), picks)
+            acked.extend(p for i, p in enumerate(picks) if i not in failed)
+            failures.extend(f"{picks[i]}: {exc}" for i, exc in sorted(failed.items()))
+            if not failed:
+                break
+            for exc in failed.values():
+                if not isinstance(exc, _RETRYABLE):
+                    raise exc
+        if len(acked) < w:
+            if acked:
+                # The writer aborts the transaction: tell the Pumps that took the prewrite
+                # now (best effort; else they ask the writer's status service later).
+                self.write_commit_async(binlog_pb2.Binlog(tp=binlog_pb2.ROLLBACK, start_ts=start_ts), ",".join(acked))
+            raise errors.NotEnoughReplicas(
+                f"the prewrite of start_ts {start_ts} was acknowledged by {len(acked)} pump(s) "
+                f"({', '.join(acked) or 'none'}), fewer than min_acks={w} (replicas={r}); writable pumps: "
+                f"{', '.join(self.available()) or 'none'}"
+                + (f"; failures: {'; '.join(failures)}" if failures else "")
+                + ". The transaction must not commit; bring pumps back or lower min_acks")
+        return ",".join(acked)
 
     def _prewrite_payload(self, payload: bytes, start_ts: int, tried: set[str], failures: list[str]) -> str:
         while True:
@@ -572,6 +673,9 @@ class PumpClient:
         pre_payloads = [b.SerializeToString() for b in prewrites]
         for payload, b in zip(pre_payloads, prewrites, strict=True):
             self._check_size(payload, b.start_ts)
+        if (any(self.replication_at(b.start_ts)[0] > 1 for b in prewrites)
+                or any(len(self.holders(p)) > 1 for p in node_ids)):
+            return self._replicated_group(commits, node_ids, prewrites, pre_payloads)
         picks: list[str] = []
         for b in prewrites:
             node_id = self._pick(b.start_ts, set())
@@ -593,6 +697,51 @@ class PumpClient:
                 picks[j] = self._prewrite_payload(pre_payloads[j], prewrites[j].start_ts, {picks[j]}, [str(exc)])
         return picks
 
+    def _replicated_group(self, commits: list[binlog_pb2.Binlog], placements: list[str],
+                          prewrites: list[binlog_pb2.Binlog], pre_payloads: list[bytes]) -> list[str]:
+        """``write_group`` with R > 1: every copy of every binlog in one batch per Pump;
+        a prewrite short of R copies is topped up alone, a commit no holder took is
+        retried alone."""
+        payloads: list[bytes] = []
+        targets: list[str] = []
+        owner: list[int] = []  # index into commits + prewrites
+        for k, (b, placement) in enumerate(zip(commits, placements, strict=True)):
+            data = b.SerializeToString()
+            for node_id in self.holders(placement):
+                payloads.append(data)
+                targets.append(node_id)
+                owner.append(k)
+        n = len(commits)
+        for j, b in enumerate(prewrites):
+            for node_id in self._pick_many(b.start_ts, set(), self.replication_at(b.start_ts)[0]):
+                payloads.append(pre_payloads[j])
+                targets.append(node_id)
+                owner.append(n + j)
+        failed = self._send_together(payloads, targets)
+        ok: dict[int, list[str]] = {k: [] for k in range(n + len(prewrites))}
+        tried: dict[int, set[str]] = {k: set() for k in ok}
+        errs: dict[int, list[str]] = {k: [] for k in ok}
+        for i, k in enumerate(owner):
+            tried[k].add(targets[i])
+            if i in failed:
+                exc = failed[i]
+                if not isinstance(exc, _RETRYABLE):
+                    raise exc
+                errs[k].append(f"{targets[i]}: {exc}")
+            else:
+                ok[k].append(targets[i])
+        for k in range(n):
+            if not ok[k]:
+                self.write_commit(commits[k], placements[k])
+        out: list[str] = []
+        for j, b in enumerate(prewrites):
+            k = n + j
+            if len(ok[k]) < self.replication_at(b.start_ts)[0]:
+                out.append(self._replicated_prewrite(pre_payloads[j], b.start_ts, tried[k], errs[k], ok[k]))
+            else:
+                out.append(",".join(ok[k]))
+        return out
+
     def _send_together(self, payloads: list[bytes], node_ids: list[str]) -> dict[int, errors.BinlakeError]:
         """Send every payload to its Pump in one batch per Pump and wait for all; return
         the failures by index (successes count towards the Pumps' health)."""
@@ -612,7 +761,7 @@ class PumpClient:
             try:
                 f.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                self._conn(node_ids[i]).reset(f"no answer within {self.settings.write_timeout_s:g}s")
+                self._renew(node_ids[i])
                 failed[i] = errors.DeadlineExceeded(
                     f"pump {node_ids[i]} did not acknowledge a write within {self.settings.write_timeout_s:g}s")
             except errors.BinlakeError as exc:
@@ -631,6 +780,10 @@ class PumpClient:
         if binlog.tp not in (binlog_pb2.COMMIT, binlog_pb2.ROLLBACK):
             raise errors.InvalidArgument("write_commit takes a COMMIT or ROLLBACK binlog")
         payload = binlog.SerializeToString()
+        holders = self.holders(node_id)
+        if len(holders) > 1:
+            self._commit_replicated(binlog, payload, holders)
+            return
         deadline = time.monotonic() + self.settings.commit_retry_s
         delay = 0.05
         while True:
@@ -651,6 +804,29 @@ class PumpClient:
             return
 
     write_rollback = write_commit
+
+    def _commit_replicated(self, binlog: binlog_pb2.Binlog, payload: bytes, holders: list[str]) -> None:
+        """A commit to every holder of its prewrite at once; done when one took it (a
+        holder that missed it resolves the transaction through the writer's status
+        service, to the same commit_ts). None took it: retry them in turn."""
+        failed = self._send_together([payload] * len(holders), holders)
+        if len(failed) < len(holders):
+            for i, exc in failed.items():
+                log.warning("pump client: pump %s missed the commit of start_ts %d (%s); it will resolve "
+                            "the transaction from the writer's status", holders[i], binlog.start_ts, exc)
+            return
+        for exc in failed.values():
+            if not isinstance(exc, _COMMIT_RETRYABLE):
+                raise exc
+        last: errors.BinlakeError | None = None
+        for node_id in holders:
+            try:
+                self.write_commit(binlog, node_id)
+                return
+            except errors.Unavailable as exc:
+                last = exc
+        assert last is not None
+        raise last
 
     def write_commit_async(self, binlog: binlog_pb2.Binlog, node_id: str) -> concurrent.futures.Future[None]:
         """``write_commit`` in the background (TiDB does not make a transaction wait
@@ -695,11 +871,46 @@ class PumpClient:
             else:
                 outer.set_exception(exc)
 
+        holders = self.holders(node_id)
+        if len(holders) > 1:
+            self._commit_async_replicated(binlog, holders, outer, retry)
+            return outer
         try:
             self._conn(node_id).send(binlog.SerializeToString()).add_done_callback(first_done)
         except errors.BinlakeError:
             retry()
         return outer
+
+    def _commit_async_replicated(self, binlog: binlog_pb2.Binlog, holders: list[str],
+                                 outer: concurrent.futures.Future[None], retry: Any) -> None:
+        """The first attempt of a replicated background commit: sent to every holder;
+        ``outer`` succeeds with the first acknowledgement; all failed: ``retry``."""
+        payload = binlog.SerializeToString()
+        left = [len(holders)]
+        guard = threading.Lock()
+
+        def done(node: str, f: concurrent.futures.Future[None]) -> None:
+            exc = f.exception()
+            if exc is None:
+                self._record_success(node)
+            elif isinstance(exc, errors.BinlakeError):
+                self._record_failure(node, exc)
+            with guard:
+                left[0] -= 1
+                last = left[0] == 0
+                first_ok = exc is None and not outer.done()
+                if first_ok:
+                    outer.set_result(None)
+            if last and not outer.done():
+                retry()
+
+        for node in holders:
+            try:
+                self._conn(node).send(payload).add_done_callback(functools.partial(done, node))
+            except errors.BinlakeError as exc:
+                f: concurrent.futures.Future[None] = concurrent.futures.Future()
+                f.set_exception(exc)
+                done(node, f)
 
     def _async_done(self, future: concurrent.futures.Future[None]) -> None:
         with self._async_lock:

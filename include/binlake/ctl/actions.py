@@ -76,12 +76,16 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
             Console(width=200).print(pumps_table(nodes, gc_holder(consumers)))
             for line in lost_windows(consumers, nodes):
                 print(f"WARNING: {line}", file=sys.stderr)
+            if args.sole_copies or _replicas(reg) > 1:
+                _print_sole_copies(nodes, consumers)
             return 0
         if cmd in ("pause-pump", "offline-pump"):
             node = reg.get_node(args.node_id)
             if node.kind != "pump":
                 raise errors.InvalidArgument(f"node {args.node_id} is a {node.kind}, not a pump")
             target = NodeState.PAUSING if cmd == "pause-pump" else NodeState.CLOSING
+            if cmd == "offline-pump" and not args.force and _replicas(reg) > 1:
+                _check_no_sole_copy(reg, node)
             rec = reg.set_state(args.node_id, target)
             then = "paused" if target is NodeState.PAUSING else "offline"
             print(
@@ -90,6 +94,8 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
                 + ("; it stays readable until GC passes its data" if then == "offline" else "")
             )
             return 0
+        if cmd == "replication":
+            return _replication(args, reg)
         if cmd == "ts":
             ts = reg.get_ts()
             print(f"{ts}\t{tso.to_datetime(ts).isoformat()}")
@@ -97,6 +103,63 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
         if cmd == "dump":
             return _dump(args, reg)
     raise errors.InvalidArgument(f"unknown ctl action {args.ctl_command!r}")
+
+
+def _replicas(reg: RegistryClient) -> int:
+    """The largest R configured here or set in the registry (any copy may be the only one)."""
+    from binlake.replication import configured
+
+    return max([configured().replicas, *(s.replicas for s in reg.get_replication())])
+
+
+def _replication(args: argparse.Namespace, reg: RegistryClient) -> int:
+    if args.replicas is None:
+        if args.min_acks is not None:
+            raise errors.InvalidArgument("--min-acks needs --replicas (give both, e.g. --replicas 3 --min-acks 2)")
+        history = reg.get_replication()
+    else:
+        if not 0 <= args.grace_s <= 3600:
+            raise errors.InvalidArgument(f"--grace-s must be between 0 and 3600 seconds, got {args.grace_s:g}")
+        acks = args.replicas if args.min_acks is None else args.min_acks
+        history = reg.set_replication(args.replicas, acks, int(args.grace_s * 1000))
+    if args.json:
+        for s in history:
+            print(json.dumps({"from_ts": s.from_ts, "replicas": s.replicas, "min_acks": s.min_acks}))
+        return 0
+    if not history:
+        print("no replication setting: replicas = min_acks = 1 (or the writers' [client] configuration)")
+    for s in history:
+        print(f"from {tso.format_ts(s.from_ts)}: replicas={s.replicas} min_acks={s.min_acks}")
+    return 0
+
+
+def _print_sole_copies(nodes: list[NodeRecord], consumers: list[Any]) -> None:
+    """Per Pump, the transactions not consumed yet that no other reachable Pump holds."""
+    from binlake.ctl.replicas import sole_copies
+
+    sole, down, _shared = sole_copies(nodes, consumers)
+    for node_id, copies in sorted(sole.items()):
+        n = len(copies.commit_ts)
+        span = (f", commit_ts {tso.format_ts(copies.commit_ts[0])} .. {tso.format_ts(copies.commit_ts[-1])}"
+                if n else "")
+        print(f"pump {node_id}: {n} under-replicated transaction(s) held by no other pump in "
+              f"[{tso.format_ts(copies.start_ts)}, {tso.format_ts(copies.end_ts)}){span}")
+    for node_id, why in sorted(down.items()):
+        print(f"pump {node_id}: unreachable, its copies cannot be compared ({why})")
+
+
+def _check_no_sole_copy(reg: RegistryClient, node: NodeRecord) -> None:
+    from binlake.ctl.replicas import refusal, sole_copies
+
+    nodes, _ = reg.list_nodes("pump")
+    sole, down, shared = sole_copies(nodes, reg.list_consumers())
+    if node.node_id in down:
+        raise errors.FailedPrecondition(
+            f"pump {node.node_id} is unreachable ({down[node.node_id]}): what only it holds cannot be checked; "
+            "retire it with --force if its data is gone for good (replicated transactions survive on the others)")
+    mine = sole.get(node.node_id)
+    if mine is not None and mine.commit_ts:
+        raise errors.FailedPrecondition(refusal(node.node_id, mine, shared))
 
 
 def binlog_to_json(b: binlog_pb2.Binlog, rows: bool = False) -> dict[str, Any]:
@@ -146,6 +209,7 @@ def _dump(args: argparse.Namespace, reg: RegistryClient) -> int:
     else:
         if not pumps:
             raise errors.NotFound("no pumps are registered; nothing to dump")
+        pumps = _readable(reg, nodes, start, end, wait=args.wait)
         stream = pull_window(pumps, start, end, wait=args.wait)
     count = 0
     for b in stream:
@@ -153,6 +217,39 @@ def _dump(args: argparse.Namespace, reg: RegistryClient) -> int:
         count += 1
     print(f"{count} transactions in [{start}, {end})", file=sys.stderr)
     return 0
+
+
+def _readable(reg: RegistryClient, nodes: list[NodeRecord], start: int, end: int, wait: bool) -> dict[str, str]:
+    """The Pumps to read ``[start, end)`` from: every one that may hold it, less up to
+    W - 1 unreachable ones (``window.cluster_readiness``; each Pump checks its own
+    safe ts and GC ts when read, waiting with ``wait``)."""
+    from binlake.lake.planner import WindowPlan, pumps_for_window
+    from binlake.lake.pump_check import pump_statuses
+    from binlake.replication import cluster_min_acks
+    from binlake.window import PumpView, Readiness, Window, cluster_readiness
+
+    chosen = pumps_for_window(nodes, start, end)
+    acks = cluster_min_acks(reg, start, end)
+    if acks == 1:
+        return {n.node_id: n.addr for n in chosen}
+    down: dict[str, str] = {}
+    statuses = pump_statuses(WindowPlan(start, end, tuple(chosen)), unreachable=down)
+    # With --wait each reachable Pump waits for its own safe ts: only reachability counts here.
+    views = [PumpView(n.node_id, n.node_id in statuses, end if wait else statuses[n.node_id].safe_ts,
+                      statuses[n.node_id].gc_ts) if n.node_id in statuses else PumpView(n.node_id, False)
+             for n in chosen]
+    window = Window(start, end)
+    verdict = cluster_readiness(window, views, acks)
+    if verdict.state is Readiness.READY:
+        if verdict.skipped:
+            print(f"reading without unreachable pump(s) {', '.join(verdict.skipped)} (min_acks={acks}: every "
+                  "transaction is on another pump too)", file=sys.stderr)
+        keep = set(verdict.serve_from)
+        return {n.node_id: n.addr for n in chosen if n.node_id in keep}
+    if verdict.state is Readiness.GONE or not set(verdict.waiting) & set(verdict.unreachable):
+        # A reachable Pump's own refusal names its GC ts or safe ts.
+        return {n.node_id: n.addr for n in chosen if n.node_id in statuses}
+    raise errors.Unavailable(verdict.describe(window) + "; " + "; ".join(f"{p}: {w}" for p, w in sorted(down.items())))
 
 
 def _checksum(args: argparse.Namespace) -> int:

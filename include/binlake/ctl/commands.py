@@ -25,6 +25,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                         epilog="Example:\n  binlake ctl pumps --registry 127.0.0.1:8230\n")
     add_registry(c)
     c.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    c.add_argument("--sole-copies", action="store_true",
+                   help="also count what each Pump holds that no other does (on by default when replicas > 1)")
     for name, help_text in (
         ("pause-pump", "stop a Pump taking new transactions (it finishes pending ones, then reports paused)"),
         ("offline-pump", "retire a Pump: no new writes; it stays readable until GC passes its data"),
@@ -33,6 +35,26 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                             epilog=f"Example:\n  binlake ctl {name} pump1 --registry 127.0.0.1:8230\n")
         c.add_argument("node_id", help="the Pump's node id (see `binlake ctl pumps`)")
         add_registry(c)
+        if name == "offline-pump":
+            c.add_argument("--force", action="store_true",
+                           help="retire it even if it holds the only copy of transactions not consumed yet "
+                                "(replicas > 1; those transactions are lost if its disk goes)")
+    c = csub.add_parser(
+        "replication", help="show or change the cluster's replicas (R) and min_acks (W)", formatter_class=fmt,
+        description=(
+            "Show the history of replication settings (each applies to prewrites from its TSO on), or append\n"
+            "one with --replicas: it applies --grace-s from now, so every writer has read it by then; windows\n"
+            "are read with the W in force when they were written."
+        ),
+        epilog=("Examples:\n  binlake ctl replication --registry 127.0.0.1:8230\n"
+                "  binlake ctl replication --replicas 2 --registry 127.0.0.1:8230\n"),
+    )
+    add_registry(c)
+    c.add_argument("--replicas", type=int, help="R: Pumps each prewrite is written to (1-16)")
+    c.add_argument("--min-acks", type=int, help="W: Pumps that must fsync before a write is acknowledged (default R)")
+    c.add_argument("--grace-s", type=float, default=30.0,
+                   help="seconds from now the setting applies from (writers re-read it meanwhile; default 30)")
+    c.add_argument("--json", action="store_true", help="JSON lines instead of text")
     c = csub.add_parser("ts", help="a fresh TSO and its datetime")
     add_registry(c)
     c = csub.add_parser(

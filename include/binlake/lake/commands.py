@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, tso
+from binlake.lake import connect
 from binlake.lake.spark import LAKE_CONF
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def session(master: str | None = None, quiet: bool = True) -> SparkSession:
     from binlake.lake.spark import build_spark
 
     spark = build_spark("binlake-cli", master, extra_conf=LAKE_CONF)
-    if quiet:
+    if quiet and not connect.is_remote(spark):
         # Failures reach the user as one line from binlake; Spark's task logs would bury it.
         spark.sparkContext.setLogLevel("FATAL")
     return spark

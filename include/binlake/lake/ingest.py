@@ -43,12 +43,14 @@ import dataclasses
 import datetime as dt
 import logging
 import os
+import random
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
-from binlake.lake import checkpoint
+from binlake.lake import checkpoint, connect
 from binlake.lake import pump_source as lake_source
 from binlake.lake.ddl_rows import ddl_row
 from binlake.lake.planner import check_window, pumps_for_window
@@ -74,7 +76,11 @@ WINDOWS_DDL = ("start_ts long, end_ts long, pumps array<string>, rows_per_pump m
 # Partitions of about this many row changes at least: smaller ones cost more
 # in task overhead than they win in balance.
 MIN_ROWS_PER_PARTITION = 20_000
-_CONCURRENT_RETRIES = 3
+# Attempts of a Delta write that lost a commit race. Windows of the same day write
+# the same commit_date partition, and Delta's replaceWhere conflicts with any
+# append there, so with N windows running at once (a backfill) a write may lose
+# up to N-1 races: enough attempts for the runs-at-once settings binlake suggests.
+_CONCURRENT_RETRIES = 8
 
 Progress = Callable[[str], None]
 
@@ -136,11 +142,8 @@ def check_lake(lake: Any) -> str:
 
 def is_delta(spark: SparkSession, path: str) -> bool:
     """Whether ``path`` holds a Delta table: its log directory exists (a file-system
-    check, cheaper than loading the table's state as DeltaTable.isDeltaTable does)."""
-    jvm: Any = spark.sparkContext._jvm  # py4j gateway: untyped
-    log = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log")
-    fs = log.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return bool(fs.exists(log))
+    check, cheaper than loading the table's state; works over Spark Connect too)."""
+    return connect.delta_log_exists(spark, path)
 
 
 def read_windows(spark: SparkSession, lake: str) -> list[dict[str, Any]]:
@@ -249,18 +252,32 @@ def delta_conflicts() -> tuple[type[BaseException], ...]:
             dx.ConcurrentDeleteDeleteException, dx.ConcurrentTransactionException)
 
 
+# Delta's commit-conflict error classes: how a conflict reaches a Spark Connect
+# client, where Delta's typed exceptions are not raised (they need a JVM here).
+_CONFLICT_CLASSES = ("DELTA_CONCURRENT_APPEND", "DELTA_CONCURRENT_WRITE", "DELTA_METADATA_CHANGED",
+                     "DELTA_PROTOCOL_CHANGED", "DELTA_CONCURRENT_DELETE_READ", "DELTA_CONCURRENT_DELETE_DELETE",
+                     "DELTA_CONCURRENT_TRANSACTION", "ConcurrentAppendException", "ProtocolChangedException",
+                     "MetadataChangedException", "ConcurrentWriteException")
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Delta commit conflict (typed on a classic session, by
+    error class over Spark Connect)."""
+    return isinstance(exc, delta_conflicts()) or any(name in str(exc) for name in _CONFLICT_CLASSES)
+
+
 def _retry_concurrent(what: str, fn: Callable[[], Any]) -> Any:
     """Run a Delta write again when a concurrent writer committed first (another
     window's ingest touching the same table): the write is idempotent."""
-    conflicts = delta_conflicts()
     for attempt in range(1, _CONCURRENT_RETRIES + 1):
         try:
             return fn()
-        except conflicts as exc:
-            if attempt == _CONCURRENT_RETRIES:
+        except Exception as exc:
+            if attempt == _CONCURRENT_RETRIES or not is_conflict(exc):
                 raise
             log.info("%s: concurrent Delta commit (%s); retrying", what, type(exc).__name__)
-            time.sleep(0.5 * attempt)
+            # Jittered, so the writers that lost do not collide again in step.
+            time.sleep(min(5.0, random.uniform(0.2, 1.0) * attempt))
     return None
 
 
@@ -339,7 +356,7 @@ def ingest_window(
             base = ddls
 
     say(f"scanning {window} on {len(pump_ids)} pump(s): DDLs, duplicates, partition bounds")
-    target = partitions or 2 * max(1, int(spark.sparkContext.defaultParallelism))
+    target = partitions or 2 * connect.default_parallelism(spark)
     index = index_window(plan.addrs, start_ts, end_ts, partitions=target,
                          min_rows_per_partition=MIN_ROWS_PER_PARTITION)
     for _pump, ddl in index.ddls:
@@ -371,25 +388,23 @@ def ingest_window(
         df = reader.load().observe(observed[0], F.count(F.lit(1)).alias("rows"))
         _replace(df, changes_path, _window_predicate(start_ts, end_ts), ["commit_date"])
 
-    spark.sparkContext.setJobDescription(f"binlake ingest {window}")
     try:
-        _retry_concurrent(CHANGES, write_changes)
-        ddl_path = table_path(lake, DDL_HISTORY)
-        if base:
-            say(f"adding the {len(base)} DDL(s) below the lake's first window to ddl_history")
-            _retry_concurrent(DDL_HISTORY, lambda: _merge_ddls(spark, ddl_path, base))
-        if index.ddls or ddls_already:  # nothing to replace and nothing new: skip a Delta commit
-            say(f"writing {len(index.ddls)} DDL(s) to ddl_history")
-            ddl_df = _ddl_frame(spark, [t for _pump, t in index.ddls])
-            _retry_concurrent(DDL_HISTORY, lambda: _replace(ddl_df, ddl_path,
-                                                            f"commit_ts >= {start_ts} AND commit_ts < {end_ts}"))
+        with connect.job_description(spark, f"binlake ingest {window}"):
+            _retry_concurrent(CHANGES, write_changes)
+            ddl_path = table_path(lake, DDL_HISTORY)
+            if base:
+                say(f"adding the {len(base)} DDL(s) below the lake's first window to ddl_history")
+                _retry_concurrent(DDL_HISTORY, lambda: _merge_ddls(spark, ddl_path, base))
+            if index.ddls or ddls_already:  # nothing to replace and nothing new: skip a Delta commit
+                say(f"writing {len(index.ddls)} DDL(s) to ddl_history")
+                ddl_df = _ddl_frame(spark, [t for _pump, t in index.ddls])
+                _retry_concurrent(DDL_HISTORY, lambda: _replace(
+                    ddl_df, ddl_path, f"commit_ts >= {start_ts} AND commit_ts < {end_ts}"))
     except Exception as exc:
         err = binlake_error(exc)
         if err is not None:
             raise type(err)(f"ingest {window}: {err}") from None
         raise
-    finally:
-        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]  # None clears it
     rows = int(observed[0].get["rows"]) if observed else -1
     if rows != index.total_rows:
         raise errors.FailedPrecondition(
@@ -433,15 +448,21 @@ def _merge_ddls(spark: SparkSession, path: str, txns: list[Any]) -> None:
     df = _ddl_frame(spark, txns)
     if not is_delta(spark, path):
         try:
-            df.write.format("delta").mode("errorifexists").save(path)
+            df.write.format("delta").mode("error").save(path)  # "errorifexists" is refused over Connect
             return
         except Exception as exc:  # created meanwhile by a concurrent first ingest: merge instead
             if "already exists" not in str(exc).lower():
                 raise
-    from delta.tables import DeltaTable
-
-    (DeltaTable.forPath(spark, path).alias("t").merge(df.alias("s"), "t.start_ts = s.start_ts")
-     .whenNotMatchedInsertAll().execute())
+    # SQL MERGE rather than DeltaTable.merge: the Python DeltaTable API needs a
+    # Delta plugin on a Spark Connect server, the SQL statement does not.
+    view = f"binlake_ddls_{uuid.uuid4().hex}"
+    df.createOrReplaceTempView(view)
+    try:
+        quoted = path.replace("`", "``")
+        spark.sql(f"MERGE INTO delta.`{quoted}` AS t USING {view} AS s ON t.start_ts = s.start_ts "
+                  "WHEN NOT MATCHED THEN INSERT *").collect()
+    finally:
+        spark.catalog.dropTempView(view)
 
 
 def _window_predicate(start_ts: int, end_ts: int) -> str:

@@ -35,7 +35,7 @@ _DOWNLOADING_CONFS = ("spark.jars.packages", "spark.jars.repositories", "spark.j
 
 # Spark's master URL forms (a typo would otherwise surface only after a JVM start).
 _MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
-                     r"(spark|k8s|mesos)://\S+)$")
+                     r"(spark|k8s|mesos|sc)://\S+)$")
 
 
 def check_master(master: str, what: str = "Spark master") -> str:
@@ -46,7 +46,7 @@ def check_master(master: str, what: str = "Spark master") -> str:
     if not isinstance(master, str) or not _MASTER.match(master.strip()):
         raise errors.InvalidArgument(
             f"{what} {master!r} is not a Spark master URL: use local[N], local[*], spark://HOST:PORT, "
-            "yarn or k8s://URL")
+            "yarn, k8s://URL or a Spark Connect server's sc://HOST:PORT")
     return master.strip()
 
 
@@ -93,7 +93,10 @@ def build_spark(
     """Build (or get) the SparkSession binlake uses, with Delta Lake enabled.
 
     ``master`` defaults to ``$BINLAKE_SPARK_MASTER``, else spark-submit's
-    ``--master`` when running under spark-submit, else ``local[*]``.
+    ``--master`` when running under spark-submit, else ``local[*]``. A Spark
+    Connect URL (``sc://HOST:PORT``) gives a client session of that always-on
+    server instead (``binlake.lake.connect``); the other arguments are then the
+    server's business.
     ``extra_conf`` is applied last, so it may override anything set here
     (e.g. ``spark.pyspark.python`` when executors live on hosts with another
     layout); a ``spark.jars`` in it is appended to the Delta jars rather than
@@ -103,6 +106,12 @@ def build_spark(
     this process is returned as is: static confs such as ``spark.jars`` only
     take effect when the JVM starts.
     """
+    chosen = master or os.environ.get(MASTER_ENV)
+    if chosen is not None and chosen.strip().startswith("sc://"):
+        # An always-on Spark Connect server: its confs (Delta, jars) are the server's.
+        from binlake.lake import connect
+
+        return connect.connect(chosen, app_name)
     extra = dict(extra_conf or {})
     downloading = [key for key in _DOWNLOADING_CONFS if key in extra]
     if downloading:
@@ -137,7 +146,6 @@ def build_spark(
     conf.update(extra)
 
     builder = SparkSession.builder.appName(app_name)
-    chosen = master or os.environ.get(MASTER_ENV)
     # Under spark-submit the JVM launched this Python (PYSPARK_GATEWAY_PORT is
     # set) with the --master it was given: keep that unless told otherwise.
     if chosen is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:

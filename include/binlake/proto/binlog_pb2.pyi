@@ -143,18 +143,30 @@ class UpdatedRow(_message.Message):
     def __init__(self, old: _Optional[_Union[Row, _Mapping]] = ..., new: _Optional[_Union[Row, _Mapping]] = ...) -> None: ...
 
 class ColumnInfo(_message.Message):
-    __slots__ = ("id", "name", "type", "nullable", "sql_type")
+    __slots__ = ("id", "name", "type", "nullable", "sql_type", "default_value", "existing_value")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     NULLABLE_FIELD_NUMBER: _ClassVar[int]
     SQL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    EXISTING_VALUE_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     type: ColumnType
     nullable: bool
     sql_type: str
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., type: _Optional[_Union[ColumnType, str]] = ..., nullable: _Optional[bool] = ..., sql_type: _Optional[str] = ...) -> None: ...
+    default_value: ColumnDefault
+    existing_value: Datum
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., type: _Optional[_Union[ColumnType, str]] = ..., nullable: _Optional[bool] = ..., sql_type: _Optional[str] = ..., default_value: _Optional[_Union[ColumnDefault, _Mapping]] = ..., existing_value: _Optional[_Union[Datum, _Mapping]] = ...) -> None: ...
+
+class ColumnDefault(_message.Message):
+    __slots__ = ("value", "expr")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    EXPR_FIELD_NUMBER: _ClassVar[int]
+    value: Datum
+    expr: str
+    def __init__(self, value: _Optional[_Union[Datum, _Mapping]] = ..., expr: _Optional[str] = ...) -> None: ...
 
 class UniqueKey(_message.Message):
     __slots__ = ("name", "column_ids")

@@ -158,6 +158,36 @@ class RemoveConsumerReq(_message.Message):
     consumer_id: str
     def __init__(self, consumer_id: _Optional[str] = ...) -> None: ...
 
+class ReplicationSetting(_message.Message):
+    __slots__ = ("from_ts", "replicas", "min_acks")
+    FROM_TS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MIN_ACKS_FIELD_NUMBER: _ClassVar[int]
+    from_ts: int
+    replicas: int
+    min_acks: int
+    def __init__(self, from_ts: _Optional[int] = ..., replicas: _Optional[int] = ..., min_acks: _Optional[int] = ...) -> None: ...
+
+class ReplicationHistory(_message.Message):
+    __slots__ = ("settings",)
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    settings: _containers.RepeatedCompositeFieldContainer[ReplicationSetting]
+    def __init__(self, settings: _Optional[_Iterable[_Union[ReplicationSetting, _Mapping]]] = ...) -> None: ...
+
+class GetReplicationReq(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SetReplicationReq(_message.Message):
+    __slots__ = ("replicas", "min_acks", "grace_ms")
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MIN_ACKS_FIELD_NUMBER: _ClassVar[int]
+    GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    replicas: int
+    min_acks: int
+    grace_ms: int
+    def __init__(self, replicas: _Optional[int] = ..., min_acks: _Optional[int] = ..., grace_ms: _Optional[int] = ...) -> None: ...
+
 class GetMemberReq(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

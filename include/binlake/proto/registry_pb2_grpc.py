@@ -84,6 +84,16 @@ class RegistryStub:
                 request_serializer=binlake_dot_proto_dot_registry__pb2.RemoveConsumerReq.SerializeToString,
                 response_deserializer=binlake_dot_proto_dot_registry__pb2.ConsumerInfo.FromString,
                 _registered_method=True)
+        self.GetReplication = channel.unary_unary(
+                '/binlake.registry.Registry/GetReplication',
+                request_serializer=binlake_dot_proto_dot_registry__pb2.GetReplicationReq.SerializeToString,
+                response_deserializer=binlake_dot_proto_dot_registry__pb2.ReplicationHistory.FromString,
+                _registered_method=True)
+        self.SetReplication = channel.unary_unary(
+                '/binlake.registry.Registry/SetReplication',
+                request_serializer=binlake_dot_proto_dot_registry__pb2.SetReplicationReq.SerializeToString,
+                response_deserializer=binlake_dot_proto_dot_registry__pb2.ReplicationHistory.FromString,
+                _registered_method=True)
         self.GetMember = channel.unary_unary(
                 '/binlake.registry.Registry/GetMember',
                 request_serializer=binlake_dot_proto_dot_registry__pb2.GetMemberReq.SerializeToString,
@@ -164,6 +174,21 @@ class RegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReplication(self, request, context):
+        """The cluster's replication settings (replicas R, min_acks W), each with the
+        TSO it applies from; SetReplication appends one applying from a TSO it
+        allocates a grace period ahead, so every writer learns it before it applies.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetReplication(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMember(self, request, context):
         """Who this member is and who leads its group. Every member answers it, leader
         or follower; every other call on a follower fails UNAVAILABLE with the
@@ -225,6 +250,16 @@ def add_RegistryServicer_to_server(servicer, server):
                     servicer.RemoveConsumer,
                     request_deserializer=binlake_dot_proto_dot_registry__pb2.RemoveConsumerReq.FromString,
                     response_serializer=binlake_dot_proto_dot_registry__pb2.ConsumerInfo.SerializeToString,
+            ),
+            'GetReplication': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReplication,
+                    request_deserializer=binlake_dot_proto_dot_registry__pb2.GetReplicationReq.FromString,
+                    response_serializer=binlake_dot_proto_dot_registry__pb2.ReplicationHistory.SerializeToString,
+            ),
+            'SetReplication': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetReplication,
+                    request_deserializer=binlake_dot_proto_dot_registry__pb2.SetReplicationReq.FromString,
+                    response_serializer=binlake_dot_proto_dot_registry__pb2.ReplicationHistory.SerializeToString,
             ),
             'GetMember': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMember,
@@ -502,6 +537,60 @@ class Registry:
             '/binlake.registry.Registry/RemoveConsumer',
             binlake_dot_proto_dot_registry__pb2.RemoveConsumerReq.SerializeToString,
             binlake_dot_proto_dot_registry__pb2.ConsumerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReplication(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/binlake.registry.Registry/GetReplication',
+            binlake_dot_proto_dot_registry__pb2.GetReplicationReq.SerializeToString,
+            binlake_dot_proto_dot_registry__pb2.ReplicationHistory.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetReplication(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/binlake.registry.Registry/SetReplication',
+            binlake_dot_proto_dot_registry__pb2.SetReplicationReq.SerializeToString,
+            binlake_dot_proto_dot_registry__pb2.ReplicationHistory.FromString,
             options,
             channel_credentials,
             insecure,

@@ -71,6 +71,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--pump-servers", default="", metavar="KINDS", type=pump_servers,
                    help="run every case on each of these Pump gRPC servers: asyncio,threads "
                         "(default: the Pump's configured one)")
+    b.add_argument("--replicas", type=int_list, default="", metavar="RS",
+                   help="comma-separated replica counts, e.g. 1,2: every case at each R, on a cluster of max(RS) "
+                        "Pumps (default: one Pump, R = 1)")
     b.set_defaults(handler=_bench)
 
 

@@ -26,7 +26,7 @@ import grpc
 from binlake import errors, net, rpc
 from binlake.config import MiB
 from binlake.proto import registry_pb2, registry_pb2_grpc
-from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState
+from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState, ReplicationSetting
 from binlake.tso import MAX_LOGICAL
 
 log = logging.getLogger(__name__)
@@ -309,6 +309,22 @@ class RegistryClient:
         """Drop a consumer; it no longer holds any Pump's GC."""
         req = registry_pb2.RemoveConsumerReq(consumer_id=consumer_id)
         return ConsumerRecord.from_proto(self._call("RemoveConsumer", req, idempotent=False))
+
+    # -- replication ---------------------------------------------------------------------
+
+    def get_replication(self) -> list[ReplicationSetting]:
+        """The cluster's replication settings, oldest first (empty: R = W = 1)."""
+        resp = self._call("GetReplication", registry_pb2.GetReplicationReq(), idempotent=True)
+        return [ReplicationSetting.from_proto(r) for r in resp.settings]
+
+    def set_replication(self, replicas: int, min_acks: int, grace_ms: int) -> list[ReplicationSetting]:
+        """Append a setting applying ``grace_ms`` from now; returns the history."""
+        for name, value in (("replicas", replicas), ("min_acks", min_acks), ("grace_ms", grace_ms)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise errors.InvalidArgument(f"{name} must be a non-negative integer, got {value!r}")
+        req = registry_pb2.SetReplicationReq(replicas=replicas, min_acks=min_acks, grace_ms=grace_ms)
+        resp = self._call("SetReplication", req, idempotent=False)
+        return [ReplicationSetting.from_proto(r) for r in resp.settings]
 
     # -- plumbing ------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from binlake.registry.etcd import (
     op_delete,
     op_put,
 )
-from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState
+from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState, ReplicationSetting
 from binlake.registry.store import SCHEMA_VERSION, RegistryStore
 
 # Conflicting writers retry this often before giving up (each retry means
@@ -202,6 +202,17 @@ class EtcdStore(RegistryStore):
 
     def list_consumers(self) -> list[ConsumerRecord]:
         return [ConsumerRecord(**json.loads(kv.value)) for kv in self._client.get_prefix(self.key("consumers", ""))]
+
+    def list_replication(self) -> list[ReplicationSetting]:
+        rows = [ReplicationSetting(**json.loads(kv.value)) for kv in self._client.get_prefix(self.key("replication", ""))]
+        return sorted(rows, key=lambda r: r.from_ts)
+
+    def add_replication(self, setting: ReplicationSetting) -> None:
+        # Keyed by the zero-padded from_ts: the prefix lists in order, and an append never overwrites.
+        key = self.key("replication", f"{setting.from_ts:020d}")
+        body = json.dumps(dataclasses.asdict(setting), sort_keys=True).encode()
+        if not self._commit([cmp_mod_revision(key, 0)], [op_put(key, body)], f"replication from {setting.from_ts}"):
+            raise errors.Unavailable(f"etcd store: a replication setting from {setting.from_ts} already exists")
 
     def close(self) -> None:
         self._client.close()

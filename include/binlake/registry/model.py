@@ -93,3 +93,23 @@ class ConsumerRecord:
     @classmethod
     def from_proto(cls, msg: registry_pb2.ConsumerInfo) -> ConsumerRecord:
         return cls(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicationSetting:
+    """A cluster replication setting and the TSO it applies from: prewrites with
+    ``start_ts >= from_ts`` are written to ``replicas`` Pumps and acknowledged at
+    ``min_acks``. The registry keeps every setting ever made (a history), so a
+    window is read with the setting that was in force when it was written
+    (``binlake.replication``)."""
+
+    from_ts: int
+    replicas: int
+    min_acks: int
+
+    def to_proto(self) -> registry_pb2.ReplicationSetting:
+        return registry_pb2.ReplicationSetting(**dataclasses.asdict(self))
+
+    @classmethod
+    def from_proto(cls, msg: registry_pb2.ReplicationSetting) -> ReplicationSetting:
+        return cls(from_ts=msg.from_ts, replicas=msg.replicas, min_acks=msg.min_acks)

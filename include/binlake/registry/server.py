@@ -154,6 +154,21 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         self._count("RemoveConsumer", context)
         return self._service.remove_consumer(request.consumer_id).to_proto()
 
+    @rpc.servicer_method
+    def GetReplication(
+        self, request: registry_pb2.GetReplicationReq, context: grpc.ServicerContext
+    ) -> registry_pb2.ReplicationHistory:
+        self._count("GetReplication", context)
+        return registry_pb2.ReplicationHistory(settings=[r.to_proto() for r in self._service.get_replication()])
+
+    @rpc.servicer_method
+    def SetReplication(
+        self, request: registry_pb2.SetReplicationReq, context: grpc.ServicerContext
+    ) -> registry_pb2.ReplicationHistory:
+        self._count("SetReplication", context)
+        history = self._service.set_replication(request.replicas, request.min_acks, request.grace_ms)
+        return registry_pb2.ReplicationHistory(settings=[r.to_proto() for r in history])
+
 
 class RegistryServer:
     """Owns the store, the service and the gRPC server for one registry process."""

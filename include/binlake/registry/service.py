@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from binlake import errors, net, tso
-from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState
+from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState, ReplicationSetting
 from binlake.registry.store import RegistryStore
 
 MAX_NODE_ID_LEN = 128
@@ -32,6 +32,9 @@ MAX_DESCRIPTION_LEN = 1024
 MAX_TS_COUNT = tso.MAX_LOGICAL
 # A Pump silent for this long is dead, and an operator may mark it OFFLINE.
 DEAD_AFTER_MS = 60_000
+# Replication settings: at most this many copies, and how far ahead a change may apply.
+MAX_REPLICAS = 16
+MAX_GRACE_MS = 3_600_000
 
 # How far along the lifecycle each state is; see the module docstring.
 _RANK = {
@@ -342,6 +345,38 @@ class RegistryService:
         with self._nodes_lock:
             consumers = self._store.list_consumers()
         return sorted(consumers, key=lambda c: c.consumer_id)
+
+    # -- replication (replicas R, min_acks W, with the TSO each applies from) -------------
+
+    def get_replication(self) -> list[ReplicationSetting]:
+        """Every replication setting, oldest first (empty: R = W = 1 everywhere)."""
+        with self._nodes_lock:
+            return self._store.list_replication()
+
+    def set_replication(self, replicas: int, min_acks: int, grace_ms: int) -> list[ReplicationSetting]:
+        """Append a setting applying from a TSO ``grace_ms`` ahead of now (writers
+        re-read the setting meanwhile); returns the whole history. Invariant: from_ts
+        strictly increases along the history, so each TSO has exactly one setting."""
+        for name, value, low, high in (("replicas", replicas, 1, MAX_REPLICAS),
+                                       ("min_acks", min_acks, 1, MAX_REPLICAS),
+                                       ("grace_ms", grace_ms, 0, MAX_GRACE_MS)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise errors.InvalidArgument(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        if min_acks > replicas:
+            raise errors.InvalidArgument(
+                f"min_acks={min_acks} is above replicas={replicas}: a write cannot be acknowledged by more "
+                "Pumps than it is written to")
+        with self._nodes_lock:
+            now = self._allocate(1)
+            from_ts = tso.compose(tso.physical_ms(now) + grace_ms)
+            history = self._store.list_replication()
+            if history and from_ts <= history[-1].from_ts:
+                raise errors.FailedPrecondition(
+                    f"a replication setting already applies from {tso.format_ts(history[-1].from_ts)}, later "
+                    "than this one would; wait until then or give a longer grace")
+            setting = ReplicationSetting(from_ts, replicas, min_acks)
+            self._store.add_replication(setting)
+            return [*history, setting]
 
     def remove_consumer(self, consumer_id: str) -> ConsumerRecord:
         """Drop a consumer (an operator's decision): it no longer holds GC."""

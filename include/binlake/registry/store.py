@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 
 from binlake import errors
-from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState
+from binlake.registry.model import KINDS, ConsumerRecord, NodeRecord, NodeState, ReplicationSetting
 
 # The file a data directory holds.
 DB_FILE_NAME = "registry.db"
@@ -75,6 +75,14 @@ class RegistryStore(abc.ABC):
         """Every consumer, in no particular order."""
 
     @abc.abstractmethod
+    def list_replication(self) -> list[ReplicationSetting]:
+        """Every replication setting, by from_ts (empty: none made, R = W = 1)."""
+
+    @abc.abstractmethod
+    def add_replication(self, setting: ReplicationSetting) -> None:
+        """Append a setting; its from_ts is above every stored one (the service checks)."""
+
+    @abc.abstractmethod
     def revision(self) -> int:
         """A counter that increases on every put_node."""
 
@@ -106,6 +114,14 @@ CREATE TABLE IF NOT EXISTS meta (
     --   revision: >= 0; increases by one on every node write, never decreases.
     key TEXT PRIMARY KEY,
     value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS replication (
+    -- The cluster's replication settings, a history: rows are only appended.
+    -- from_ts: the TSO the setting applies from; above every earlier row's.
+    from_ts INTEGER PRIMARY KEY CHECK (from_ts > 0),
+    -- 1 <= min_acks <= replicas.
+    replicas INTEGER NOT NULL CHECK (replicas >= 1),
+    min_acks INTEGER NOT NULL CHECK (min_acks >= 1 AND min_acks <= replicas)
 );
 CREATE TABLE IF NOT EXISTS nodes (
     -- Unique; non-empty, at most 128 printable characters, no whitespace.
@@ -314,6 +330,16 @@ class SQLiteStore(RegistryStore):
     def revision(self) -> int:
         with self._connection() as conn:
             return self._meta(conn, "revision")
+
+    def list_replication(self) -> list[ReplicationSetting]:
+        with self._connection() as conn:
+            rows = conn.execute("SELECT from_ts, replicas, min_acks FROM replication ORDER BY from_ts").fetchall()
+        return [ReplicationSetting(int(a), int(b), int(c)) for a, b, c in rows]
+
+    def add_replication(self, setting: ReplicationSetting) -> None:
+        with self._connection() as conn, _transaction(conn):
+            conn.execute("INSERT INTO replication (from_ts, replicas, min_acks) VALUES (?, ?, ?)",
+                         (setting.from_ts, setting.replicas, setting.min_acks))
 
     def get_consumer(self, consumer_id: str) -> ConsumerRecord | None:
         with self._connection() as conn:

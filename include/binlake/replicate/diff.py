@@ -143,8 +143,11 @@ def diff_databases(source_url: str, target_url: str, tables: Sequence[str] | Non
                     results.append(TableDiff(name, MISSING, target_rows=n, note="not in the source"))
                     fixes.append(f"DROP TABLE {_q(tgt_engine, name)};")
                     continue
-                results.append(_diff_table(src, tgt, name, src_schema.get(name), tgt_schema.get(name),
-                                           chunk_size, fixes, tgt_engine))
+                # A source without binlake's definitions (a MariaDB/PostgreSQL upstream followed by
+                # a source) is read with the target's, when its columns are the same: values then
+                # compare by type (a JSON document, not its text as the upstream kept it).
+                results.append(_diff_table(src, tgt, name, src_schema.get(name) or tgt_schema.get(name),
+                                           tgt_schema.get(name), chunk_size, fixes, tgt_engine))
     except sa.exc.OperationalError as exc:
         raise errors.Unavailable(f"diff: {errors.first_line(exc)}") from None
     finally:

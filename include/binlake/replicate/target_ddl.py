@@ -17,6 +17,7 @@ import logging
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from binlake import codec, coldefault
 from binlake.proto import binlog_pb2
 from binlake.replicate.sink import Target
 from binlake.sql import dialect as dl
@@ -96,11 +97,17 @@ def apply_ddl(target: Target, conn: Connection, kind: str, old: binlog_pb2.Table
     present = _columns(conn, name)
     for cid, col in new_cols.items():
         if cid not in old_cols and col.name not in present:
-            ex(dl.add_column_sql(engine, name, column_def(col)))
+            # With its DEFAULT, so the target gives the rows it holds what the upstream gave its
+            # own (an expression's value as of the upstream's ALTER, when the binlog has it).
+            fill = coldefault.fill(col)
+            ex(dl.add_column_sql(engine, name, column_def(col),
+                                 codec.decode_value(fill, col.type) if fill is not None else None))
     for cid, col in new_cols.items():
         was = old_cols.get(cid)
         if was is not None and (was.type, was.sql_type, was.nullable) != (col.type, col.sql_type, col.nullable):
             ex(dl.change_column_type_sql(engine, name, column_def(col), new))
+        elif was is not None and was.default_value != col.default_value:
+            ex(dl.set_default_sql(engine, name, column_def(col), new))
     present_idx = _indexes(conn, name)
     by_id = {c.id: c.name for c in new.columns}
     for uk, key in new_uks.items():

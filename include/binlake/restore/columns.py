@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from binlake.proto import binlog_pb2
@@ -132,15 +132,36 @@ def _from_json_value(field: Any, col: binlog_pb2.ColumnInfo) -> Any:
     return field
 
 
-def typed_field(parsed: Any, info: binlog_pb2.TableInfo, col: Column) -> Any:
-    """Column ``col`` (by id, cast to its type) of a struct parsed with ``image_schema(info)``;
-    null when ``info`` has no such column."""
+def fill_literal(value: binlog_pb2.Datum, src: binlog_pb2.ColumnInfo, target: str) -> Any:
+    """A Datum of column ``src`` as a Spark literal of type ``target``, read exactly as an
+    image's value of that column is (its image JSON, parsed and cast the same way)."""
     from pyspark.sql import functions as F
 
+    from binlake import codec
+    from binlake.lake.image import value_json
+
+    text = '{"v":' + value_json(codec.decode_value(value, src.type), src.type) + "}"
+    parsed = F.from_json(F.lit(text), f"struct<`v`: {json_type(src.type)}>")
+    return _cast(_from_json_value(parsed.getField("v"), src), spark_type(src.type, src.sql_type), target)
+
+
+def _missing(col: Column, fills: Mapping[int, Any] | None) -> Any:
+    """A column an image or base row lacks: its fill (``restore.fills.Fill``) or null."""
+    from pyspark.sql import functions as F
+
+    fill = (fills or {}).get(col.id)
+    if fill is None:
+        return F.lit(None).cast(col.spark_type())
+    return fill_literal(fill.value, fill.column, col.spark_type())
+
+
+def typed_field(parsed: Any, info: binlog_pb2.TableInfo, col: Column, fills: Mapping[int, Any] | None = None) -> Any:
+    """Column ``col`` (by id, cast to its type) of a struct parsed with ``image_schema(info)``;
+    when ``info`` has no such column, its fill in ``fills`` (column id -> ``Fill``), else null."""
     target = col.spark_type()
     src = next((c for c in info.columns if c.id == col.id), None)
     if src is None:
-        return F.lit(None).cast(target)
+        return _missing(col, fills)
     return _cast(_from_json_value(parsed.getField(src.name), src), spark_type(src.type, src.sql_type), target)
 
 
@@ -167,8 +188,9 @@ def typed_image(image: Any, info: binlog_pb2.TableInfo, out: Sequence[Column]) -
     return exprs
 
 
-def typed_columns(source: Sequence[Column], out: Sequence[Column]) -> list[Any]:
-    """Expressions for ``out`` from a typed frame with columns ``source`` (matched by id)."""
+def typed_columns(source: Sequence[Column], out: Sequence[Column], fills: Mapping[int, Any] | None = None) -> list[Any]:
+    """Expressions for ``out`` from a typed frame with columns ``source`` (matched by id);
+    a column ``source`` lacks is its fill in ``fills`` (column id -> ``Fill``), else null."""
     from pyspark.sql import functions as F
 
     by_id = {c.id: c for c in source}
@@ -176,7 +198,7 @@ def typed_columns(source: Sequence[Column], out: Sequence[Column]) -> list[Any]:
     for col in out:
         src = by_id.get(col.id)
         if src is None:
-            exprs.append(F.lit(None).cast(col.spark_type()).alias(col.name))
+            exprs.append(_missing(col, fills).alias(col.name))
         else:
             exprs.append(_cast(F.col(f"`{src.name}`"), src.spark_type(), col.spark_type()).alias(col.name))
     return exprs

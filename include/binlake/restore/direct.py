@@ -9,8 +9,8 @@ apply's own decoder (``rawcompact.ImageDecoder``: the values
 
 Each image is read with the definition it was written with and mapped by
 column *id* onto the definition at T (a renamed column keeps its values; one
-added later is null; a dropped one disappears), exactly as ``rebuild`` maps
-them. The last event per *typed* key wins, ordered by (commit_ts, seq, sub) as
+added later holds what the upstream gave the rows then, ``restore.fills``, or
+null; a dropped one disappears), exactly as ``rebuild`` maps them. The last event per *typed* key wins, ordered by (commit_ts, seq, sub) as
 in ``rebuild``; so two texts of one key resolve as Spark's typed rebuild does.
 A table with base rows, or whose columns changed type (Spark casts those),
 is not ``eligible`` and takes the typed Spark rebuild instead.
@@ -23,6 +23,7 @@ Delta commit through the JVM per table.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from binlake import errors, tso
 from binlake.lake import decode
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
+from binlake.restore import fills as fill_mod
 from binlake.restore import rebuild
 
 
@@ -61,22 +63,43 @@ def rows_at(schema: decode.SchemaHistory, table_id: int, ts: int, changes: Itera
     key = [next(c.name for c in info.columns if c.id == i) for i in info.primary_key]
     if not key:
         raise errors.FailedPrecondition(f"table {info.db}.{info.name} has no primary key: rows cannot be keyed")
-    plans: dict[int, tuple[ImageDecoder, list[tuple[str, str | None]]]] = {}
+    # A column an image lacks because it was added after the image's version: the
+    # value the upstream gave the rows then, decoded as an image's value of it is.
+    vfills = fill_mod.version_fills(schema, table_id)
+    fill_values = {cid: _fill_value(f) for per in vfills.values() for cid, f in per.items()}
+    plans: dict[int, tuple[ImageDecoder, list[tuple[str, str | None]], dict[str, Any]]] = {}
     for version, vinfo in rebuild.versions(schema, table_id).items():
         names = {c.id: c.name for c in vinfo.columns}
-        plans[version] = (ImageDecoder(vinfo, []), [(c.name, names.get(c.id)) for c in info.columns])
+        filled = vfills.get(version, {})
+        plans[version] = (ImageDecoder(vinfo, []), [(c.name, names.get(c.id)) for c in info.columns],
+                          {c.name: fill_values[c.id] for c in info.columns
+                           if c.id not in names and c.id in filled})
     last: dict[tuple[Any, ...], tuple[tuple[int, int, int], bool, dict[str, Any]]] = {}
     for r in changes:
-        dec, mapping = plans[int(r["schema_version"])]
+        dec, mapping, missing = plans[int(r["schema_version"])]
         gone = r["op"] == "delete"
         doc = dec.typed(dec.parse(r["before"] if gone else r["after"])) or {}
-        row = {name: (doc.get(src) if src is not None else None) for name, src in mapping}
+        row = {name: (doc.get(src) if src is not None else missing.get(name)) for name, src in mapping}
         k = tuple(hashable(row[n]) for n in key)
         order = (int(r["commit_ts"]), int(r["seq"]), 0 if gone else 1)
         held = last.get(k)
         if held is None or order > held[0]:
             last[k] = (order, gone, row)
     return [row for _order, gone, row in last.values() if not gone]
+
+
+def _fill_value(fill: fill_mod.Fill) -> Any:
+    """A fill's Python value as ``ImageDecoder.typed`` gives an image's value of its column
+    (through the image JSON, so both paths type it alike)."""
+    from binlake import codec
+    from binlake.lake.image import value_json
+    from binlake.replicate.rawcompact import ImageDecoder
+
+    col = fill.column
+    dec = ImageDecoder(binlog_pb2.TableInfo(columns=[col]), [])
+    doc = dec.typed(dec.parse('{' + json.dumps(col.name) + ':' + value_json(codec.decode_value(fill.value, col.type),
+                                                                         col.type) + '}'))
+    return (doc or {}).get(col.name)
 
 
 def delta_eligible(schema: decode.SchemaHistory, table_id: int, ts: int, base: rebuild.Base) -> bool:

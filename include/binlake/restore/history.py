@@ -16,7 +16,9 @@ so the table at any T is plain Spark SQL::
 A version is per *transaction*: a row changed twice in one transaction has one
 version (the last image). Schema changes: columns are matched by id; the table
 has every column the upstream table ever had, named as most recently named;
-a column added later is null in versions written before it existed; a dropped
+a column added later holds, in versions written before it existed, what the
+upstream gave the rows existing when it was added (``restore.fills``: its
+DEFAULT, or null); a dropped
 column is kept, null in versions written after it was dropped (named
 ``<name>__<id>`` if a live column took its name); a retyped column holds every
 version in its newest type. A rename or retype rebuilds the table in one pass.
@@ -45,7 +47,7 @@ from binlake.lake import decode
 from binlake.lake.ingest import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
-from binlake.restore import coverage, layout, onepass, rebuild
+from binlake.restore import coverage, fills, layout, onepass, rebuild
 
 Progress = Callable[[str], None]
 META = ("_valid_from_ts", "_valid_to_ts", "_op")
@@ -236,7 +238,8 @@ def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, l
     gone = ended_ts(schema, table_id)
     close_at = gone if gone is not None and gone < end else None
     rows = rebuild.read_changes(shared, table_id, lo - 1, end - 1)
-    evts = rebuild.events(rows, rebuild.versions(schema, table_id), cols, key)
+    evts = rebuild.events(rows, rebuild.versions(schema, table_id), cols, key,
+                          fills.version_fills(schema, table_id))
     versions, first_change = _versions(evts, cols, key, close_at)
     if fresh:
         say(f"{name}: building the history table from the lake's start")
@@ -252,8 +255,19 @@ def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, l
         have = {c.name for c in C.from_json(json.loads(old["columns"]))}
         added = [c for c in cols if c.name not in have]
         if added:
+            if any(c.spark_type() == "timestamp_ntz" for c in added):
+                # Delta turns this feature on by itself only when a table is created with such a column.
+                spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.feature.timestampNtz' = "
+                          "'supported')")
             spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (" +
                       ", ".join(f"`{c.name}` {c.spark_type()}" for c in added) + ")")
+            table = DeltaTable.forPath(spark, path)  # with the columns just added
+            # Every version held predates the added columns: give them what the upstream gave its rows.
+            before = fills.base_fills(schema, table_id, int(old["applied_end_ts"]) - 1)
+            values = {f"`{c.name}`": C.fill_literal(before[c.id].value, before[c.id].column, c.spark_type())
+                      for c in added if c.id in before}
+            if values:
+                table.update(set=values)
         cond = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
         src = (first_change.select(*[F.col(f"`{k}`") for k in key], F.col("_first"), F.lit("close").alias("_a"))
                .unionByName(versions.withColumn("_first", F.lit(None).cast("long")).withColumn("_a", F.lit("add")),

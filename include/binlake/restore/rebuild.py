@@ -15,8 +15,9 @@ primary key:
 
 Images are parsed with ``from_json`` using the definition they were written with
 (the change row's ``schema_version``) and mapped by column id onto the
-definition in force at T (``columns``): added columns are null in older rows,
-dropped ones disappear, renamed ones keep their values, retyped ones are cast.
+definition in force at T (``columns``): added columns hold, in older rows, what
+the upstream gave the rows that existed when it added them (``restore.fills``:
+its DEFAULT, or null when it had none), dropped ones disappear, renamed ones keep their values, retyped ones are cast.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from binlake.lake import decode
 from binlake.lake.ingest import CHANGES, DDL_HISTORY, is_delta, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
+from binlake.restore import fills as fill_mod
 
 ORDER = ("_ts", "_seq", "_sub")
 
@@ -124,9 +126,11 @@ def _by_version(version_col: Any, parts: dict[int, Any]) -> Any:
 
 
 def events(changes: Any, table_versions: dict[int, binlog_pb2.TableInfo], out: Sequence[C.Column],
-           key: Sequence[str]) -> Any:
+           key: Sequence[str], fills: dict[int, dict[int, fill_mod.Fill]] | None = None) -> Any:
     """Key events of change rows (see the module doc): ``out`` columns typed, plus
     ``_ts, _seq, _sub, _del`` and ``_op``. ``key`` names the primary-key columns in ``out``.
+    ``fills`` (``fills.version_fills``): per schema version, what its images read for the
+    columns added after it.
 
     One pass over the rows whatever the number of schema versions: each image is
     parsed once, with the schema of its own version (a CASE on ``schema_version``
@@ -159,7 +163,7 @@ def events(changes: Any, table_versions: dict[int, binlog_pb2.TableInfo], out: S
         _by_version(ver, before_key).alias("_bk"))
 
     def image(prefix: str) -> list[Any]:
-        return [_by_version(ver, {v: C.typed_field(F.col(f"{prefix}{v}"), info, c)
+        return [_by_version(ver, {v: C.typed_field(F.col(f"{prefix}{v}"), info, c, (fills or {}).get(v))
                                   for v, info in table_versions.items()}).alias(c.name) for c in out]
 
     moved = (F.col("op") == "delete") | ((F.col("op") == "update") & (F.col("keys") != F.col("_bk")))
@@ -175,11 +179,13 @@ def events(changes: Any, table_versions: dict[int, binlog_pb2.TableInfo], out: S
                     "_e._op"))
 
 
-def base_events(base: Base, out: Sequence[C.Column]) -> Any:
+def base_events(base: Base, out: Sequence[C.Column], fills: dict[int, fill_mod.Fill] | None = None) -> Any:
+    """The base's rows as events; ``fills`` (``fills.base_fills``): what its rows read for
+    columns added after it."""
     from pyspark.sql import functions as F
 
     return base.frame.select(
-        *C.typed_columns(base.cols, out), F.lit(base.ts).cast("long").alias("_ts"), F.lit(-1).alias("_seq"),
+        *C.typed_columns(base.cols, out, fills), F.lit(base.ts).cast("long").alias("_ts"), F.lit(-1).alias("_seq"),
         F.lit(0).alias("_sub"), F.lit(False).alias("_del"), F.lit("base").alias("_op"))
 
 
@@ -221,13 +227,14 @@ def state_from(spark: Any, rows: Any, schema: decode.SchemaHistory, table_id: in
     if final and rows is not None:
         if base.frame is not None:
             raise ValueError("final rows cannot have a base with rows")
-        return (events(rows, versions(schema, table_id), out, key).where(~F.col("_del"))
+        return (events(rows, versions(schema, table_id), out, key, fill_mod.version_fills(schema, table_id))
+                .where(~F.col("_del"))
                 .select(*[F.col(f"`{c.name}`") for c in out]))
     parts = []
     if base.frame is not None:
-        parts.append(base_events(base, out))
+        parts.append(base_events(base, out, fill_mod.base_fills(schema, table_id, base.ts)))
     if rows is not None and base.ts < ts:
-        parts.append(events(rows, versions(schema, table_id), out, key))
+        parts.append(events(rows, versions(schema, table_id), out, key, fill_mod.version_fills(schema, table_id)))
     if not parts:
         return spark.createDataFrame([], ", ".join(f"`{c.name}` {c.spark_type()}" for c in out))
     evts = parts[0]

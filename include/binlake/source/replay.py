@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from binlake import codec, oracle
+from binlake import codec, coldefault, oracle
 from binlake.proto import binlog_pb2
 from binlake.sql import schema as sc
 
@@ -41,13 +41,18 @@ class Replay:
                 self.infos[info.table_id] = info
                 rows = self.rows.setdefault(info.table_id, {})
                 if old is not None:
-                    # Re-key rows under the new definition (renamed/dropped/added columns by id).
+                    # Re-key rows under the new definition (renamed/dropped/added columns by id);
+                    # an added column holds what the upstream gave the rows it had (``coldefault.fill``).
                     by_id = {c.id: c.name for c in old.columns}
                     new_names = {c.id: c.name for c in info.columns}
+                    fills = {}
+                    for c in info.columns:
+                        fill = coldefault.fill(c) if c.id not in by_id else None
+                        fills[c.id] = codec.decode_value(fill, c.type) if fill is not None else None
                     rebuilt = {}
                     for r in rows.values():
                         ids = {cid: r[n] for cid, n in by_id.items() if n in r}
-                        nr = {new_names[cid]: ids.get(cid) for cid in new_names}
+                        nr = {new_names[cid]: ids[cid] if cid in ids else fills[cid] for cid in new_names}
                         rebuilt[self._key(info, nr)] = nr
                     self.rows[info.table_id] = rebuilt
                 continue

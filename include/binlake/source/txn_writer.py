@@ -62,7 +62,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from binlake import codec, errors, failpoint
+from binlake import codec, coldefault, errors, failpoint
 from binlake.client.pump_client import PumpClient
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
@@ -498,6 +498,13 @@ class TxnWriter:
         return self._ddl(table, lambda _t, v: sc.add_column(self.table(table), column, v),
                          lambda _i, _o: dl.add_column_sql(self.engine, table, column))
 
+    def set_default(self, table: str, column: str, default: Any) -> binlog_pb2.TableInfo:
+        """``ALTER COLUMN column SET DEFAULT default`` (None: DROP DEFAULT): only rows
+        inserted later without the column take it, as upstream."""
+        return self._ddl(table, lambda _t, v: sc.set_default(self.table(table), column, default, v),
+                         lambda info, _o: dl.set_default_sql(self.engine, table, sc.column_def(
+                             next(c for c in info.columns if c.name == column)), info))
+
     def drop_column(self, table: str, column: str) -> binlog_pb2.TableInfo:
         return self._ddl(table, lambda _t, v: sc.drop_column(self.table(table), column, v),
                          lambda _i, _o: dl.drop_column_sql(self.engine, table, column))
@@ -670,8 +677,11 @@ class Txn:
         info, t, keys = self._t(table)
         for row in rows:
             self._check_cols(info, row, "insert")
+        # A column the row leaves out takes its constant default, as the database would.
+        defaults = {c.name: coldefault.constant_value(c)[1] for c in info.columns}
+        full = [{c.name: row[c.name] if c.name in row else defaults[c.name] for c in info.columns} for row in rows]
+        for row in full:
             self._encode(info, row)  # refuse what the codec cannot carry before the database sees it
-        full = [{c.name: row.get(c.name) for c in info.columns} for row in rows]
         dialect = self.conn.dialect
         if dialect.insert_executemany_returning or (len(full) == 1 and dialect.insert_returning):
             # The stored images come back with the insert (one round trip, not two).

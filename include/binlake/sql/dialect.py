@@ -9,14 +9,17 @@ PostgreSQL stores uint as NUMERIC(20,0), MySQL key strings as VARCHAR(n).
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import decimal
+import json
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Engine
 
-from binlake import errors
+from binlake import coldefault, errors
 from binlake.proto import binlog_pb2
 from binlake.sql.schema import ColumnDef, column_def
 
@@ -116,6 +119,60 @@ def sa_type(col: ColumnDef, dialect: str, keyed: bool = False) -> sa.types.TypeE
     raise errors.InvalidArgument(f"column {col.name}: unknown type {t}")
 
 
+def _quote_text(text: str, dialect: str) -> str:
+    if dialect == "mysql":  # backslash is an escape character in MySQL/MariaDB strings
+        text = text.replace("\\", "\\\\")
+    return "'" + text.replace("'", "''") + "'"
+
+
+def default_sql(col: ColumnDef, dialect: str) -> str | None:
+    """The DEFAULT clause's value for ``col`` in ``dialect``, None when it has none a
+    target can be given: a constant in the form that dialect stores the column's values
+    in (what ``sa_type`` chose), or CURRENT_TIMESTAMP for a "now" expression. Other
+    expressions (``nextval(...)``, ``uuid()``) exist only upstream: None."""
+    if col.default_expr is not None:
+        if not coldefault.is_now(col.default_expr) or col.type not in ("datetime", "date", "time"):
+            return None
+        if col.type == "date":
+            return "(CURRENT_DATE)" if dialect == "sqlite" else "CURRENT_DATE"
+        if col.type == "time":
+            return "CURRENT_TIME"
+        return "CURRENT_TIMESTAMP(6)" if dialect == "mysql" else "CURRENT_TIMESTAMP"
+    v = col.default
+    if v is None:
+        return None
+    t = col.type
+    if t == "bool":
+        return ("TRUE" if v else "FALSE") if dialect == "postgresql" else ("1" if v else "0")
+    if t in ("int", "float"):
+        return repr(float(v)) if t == "float" else str(int(v))
+    if t in ("uint", "decimal"):
+        text = str(decimal.Decimal(v)) if t == "decimal" else str(int(v))
+        return _quote_text(text, dialect) if dialect == "sqlite" else text  # SQLite keeps them as text
+    if t == "string":
+        return _quote_text(str(v), dialect)
+    if t == "bytes":
+        hexed = bytes(v).hex()
+        return f"'\\x{hexed}'::bytea" if dialect == "postgresql" else f"X'{hexed}'"
+    if t == "date":
+        return _quote_text(v.isoformat(), dialect)
+    if t == "datetime":
+        if isinstance(v, dt.datetime) and v.tzinfo is not None:
+            v = v.astimezone(dt.UTC).replace(tzinfo=None)
+        return _quote_text(v.isoformat(sep=" ", timespec="microseconds"), dialect)
+    if t == "time":
+        if isinstance(v, dt.timedelta):
+            v = (dt.datetime(1970, 1, 1) + v).time()
+        return _quote_text(v.isoformat(timespec="microseconds"), dialect)
+    if t == "json":
+        text = json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False) if not isinstance(v, str) \
+            else v
+        if dialect == "mysql":
+            return "(" + _quote_text(text, dialect) + ")"  # MySQL takes a JSON default only as an expression
+        return _quote_text(text, dialect)
+    raise errors.InvalidArgument(f"column {col.name}: unknown type {t}")
+
+
 def sa_table(info: binlog_pb2.TableInfo, dialect: str, metadata: sa.MetaData | None = None) -> sa.Table:
     """A SQLAlchemy Table for ``info`` (for DML and CREATE TABLE)."""
     md = metadata or sa.MetaData()
@@ -123,8 +180,10 @@ def sa_table(info: binlog_pb2.TableInfo, dialect: str, metadata: sa.MetaData | N
     cols = []
     for ci in info.columns:
         cd = column_def(ci)
+        default = default_sql(cd, dialect)
         cols.append(sa.Column(ci.name, sa_type(cd, dialect), primary_key=ci.id in pk,
-                              nullable=ci.nullable, autoincrement=False))
+                              nullable=ci.nullable, autoincrement=False,
+                              server_default=sa.text(default) if default is not None else None))
     kwargs: dict[str, Any] = {}
     if dialect == "mysql":
         kwargs = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
@@ -151,8 +210,42 @@ def _type_sql(engine: Engine, col: ColumnDef) -> str:
     return sa_type(col, engine.dialect.name).compile(dialect=engine.dialect)
 
 
-def add_column_sql(engine: Engine, table: str, col: ColumnDef) -> list[str]:
-    return [f"ALTER TABLE {_q(engine, table)} ADD COLUMN {_q(engine, col.name)} {_type_sql(engine, col)} NULL"]
+def add_column_sql(engine: Engine, table: str, col: ColumnDef, fill: Any = None) -> list[str]:
+    """ADD COLUMN with its DEFAULT, which the database gives the rows that exist.
+    ``fill``: the value those rows hold upstream when its DEFAULT alone does not say
+    (an expression the upstream evaluated at its ALTER): the column is added with it
+    as a constant default, then given its own."""
+    d = engine.dialect.name
+    t, c = _q(engine, table), _q(engine, col.name)
+    own = default_sql(col, d)
+    first = own
+    if fill is not None and (col.default is None or col.default != fill):
+        first = default_sql(dataclasses.replace(col, default=fill, default_expr=None), d)
+    null = "NULL" if col.nullable or first is None else "NOT NULL"
+    stmts = [f"ALTER TABLE {t} ADD COLUMN {c} {_type_sql(engine, col)}"
+             + (f" DEFAULT {first}" if first is not None else "") + f" {null}"]
+    if first != own:
+        if d == "sqlite":
+            # SQLite cannot change a default, and cannot add a column with a non-constant one: the
+            # constant stays (rows inserted later through binlake carry their own values).
+            return stmts
+        stmts += set_default_sql(engine, table, col)
+    return stmts
+
+
+def set_default_sql(engine: Engine, table: str, col: ColumnDef,
+                    info: binlog_pb2.TableInfo | None = None) -> list[str]:
+    """``col``'s DEFAULT as its definition now has it (none: DROP DEFAULT); rows that
+    exist keep their values. ``info``: the table's new definition (SQLite rebuilds it)."""
+    d = engine.dialect.name
+    t, c = _q(engine, table), _q(engine, col.name)
+    value = default_sql(col, d)
+    if d == "sqlite":
+        if info is None:
+            raise errors.InvalidArgument("changing a default in SQLite needs the table's new definition")
+        return _sqlite_rebuild(engine, info, col, convert=False)
+    # PostgreSQL, MySQL and MariaDB all take ALTER COLUMN ... SET/DROP DEFAULT.
+    return [f"ALTER TABLE {t} ALTER COLUMN {c} " + (f"SET DEFAULT {value}" if value is not None else "DROP DEFAULT")]
 
 
 def drop_column_sql(engine: Engine, table: str, col: str) -> list[str]:
@@ -178,13 +271,15 @@ def change_column_type_sql(engine: Engine, table: str, col: ColumnDef,
         stmts.append(f"ALTER TABLE {t} ALTER COLUMN {c} {'DROP' if col.nullable else 'SET'} NOT NULL")
         return stmts
     if d == "mysql":
-        return [f"ALTER TABLE {t} MODIFY COLUMN {c} {ty} {'NULL' if col.nullable else 'NOT NULL'}"]
+        default = default_sql(col, d)  # MODIFY restates the whole column: keep its DEFAULT
+        return [f"ALTER TABLE {t} MODIFY COLUMN {c} {ty}" + (f" DEFAULT {default}" if default is not None else "")
+                + f" {'NULL' if col.nullable else 'NOT NULL'}"]
     if info is None:
         raise errors.InvalidArgument("changing a column type in SQLite needs the table's new definition")
     return _sqlite_rebuild(engine, info, col)
 
 
-def _sqlite_rebuild(engine: Engine, info: binlog_pb2.TableInfo, col: ColumnDef) -> list[str]:
+def _sqlite_rebuild(engine: Engine, info: binlog_pb2.TableInfo, col: ColumnDef, convert: bool = True) -> list[str]:
     """SQLite cannot change a column's declared type, and the declared type decides
     how SQLite stores a value (its affinity): text '1.2345' put in a column declared
     BIGINT becomes the REAL 1.2345 (15 digits kept), and an int cast to text turns
@@ -199,7 +294,9 @@ def _sqlite_rebuild(engine: Engine, info: binlog_pb2.TableInfo, col: ColumnDef) 
     del tmp_info.unique_keys[:]  # index names are per database: create them after the swap
     tmp = _q(engine, tmp_name)
     c = _q(engine, col.name)
-    if col.type in ("string", "decimal"):
+    if not convert:
+        conv = c
+    elif col.type in ("string", "decimal"):
         conv = f"CAST({c} AS TEXT)"
     elif col.type == "float":
         conv = f"CAST({c} AS REAL)"

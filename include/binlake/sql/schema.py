@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
-from binlake import codec, errors
+from binlake import codec, coldefault, errors
 from binlake.proto import binlog_pb2
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -30,6 +31,10 @@ class ColumnDef:
     precision: int | None = None
     scale: int | None = None
     length: int | None = None
+    # DEFAULT: a constant of the column's type (None: no default), or an expression
+    # as the upstream's SQL text (informational: binlake never evaluates one).
+    default: Any = None
+    default_expr: str | None = None
 
     def sql_type(self) -> str:
         """The type as binlake names it in table definitions (informational)."""
@@ -71,12 +76,32 @@ def check_column(col: ColumnDef) -> None:
             raise errors.InvalidArgument(f"column {col.name}: length applies to string and bytes columns only")
         if not 1 <= col.length <= 16383:
             raise errors.InvalidArgument(f"column {col.name}: length must be in 1..16383 (got {col.length})")
+    if col.default is not None and col.default_expr is not None:
+        raise errors.InvalidArgument(f"column {col.name}: give a constant default or a default expression, not both")
+    if col.default is not None:
+        try:
+            coldefault.constant(col.default, codec.type_code(col.type), col.name)
+        except (TypeError, ValueError) as exc:
+            raise errors.InvalidArgument(f"column {col.name}: default {col.default!r} is not a {col.type}: {exc}") \
+                from None
+    if col.default_expr is not None and (not isinstance(col.default_expr, str) or not col.default_expr.strip()):
+        raise errors.InvalidArgument(f"column {col.name}: default_expr must be SQL text, got {col.default_expr!r}")
 
 
 def column_info(col: ColumnDef, col_id: int) -> binlog_pb2.ColumnInfo:
-    return binlog_pb2.ColumnInfo(
+    info = binlog_pb2.ColumnInfo(
         id=col_id, name=col.name, type=codec.type_code(col.type), nullable=col.nullable, sql_type=col.sql_type()
     )
+    _set_default(info, col)
+    return info
+
+
+def _set_default(info: binlog_pb2.ColumnInfo, col: ColumnDef) -> None:
+    info.ClearField("default_value")
+    if col.default is not None:
+        info.default_value.CopyFrom(coldefault.constant(col.default, info.type, col.name))
+    elif col.default_expr is not None:
+        info.default_value.CopyFrom(coldefault.expression(col.default_expr))
 
 
 def column_def(info: binlog_pb2.ColumnInfo) -> ColumnDef:
@@ -89,7 +114,8 @@ def column_def(info: binlog_pb2.ColumnInfo) -> ColumnDef:
             precision, scale = int(m.group(1)), int(m.group(2) or 0)
         else:
             length = int(m.group(1))
-    return ColumnDef(info.name, name, info.nullable, precision, scale, length)
+    _known, default = coldefault.constant_value(info)
+    return ColumnDef(info.name, name, info.nullable, precision, scale, length, default, coldefault.expr_of(info))
 
 
 def _col(table: binlog_pb2.TableInfo, name: str) -> binlog_pb2.ColumnInfo:
@@ -177,13 +203,30 @@ def add_column(table: binlog_pb2.TableInfo, col: ColumnDef, version: int) -> bin
     check_column(col)
     if any(c.name.lower() == col.name.lower() for c in table.columns):
         raise errors.InvalidArgument(f"table {table.name} already has a column {col.name}")
-    if not col.nullable:
+    if not col.nullable and col.default is None:
         raise errors.InvalidArgument(
-            f"{table.name}.{col.name}: an added column must be nullable (existing rows have no value for it)"
+            f"{table.name}.{col.name}: an added NOT NULL column needs a constant default (the value existing "
+            "rows get)"
+        )
+    if col.default_expr is not None:
+        raise errors.InvalidArgument(
+            f"{table.name}.{col.name}: an added column takes a constant default here (existing rows get it; "
+            "an expression would be evaluated differently by each database)"
         )
     out = _next(table, version)
     out.columns.append(column_info(col, out.next_column_id))
     out.next_column_id += 1
+    return out
+
+
+def set_default(table: binlog_pb2.TableInfo, name: str, default: Any, version: int) -> binlog_pb2.TableInfo:
+    """``ALTER COLUMN name SET DEFAULT default`` (None: DROP DEFAULT). Rows that exist
+    keep their values; only rows inserted later without the column take it."""
+    ci = _col(table, name)
+    col = dataclasses.replace(column_def(ci), default=default, default_expr=None)
+    check_column(col)
+    out = _next(table, version)
+    _set_default(_col(out, name), col)
     return out
 
 
@@ -245,6 +288,7 @@ def change_column_type(table: binlog_pb2.TableInfo, col: ColumnDef, version: int
     target.type = codec.type_code(col.type)
     target.sql_type = col.sql_type()
     target.nullable = col.nullable if ci.id not in table.primary_key else False
+    _set_default(target, col)
     return out
 
 

@@ -14,8 +14,8 @@ _UP_DESCRIPTION = """\
 Run the always-on stack on this machine, in the foreground: the registry, N Pumps on fixed
 loopback ports (data under DATA_DIR), and Airflow with SQLite metadata in DATA_DIR/airflow
 (API server + UI, scheduler, DAG processor, triggerer) running this project's dags/ and
-plugins/, so binlake_ingest ingests every window into DATA_DIR/lake. Prints where everything
-is; Ctrl-C stops Airflow, then the Pumps, then the registry. Starting it again finds the
+plugins/, and a Spark Connect server (the always-on Spark of the DAGs' jobs), so binlake_ingest ingests every window into DATA_DIR/lake. Prints where everything
+is; Ctrl-C stops Airflow, then Spark, then the Pumps, then the registry. Starting it again finds the
 same cluster, lake and Airflow state, and the ingest DAG catches up on the windows missed."""
 
 
@@ -44,6 +44,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--pump-args", default="",
                    help="extra `binlake pump` flags for every Pump, one string (use --pump-args='...')")
     p.add_argument("--no-airflow", dest="airflow", action="store_false", help="start only the registry and Pumps")
+    p.add_argument("--spark-connect-port", type=non_negative_int, default=stack.DEFAULT_SPARK_CONNECT_PORT,
+                   help="port of the always-on Spark Connect server the DAGs' Spark jobs use (default "
+                        f"{stack.DEFAULT_SPARK_CONNECT_PORT}; 0 = none, each window then starts its own Spark)")
     p.add_argument("--airflow-port", type=positive_int, default=stack.DEFAULT_AIRFLOW_PORT,
                    help="port of the Airflow API server and UI on 127.0.0.1 (default 8080)")
     p.add_argument("--dags-folder", help="Airflow DAGs (default: $BINLAKE_DAGS_FOLDER, else the checkout's dags/)")
@@ -79,7 +82,8 @@ def _run_up(args: argparse.Namespace) -> int:
     cfg = stack.StackConfig(
         data_dir=pathlib.Path(args.data_dir), pumps=args.pumps, registry_addr=args.registry_addr,
         pump_port_base=args.pump_port_base, pump_args=pump_args,
-        airflow=args.airflow, airflow_port=args.airflow_port, dags_folder=dags,
+        airflow=args.airflow, airflow_port=args.airflow_port,
+        spark_connect_port=args.spark_connect_port, dags_folder=dags,
         plugins_folder=plugins, ready_timeout_s=args.ready_timeout_s,
     )
     return stack.Stack(cfg).run()

@@ -4,13 +4,16 @@ What runs (each a child process with its own log under ``<data>/logs``):
 
 - the registry (``<data>/registry``) and N Pumps (``<data>/pump1..N``) on fixed
   loopback ports, so a restart finds the same cluster with the same data;
+- the always-on Spark: a Spark Connect server on ``--spark-connect-port``
+  (``binlake.lake.connect_server``), whose clients are the DAGs' Spark jobs
+  (``BINLAKE_SPARK_REMOTE``), so a window costs its work rather than a JVM start;
 - Airflow with SQLite metadata in ``<data>/airflow``: API server (UI), scheduler,
   DAG processor and triggerer (what ``airflow standalone`` runs), pointed at this
   project's ``dags/`` and ``plugins/``, with the ``binlake_*`` settings of the
   DAGs in their environment.
 
 Ctrl-C (or SIGTERM) stops everything in order: Airflow first (so no task
-starts against a Pump that is going away), then the Pumps (they flush and
+starts against a Pump that is going away), then Spark, then the Pumps (they flush and
 report "paused"), then the registry. A second Ctrl-C kills what is left.
 If any child exits on its own, the stack stops and says which one, with its log.
 """
@@ -44,6 +47,7 @@ PROJECT_ROOT = config.CHECKOUT
 
 DEFAULT_PUMP_PORT_BASE = 8250
 DEFAULT_AIRFLOW_PORT = 8080
+DEFAULT_SPARK_CONNECT_PORT = 15002
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 # Airflow's state file of this stack: the ingest DAG's start date is fixed on the
 # first `binlake up`, so later restarts catch up on the windows they missed.
@@ -79,6 +83,8 @@ class StackConfig:
     pump_args: list[str] = dataclasses.field(default_factory=list)
     airflow: bool = True
     airflow_port: int = DEFAULT_AIRFLOW_PORT
+    # The always-on Spark Connect server (0 = none: the DAGs fall back to spark-submit).
+    spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
     dags_folder: pathlib.Path = dataclasses.field(default_factory=lambda: config.paths().dags())
     plugins_folder: pathlib.Path = dataclasses.field(default_factory=lambda: config.paths().plugins())
     ready_timeout_s: float = 180.0
@@ -176,6 +182,8 @@ class Stack:
         try:
             self._preflight()
             self._start_binlake()
+            if self.spark_remote and not self.stop_requested.is_set():
+                self._start_spark_connect()
             if self.cfg.airflow and not self.stop_requested.is_set():
                 self._start_airflow()
             if self.stop_requested.is_set():
@@ -205,6 +213,8 @@ class Stack:
         for node_id, (addr, metrics) in self.pump_addrs.items():
             _check_port_free(addr, f"{node_id} address")
             _check_port_free(metrics, f"{node_id} metrics address")
+        if self.spark_remote:
+            _check_port_free(f"127.0.0.1:{self.cfg.spark_connect_port}", "Spark Connect port")
         if self.cfg.airflow:
             _check_port_free(f"127.0.0.1:{self.cfg.airflow_port}", "Airflow API server port")
             for what, folder in (("dags", self.cfg.dags_folder), ("plugins", self.cfg.plugins_folder)):
@@ -278,6 +288,28 @@ class Stack:
                 )
             self.stop_requested.wait(0.2)
 
+    # ------------------------------------------------------------------ Spark
+
+    @property
+    def spark_remote(self) -> str | None:
+        # Its clients are the DAGs' jobs: without Airflow there is nothing to serve.
+        if not (self.cfg.airflow and self.cfg.spark_connect_port):
+            return None
+        return f"sc://127.0.0.1:{self.cfg.spark_connect_port}"
+
+    def _start_spark_connect(self) -> None:
+        from binlake.lake import connect_server
+
+        port = self.cfg.spark_connect_port
+        try:
+            args = connect_server.server_command(port)
+        except RuntimeError as exc:  # no Delta jars: the message says to run `make setup`
+            raise errors.FailedPrecondition(str(exc)) from None
+        child = Child("spark-connect", args, self.logs / "spark-connect.log", env=connect_server.server_env())
+        self._spawn(child)
+        self._wait_for(lambda: connect_server.port_open(port), f"the Spark Connect server on port {port}", [child])
+        self.say(f"binlake up: Spark Connect server on {self.spark_remote} (log {child.log_path})")
+
     # ------------------------------------------------------------------ Airflow
 
     def airflow_env(self) -> dict[str, str]:
@@ -304,6 +336,9 @@ class Stack:
             "BINLAKE_LAKE_DIR": str(self.lake),
             "BINLAKE_INGEST_START_DATE": self._ingest_start_date(),
         })
+        if self.spark_remote:
+            # The DAGs' Spark jobs run as clients of the always-on server (ingest mode `connect`).
+            env["BINLAKE_SPARK_REMOTE"] = self.spark_remote
         return env
 
     def _ingest_start_date(self) -> str:
@@ -401,6 +436,8 @@ class Stack:
         for node_id, (addr, metrics) in self.pump_addrs.items():
             lines.append(f"  {node_id:<12} {addr}  (metrics http://{metrics}/metrics)")
         lines.append(f"  data         {self.data}  (logs in {self.logs})")
+        if self.spark_remote:
+            lines.append(f"  Spark        {self.spark_remote}  (Spark Connect, always on)")
         if self.cfg.airflow:
             env = self.airflow_env()
             lines += [
@@ -433,9 +470,10 @@ class Stack:
             return
         self.say("binlake up: stopping ...")
         airflow = [c for c in running if c.name.startswith("airflow ")]
+        spark = [c for c in running if c.name == "spark-connect"]
         pumps = [c for c in running if c.name.startswith("pump")]
         registry = [c for c in running if c.name == "registry"]
-        for group, grace in ((airflow, 30.0), (pumps, 20.0), (registry, 10.0)):
+        for group, grace in ((airflow, 30.0), (spark, 15.0), (pumps, 20.0), (registry, 10.0)):
             for child in group:
                 child.signal(signal.SIGTERM)
             deadline = time.monotonic() + grace

@@ -38,6 +38,7 @@ setting or the way out in one line.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -410,7 +411,7 @@ class MySQLSource:
                         txn = None  # a DDL commits implicitly
                         pipeline.drain()
                         with self._lock:
-                            self._ddl(q, _schema(ev), stream)
+                            self._ddl(q, _schema(ev), stream, float(ev.timestamp))
                         tables.clear()
                         plans.clear()
                 elif isinstance(ev, TableMapEvent):
@@ -529,9 +530,11 @@ class MySQLSource:
         with self._lock:
             self._checkpoint(force=self._dirty)
 
-    def _ddl(self, sql: str, default_db: str, stream: BinLogStreamReader) -> None:
+    def _ddl(self, sql: str, default_db: str, stream: BinLogStreamReader, event_ts: float | None = None) -> None:
         file, pos = stream.log_file, stream.log_pos
-        for i, change in enumerate(self.catalog.apply(sql, default_db, self.filter)):
+        # The statement's start (whole seconds: a QUERY event's header has no fraction).
+        when = dt.datetime.fromtimestamp(event_ts, dt.UTC).replace(tzinfo=None) if event_ts else None
+        for i, change in enumerate(self.catalog.apply(sql, default_db, self.filter, when)):
             self._send_ddl(f"{file}:{pos}#{i}", sql, change)
         self.file, self.pos = file, pos
         self._dirty = True

@@ -34,6 +34,8 @@ Anything else (spatial types, ...) is refused naming the table and column.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import decimal
 import fnmatch
 from collections.abc import Iterable
 from typing import Any
@@ -42,7 +44,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
-from binlake import errors
+from binlake import coldefault, errors
 from binlake.proto import binlog_pb2
 from binlake.sql.schema import ColumnDef
 
@@ -73,6 +75,13 @@ class MyColumn:
     scale: int | None = None
     values: list[str] = dataclasses.field(default_factory=list)  # ENUM/SET members
     mysql_type: str = ""  # the type as written, lowercase (informational)
+    # DEFAULT as the upstream states it: a constant's value as text (``default_expr``
+    # False) or an expression's SQL (True); None: no DEFAULT (or DEFAULT NULL).
+    default: str | None = None
+    default_expr: bool = False
+    # Set when an ALTER added the column: what the rows existing then got, as text,
+    # when its DEFAULT alone does not say (``binlake.coldefault``).
+    existing: str | None = None
 
     @property
     def is_set(self) -> bool:
@@ -97,6 +106,62 @@ class MyColumn:
     def column_def(self) -> ColumnDef:
         length = self.length if self.kind in ("string", "bytes") and self.length and self.length <= 16383 else None
         return ColumnDef(self.name, self.kind, self.nullable, self.precision, self.scale, length)
+
+    def typed(self, text: str) -> Any:
+        """A default's value text as the Python value the codec takes for this column;
+        None when binlake's type cannot hold it (a zero date, a TIME past a day)."""
+        try:
+            if self.kind in ("int", "uint"):
+                return int(decimal.Decimal(text.strip()))
+            if self.kind == "bool":  # PostgreSQL's boolean columns
+                return text.strip().lower() in ("1", "t", "true")
+            if self.kind == "decimal":
+                return decimal.Decimal(text).quantize(decimal.Decimal(1).scaleb(-(self.scale or 0)))
+            if self.kind == "float":
+                return float(text)
+            if self.kind == "string":
+                return text
+            if self.kind == "bytes":
+                raw = bytes.fromhex(text[2:]) if text.startswith("0x") else text.encode(self.charset or "utf-8")
+                if self.is_fixed_binary and self.length:
+                    raw = raw.ljust(self.length, b"\0")  # BINARY(n) pads, as its values do
+                return raw
+            if self.kind == "date":
+                return dt.date.fromisoformat(text)
+            if self.kind == "datetime":
+                return dt.datetime.fromisoformat(text)
+            if self.kind == "time":
+                return dt.time.fromisoformat(text)
+            if self.kind == "json":
+                return text
+        except (ValueError, ArithmeticError):
+            return None
+        return None
+
+    def default_info(self) -> tuple[binlog_pb2.ColumnDefault | None, binlog_pb2.Datum | None]:
+        """(ColumnInfo.default_value, ColumnInfo.existing_value) of this column. A constant
+        binlake's type cannot hold (``'0000-00-00'``) is kept as an expression: the text
+        survives, and restore reads NULL for it rather than a wrong value."""
+        from binlake import codec, coldefault
+
+        default = existing = None
+        if self.default is not None:
+            value = None if self.default_expr else self.typed(self.default)
+            if value is not None:
+                try:
+                    default = coldefault.constant(value, codec.type_code(self.kind), self.name)
+                except (TypeError, ValueError):
+                    value = None
+            if value is None:
+                default = coldefault.expression(self.default if self.default_expr else repr(self.default))
+        if self.existing is not None:
+            value = self.typed(self.existing)
+            if value is not None:
+                try:
+                    existing = codec.encode_value(value, codec.type_code(self.kind), self.name)
+                except (TypeError, ValueError):
+                    existing = None
+        return default, existing
 
 
 @dataclasses.dataclass
@@ -128,8 +193,13 @@ class MyTable:
                                     schema_version=self.schema_version, next_column_id=self.next_column_id)
         for c in self.columns:
             d = c.column_def()
-            info.columns.add(id=self.column_ids[c.name], name=c.name, type=_code(c.kind),
-                             nullable=c.nullable and c.name not in self.primary_key, sql_type=d.sql_type())
+            ci = info.columns.add(id=self.column_ids[c.name], name=c.name, type=_code(c.kind),
+                                  nullable=c.nullable and c.name not in self.primary_key, sql_type=d.sql_type())
+            default, existing = c.default_info()
+            if default is not None:
+                ci.default_value.CopyFrom(default)
+            if existing is not None:
+                ci.existing_value.CopyFrom(existing)
         info.primary_key.extend(self.column_ids[k] for k in self.primary_key)
         for key, cols in self.unique_keys.items():
             info.unique_keys.add(name=key, column_ids=[self.column_ids[c] for c in cols])
@@ -217,7 +287,13 @@ def column_from_def(table: str, cd: exp.ColumnDef, table_charset: str | None) ->
             charset = charset or kind.this.name.lower().split("_", 1)[0]
         elif isinstance(kind, exp.CheckColumnConstraint) and "json_valid" in kind.sql("mysql").lower():
             is_json_check = True
-    col = MyColumn(name=name, kind="", nullable=nullable, mysql_type=mysql_type)
+    default, default_expr = None, False
+    for cons in cd.constraints:
+        kind = cons.args.get("kind")
+        if isinstance(kind, exp.DefaultColumnConstraint):
+            default, default_expr = default_text(kind.this)
+    col = MyColumn(name=name, kind="", nullable=nullable, mysql_type=mysql_type, default=default,
+                   default_expr=default_expr)
     if t in _INTS:
         col.kind = "int"
         if t == _T.BOOLEAN:
@@ -260,6 +336,40 @@ def column_from_def(table: str, cd: exp.ColumnDef, table_charset: str | None) ->
             "--tables or change the column's type"
         )
     return col
+
+
+def default_text(node: exp.Expression) -> tuple[str | None, bool]:
+    """A parsed DEFAULT as (text, is_expression): a literal's value (a string's
+    unescaped text, a number's digits, a hex literal as ``0x..``), NULL as (None,
+    False), anything else (CURRENT_TIMESTAMP, uuid(), (expr)) as its MySQL SQL."""
+    if isinstance(node, exp.Paren) and isinstance(node.this, exp.Literal):
+        node = node.this  # DEFAULT ('x'): MySQL 8's expression form of a literal
+    if isinstance(node, exp.Null):
+        return None, False
+    if isinstance(node, exp.Literal):
+        return str(node.this), False
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        return "-" + str(node.this.this), False
+    if isinstance(node, exp.Boolean):
+        return ("1" if node.this else "0"), False
+    if isinstance(node, exp.HexString):
+        return "0x" + str(node.this), False
+    return node.sql("mysql"), True
+
+
+def implicit_default(col: MyColumn) -> str | None:
+    """The value MySQL/MariaDB give existing rows for an added NOT NULL column declared
+    without a DEFAULT (the type's implicit default); None where binlake's type has no
+    such value (zero dates) or it is not one value (TIMESTAMP)."""
+    if col.kind in ("int", "uint", "float", "decimal"):
+        return "0"
+    if col.kind == "string":
+        return col.values[0] if col.is_enum and col.values else ""
+    if col.kind == "bytes":
+        return ""
+    if col.kind == "time":
+        return "00:00:00"
+    return None
 
 
 # ---------------------------------------------------------------------------- DDL
@@ -366,13 +476,16 @@ class Catalog:
         uniques = {k: [names.get(c.lower(), c) for c in v] for k, v in uniques.items()}
         return MyTable(db=db, name=name, columns=cols, primary_key=pk, unique_keys=uniques, charset=charset)
 
-    def apply(self, sql: str, default_db: str, wanted: TableFilter) -> list[DdlChange]:
+    def apply(self, sql: str, default_db: str, wanted: TableFilter, when: dt.datetime | None = None
+              ) -> list[DdlChange]:
         """Apply one DDL statement to the catalog; return the changes to tracked tables.
 
         Statements that touch no tracked table (users, grants, views, other
         databases) return nothing. A statement that does touch one but that the
         parser cannot follow is refused with the statement in the message: a
-        silently wrong definition would decode every later row wrongly."""
+        silently wrong definition would decode every later row wrongly. ``when``: the
+        statement's time (naive UTC), what an added column's CURRENT_TIMESTAMP gave the
+        rows that existed."""
         try:
             stmt = sqlglot.parse_one(sql, read="mysql")
         except sqlglot.errors.ParseError as exc:
@@ -449,7 +562,7 @@ class Catalog:
             old = self.get(db, name)
             if old is None or not wanted(db, name):
                 return []
-            return [self._alter(old, stmt, sql)]
+            return [self._alter(old, stmt, sql, when)]
         if isinstance(stmt, exp.Command) and stmt.name.upper() == "RENAME":
             return self._rename(str(stmt.expression.name), default_db, wanted, sql)
         return self._unparsed(sql, default_db, wanted, "not a statement the source understands")
@@ -475,13 +588,19 @@ class Catalog:
             )
         return []
 
-    def _alter(self, old: MyTable, stmt: exp.Alter, sql: str) -> DdlChange:
+    def _alter(self, old: MyTable, stmt: exp.Alter, sql: str, when: dt.datetime | None = None) -> DdlChange:
         new = _copy(old)
         renames: dict[str, str] = {}
         for action in stmt.args.get("actions") or []:
             if isinstance(action, exp.ColumnDef):
                 col = column_from_def(new.full_name, action, new.charset)
                 _insert_column(new, col, action.args.get("position"))
+                # What the rows existing now get (``coldefault``): a "now" default evaluated
+                # at this statement, or the type's implicit default of a NOT NULL column.
+                if col.default_expr and col.default is not None and coldefault.is_now(col.default):
+                    col.existing = when.isoformat(sep=" ") if when is not None and col.kind == "datetime" else None
+                elif col.default is None and not col.nullable:
+                    col.existing = implicit_default(col)
                 for cons in action.constraints:
                     if isinstance(cons.args.get("kind"), exp.PrimaryKeyColumnConstraint):
                         new.primary_key = [col.name]
@@ -545,9 +664,14 @@ class Catalog:
                 new.db, new.name = _table_ref(target, new.db) if isinstance(target, exp.Table) else (new.db,
                                                                                                      target.name)
             elif isinstance(action, exp.AlterColumn):
-                # SET/DROP DEFAULT: nothing that decoding depends on.
                 if action.args.get("dtype") is not None or action.args.get("allow_null") is not None:
                     raise errors.FailedPrecondition(f"cannot follow {sql.strip()[:200]!r}: ALTER COLUMN form")
+                # SET/DROP DEFAULT: only rows inserted later take it (rows decode as before).
+                target_col = new.column(action.this.name)
+                if action.args.get("drop"):
+                    target_col.default, target_col.default_expr = None, False
+                elif action.args.get("default") is not None:
+                    target_col.default, target_col.default_expr = default_text(action.args["default"])
             elif isinstance(action, (exp.Command, exp.Property, exp.Properties)) or action.__class__.__name__ in (
                 "AlterIndex", "AlterSet", "AlterDistStyle",
             ):

@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from binlake import errors
-from binlake.source.postgres.values import SESSION_OPTIONS, TYPES, Attr
+from binlake.source.postgres.values import SESSION_OPTIONS, TYPES, Attr, convert
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class PublishedTable:
     attrs: list[Attr]
     primary_key: list[str]
     row_filter: str | None
+    # column name -> its DEFAULT as ``column_defaults`` reads it
+    defaults: dict[str, ColumnDefaultText] = dataclasses.field(default_factory=dict)
 
 
 class Snapshot:
@@ -137,7 +140,7 @@ class Snapshot:
                 wanted = set(attnames) if attnames is not None else None
                 attrs = [Attr(str(a), int(t), int(m)) for a, t, m in cur.fetchall() if wanted is None or a in wanted]
                 out.append(PublishedTable(int(oid), str(ns), str(name), kind == "p", attrs,
-                                          primary_key(cur, int(oid)), row_filter))
+                                          primary_key(cur, int(oid)), row_filter, column_defaults(cur, int(oid))))
             return out
 
     def lock(self, tables: list[PublishedTable]) -> None:
@@ -188,6 +191,84 @@ def _text_caster() -> Any:
     import psycopg2.extensions
 
     return psycopg2.extensions.new_type(tuple(TYPES), "BINLAKE_TEXT", lambda value, _cur: value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnDefaultText:
+    """A column's DEFAULT as the catalog has it: ``default`` a constant's value (text
+    ``MyColumn.typed`` reads) or an expression's SQL (``is_expr``), None for none;
+    ``existing`` what the rows that existed when the column was added hold
+    (``pg_attribute.attmissingval``), when the catalog still has it."""
+
+    default: str | None
+    is_expr: bool
+    existing: str | None
+
+
+# pg_get_expr's text of a constant: a number, a quoted literal (with a cast), a boolean.
+_CONSTANT = re.compile(
+    r"^\(?\s*-?\d+(\.\d+)?([eE][-+]?\d+)?\s*\)?(::[\w \"]+(\(\d+(,\d+)?\))?)?$"
+    r"|^'(?:[^']|'')*'(::[\w \"]+(\(\d+(,\d+)?\))?)?$|^(true|false)$")
+
+
+def column_defaults(conn_cur: Any, oid: int) -> dict[str, ColumnDefaultText]:
+    """Every column's DEFAULT of table ``oid`` from the catalog *now* (``pg_attrdef``), and
+    the value the rows existing when it was added got (``attmissingval``: PostgreSQL keeps
+    it for a non-volatile default until the table is rewritten). A constant is evaluated
+    (a literal and its cast: nothing with side effects) and read back as its type's text
+    output, the text the stream carries; a volatile default PostgreSQL evaluated per row
+    at the ALTER leaves no trace: ``existing`` is None."""
+    import psycopg2.extensions
+    from psycopg2 import sql
+
+    cur = conn_cur.connection.cursor()  # its own: the text caster below stays on it
+    cur.execute(
+        "SELECT a.attname, a.atttypid, pg_get_expr(d.adbin, d.adrelid), a.atthasmissing, "
+        "format_type(a.atttypid, a.atttypmod), a.attnum FROM pg_attribute a LEFT JOIN pg_attrdef d "
+        "ON d.adrelid = a.attrelid AND d.adnum = a.attnum WHERE a.attrelid = %s AND a.attnum > 0 "
+        "AND NOT a.attisdropped ORDER BY a.attnum", (oid,))
+    rows = list(cur.fetchall())
+    psycopg2.extensions.register_type(_text_caster(), cur)  # values as their text output, as streamed
+    out: dict[str, ColumnDefaultText] = {}
+    for name, type_oid, expr, has_missing, ftype, attnum in rows:
+        kind = TYPES.get(int(type_oid))
+        if kind is None:
+            continue
+        default: str | None = None
+        is_expr = False
+        if expr is not None:
+            text = str(expr)
+            if _CONSTANT.match(text.strip()):
+                cur.execute(sql.SQL("SELECT ({})::{}").format(sql.SQL(text), sql.SQL(ftype)))
+                value = cur.fetchone()[0]
+                default = None if value is None else canonical_text(value, int(type_oid), kind)
+            else:
+                default, is_expr = text, True
+        existing = None
+        if has_missing:
+            cur.execute(sql.SQL("SELECT (attmissingval::text::{}[])[1] FROM pg_attribute WHERE attrelid = %s "
+                                "AND attnum = %s").format(sql.SQL(ftype)), (oid, attnum))
+            value = cur.fetchone()[0]
+            existing = None if value is None else canonical_text(value, int(type_oid), kind)
+        out[str(name)] = ColumnDefaultText(default, is_expr, existing)
+    cur.close()
+    return out
+
+
+def canonical_text(output: str, type_oid: int, kind: str) -> str:
+    """A type's text output as the text ``MyColumn.typed`` reads for ``kind``."""
+    import datetime as dt
+
+    value = convert(output, type_oid, "default")
+    if kind == "bool":
+        return "1" if value else "0"
+    if kind == "bytes":
+        return "0x" + bytes(value).hex()
+    if isinstance(value, (dt.date, dt.datetime, dt.time)):
+        return value.isoformat()
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
 
 
 def primary_key(cur: Any, oid: int) -> list[str]:

@@ -44,6 +44,18 @@ changes since the checkpoint cannot be had any more.
 Limits: column ids follow names, so a RENAME COLUMN looks like a drop plus an
 add (pgoutput says nothing about renames); the primary key of a table is read
 from the catalog when its RELATION arrives.
+
+DEFAULTs: RELATION carries none, so they too are read from the catalog when a
+RELATION arrives, as the catalog is *then*, not as of the change: a source
+running behind sees a later SET DEFAULT early (the definition it sends for an
+earlier change already has it), and a default changed twice between two
+changes of the table shows only its last value. What the rows existing at an
+ADD COLUMN got is read from ``pg_attribute.attmissingval``, which PostgreSQL
+keeps for a non-volatile default (a constant, ``now()``: evaluated once at the
+ALTER) until the table is rewritten; a volatile default (``clock_timestamp()``,
+``nextval(...)``, ``random()``) is evaluated per row in a rewrite logical
+decoding does not stream, so those values are unknown (read NULL downstream
+until each row changes), as they are once a rewrite cleared the missing value.
 """
 
 from __future__ import annotations
@@ -394,6 +406,7 @@ class PostgresSource:
                 tag = f"snap:{snap.format_lsn(reading.lsn)}"
                 for pt in published:
                     cols = values.columns(pt.ns, pt.name, pt.attrs)
+                    values.set_defaults(cols, pt.defaults, None)
                     self._define(pt.oid, pt.ns, pt.name, cols, [a.type_oid for a in pt.attrs], pt.primary_key,
                                  key=f"{tag}:ddl:{pt.oid}", group=group)
                 for pt in published:
@@ -472,23 +485,29 @@ class PostgresSource:
                 f"old image; run ALTER TABLE {ns}.{name} REPLICA IDENTITY FULL"
             )
         old = self.tables.get(oid)
-        if old is not None and old.name == name and old.db == ns and values.shape(cols) == values.shape(old.columns):
-            return
-        pk = self._primary_key(oid)
+        # Read on every RELATION (sent once per table per session, and again after a change to
+        # the table): SET DEFAULT changes no column, and only the catalog tells it.
+        pk, defaults = self._catalog(oid)
+        values.set_defaults(cols, defaults, old)
+        if old is not None and old.name == name and old.db == ns and values.shape(cols) == values.shape(old.columns) \
+                and values.default_shape(cols) == values.default_shape(old.columns):
+            return  # re-sent unchanged (a new session, or a change that does not touch the columns)
         if pipeline is not None:
             pipeline.drain()  # the DDL binlog takes its TSOs after everything before it
         with self._lock:
             self._define(oid, ns, name, cols, [a.type_oid for a in attrs], pk,
                          key=f"rel:{oid}:{len(self.state.state.get('ddl_seen', []))}")
 
-    def _primary_key(self, oid: int) -> list[str]:
+    def _catalog(self, oid: int) -> tuple[list[str], dict[str, snap.ColumnDefaultText]]:
+        """The table's primary key and column DEFAULTs, from the catalog as it is now
+        (RELATION carries neither; see the module doc for what that cannot know)."""
         import psycopg2
 
-        conn = psycopg2.connect(self.dsn)
+        conn = psycopg2.connect(self.dsn, options=values.SESSION_OPTIONS)
         conn.autocommit = True
         try:
             with conn.cursor() as cur:
-                return snap.primary_key(cur, oid)
+                return snap.primary_key(cur, oid), snap.column_defaults(cur, oid)
         finally:
             conn.close()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from binlake import errors
@@ -102,6 +102,26 @@ def columns(ns: str, name: str, attrs: Sequence[Attr]) -> list[MyColumn]:
 def shape(cols: Sequence[MyColumn]) -> list[tuple[Any, ...]]:
     """What a RELATION message can change about a table's columns (a change is a DDL binlog)."""
     return [(c.name, c.kind, c.precision, c.scale, c.length) for c in cols]
+
+
+def set_defaults(cols: Sequence[MyColumn], defaults: Mapping[str, Any], old: MyTable | None) -> None:
+    """Give ``cols`` their DEFAULTs (``snapshot.column_defaults``); a column ``old`` (the
+    definition before) lacks was just added: it also gets what the rows that existed got."""
+    had = {c.name: c for c in old.columns} if old is not None else None
+    for c in cols:
+        d = defaults.get(c.name)
+        if d is None:
+            continue
+        c.default, c.default_expr = d.default, d.is_expr
+        if had is not None and c.name not in had:
+            c.existing = d.existing
+        elif had is not None:
+            c.existing = had[c.name].existing
+
+
+def default_shape(cols: Sequence[MyColumn]) -> list[tuple[Any, ...]]:
+    """The DEFAULTs of a table's columns (a change, such as SET DEFAULT, is a DDL binlog)."""
+    return [(c.name, c.default, c.default_expr) for c in cols]
 
 
 def table(ns: str, name: str, cols: list[MyColumn], primary_key: list[str]) -> MyTable:

@@ -1,0 +1,163 @@
+"""Ingest over Spark Connect: binlake's jobs as clients of an always-on Spark.
+
+One Spark Connect server (started as ``binlake up`` starts it) and one small
+cluster for the module. The ingest over Connect must write exactly the window's
+rows (the data source runs in the server's Python workers), its DDLs and its
+ledger row; a re-run replaces the window. A server killed -9 mid-ingest (after
+the window's rows, before its ledger row) fails the Airflow task body with a
+message naming the server, and the retry against the restarted server leaves
+the window ingested exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pumpkit import free_port, wait_until
+
+from binlake import errors
+from binlake.lake import connect, ingest
+from binlake.lake.connect_server import ConnectServer
+from binlake.lake.planner import plan_window
+from binlake.lake.pump_check import check_pumps
+from binlake.source import workload as wl
+from binlake.source.txn_writer import TxnWriter
+from binlake.testing.devcluster import DevCluster
+
+pytestmark = pytest.mark.slow
+
+PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _classic_spark_after_this_module() -> Iterator[None]:
+    """A Connect session switches pyspark in this process to Connect mode (environment
+    flags); the other modules' shared local session needs it switched back."""
+    keys = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+    before = {k: os.environ.get(k) for k in keys}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    srv = ConnectServer(free_port(), tmp_path_factory.mktemp("connect") / "server.log",
+                        extra_conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"})
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    with DevCluster(tmp_path_factory.mktemp("cluster"), pumps=2, pump_args=PUMP_ARGS) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def windows(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, int]]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('upstream') / 'up.db'}"
+    plan = wl.plan("ddl", 2, 60, 3, large_txn_rows=50, large_txn_every=30, ddl_every=15, table_rows=30)
+    with TxnWriter(url, registry=cluster.registry_addr) as writer:
+        summary = wl.run(writer, plan, clients=2, progress=False)
+    assert summary.errors == 0, summary.error_messages
+
+    def passed() -> bool:
+        try:
+            check_pumps(plan_window(cluster.registry_addr, 0, summary.end_ts))
+        except errors.FailedPrecondition:
+            return False
+        return True
+
+    wait_until(passed, 20, 0.1, "the pumps' safe ts to pass the workload")
+    mid = (summary.start_ts + summary.end_ts) // 2
+    return [(summary.start_ts, mid), (mid, summary.end_ts)]
+
+
+def _count(spark: Any, lake: str, table: str, start_ts: int, end_ts: int, column: str = "commit_ts") -> int:
+    return int(spark.read.format("delta").load(ingest.table_path(lake, table))
+               .where(f"{column} >= {start_ts} AND {column} < {end_ts}").count())
+
+
+def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows: list[tuple[int, int]],
+                             tmp_path: pathlib.Path) -> None:
+    lake = str(tmp_path / "lake")
+    spark = connect.connect(server.url, "binlake-test")
+    try:
+        assert connect.is_remote(spark)
+        results = [ingest.ingest_window(spark, lake, cluster.registry_addr, a, b) for a, b in windows]
+        assert sum(r.rows for r in results) > 0 and sum(r.ddls for r in results) > 0
+        for r in results:
+            assert _count(spark, lake, ingest.CHANGES, r.start_ts, r.end_ts) == r.rows
+            assert _count(spark, lake, ingest.DDL_HISTORY, r.start_ts, r.end_ts) == r.ddls
+        ledger = ingest.read_windows(spark, lake)
+        assert [(w["start_ts"], w["end_ts"], w["rows"]) for w in ledger] == [
+            (r.start_ts, r.end_ts, r.rows) for r in results]
+        # A re-run replaces the window: same rows, one ledger row.
+        again = ingest.ingest_window(spark, lake, cluster.registry_addr, *windows[0])
+        assert again.replaced and again.rows == results[0].rows
+        assert _count(spark, lake, ingest.CHANGES, *windows[0]) == results[0].rows
+        assert len(ingest.read_windows(spark, lake)) == 2
+        # The ddl_history merge (SQL MERGE: Delta's Python API needs a server plugin)
+        # adds each DDL once, however often it is given.
+        ddls, _lost = ingest._history_from_pumps(cluster.registry_addr, [(0, windows[-1][1])])
+        merged = str(tmp_path / "merged")
+        for _ in range(2):
+            ingest._merge_ddls(spark, merged, ddls)
+            ingest._merge_ddls(spark, merged, ddls[:1])
+        assert spark.read.format("delta").load(merged).count() == len(ddls) > 0
+    finally:
+        spark.stop()
+
+
+def test_server_killed_mid_ingest_then_retry_exactly_once(
+        server: ConnectServer, cluster: DevCluster, windows: list[tuple[int, int]], tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowException
+    from binlake_airflow import ingest_tasks
+
+    lake = str(tmp_path / "lake")
+    start_ts, end_ts = windows[1]
+    monkeypatch.setenv(connect.REMOTE_ENV, server.url)
+    planned = {"lake": lake, "registry": cluster.registry_addr, "start_ts": start_ts, "end_ts": end_ts,
+               "mode": "connect"}
+
+    killed: list[str] = []
+
+    def kill_before_ledger(message: str) -> None:
+        # The window's rows are committed, its ledger row is not: the worst moment.
+        if message.startswith("recording the window") and not killed:
+            killed.append(message)
+            server.kill()
+
+    with pytest.raises(AirflowException) as failed:
+        ingest_tasks.ingest_window_task(planned, progress=kill_before_ledger)
+    assert killed
+    text = str(failed.value)
+    assert f"Spark Connect server at {server.url}" in text and "retry" in text and "Traceback" not in text
+    assert not (pathlib.Path(lake) / "windows" / "_delta_log").exists() or not _ledger_has(lake, start_ts)
+
+    server.start()
+    result = ingest_tasks.ingest_window_task(planned)
+    spark = connect.connect(server.url, "binlake-test")
+    try:
+        assert _count(spark, lake, ingest.CHANGES, start_ts, end_ts) == result["rows"] > 0
+        ledger = ingest.read_windows(spark, lake)
+        assert [(w["start_ts"], w["end_ts"]) for w in ledger] == [(start_ts, end_ts)]
+    finally:
+        spark.stop()
+
+
+def _ledger_has(lake: str, start_ts: int) -> bool:
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(os.path.join(lake, "windows")).to_pyarrow_table().to_pylist()
+    return any(r["start_ts"] == start_ts for r in rows)

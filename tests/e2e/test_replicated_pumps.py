@@ -1,0 +1,391 @@
+"""Replicated Pumps (``replicas`` = 2) with real processes: a Pump killed for good
+(its data directory deleted) under a multi-writer load loses nothing and does not
+hold windows back; two Pumps down refuse writes with NotEnoughReplicas and make
+windows wait naming them, and nothing acknowledged is lost when they return; a
+Pump host partitioned (network namespaces) and healed catches up, nothing is
+served with two commit_ts, the rows rebuilt equal the upstream, and GC follows
+the consumer's checkpoint."""
+
+from __future__ import annotations
+
+import collections
+import os
+import pathlib
+import shutil
+import sys
+import threading
+import time
+
+import pytest
+from pumpkit import (
+    Processes,
+    commit,
+    free_port,
+    prewrite,
+    register_writer,
+    run_cli,
+    start_registry,
+    try_status,
+    wait_safe,
+    wait_until,
+)
+
+from binlake import errors, oracle
+from binlake.client.pump_client import PumpClient
+from binlake.client.reader import pull_window
+from binlake.config import ClientSettings
+from binlake.lake.pump_check import STATUS_TIMEOUT_S, plan_read
+from binlake.registry.client import RegistryClient
+from binlake.source import workload as wl
+from binlake.source.replay import Replay
+from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
+from binlake.source.txn_writer import TxnWriter
+from binlake.testing.netbed import NetBed
+
+pytestmark = pytest.mark.slow
+
+WRITERS = 6
+PUMP_PORT = 8250
+
+
+class Workload:
+    """Writer threads doing what TxnWriter does around an upstream commit, counting
+    every transaction that failed (a prewrite refused or a commit not acknowledged)."""
+
+    def __init__(self, client: PumpClient, reg: RegistryClient, provider: MemoryStatusProvider) -> None:
+        self.client, self.reg, self.provider = client, reg, provider
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.acked: dict[int, int] = {}  # start -> commit_ts, acknowledged to the writer
+        self.placements: collections.Counter[str] = collections.Counter()
+        self.failed: list[str] = []
+        self.crashes: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, name=f"writer-{i}", daemon=True) for i in range(WRITERS)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in self.threads), "a writer is stuck"
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.txn()
+        except BaseException as exc:
+            self.crashes.append(exc)
+
+    def txn(self) -> None:
+        start = self.reg.get_ts()
+        try:
+            placement = self.client.write_prewrite(prewrite(start))
+        except errors.BinlakeError as exc:
+            self.provider.set_rolled_back(start)
+            with self.lock:
+                self.failed.append(f"prewrite {start}: {exc}")
+            return
+        commit_ts = self.reg.get_ts()
+        self.provider.set_committed(start, commit_ts)
+        try:
+            self.client.write_commit(commit(start, commit_ts), placement)
+        except errors.BinlakeError as exc:
+            with self.lock:
+                self.failed.append(f"commit {start}: {exc}")
+            return
+        with self.lock:
+            self.acked[start] = commit_ts
+            self.placements[placement] += 1
+
+
+def _cluster(procs: Processes, tmp_path: pathlib.Path) -> tuple[str, dict[str, int], dict[str, tuple]]:
+    _reg, reg_addr = procs.registry(tmp_path / "registry")
+    ports = {f"p{i}": free_port() for i in (1, 2, 3)}
+    pumps = {n: procs.pump(reg_addr, tmp_path / n, n, port, wait=False) for n, port in ports.items()}
+    for svc, addr in pumps.values():
+        procs.wait_pump(svc, addr)
+    return reg_addr, ports, pumps
+
+
+def _settings(reg_addr: str) -> ClientSettings:
+    return ClientSettings(registry=reg_addr, replicas=2, strategy="range", max_failures=1, probe_interval_s=0.2,
+                          refresh_interval_s=0.3, write_timeout_s=3.0, commit_retry_s=5.0)
+
+
+def _check_served(addrs: dict[str, str], acked: dict[int, int], first: int, end: int) -> None:
+    served = list(pull_window(addrs, first, end))
+    keys = [(b.commit_ts, b.start_ts) for b in served]
+    assert keys == sorted(keys)
+    counts = collections.Counter(b.start_ts for b in served)
+    assert [s for s, n in counts.items() if n > 1] == [], "a transaction was served twice"
+    got = {b.start_ts: b.commit_ts for b in served}
+    missing = {s: c for s, c in acked.items() if got.get(s) != c}
+    assert missing == {}, f"{len(missing)} acknowledged transactions lost or with another commit_ts"
+
+
+def test_pump_host_lost_for_good_loses_nothing(procs: Processes, tmp_path: pathlib.Path) -> None:
+    reg_addr, _ports, pumps = _cluster(procs, tmp_path)
+    addrs = {n: addr for n, (_svc, addr) in pumps.items()}
+    reg = RegistryClient(reg_addr)
+    provider = MemoryStatusProvider()
+    status_server = TxnStatusServer(provider).start()
+    register_writer(reg, status_server.addr, "w1")
+    client = PumpClient(reg_addr, settings=_settings(reg_addr))
+    load = Workload(client, reg, provider)
+    try:
+        first = reg.get_ts()
+        load.start()
+        time.sleep(1.5)
+        victim = "p2"
+        pumps[victim][0].kill()  # kill -9 ...
+        shutil.rmtree(tmp_path / victim)  # ... and the disk is gone for good
+        acked_at_kill = len(load.acked)
+        killed_ts = reg.get_ts()
+        # Windows above the kill keep being served by the two others, without the victim:
+        # measure how long each window waited after its end was allocated.
+        waits = []
+        for _ in range(4):
+            end = reg.get_ts()
+            began = time.monotonic()
+            plan = wait_until(lambda end=end: _try_plan(reg_addr, killed_ts, end), timeout=20, interval=0.05,
+                              what="a window served without the dead pump")
+            waits.append(time.monotonic() - began)
+            assert victim not in {p.node_id for p in plan.pumps}
+        time.sleep(1.0)
+        load.finish()
+    finally:
+        load.stop.set()
+        client.close()
+    try:
+        assert load.crashes == []
+        assert load.failed == [], f"{len(load.failed)} failed transactions, first: {load.failed[:1]}"
+        assert acked_at_kill > 20 and len(load.acked) > acked_at_kill + 20
+        # Every prewrite was on two Pumps; after the kill, never on the victim.
+        assert all(len(p.split(",")) == 2 for p in load.placements)
+        print(f"longest wait of a window after the kill: {max(waits):.3f}s; "
+              f"{len(load.acked)} transactions, {acked_at_kill} before the kill")
+        assert max(waits) < 5.0, waits
+        end = max(load.acked.values()) + 1
+        live = {n: a for n, a in addrs.items() if n != victim}
+        plan = wait_until(lambda: _try_plan(reg_addr, first, end), timeout=20, what="the whole run's window")
+        assert sorted(p.node_id for p in plan.pumps) == sorted(live)
+        _check_served(plan.addrs, load.acked, first, end)
+        # Without replication (W = 1) the same window waits for the dead Pump, naming it.
+        with pytest.raises(errors.Unavailable, match=victim):
+            plan_read(reg_addr, first, end, min_acks=1)
+    finally:
+        status_server.stop(0.2)
+        reg.close()
+
+
+def _try_plan(reg_addr: str, start: int, end: int):  # type: ignore[no-untyped-def]
+    try:
+        return plan_read(reg_addr, start, end, min_acks=2)
+    except (errors.FailedPrecondition, errors.Unavailable):
+        return None
+
+
+def test_two_of_three_down_refuses_writes_and_windows_wait(procs: Processes, tmp_path: pathlib.Path) -> None:
+    reg_addr, ports, pumps = _cluster(procs, tmp_path)
+    addrs = {n: addr for n, (_svc, addr) in pumps.items()}
+    reg = RegistryClient(reg_addr)
+    provider = MemoryStatusProvider()
+    status_server = TxnStatusServer(provider).start()
+    register_writer(reg, status_server.addr, "w1")
+    client = PumpClient(reg_addr, settings=_settings(reg_addr))
+    load = Workload(client, reg, provider)
+    try:
+        first = reg.get_ts()
+        for _ in range(30):
+            load.txn()
+        assert load.failed == [] and len(load.acked) == 30
+        for n in ("p2", "p3"):
+            pumps[n][0].kill()
+        # Writes fail fast and say why; none is kept on a single copy.
+        began = time.monotonic()
+        for _ in range(4):
+            load.txn()
+        assert len(load.acked) == 30
+        assert len(load.failed) == 4
+        assert all("fewer than min_acks=2" in f for f in load.failed), load.failed[-1]
+        assert time.monotonic() - began < 15
+        refused = reg.get_ts()
+        provider.set_rolled_back(refused)  # what the upstream does with a refused prewrite
+        with pytest.raises(errors.NotEnoughReplicas, match="fewer than min_acks=2"):
+            client.write_prewrite(prewrite(refused))
+        # A client acknowledging at W = 1 leaves a transaction on p1 alone (under-replicated).
+        with PumpClient(reg_addr, settings=_settings(reg_addr).model_copy(update={"min_acks": 1})) as lax:
+            lone = reg.get_ts()
+            assert lax.write_prewrite(prewrite(lone)) == "p1"
+            lone_commit = reg.get_ts()
+            provider.set_committed(lone, lone_commit)
+            lax.write_commit(commit(lone, lone_commit), "p1")
+        load.acked[lone] = lone_commit
+        # Windows wait, naming the Pumps they wait for.
+        end = reg.get_ts()
+        wait_safe(addrs["p1"], end)
+        with pytest.raises(errors.Unavailable, match=r"unreachable pump\(s\) p2, p3"):
+            plan_read(reg_addr, first, end, min_acks=2)
+        # They come back (same disks): nothing acknowledged was lost.
+        for n in ("p2", "p3"):
+            svc, _ = procs.pump(reg_addr, tmp_path / n, n, ports[n], wait=False)
+            procs.wait_pump(svc, addrs[n])
+        wait_until(lambda: client.available() == ["p1", "p2", "p3"], timeout=15, what="pumps writable again")
+        for _ in range(10):
+            load.txn()
+        assert len(load.acked) == 41
+        end = max(load.acked.values()) + 1
+        plan = wait_until(lambda: _try_plan(reg_addr, first, end), timeout=20, what="the window")
+        assert sorted(p.node_id for p in plan.pumps) == ["p1", "p2", "p3"]
+        _check_served(plan.addrs, load.acked, first, end)
+        # The operator sees what only p1 holds, and cannot retire p1 without --force.
+        env = {"BINLAKE_CLIENT_REPLICAS": "2"}
+        res = run_cli("ctl", "pumps", "--registry", reg_addr, env=env)
+        assert res.returncode == 0, res.stderr
+        assert "pump p1: 1 under-replicated transaction(s)" in res.stdout, res.stdout
+        assert "pump p2: 0 under-replicated" in res.stdout and "pump p3: 0 under-replicated" in res.stdout
+        res = run_cli("ctl", "offline-pump", "p1", "--registry", reg_addr, env=env)
+        assert res.returncode != 0
+        assert "holds the only copy of 1 transaction(s)" in res.stderr and "--force" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+        res = run_cli("ctl", "offline-pump", "p3", "--registry", reg_addr, env=env)
+        assert res.returncode == 0, res.stderr
+    finally:
+        client.close()
+        status_server.stop(0.2)
+        reg.close()
+
+
+def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(tmp_path: pathlib.Path) -> None:
+    """Three Pump hosts (network namespaces), R = W = 2 set in the registry, writer
+    threads and a real TxnWriter workload on the test's host. One Pump host is cut
+    off, then healed; then another is lost for good (kill -9, disk deleted). No
+    transaction fails; windows are served without the missing one meanwhile; the
+    healed one catches up (its safe ts passes the end, nothing pending) and every
+    copy of a transaction has one commit_ts; the rows rebuilt from the two Pumps
+    left equal the upstream; GC stays at the consumer's checkpoint, then follows it."""
+    why = NetBed.probe()
+    if why:
+        pytest.skip(f"multi-host test bed unavailable: {why}")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with NetBed(3) as bed:
+        registry = start_registry(tmp_path / "registry", f"{bed.gateway}:0")
+        reg = RegistryClient(registry.addr)
+        provider = MemoryStatusProvider()
+        status_server = TxnStatusServer(provider, f"{bed.gateway}:0").start()
+        load: Workload | None = None
+        try:
+            reg.set_replication(2, 2, 0)
+            first = reg.get_ts()
+            # The lake's consumer holds GC at the start of the run (retention alone would pass it).
+            reg.update_consumer("lake:test", first, "the test's reader")
+            addrs = {f"p{i}": f"{h.addr}:{PUMP_PORT}" for i, h in enumerate(bed.hosts, 1)}
+            env = {**os.environ, "BINLAKE_PUMP_HEARTBEAT_INTERVAL_S": "0.3", "BINLAKE_PUMP_GC_INTERVAL_S": "0.5",
+                   "BINLAKE_PUMP_GC_RETENTION_DAYS": "0.00001"}
+            for (node_id, addr), h in zip(addrs.items(), bed.hosts, strict=True):
+                h.spawn([sys.executable, "-m", "binlake.cli", "pump", "--registry", registry.addr, "--data-dir",
+                         str(tmp_path / node_id), "--addr", addr, "--node-id", node_id,
+                         "--stop-write-at-free-bytes", "0", "--txn-timeout-s", "2", "--fake-binlog-interval-s",
+                         "0.5"], logs / f"{node_id}.log", env=env)
+            for addr in addrs.values():
+                wait_until(lambda a=addr: (st := try_status(a)) is not None and st.accepting_writes, 40,
+                           what=f"pump at {addr}")
+            register_writer(reg, status_server.addr, "w1")
+            client = PumpClient(registry.addr, settings=_settings(registry.addr))
+            load = Workload(client, reg, provider)
+            upstream = f"sqlite:///{tmp_path / 'upstream.db'}"
+            workload: dict[str, object] = {}
+
+            def run_workload() -> None:
+                try:
+                    with TxnWriter(upstream, registry=registry.addr, status_addr=f"{bed.gateway}:0") as tw:
+                        workload["writer"] = tw
+                        plan = wl.plan("mixed", 2, 150, 7, large_txn_rows=20, large_txn_every=60, table_rows=30,
+                                       accounts=10)
+                        workload["summary"] = wl.run(tw, plan, clients=2, rate=15, progress=False)
+                except BaseException as exc:  # reported by the assertions below
+                    workload["error"] = exc
+
+            workload_thread = threading.Thread(target=run_workload, name="workload", daemon=True)
+            load.start()
+            workload_thread.start()
+            time.sleep(1.5)
+            bed.partition("h2")
+            cut_ts = reg.get_ts()
+            waits = []
+            for _ in range(3):
+                end = reg.get_ts()
+                began = time.monotonic()
+                plan = wait_until(lambda end=end: _try_plan(registry.addr, cut_ts, end), timeout=30, interval=0.05,
+                                  what="a window served without the partitioned pump")
+                waits.append(time.monotonic() - began)
+                assert "p2" not in {p.node_id for p in plan.pumps}
+            acked_in_partition = len(load.acked)
+            time.sleep(1.0)
+            bed.heal("h2")
+            wait_until(lambda: client.available() == ["p1", "p2", "p3"], timeout=20, what="p2 writable again")
+            wait_until(lambda n=acked_in_partition: len(load.acked) > n + 30, timeout=20, what="writes after heal")
+            took = sum(n for p, n in load.placements.items() if "p2" in p)
+            wait_until(lambda: sum(n for p, n in load.placements.items() if "p2" in p) > took + 10, timeout=30,
+                       what="p2 taking writes again")
+            # The TxnWriter's own client probes p2 back too before the next loss (else, with
+            # p2 still unavailable to it and p3 gone, it rightly refuses with NotEnoughReplicas).
+            tw = workload.get("writer")
+            if isinstance(tw, TxnWriter):
+                wait_until(lambda: "p2" in tw.pump_client.available(), timeout=30, what="p2 back for the TxnWriter")
+            # Then the third host is lost for good (kill -9, its disk deleted) while the writes go on.
+            acked_before_loss = len(load.acked)
+            bed.kill9("h3")
+            shutil.rmtree(tmp_path / "p3")
+            wait_until(lambda n=acked_before_loss: len(load.acked) > n + 30, timeout=20, what="writes after the loss")
+            live = {n: a for n, a in addrs.items() if n != "p3"}
+            load.finish()
+            workload_thread.join(timeout=120)
+            client.close()
+
+            assert load.crashes == [] and load.failed == [], load.failed[:2]
+            print(f"longest wait of a window during the partition: {max(waits):.3f}s; {len(load.acked)} txns")
+            # A partition is noticed, not refused: the first window waits for the writers' 3 s write
+            # timeout (their prewrites hold the others' safe ts meanwhile) and one 5 s Status timeout;
+            # the next ones are served at once.
+            assert max(waits) < 3.0 + STATUS_TIMEOUT_S + 7.0 and min(waits) < 3.0, waits
+            assert "error" not in workload, workload.get("error")
+            summary = workload["summary"]
+            assert isinstance(summary, wl.Summary)
+            assert summary.errors == 0 and not summary.gave_up, summary.error_messages[:3]
+            # p2 caught up: its safe ts passes the end and nothing is pending on it.
+            end = max([*load.acked.values(), summary.end_ts]) + 1
+            for addr in live.values():
+                wait_safe(addr, end, timeout=40)
+            assert all(try_status(a).pending_txns == 0 for a in live.values())  # type: ignore[union-attr]
+            # GC held at the consumer's checkpoint all along.
+            assert all(try_status(a).gc_ts <= first for a in live.values())  # type: ignore[union-attr]
+            # The window over the whole run is read without the lost Pump.
+            plan = wait_until(lambda: _try_plan(registry.addr, first, end), timeout=20, what="the run's window")
+            assert sorted(plan.addrs) == ["p1", "p2"]
+            # Every copy of a transaction has one commit_ts (never two), on every Pump.
+            copies: dict[int, set[int]] = collections.defaultdict(set)
+            for node_id, addr in live.items():
+                for b in pull_window({node_id: addr}, first, end):
+                    copies[b.start_ts].add(b.commit_ts)
+            assert [s for s, c in copies.items() if len(c) > 1] == []
+            _check_served(live, load.acked, first, end)
+            # The rows rebuilt from the Pumps equal the upstream's.
+            binlogs = [b for b in pull_window(live, summary.start_ts, summary.end_ts) if b.start_ts not in load.acked]
+            assert len(binlogs) == summary.committed + summary.ddls
+            replay = Replay().apply(binlogs)
+            assert replay.checksums() == oracle.checksum(upstream, schema=replay.schema())
+            # The consumer moves on: GC follows it on every Pump, never past it.
+            reg.update_consumer("lake:test", end)
+            wait_until(lambda: all(first < try_status(a).gc_ts <= end for a in live.values()),  # type: ignore[union-attr]
+                       timeout=20, what="GC to follow the checkpoint")
+        finally:
+            if load is not None:
+                load.stop.set()
+            status_server.stop(0.2)
+            reg.close()
+            registry.stop()
