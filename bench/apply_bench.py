@@ -292,8 +292,9 @@ def main(args: argparse.Namespace | None = None) -> int:
     if not set(targets) <= {"postgresql", "sqlite"} or not set(modes) <= {"consistent", "parallel"}:
         print("bench apply: --targets from postgresql,sqlite; --modes from consistent,parallel", file=sys.stderr)
         return 2
+    from binlake.lake import decode
     from binlake.lake.spark import LAKE_CONF, build_spark
-    from binlake.replicate import runner, task
+    from binlake.replicate import read, runner, task
     from binlake.testing.devdb import LocalPostgres
 
     root = Path(tempfile.mkdtemp(prefix="apply-bench-"))
@@ -329,11 +330,12 @@ def main(args: argparse.Namespace | None = None) -> int:
         warm.run(until_ts=bounds[0][1])
         span = 0
         rows = 0
-        while span < len(counts) and rows + counts[span] <= runner.READ_BUDGET:
+        while span < len(counts) and rows + counts[span] <= read.READ_BUDGET:
             rows += counts[span]
             span += 1
         for _ in range(2):
-            warm._read_changes(bounds[0][0], bounds[max(0, span - 1)][1])
+            warm.reader.read_changes(bounds[0][0], bounds[max(0, span - 1)][1],
+                                     decode.SchemaHistory.from_rows(warm.reader.ddl_rows()))
         if "postgresql" in targets:
             root.chmod(0o755)
             pg = LocalPostgres(root / "pg").start()

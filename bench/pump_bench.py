@@ -236,13 +236,11 @@ class _NullStorage:
         return 1 << 50
 
 
-def _null_pump(server_kind: str, out: mp.Queue) -> None:
+def _null_pump(out: mp.Queue) -> None:
     """Serve the Pump's write RPCs on the real server and servicer over ``_NullStorage``."""
-    from concurrent import futures
-
     from binlake import rpc
     from binlake.pump.metrics import PumpMetrics
-    from binlake.pump.server import PumpServer, PumpServicer, ThreadedPumpServer, ThreadedPumpServicer
+    from binlake.pump.server import PumpServer, PumpServicer
     from binlake.pump.service import PumpService
 
     service = PumpService(_NullStorage(), node_id="pump1", max_binlog_bytes=1 << 30,  # type: ignore[arg-type]
@@ -250,24 +248,19 @@ def _null_pump(server_kind: str, out: mp.Queue) -> None:
     service.registered = True
     metrics = PumpMetrics(dict)
     options = rpc.message_options(1 << 30)
-    server: PumpServer | ThreadedPumpServer
-    if server_kind == "threads":
-        server = ThreadedPumpServer("127.0.0.1:0", options, 64)
-        server.add(ThreadedPumpServicer(service, metrics))
-    else:
-        server = PumpServer("127.0.0.1:0", options)
-        server.add(PumpServicer(service, metrics, futures.ThreadPoolExecutor(max_workers=8)))
+    server = PumpServer("127.0.0.1:0", options, 64)
+    server.add(PumpServicer(service, metrics))
     server.start()
     out.put(f"127.0.0.1:{server.port}")
     server.wait_for_termination()
 
 
-def floor_cases(registry: str, server_kind: str, cases: list[tuple[int, str, str]], size: int, seconds: float,
+def floor_cases(registry: str, cases: list[tuple[int, str, str]], size: int, seconds: float,
                 procs: int) -> list[dict[str, float]]:
     """Every case against a null-storage Pump process (see the module docstring)."""
     ctx = mp.get_context("spawn")
     addr_q: mp.Queue = ctx.Queue()
-    pump = ctx.Process(target=_null_pump, args=(server_kind, addr_q), daemon=True)
+    pump = ctx.Process(target=_null_pump, args=(addr_q,), daemon=True)
     pump.start()
     try:
         addr = addr_q.get(timeout=60)
@@ -381,7 +374,6 @@ def main(args: argparse.Namespace | None = None) -> int:
         parser.add_argument("--baseline")
         parser.add_argument("--no-storage", dest="storage", action="store_false")
         parser.add_argument("--floor", action="store_true")
-        parser.add_argument("--pump-servers", default="")
         parser.add_argument("--echo", action="store_true")
         parser.add_argument("--replicas", default="")
         args = parser.parse_args()
@@ -413,21 +405,10 @@ def main(args: argparse.Namespace | None = None) -> int:
     root = pathlib.Path(tempfile.mkdtemp(prefix="pump-bench-", dir=base))
     print(f"scratch dir {root} ({shutil.disk_usage(root).free / 1e9:.0f} GB free); "
           f"fdatasync of 1 KiB here: {fsync_latency(root):.2f} ms", flush=True)
-    # (name, include dir or None for this tree, Pump server kind or None for the
-    # tree's default): each case runs on each, back to back.
-    servers = [x for x in (getattr(args, "pump_servers", "") or "").split(",") if x]
-    from binlake import config
-
-    default_server = config.PumpSettings.model_fields["server"].default
-    bad = [x for x in servers if x not in ("asyncio", "threads")]
-    if bad:
-        print(f"bench pump: --pump-servers takes asyncio and/or threads, not {bad[0]!r}", file=sys.stderr)
-        return 2
-    variants: list[tuple[str, str | None, str | None]] = (
-        [(f"new-{srv}", None, srv) for srv in servers] if servers else [("new", None, None)]
-    )
+    # (name, include dir or None for this tree): each case runs on each, back to back.
+    variants: list[tuple[str, str | None]] = [("new", None)]
     if baseline:
-        variants.append(("baseline", str(pathlib.Path(baseline).resolve()), None))
+        variants.append(("baseline", str(pathlib.Path(baseline).resolve())))
     rows = []
     storage_rows = []
     echo_rows: list[dict[str, float]] = []
@@ -447,8 +428,8 @@ def main(args: argparse.Namespace | None = None) -> int:
                     echo_rows.append(e)
                     print(f"  grpcio echo writers={w:<3} size={size:<6} {e['rt_s']:>8.0f} round trips/s "
                           f"p50 {e['p50_ms']:.2f} ms p99 {e['p99_ms']:.2f} ms", flush=True)
-            for name, include, server in variants:
-                if getattr(args, "storage", True) and (server is None or server == servers[0]):
+            for name, include in variants:
+                if getattr(args, "storage", True):
                     for w in sorted({1, 16} & set(writers) or {min(writers)}):
                         r = storage_case(include, root / f"storage-{name}", w, size, args.seconds)
                         r.update(variant="new" if include is None else name, writers=w, size=size, raw_rec_s=raw_rec_s, raw_one_s=raw[size][2])
@@ -461,7 +442,7 @@ def main(args: argparse.Namespace | None = None) -> int:
                     "--stop-write-at-free-bytes", "0"])
                 # Only pump1 serves metrics (one address cannot serve several Pumps).
                 cluster.pumps["pump1"].args += ["--metrics-addr", metrics_addr]
-                env = {"PYTHONPATH": include, "BINLAKE_PUMP_SERVER": server}
+                env = {"PYTHONPATH": include}
                 saved = {k: os.environ.get(k) for k in env}
                 for k, v in env.items():
                     if v:
@@ -492,9 +473,8 @@ def main(args: argparse.Namespace | None = None) -> int:
                               f"p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s  pump {r['cpu_us_txn']:.0f} "
                               f"CPU µs/txn, peak RSS {r['rss_mib']:.0f} MiB", flush=True)
                     if getattr(args, "floor", False) and include is None:
-                        floor_name = f"floor-{server or default_server}"
-                        for r in floor_cases(cluster.registry_addr, server or default_server, cases, size,
-                                             args.seconds, args.client_procs):
+                        floor_name = "floor"
+                        for r in floor_cases(cluster.registry_addr, cases, size, args.seconds, args.client_procs):
                             r.update(variant=floor_name, raw_mb_s=raw_mb_s, raw_rec_s=raw_rec_s)
                             rows.append(r)
                             print(f"  {floor_name:<8} tso={r['tso']:<7} commit={r['commit']:<10} "
@@ -540,14 +520,14 @@ def main(args: argparse.Namespace | None = None) -> int:
         for size, v in raw.items()))
     print("TSO block = timestamps reserved from the registry 4096 at a time (measures the Pump); "
           "per-txn = two registry round trips per transaction (coalesced per client process).")
-    if any(r["variant"].startswith("floor-") for r in rows):
-        print("floor-* = the same server and client against a Pump that acknowledges at once and stores nothing "
+    if any(r["variant"] == "floor" for r in rows):
+        print("floor = the same server and client against a Pump that acknowledges at once and stores nothing "
               "(no fsync): the transport's ceiling on this machine.")
     print("commit binlog sync = the writer waits for it; background = as TxnWriter (the upstream has "
           "committed), counted only once acknowledged.")
     print(f"raw = the same record sizes appended 64 per fdatasync on the same disk; client processes: "
           f"{args.client_procs}; paths: " + ", ".join(
-              f"{n} = {i or 'this tree'}{f' (pump server {srv})' if srv else ''}" for n, i, srv in variants) + ".")
+              f"{n} = {i or 'this tree'}" for n, i in variants) + ".")
     return 0
 
 

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from binlake import errors
     from binlake.lake.spark import LAKE_CONF, build_spark
-    from binlake.replicate import runner, task
+    from binlake.replicate import report, runner, task
 
     try:
         t = task.load(args.task)
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"apply: {exc}", file=sys.stderr)
         return errors.EXIT_FINAL if errors.is_final(exc) else errors.EXIT_RETRYABLE
     print(summary.summary(), file=sys.stderr)
-    print(json.dumps(runner.summary_dict(summary)))
+    print(json.dumps(report.summary_dict(summary)))
     return 0
 
 

@@ -109,10 +109,6 @@ class PumpSettings(BaseSettings):
     read_batch_txns: int = Field(256, ge=1, le=100_000, description="Transactions per PullBinlogs message.")
     read_batch_bytes: int = Field(4 * MiB, ge=1024, description="Bytes per PullBinlogs message (soft).")
     grpc_workers: int = Field(32, ge=2, le=1024, description="Server threads.")
-    server: Literal["threads", "asyncio"] = Field(
-        "threads", description="gRPC server: a thread pool, or one asyncio loop (uvloop if installed); "
-        "bench/RESULTS.md compares them."
-    )
 
     @field_validator("addr", "advertise_addr", "metrics_addr")
     @classmethod

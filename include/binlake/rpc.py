@@ -195,12 +195,6 @@ def create_server(max_workers: int, name: str, options: list[tuple[str, Any]] | 
     )
 
 
-def aio_server(options: list[tuple[str, Any]]) -> grpc.aio.Server:
-    """An asyncio gRPC server; call from inside the event loop that will run it.
-    Requests that are not the method's message are refused with INVALID_ARGUMENT."""
-    return grpc.aio.server(options=options, interceptors=[_AioDecodeRequests()])
-
-
 def _server_credentials(files: TLSFiles) -> grpc.ServerCredentials:
     ca, cert, key = _read_files(files)
     if cert is None or key is None:
@@ -256,68 +250,7 @@ class _DecodeRequests(grpc.ServerInterceptor):  # type: ignore[misc]
                                                      response_serializer=out)
 
 
-class _AioDecodeRequests(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """``_DecodeRequests`` for asyncio servers (their handlers are coroutines or
-    async generators, and so are the wrappers)."""
-
-    async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        handler = await continuation(details)
-        if handler is None or handler.request_deserializer is None:
-            return handler
-        decode = handler.request_deserializer
-        method = details.method
-
-        def parse(raw: bytes) -> Any:
-            try:
-                return decode(raw)
-            except Exception:
-                raise errors.InvalidArgument(
-                    f"{method}: the request is not a valid message of this method (a client built from "
-                    "another .proto?)") from None
-
-        async def first(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            try:
-                return parse(raw)
-            except errors.InvalidArgument as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-
-        async def parsed(requests: Any) -> Any:
-            async for raw in requests:
-                yield parse(raw)
-
-        out = handler.response_serializer
-        if handler.unary_unary is not None:
-            fn = handler.unary_unary
-
-            async def uu(raw: bytes, ctx: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                return await fn(await first(raw, ctx), ctx)
-
-            return grpc.unary_unary_rpc_method_handler(uu, response_serializer=out)
-        if handler.unary_stream is not None:
-            fn_us = handler.unary_stream
-
-            async def us(raw: bytes, ctx: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                async for item in fn_us(await first(raw, ctx), ctx):
-                    yield item
-
-            return grpc.unary_stream_rpc_method_handler(us, response_serializer=out)
-        if handler.stream_unary is not None:
-            fn_su = handler.stream_unary
-
-            async def su(requests: Any, ctx: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                return await fn_su(parsed(requests), ctx)
-
-            return grpc.stream_unary_rpc_method_handler(su, response_serializer=out)
-        fn_ss = handler.stream_stream
-
-        async def ss(requests: Any, ctx: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            async for item in fn_ss(parsed(requests), ctx):
-                yield item
-
-        return grpc.stream_stream_rpc_method_handler(ss, response_serializer=out)
-
-
-def add_port(server: grpc.Server | grpc.aio.Server, addr: str) -> int:
+def add_port(server: grpc.Server, addr: str) -> int:
     """Listen on ``addr`` with this process's TLS (or plaintext); the bound port, 0 if refused."""
     files = tls()
     if _in_use(addr):
@@ -365,40 +298,3 @@ def aio_channel(addr: str, options: list[tuple[str, Any]] | None = None) -> grpc
     if not files.enabled:
         return grpc.aio.insecure_channel(addr, options=options)
     return grpc.aio.secure_channel(addr, _channel_credentials(files), options=options)
-
-
-def aio_servicer_method(fn: F) -> F:
-    """As ``servicer_method``, for ``async def`` unary methods of an asyncio server."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        try:
-            return await fn(self, request, context)
-        except errors.BinlakeError as exc:
-            await context.abort(status_code(exc), str(exc))
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            log.exception("internal error in %s", fn.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}: {exc}")
-
-    return wrapper  # type: ignore[return-value]
-
-
-def aio_servicer_stream(fn: F) -> F:
-    """As ``servicer_stream``, for async-generator methods of an asyncio server."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        try:
-            async for item in fn(self, request, context):
-                yield item
-        except errors.BinlakeError as exc:
-            await context.abort(status_code(exc), str(exc))
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            log.exception("internal error in %s", fn.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}: {exc}")
-
-    return wrapper  # type: ignore[return-value]

@@ -76,7 +76,7 @@ def apply(task_file: str, until: int | None) -> dict[str, Any]:
     """Apply one task file's windows up to ``until``; the summary."""
     from binlake import errors
     from binlake.lake.spark import LAKE_CONF, build_spark
-    from binlake.replicate import runner, task
+    from binlake.replicate import report, runner, task
 
     try:
         t = task.load(task_file)
@@ -88,7 +88,7 @@ def apply(task_file: str, until: int | None) -> dict[str, Any]:
             raise AirflowFailException(f"apply {task_file}: {exc}") from None
         raise AirflowException(f"apply {task_file}: {exc}") from None
     log.info("%s", summary.summary())
-    out = runner.summary_dict(summary)
+    out = report.summary_dict(summary)
     out["task_file"] = task_file
     return out
 

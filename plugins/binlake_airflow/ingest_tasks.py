@@ -193,7 +193,8 @@ def summarize(result: Any) -> dict[str, Any]:
     else:
         data = {"result": str(result)}
     # A JSON round trip turns tuples, datetimes and the like into plain values.
-    return json.loads(json.dumps(data, default=str))
+    plain: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    return plain
 
 
 def asset_extra(window: Mapping[str, Any], waited: Mapping[str, Any] | None,

@@ -159,7 +159,7 @@ class SafeTsTrigger(BaseTrigger):
         pumps: Sequence[str],
         poll_interval: float = 5.0,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
         self.registry = registry
@@ -202,7 +202,8 @@ class SafeTsTrigger(BaseTrigger):
                         if check.joined:
                             self.log.info("pump(s) %s joined the window after it was planned; waited for them too",
                                           ", ".join(check.joined))
-                        yield TriggerEvent(check.payload(self.start_ts, self.end_ts))
+                        # TriggerEvent.__init__ is unannotated in Airflow.
+                        yield TriggerEvent(check.payload(self.start_ts, self.end_ts))  # type: ignore[no-untyped-call]
                         return
                     now = time.monotonic()
                     if now - last_log >= _PROGRESS_LOG_EVERY_S:

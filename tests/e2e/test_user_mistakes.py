@@ -233,8 +233,6 @@ def malformed(action: argparse.Action, c: Ctx) -> list[tuple[str, tuple[str, ...
         return [("bogus", ()), ("", ()), ("binlog.000001:2", ()), ("gtid:", ())]
     if dest == "fix_sql":
         return [(NOWHERE, ()), (str(c.tmp), ()), ("", ())]
-    if dest == "pump_servers":
-        return [("bogus", ()), (",", ())]
     if dest in _LISTS:
         return [("", ()), (",", ())]
     if dest in _IDS:

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 
 from binlake import failpoint, tso
 from binlake.lake import decode, ingest
-from binlake.replicate import checkpoint, runner, sink, task
+from binlake.replicate import checkpoint, parallel, runner, sink, table_write, task
 from binlake.sql import schema as sc
 
 pytestmark = pytest.mark.timeout(900)
@@ -109,6 +109,7 @@ def _checkpoint_ts(url: str, name: str) -> int:
     return cp.ts if cp else 0
 
 
+@pytest.mark.slow  # Spark tasks killed, then two reruns: 4 min at load 20
 @pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
 def test_buckets_killed_after_one_then_rerun(kind: str, spark: SparkSession, lake: dict[str, Any],
                                              request: pytest.FixtureRequest, tmp_path: pathlib.Path,
@@ -116,7 +117,7 @@ def test_buckets_killed_after_one_then_rerun(kind: str, spark: SparkSession, lak
     url = _target(kind, request, tmp_path)
     t = task.Task(name=f"p{uuid.uuid4().hex[:6]}", lake=lake["path"], target=url, mode="parallel", parallel_tasks=3)
     taken: list[bool] = []
-    real = runner._arrow_parallel
+    real = parallel.arrow_parallel
 
     def spy(target: sink.Target, batch: Any, safe: bool) -> bool:
         verdict = real(target, batch, safe)
@@ -124,7 +125,7 @@ def test_buckets_killed_after_one_then_rerun(kind: str, spark: SparkSession, lak
             taken.append(verdict)
         return verdict
 
-    monkeypatch.setattr(runner, "_arrow_parallel", spy)
+    monkeypatch.setattr(parallel, "arrow_parallel", spy)
     monkeypatch.setenv(failpoint.ENV, "apply-after-group:exit")
     with pytest.raises(Exception, match="(?i)crash|exit|worker|Python"):
         runner.Applier(spark, t).run()
@@ -143,7 +144,7 @@ def test_buckets_killed_after_one_then_rerun(kind: str, spark: SparkSession, lak
     # there), and nothing changes.
     with sink.open_target(url) as tgt, tgt.engine.begin() as conn:
         conn.execute(checkpoint.table.delete().where(checkpoint.table.c.task == t.name))
-    with pytest.raises(runner.TargetDiverged, match="target table kv"):
+    with pytest.raises(table_write.TargetDiverged, match="target table kv"):
         runner.Applier(spark, t).run()
     assert _rows(url) == lake["final"]
 
@@ -156,7 +157,7 @@ def test_consistent_over_the_same_lake(kind: str, spark: SparkSession, lake: dic
     applier = runner.Applier(spark, t)
     summary = applier.run()
     assert summary.windows == WINDOWS and summary.changes == lake["changes"]
-    assert applier._readers[ingest.CHANGES] is not None  # read in process, not through Spark
+    assert applier.reader._readers[ingest.CHANGES] is not None  # read in process, not through Spark
     assert _rows(url) == lake["final"]
     assert runner.Applier(spark, t).run().windows == 0  # nothing after the checkpoint
     assert _rows(url) == lake["final"]

@@ -34,7 +34,7 @@ from binlake.lake import ingest
 from binlake.lake import pump_source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.registry.client import RegistryClient
-from binlake.replicate import checkpoint, diff, runner, sink, task
+from binlake.replicate import checkpoint, diff, runner, sink, table_write, task
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
 from binlake.sql import schema as sc
@@ -249,7 +249,7 @@ def test_target_changed_by_hand_stops_with_table_and_key(spark: SparkSession, la
         conn.exec_driver_sql(f"DELETE FROM {victim[0]} WHERE id = {victim[1]}")
     engine.dispose()
     before = oracle.checksum(url)
-    with pytest.raises(runner.TargetDiverged,
+    with pytest.raises(table_write.TargetDiverged,
                        match=rf"target table {victim[0]}: the row with key id={victim[1]} .* not in the target"):
         runner.Applier(spark, t).run()
     assert oracle.checksum(url) == before  # no partial window committed

@@ -21,7 +21,7 @@ from test_rawcompact import image, play, reference, steps, table
 
 from binlake.lake import decode
 from binlake.proto import binlog_pb2
-from binlake.replicate import arrowcompact, compactor, rawcompact, runner, sink
+from binlake.replicate import arrowcompact, compactor, rawcompact, read, sink, table_write
 from binlake.replicate.compactor import Change
 from binlake.sql import schema as sc
 
@@ -212,7 +212,7 @@ def test_arrow_rows_written_straight_to_the_target(kind: str, request: pytest.Fi
             with t.engine.connect() as conn:
                 conn.begin()
                 try:
-                    n = runner.write_changes(t, conn, info, final, False, True)
+                    n = table_write.write_changes(t, conn, info, final, False, True)
                 except BaseException:
                     conn.rollback()
                     raise
@@ -226,16 +226,16 @@ def test_arrow_rows_written_straight_to_the_target(kind: str, request: pytest.Fi
             conn.exec_driver_sql('DELETE FROM "t" WHERE id = 5')
         before = _rows(t, info)
         nxt = [("insert", None, dict(seq[0][2], id=20)), ("update", seq[5][2], dict(seq[5][2], v="w"))]
-        with pytest.raises(runner._Mismatch) as bad:
+        with pytest.raises(table_write.Mismatch) as bad:
             write(nxt)
         assert "target table t: the row with key id=5 that w updates or deletes is not in the target" in str(
-            runner._diagnose(t, bad.value, "w"))
+            table_write.diagnose(t, bad.value, "w"))
         assert _rows(t, info) == before
         # a row inserted by hand that the next batch inserts: a unique violation, the key named
-        with pytest.raises(runner._Mismatch) as bad:
+        with pytest.raises(table_write.Mismatch) as bad:
             write([("insert", None, dict(seq[0][2], id=1))])
         assert "the row with key id=1 that w inserts is already in the target" in str(
-            runner._diagnose(t, bad.value, "w"))
+            table_write.diagnose(t, bad.value, "w"))
         assert _rows(t, info) == before
     finally:
         t.close()
@@ -247,7 +247,7 @@ def test_arrow_rows_written_straight_to_the_target(kind: str, request: pytest.Fi
 ])
 def test_a_read_is_sorted_unless_already_in_commit_order(ts: list[int], seq: list[int], ordered: bool) -> None:
     t = pa.table({"commit_ts": pa.array(ts, pa.int64()), "seq": pa.array(seq, pa.int32())})
-    assert runner._in_commit_order(t) is ordered
+    assert read.in_commit_order(t) is ordered
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

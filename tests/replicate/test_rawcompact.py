@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from binlake.lake import decode
 from binlake.lake.image import value_json
 from binlake.proto import binlog_pb2
-from binlake.replicate import checkpoint, compactor, rawcompact, runner
+from binlake.replicate import checkpoint, compactor, parallel, rawcompact
 from binlake.replicate.causality import TableKeys, group
 from binlake.replicate.compactor import Change
 from binlake.sql import schema as sc
@@ -155,12 +155,12 @@ def test_buckets_keep_groups_whole_and_reruns_deal_the_same_way() -> None:
     changes = [Change("t", "insert", None, {"id": i % 7}) for i in range(20)]
     groups = group(changes, keys)
     assert len(groups) == 7
-    first = dict(runner._buckets(groups, 3, set()))
+    first = dict(parallel.buckets(groups, 3, set()))
     assert len(first) == 3 and sorted(c for part in first.values() for c in map(id, part)) == sorted(map(id, changes))
     for part in first.values():  # a group is never split, and keeps its order
         for g in groups:
             inside = [c for c in part if c in g]
             assert inside in ([], g)
     # a rerun with another parallel_tasks, after bucket 1 of 3 went in: the same buckets
-    again = dict(runner._buckets(groups, 5, {checkpoint.bucket_id(1, 3)}))
+    again = dict(parallel.buckets(groups, 5, {checkpoint.bucket_id(1, 3)}))
     assert again == first

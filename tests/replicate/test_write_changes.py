@@ -12,7 +12,7 @@ import pytest
 from dbfixtures import mariadb_server, postgres_server  # noqa: F401
 
 from binlake.proto import binlog_pb2
-from binlake.replicate import runner, sink
+from binlake.replicate import parallel, sink, table_write
 from binlake.replicate.compactor import Change
 from binlake.sql import schema as sc
 
@@ -47,7 +47,7 @@ def rows(t: sink.Target) -> list[tuple[Any, ...]]:
 def write(t: sink.Target, changes: list[Change], safe: bool = False) -> int:
     with t.engine.connect() as conn:
         conn.begin()
-        n = runner.write_changes(t, conn, info(), changes, safe)
+        n = table_write.write_changes(t, conn, info(), changes, safe)
         conn.commit()
     return n
 
@@ -67,16 +67,16 @@ def test_normal_mode_refuses_a_target_changed_by_hand(target: sink.Target) -> No
     write(target, [Change("t", "insert", None, r(1, 1)), Change("t", "insert", None, r(2, 2))])
     with target.engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM t WHERE id = 2")
-    with pytest.raises(runner._Mismatch) as info_:
+    with pytest.raises(table_write.Mismatch) as info_:
         write(target, [Change("t", "insert", None, r(3, 3)), Change("t", "update", r(2, 2), r(2, 5))])
-    err = runner._diagnose(target, info_.value, "window [1, 2)")
+    err = table_write.diagnose(target, info_.value, "window [1, 2)")
     assert "target table t: the row with key id=2 that window [1, 2) updates or deletes is not in the target" \
         in str(err)
     assert rows(target) == [(1, 1, "x")]  # rolled back: 3 not inserted
-    with pytest.raises(runner._Mismatch) as info_:
+    with pytest.raises(table_write.Mismatch) as info_:
         write(target, [Change("t", "insert", None, r(1, 7))])
     assert "the row with key id=1 that w inserts is already in the target" in str(
-        runner._diagnose(target, info_.value, "w"))
+        table_write.diagnose(target, info_.value, "w"))
 
 
 def test_safe_mode_converges_from_any_partial_state(target: sink.Target) -> None:
@@ -97,7 +97,7 @@ def test_keyless_table_keeps_commit_order(tmp_path: pathlib.Path) -> None:
     nk.columns.add(id=2, name="b", type=binlog_pb2.STRING, nullable=True, sql_type="string")
     with t.engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE nk (a BIGINT, b TEXT)")
-        runner.write_changes(t, conn, nk, [
+        table_write.write_changes(t, conn, nk, [
             Change("nk", "insert", None, {"a": 1, "b": "x"}), Change("nk", "insert", None, {"a": 1, "b": "x"}),
             Change("nk", "update", {"a": 1, "b": "x"}, {"a": 2, "b": None}),
             Change("nk", "delete", {"a": 2, "b": None}, None), Change("nk", "insert", None, {"a": 3, "b": None})],
@@ -121,17 +121,17 @@ def test_apply_groups_one_transaction_per_task_and_skips_groups_already_in(tmp_p
 
     groups = [(0, [as_tuple(Change("t", "insert", None, r(1, 1))), as_tuple(Change("t", "update", r(1, 1), r(1, 5)))]),
               (1, [as_tuple(Change("t", "insert", None, r(2, 2)))])]
-    assert list(runner.apply_groups(url, "task", raw, 10, 0, 10, False, groups[:1])) == [(1, 1, "")]  # compacted to one insert
+    assert list(parallel.apply_groups(url, "task", raw, 10, 0, 10, False, groups[:1])) == [(1, 1, "")]  # compacted to one insert
     assert rows(t) == [(1, 5, "x")]
     # a rerun of the whole batch applies only group 1
-    assert list(runner.apply_groups(url, "task", raw, 10, 0, 10, False, groups)) == [(1, 1, "")]
+    assert list(parallel.apply_groups(url, "task", raw, 10, 0, 10, False, groups)) == [(1, 1, "")]
     assert rows(t) == [(1, 5, "x"), (2, 2, "x")]
     with t.engine.connect() as conn:
         assert checkpoint.done_groups(conn, "task", 10) == {0, 1}
     # a group whose row is missing: nothing of the task's groups is written, the message names the key
     bad = [(2, [as_tuple(Change("t", "insert", None, r(3, 3)))]),
            (3, [as_tuple(Change("t", "delete", r(9, 9), None))])]
-    ((n_groups, n_rows, message),) = list(runner.apply_groups(url, "task", raw, 10, 0, 10, False, bad))
+    ((n_groups, n_rows, message),) = list(parallel.apply_groups(url, "task", raw, 10, 0, 10, False, bad))
     assert (n_groups, n_rows) == (0, 0) and "target table t: the row with key id=9" in message
     assert rows(t) == [(1, 5, "x"), (2, 2, "x")]
     t.close()

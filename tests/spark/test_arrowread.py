@@ -140,8 +140,8 @@ def test_apply_reads_through_spark_when_in_process_cannot(spark: SparkSession, t
     applier = runner.Applier(spark, task.Task(name="dv", lake=lake, target=url, mode="consistent"))
     summary = applier.run()
     assert summary.changes == 8
-    assert applier._readers[ingest.CHANGES] is None  # it fell back to Spark
-    assert applier._readers[ingest.WINDOWS] is not None  # ... for that table only
+    assert applier.reader._readers[ingest.CHANGES] is None  # it fell back to Spark
+    assert applier.reader._readers[ingest.WINDOWS] is not None  # ... for that table only
     with sink.open_target(url) as t, t.engine.connect() as c:
         ids = sorted(r[0] for r in c.exec_driver_sql("SELECT id FROM t"))
     assert ids == [i for i in range(12) if i % 3 != 1]

@@ -195,6 +195,7 @@ def test_replayed_changes_equal_the_upstreams_final_rows(
 
 
 # ---------------------------------------------------------------- idempotence
+@pytest.mark.slow  # a crash or a backfill of several windows: 2-3 min at load 20
 def test_reingest_and_out_of_order_backfill_leave_identical_tables(
     spark: SparkSession, cluster: DevCluster, upstream: dict[str, Any], lake_in_order: dict[str, Any],
     tmp_path: pathlib.Path,
@@ -220,6 +221,7 @@ def test_reingest_and_out_of_order_backfill_leave_identical_tables(
         table_rows(spark, lake_a, "windows", drop=("ingested_at",))
 
 
+@pytest.mark.slow  # a crash or a backfill of several windows: 2-3 min at load 20
 def test_ingest_killed_half_way_leaves_no_window_and_a_rerun_repairs_it(
     spark: SparkSession, cluster: DevCluster, upstream: dict[str, Any], lake_in_order: dict[str, Any],
     tmp_path: pathlib.Path,
@@ -263,6 +265,7 @@ def test_the_lake_holds_pump_gc_at_the_end_of_its_contiguous_ledger(
     assert lake_in_order["lake"] in mine.description
 
 
+@pytest.mark.slow  # a crash or a backfill of several windows: 2-3 min at load 20
 def test_a_crash_before_the_checkpoint_only_holds_gc_longer(
     spark: SparkSession, cluster: DevCluster, upstream: dict[str, Any], tmp_path: pathlib.Path,
     monkeypatch: pytest.MonkeyPatch,

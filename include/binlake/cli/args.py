@@ -119,14 +119,6 @@ def include_dir(text: str) -> str:
     return text
 
 
-def pump_servers(text: str) -> str:
-    """Comma-separated Pump gRPC server kinds (``bench pump --pump-servers``); the text itself."""
-    kinds = [k.strip() for k in text.split(",") if k.strip()]
-    if text and not kinds or any(k not in ("asyncio", "threads") for k in kinds):
-        raise argparse.ArgumentTypeError(f"expected asyncio and/or threads (comma-separated), got {text!r}")
-    return text
-
-
 def datetime_arg(text: str) -> int:
     try:
         return tso.parse_datetime(text)

@@ -46,7 +46,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
@@ -323,27 +323,80 @@ def ingest_window(
         raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
     say = progress or (lambda _msg: None)
     started = time.monotonic()
-    window = f"[{start_ts}, {end_ts})"
+    w = _Window(start_ts, end_ts)
 
-    say(f"planning {window}: pumps from the registry, each checked")
+    say(f"planning {w}: pumps from the registry, each checked")
     plan = plan_read(registry, start_ts, end_ts, pump_list)
     pump_ids = tuple(p.node_id for p in plan.pumps)
-
     say("checking the windows ledger")
-    windows = read_windows(spark, lake)
-    replaced = check_overlap(windows, start_ts, end_ts)
-    # Hold the Pumps' GC for this lake before reading: a new lake holds it at this
-    # window's start, a known one at its ledger's end (the registry keeps the max).
-    held = checkpoint.contiguous_end(windows)
-    checkpoint.report(registry, lake, start_ts if held is None else held)
-
+    windows, replaced = _check_ledger(spark, lake, registry, w)
     say("loading the schema history")
-    history, ddls_already = _load_ddl_history(spark, lake, start_ts, end_ts)
-    done = [w for w in windows if w.get("status") == "done"]
+    known = _schema_history(spark, lake, registry, windows, w, say)
+    say(f"scanning {w} on {len(pump_ids)} pump(s): DDLs, duplicates, partition bounds")
+    target = partitions or 2 * connect.default_parallelism(spark)
+    index = _scan(plan.addrs, known, w, target)
+    per_table_op = _table_op_counts(index, known.history)
+    rows = _write_window(spark, lake, registry, pump_ids, known, index, w, say)
+    per_pump = {pump: index.rows.get(pump, 0) for pump in pump_ids}
+    failpoint.hit("ingest-before-ledger")
+    say("recording the window")
+    _record(spark, lake, (start_ts, end_ts, list(pump_ids), per_pump, per_table_op, index.total_txns, rows,
+                          len(index.ddls), "done", dt.datetime.now(dt.UTC).replace(tzinfo=None)))
+    failpoint.hit("ingest-before-checkpoint")
+    _move_checkpoint(spark, lake, registry, w, say)
+    return IngestResult(
+        lake=lake, start_ts=start_ts, end_ts=end_ts, pumps=pump_ids, txns=index.total_txns, rows=rows,
+        ddls=len(index.ddls), duplicates=index.duplicates, rows_per_pump=per_pump,
+        rows_per_table_op=per_table_op, replaced=replaced, elapsed_s=time.monotonic() - started,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    """The bounds of the window being ingested (shown as ``[start, end)``)."""
+
+    start_ts: int
+    end_ts: int
+
+    def __str__(self) -> str:
+        return f"[{self.start_ts}, {self.end_ts})"
+
+
+@dataclasses.dataclass
+class _KnownSchema:
+    """The table definitions an ingest decodes with, and what ``ddl_history`` needs."""
+
+    history: SchemaHistory
+    # ``ddl_history`` already holds DDLs inside the window (a re-ingest replaces them).
+    ddls_already: int
+    # DDLs below the lake's first window, read from the Pumps by the first ingest.
+    base: list[Any]
+    # Why the Pumps could not give some ranges' DDLs (named when a table is unknown).
+    lost: list[str]
+
+
+def _check_ledger(spark: SparkSession, lake: str, registry: str, w: _Window) -> tuple[list[dict[str, Any]], bool]:
+    """The ledger's windows, and whether ``w`` replaces an ingested one (an
+    overlap with other bounds is refused); holds the Pumps' GC for this lake
+    before anything is read: a new lake at this window's start, a known one at
+    its ledger's end (the registry keeps the max)."""
+    windows = read_windows(spark, lake)
+    replaced = check_overlap(windows, w.start_ts, w.end_ts)
+    held = checkpoint.contiguous_end(windows)
+    checkpoint.report(registry, lake, w.start_ts if held is None else held)
+    return windows, replaced
+
+
+def _schema_history(spark: SparkSession, lake: str, registry: str, windows: list[dict[str, Any]], w: _Window,
+                    say: Progress) -> _KnownSchema:
+    """The definitions in force below ``w``: ``ddl_history`` plus the DDLs of the
+    ranges it is not complete for, read from the Pumps."""
+    history, ddls_already = _load_ddl_history(spark, lake, w.start_ts, w.end_ts)
+    done = [x for x in windows if x.get("status") == "done"]
     # ddl_history is complete below the lake's first window (the first ingest made
     # it so) and inside every ingested window; only the rest is read from the Pumps.
-    first = min((int(w["start_ts"]) for w in done), default=None)
-    gaps = [(0, start_ts)] if first is None else uncovered(done, first, start_ts) if first < start_ts else []
+    first = min((int(x["start_ts"]) for x in done), default=None)
+    gaps = [(0, w.start_ts)] if first is None else uncovered(done, first, w.start_ts) if first < w.start_ts else []
     lost: list[str] = []
     base: list[Any] = []
     if gaps:
@@ -354,31 +407,42 @@ def ingest_window(
             history.apply(ddl)
         if first is None:
             base = ddls
+    return _KnownSchema(history, ddls_already, base, lost)
 
-    say(f"scanning {window} on {len(pump_ids)} pump(s): DDLs, duplicates, partition bounds")
-    target = partitions or 2 * connect.default_parallelism(spark)
-    index = index_window(plan.addrs, start_ts, end_ts, partitions=target,
+
+def _scan(addrs: Mapping[str, str], known: _KnownSchema, w: _Window, partitions: int) -> WindowIndex:
+    """The window's index from every Pump (its DDLs, duplicates, partition
+    bounds); its DDLs join the history, and every table it touches must be known
+    at both ends of its rows (else the ingest fails naming the table)."""
+    index = index_window(addrs, w.start_ts, w.end_ts, partitions=partitions,
                          min_rows_per_partition=MIN_ROWS_PER_PARTITION)
     for _pump, ddl in index.ddls:
-        history.apply(ddl)
+        known.history.apply(ddl)
     for table_id, (lo, hi) in sorted(index.tables.items()):
         for at in (lo, hi):
             try:
-                history.table(table_id, at)
+                known.history.table(table_id, at)
             except UnknownTableError as exc:
-                raise _missing_table(exc, start_ts, end_ts, lost, (lo, hi)) from None
-    per_table_op = _table_op_counts(index, history)
+                raise _missing_table(exc, w.start_ts, w.end_ts, known.lost, (lo, hi)) from None
+    return index
 
+
+def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple[str, ...], known: _KnownSchema,
+                  index: WindowIndex, w: _Window, say: Progress) -> int:
+    """The window's row changes into ``changes`` and its DDLs into
+    ``ddl_history`` (each replacing what the window held); the rows written,
+    which must be the scan's count."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
+    start_ts, end_ts = w.start_ts, w.end_ts
     lake_source.register(spark)
     changes_path = table_path(lake, CHANGES)
     say(f"reading and writing {index.total_rows} row changes of {index.total_txns} transactions")
     reader = (spark.read.format(lake_source.FORMAT)
               .option("registry", registry).option("start_ts", str(start_ts)).option("end_ts", str(end_ts))
               .option("pumps", ",".join(pump_ids))
-              .option("schema_history", history.snapshot(start_ts).to_json())
+              .option("schema_history", known.history.snapshot(start_ts).to_json())
               .option("window_index", index.to_json()))
     observed: list[Any] = []
 
@@ -389,13 +453,13 @@ def ingest_window(
         _replace(df, changes_path, _window_predicate(start_ts, end_ts), ["commit_date"])
 
     try:
-        with connect.job_description(spark, f"binlake ingest {window}"):
+        with connect.job_description(spark, f"binlake ingest {w}"):
             _retry_concurrent(CHANGES, write_changes)
             ddl_path = table_path(lake, DDL_HISTORY)
-            if base:
-                say(f"adding the {len(base)} DDL(s) below the lake's first window to ddl_history")
-                _retry_concurrent(DDL_HISTORY, lambda: _merge_ddls(spark, ddl_path, base))
-            if index.ddls or ddls_already:  # nothing to replace and nothing new: skip a Delta commit
+            if known.base:
+                say(f"adding the {len(known.base)} DDL(s) below the lake's first window to ddl_history")
+                _retry_concurrent(DDL_HISTORY, lambda: _merge_ddls(spark, ddl_path, known.base))
+            if index.ddls or known.ddls_already:  # nothing to replace and nothing new: skip a Delta commit
                 say(f"writing {len(index.ddls)} DDL(s) to ddl_history")
                 ddl_df = _ddl_frame(spark, [t for _pump, t in index.ddls])
                 _retry_concurrent(DDL_HISTORY, lambda: _replace(
@@ -403,24 +467,28 @@ def ingest_window(
     except Exception as exc:
         err = binlake_error(exc)
         if err is not None:
-            raise type(err)(f"ingest {window}: {err}") from None
+            raise type(err)(f"ingest {w}: {err}") from None
         raise
     rows = int(observed[0].get["rows"]) if observed else -1
     if rows != index.total_rows:
         raise errors.FailedPrecondition(
-            f"ingest {window}: wrote {rows} row changes but the pumps' scan counted {index.total_rows}; "
+            f"ingest {w}: wrote {rows} row changes but the pumps' scan counted {index.total_rows}; "
             "the window is not recorded as done - run it again")
-    per_pump = {pump: index.rows.get(pump, 0) for pump in pump_ids}
+    return rows
 
-    failpoint.hit("ingest-before-ledger")
-    say("recording the window")
-    row = (start_ts, end_ts, list(pump_ids), per_pump, per_table_op, index.total_txns, rows, len(index.ddls),
-           "done", dt.datetime.now(dt.UTC).replace(tzinfo=None))
+
+def _record(spark: SparkSession, lake: str, row: tuple[Any, ...]) -> None:
+    """The window's ``windows`` row (``WINDOWS_DDL``), replacing one with the same
+    bounds; written last, so a failed ingest leaves no row claiming it is done."""
+    start_ts, end_ts = row[0], row[1]
     windows_df = spark.createDataFrame([row], WINDOWS_DDL)
     _retry_concurrent(WINDOWS, lambda: _replace(windows_df, table_path(lake, WINDOWS),
                                                 f"start_ts = {start_ts} AND end_ts = {end_ts}"))
-    failpoint.hit("ingest-before-checkpoint")
-    # After the windows row (see lake.checkpoint): the ledger, re-read, decides.
+
+
+def _move_checkpoint(spark: SparkSession, lake: str, registry: str, w: _Window, say: Progress) -> None:
+    """The lake's consumer checkpoint to the end of its contiguous ledger. After
+    the windows row (see lake.checkpoint): the ledger, re-read, decides."""
     ledger_end = checkpoint.contiguous_end(read_windows(spark, lake))
     if ledger_end is not None:
         say(f"moving the lake's consumer checkpoint to {tso.format_ts(ledger_end)}")
@@ -429,12 +497,7 @@ def ingest_window(
         except errors.BinlakeError as exc:
             # The window is in the lake; a checkpoint left behind only holds GC longer,
             # and the next ingest recomputes it from the whole ledger.
-            log.warning("ingest %s: the lake's checkpoint was not moved (GC stays held): %s", window, exc)
-    return IngestResult(
-        lake=lake, start_ts=start_ts, end_ts=end_ts, pumps=pump_ids, txns=index.total_txns, rows=rows,
-        ddls=len(index.ddls), duplicates=index.duplicates, rows_per_pump=per_pump,
-        rows_per_table_op=per_table_op, replaced=replaced, elapsed_s=time.monotonic() - started,
-    )
+            log.warning("ingest %s: the lake's checkpoint was not moved (GC stays held): %s", w, exc)
 
 
 def _ddl_frame(spark: SparkSession, txns: list[Any]) -> DataFrame:

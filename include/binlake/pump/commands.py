@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from binlake.cli import benchmarks
-from binlake.cli.args import include_dir, int_list, positive_float, positive_int, pump_servers, scratch_dir
+from binlake.cli.args import include_dir, int_list, positive_float, positive_int, scratch_dir
 
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -68,9 +68,6 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--echo", action="store_true",
                    help="also measure grpcio alone: a stream echo with no binlake code, one stream per writer "
                         "(what any Python Pump on grpcio could reach here)")
-    b.add_argument("--pump-servers", default="", metavar="KINDS", type=pump_servers,
-                   help="run every case on each of these Pump gRPC servers: asyncio,threads "
-                        "(default: the Pump's configured one)")
     b.add_argument("--replicas", type=int_list, default="", metavar="RS",
                    help="comma-separated replica counts, e.g. 1,2: every case at each R, on a cluster of max(RS) "
                         "Pumps (default: one Pump, R = 1)")

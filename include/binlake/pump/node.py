@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent import futures
 
 from binlake import errors, rpc, tso
 from binlake.client import txn_status
@@ -25,7 +24,7 @@ from binlake.config import PumpSettings
 from binlake.proto import binlog_pb2
 from binlake.pump import gc
 from binlake.pump.metrics import PumpMetrics, lag_seconds
-from binlake.pump.server import PumpServer, PumpServicer, ThreadedPumpServer, ThreadedPumpServicer
+from binlake.pump.server import PumpServer, PumpServicer
 from binlake.pump.service import PumpService
 from binlake.pump.storage import Storage
 from binlake.registry.client import RegistryClient
@@ -67,14 +66,9 @@ class PumpNode:
             # The latest GC round's decision (what holds GC), for operators and tests.
             self.gc_decision: gc.GCDecision | None = None
             self.metrics_addr = ""
-            self._pool = futures.ThreadPoolExecutor(max_workers=settings.grpc_workers, thread_name_prefix="pump-rpc")
             # Bound before the servicer exists: the node id may come from the port.
             options = rpc.message_options(settings.max_binlog_bytes)
-            self._server: PumpServer | ThreadedPumpServer
-            if settings.server == "threads":
-                self._server = ThreadedPumpServer(settings.addr, options, settings.grpc_workers)
-            else:
-                self._server = PumpServer(settings.addr, options)
+            self._server = PumpServer(settings.addr, options, settings.grpc_workers)
             host = settings.addr.rpartition(":")[0]
             port = self._server.port
             if port == 0:
@@ -88,15 +82,10 @@ class PumpNode:
                 read_batch_txns=settings.read_batch_txns, read_batch_bytes=settings.read_batch_bytes,
             )
             self.metrics = PumpMetrics(self._snapshot)
-            if isinstance(self._server, ThreadedPumpServer):
-                self._server.add(ThreadedPumpServicer(self.service, self.metrics))
-            else:
-                self._server.add(PumpServicer(self.service, self.metrics, self._pool))
+            self._server.add(PumpServicer(self.service, self.metrics))
         except BaseException:
             if getattr(self, "_server", None) is not None:
                 self._server.stop(None)
-            if getattr(self, "_pool", None) is not None:
-                self._pool.shutdown(wait=False)
             if getattr(self, "storage", None) is not None:
                 self.storage.close()
             os.close(self._lock_fd)
@@ -204,7 +193,6 @@ class PumpNode:
         self._stop.set()
         self.service.closing = True
         self._server.stop(grace)
-        self._pool.shutdown(wait=False)
         for t in self._threads:
             t.join(timeout=5)
         if self._registry is not None:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from binlake import errors
+from binlake import errors, tso
 
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -88,11 +88,11 @@ def bench_apply_command(args: argparse.Namespace) -> int:
 
 
 def apply_command(args: argparse.Namespace) -> int:
-    from binlake.replicate import runner, task
+    from binlake.replicate import report, runner, task
 
     _check_apply_args(args)
     t = task.load(args.task)
-    until = runner.parse_until(args.until_ts, args.until)
+    until = parse_until(args.until_ts, args.until)
     if args.action == "status" and (until is not None):
         raise errors.InvalidArgument("apply status takes no --until/--until-ts")
     from binlake.lake.commands import _spark_error, session
@@ -117,7 +117,7 @@ def apply_command(args: argparse.Namespace) -> int:
             raise _spark_error(exc, "apply") from None
         raise
     if args.json:
-        print(json.dumps(runner.summary_dict(summary)))
+        print(json.dumps(report.summary_dict(summary)))
     else:
         print(summary.summary())
     return 0
@@ -149,3 +149,17 @@ def diff_command(args: argparse.Namespace) -> int:
     report = diff_databases(args.source, args.target, tables, args.chunk_size, args.fix_sql)
     print(report.summary())
     return 0 if report.ok else 1
+
+
+def parse_until(until_ts: int | None, until: str | None) -> int | None:
+    """``--until-ts`` or ``--until`` (a datetime, UTC unless it has a zone) as a ts."""
+    if until_ts is not None and until is not None:
+        raise errors.InvalidArgument("give --until-ts or --until, not both")
+    if until is not None:
+        try:
+            return tso.parse_datetime(until)
+        except ValueError as exc:
+            raise errors.InvalidArgument(f"--until: {exc}") from None
+    if until_ts is not None and until_ts <= 0:
+        raise errors.InvalidArgument(f"--until-ts must be a positive TSO, got {until_ts}")
+    return until_ts

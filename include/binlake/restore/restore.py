@@ -378,14 +378,14 @@ def load_target(spark: Any, p: Plan, target: Any, url: str, progress: Progress |
     return RestoreResult(p.ts, done, time.monotonic() - started, target=url)
 
 
-def verify(source_url: str, target_url: str, tables: Sequence[str]) -> tuple[bool, str]:
-    """``binlake diff`` of ``target_url`` against ``source_url`` on ``tables``."""
+def verify(source_url: str, target_url: str, tables: Sequence[str] | None) -> tuple[bool, str]:
+    """``binlake diff`` of ``target_url`` against ``source_url`` on ``tables`` (None: every table)."""
     try:
         from binlake.replicate.diff import diff_databases
     except ImportError:
         raise errors.FailedPrecondition("--verify needs binlake.replicate.diff (binlake diff), not in this build") \
             from None
-    report = diff_databases(source_url, target_url, tables=list(tables))
+    report = diff_databases(source_url, target_url, tables=None if tables is None else list(tables))
     return bool(report.ok), str(report.summary())
 
 

@@ -56,7 +56,8 @@ class _Servicer(upstream_pb2_grpc.TxnStatusServicer):
         self._provider = provider
 
     @rpc.servicer_method
-    def GetTxnStatus(self, request: upstream_pb2.GetTxnStatusReq, context: grpc.ServicerContext):
+    def GetTxnStatus(self, request: upstream_pb2.GetTxnStatusReq, context: grpc.ServicerContext
+                     ) -> upstream_pb2.GetTxnStatusResp:
         if request.start_ts <= 0:
             raise errors.InvalidArgument(f"start_ts must be > 0, got {request.start_ts}")
         state, commit_ts = self._provider.txn_status(request.start_ts)

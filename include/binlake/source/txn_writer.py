@@ -244,7 +244,8 @@ class TxnWriter:
         self._schema_lock = _RWLock()
         self._sqlite_lock = threading.Lock() if self.dialect == "sqlite" else None
         self._tables: dict[str, binlog_pb2.TableInfo] = {}
-        self._sa_tables: dict[int, sa.Table] = {}
+        # (table id, schema version) -> its SQLAlchemy table.
+        self._sa_tables: dict[tuple[int, int], sa.Table] = {}
         self.schema_version = 0
         self.writer_id = ""
         self._started = False
@@ -315,10 +316,10 @@ class TxnWriter:
     def sa_table(self, name: str) -> sa.Table:
         info = self.table(name)
         key = (info.table_id, info.schema_version)
-        t = self._sa_tables.get(key)  # type: ignore[arg-type]
+        t = self._sa_tables.get(key)
         if t is None:
             t = dl.sa_table(info, self.dialect)
-            self._sa_tables[key] = t  # type: ignore[index]
+            self._sa_tables[key] = t
         return t
 
     # ------------------------------------------------------------------ DML

@@ -370,11 +370,11 @@ class _Planner:
             self._emit(f"add column {t.name}.{role}", DDL("add_column", t.name, (col,)))
         elif action == "rename_column":
             role = rng.choice(["c", "note", *t.extras])
-            old = t.roles[role]
-            new = f"{role}_v{n}"
-            t.roles[role] = new
-            t.cols = [dataclasses.replace(c, name=new) if c.name == old else c for c in t.cols]
-            self._emit(f"rename column {t.name}.{old}", DDL("rename_column", t.name, (old, new)))
+            old_name = t.roles[role]
+            new_name = f"{role}_v{n}"
+            t.roles[role] = new_name
+            t.cols = [dataclasses.replace(c, name=new_name) if c.name == old_name else c for c in t.cols]
+            self._emit(f"rename column {t.name}.{old_name}", DDL("rename_column", t.name, (old_name, new_name)))
         elif action == "toggle_unique":
             if t.unique_key is not None:
                 key, t.unique_key = t.unique_key, None
@@ -384,10 +384,10 @@ class _Planner:
                 self._emit(f"add unique key {t.name}.{t.unique_key}",
                            DDL("add_unique_key", t.name, (t.unique_key, (t.roles["pad"],))))
         elif action == "rename_table":
-            old = t.name
-            base = old.split("_r")[0]
+            old_table = t.name
+            base = old_table.split("_r")[0]
             t.name = f"{base}_r{n}"
-            self._emit(f"rename table {old}", DDL("rename_table", old, (t.name,)))
+            self._emit(f"rename table {old_table}", DDL("rename_table", old_table, (t.name,)))
         elif action == "truncate_table":
             t.ids.clear()
             t.bulk.clear()

@@ -150,7 +150,7 @@ def _retryable(exc: sa.exc.DBAPIError) -> bool:
     orig = exc.orig
     if getattr(orig, "pgcode", None) in _PG_RETRY or getattr(orig, "sqlstate", None) in _PG_RETRY:
         return True
-    args = getattr(orig, "args", ())
+    args: tuple[Any, ...] = getattr(orig, "args", ())
     return bool(args) and args[0] in _MYSQL_RETRY
 
 

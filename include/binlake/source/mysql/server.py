@@ -22,7 +22,7 @@ class Dsn:
     def settings(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password}
 
-    def connect(self) -> pymysql.connections.Connection:  # type: ignore[type-arg]
+    def connect(self) -> pymysql.connections.Connection:
         try:
             return pymysql.connect(host=self.host, port=self.port, user=self.user, password=self.password,
                                    autocommit=True, charset="utf8mb4", connect_timeout=5)

@@ -41,8 +41,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import sqlglot
-from sqlglot import exp
-from sqlglot.tokens import TokenType
+from sqlglot import TokenType, exp
 
 from binlake import coldefault, errors
 from binlake.proto import binlog_pb2

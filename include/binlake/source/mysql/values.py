@@ -155,10 +155,10 @@ class RowEncoder:
         return out
 
     def encode(self, values: dict[str, Any]) -> bytes:
-        return self.row(values).SerializeToString()
+        return bytes(self.row(values).SerializeToString())
 
     def encode_update(self, before: dict[str, Any], after: dict[str, Any]) -> bytes:
-        return binlog_pb2.UpdatedRow(old=self.row(before), new=self.row(after)).SerializeToString()
+        return bytes(binlog_pb2.UpdatedRow(old=self.row(before), new=self.row(after)).SerializeToString())
 
 
 _NULL_DATUM = binlog_pb2.Datum(is_null=True)

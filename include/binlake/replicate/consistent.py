@@ -1,0 +1,71 @@
+"""``consistent`` mode: each window in one target transaction, in this process.
+
+The window's batches, their DDLs and the checkpoint at the window's end commit
+together (PostgreSQL and SQLite run DDL inside the transaction too), so the
+target always equals the upstream at the end of some window. On MySQL/MariaDB
+a DDL commits by itself: the batch before it commits with the checkpoint at the
+DDL's commit_ts, then the DDL runs and the checkpoint moves past it (a crash
+between the two re-runs the DDL, which is idempotent, see ``target_ddl``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from binlake import failpoint
+from binlake.replicate import checkpoint, sink, target_ddl
+from binlake.replicate.batch import Batch, DDLChange
+from binlake.replicate.report import ApplySummary
+from binlake.replicate.table_write import Mismatch, diagnose, write_changes
+
+
+def apply_window(target: sink.Target, task_name: str, batches: list[Batch], a: int, b: int, safe: bool,
+                 summary: ApplySummary, ddl_change: Callable[[dict[str, Any]], DDLChange | None]) -> None:
+    """Window ``[a, b)`` (its ``batches``) and the checkpoint at ``b`` in one target
+    transaction (on MySQL/MariaDB, one per DDL: see the module docstring); a
+    target that does not match the log raises ``TargetDiverged``, nothing of the
+    window committed."""
+    transactional = sink_transactional(target)
+    with target.engine.connect() as conn:
+        conn.begin()
+        try:
+            for batch in batches:
+                summary.rows_written += write_batch(target, conn, batch, safe)
+                if batch.ddl is None:
+                    continue
+                change = ddl_change(batch.ddl)
+                ddl_ts = int(batch.ddl["commit_ts"])
+                if change is None:
+                    continue
+                if not transactional:
+                    checkpoint.write(conn, task_name, ddl_ts, a, b)
+                    conn.commit()
+                    conn.begin()
+                target_ddl.apply_ddl(target, conn, change[0], change[2], change[1])
+                summary.ddls += 1
+                if not transactional:
+                    checkpoint.write(conn, task_name, ddl_ts + 1, a, b)
+                    conn.commit()
+                    conn.begin()
+            checkpoint.write(conn, task_name, b, a, b)
+            failpoint.hit("apply-before-commit")
+            conn.commit()
+        except Mismatch as m:
+            conn.rollback()
+            raise diagnose(target, m, f"window [{a}, {b})") from None
+
+def write_batch(target: sink.Target, conn: Connection, batch: Batch, safe: bool) -> int:
+    """A batch's changes, table after table, in the caller's transaction; rows written."""
+    n = 0
+    for name, changes in batch.tables.items():
+        n += write_changes(target, conn, batch.infos[name], changes, safe, batch.compacted)
+    return n
+
+
+
+def sink_transactional(target: sink.Target) -> bool:
+    """Whether the target runs DDL inside a transaction (PostgreSQL, SQLite)."""
+    return target.dialect in ("postgresql", "sqlite")

@@ -1,0 +1,237 @@
+"""``parallel`` mode: each batch's conflict groups applied concurrently in Spark tasks.
+
+Each (compacted) batch is split into conflict groups (``causality``), dealt into
+one bucket per Spark task, and the buckets are applied concurrently: each task
+writes its bucket in one transaction, with one checkpoint row for the bucket;
+once every bucket of a batch is in, the task's checkpoint moves to the batch's
+end (and the batch's DDL runs, here). A rerun skips the buckets already in (a
+bucket is in or not, never half). When every table of a batch has no unique
+key but its primary key (PostgreSQL, SQLite), its final changes are on distinct
+keys and cannot conflict: they are dealt into buckets by key and reach the
+tasks as Arrow (``arrow_buckets``), not as Python changes.
+
+``apply_arrow_buckets`` and ``apply_groups`` run in the Spark tasks: they are
+pickled by reference, so they stay module-level functions of this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+from sqlalchemy.engine import Connection
+
+from binlake import errors, failpoint
+from binlake.proto import binlog_pb2
+from binlake.replicate import arrowcompact, causality, checkpoint, sink, target_ddl
+from binlake.replicate.batch import Batch, DDLChange
+from binlake.replicate.compactor import Change
+from binlake.replicate.report import ApplySummary
+from binlake.replicate.table_write import (
+    Mismatch,
+    TargetDiverged,
+    diagnose,
+    table_keys,
+    write_changes,
+    write_final,
+)
+from binlake.replicate.task import Task
+
+
+def apply_window(spark: Any, target: sink.Target, target_url: str, task: Task, batches: list[Batch], a: int,
+                 b: int, safe: bool, summary: ApplySummary,
+                 ddl_change: Callable[[dict[str, Any]], DDLChange | None]) -> None:
+    """Window ``[a, b)``: each batch's buckets in Spark tasks, then its DDL and the
+    checkpoint at its end, in this process."""
+    for batch in batches:
+        infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
+        if arrow_parallel(target, batch, safe):
+            with target.engine.connect() as conn:
+                done = checkpoint.done_groups(conn, task.name, batch.end)
+            items = arrow_buckets(batch, task.parallel_tasks, done)
+            if items:
+                summary.rows_written += run_groups(spark, task.parallel_tasks, items, functools.partial(
+                    apply_arrow_buckets, target_url, task.name, infos, batch.end, a, b))
+            changes: list[Change] = []
+        else:
+            changes = batch.changes()
+        if changes:
+            # Compacted first (one change per key), then grouped: the groups are
+            # then as small as they can be and still never share a key value.
+            keys = {name: table_keys(info) for name, info in batch.infos.items()}
+            groups = causality.group(changes, keys)
+            with target.engine.connect() as conn:
+                done = checkpoint.done_groups(conn, task.name, batch.end)
+            work = [(g, [(c.table, c.op, c.before, c.after, c.commit_ts, c.seq) for c in part])
+                    for g, part in buckets(groups, task.parallel_tasks, done)
+                    if g not in done]
+            if work:
+                summary.rows_written += run_groups(spark, task.parallel_tasks, work, functools.partial(
+                    apply_groups, target_url, task.name, infos, batch.end, a, b, safe,
+                    compacted=batch.compacted))
+        with target.engine.connect() as conn:
+            conn.begin()
+            if batch.ddl is not None:
+                ddl_ts = int(batch.ddl["commit_ts"])
+                checkpoint.write(conn, task.name, ddl_ts, a, b)
+                conn.commit()
+                conn.begin()
+                change = ddl_change(batch.ddl)
+                if change is not None:
+                    target_ddl.apply_ddl(target, conn, change[0], change[2], change[1])
+                    summary.ddls += 1
+                checkpoint.write(conn, task.name, ddl_ts + 1, a, b)
+            else:
+                checkpoint.write(conn, task.name, batch.end, a, b)
+            conn.commit()
+
+def run_groups(spark: Any, tasks: int, work: list[Any],
+               apply: Callable[[Iterable[Any]], Iterator[tuple[int, int, str]]]) -> int:
+    """``apply`` over ``work`` (one item per bucket) in Spark tasks; rows written.
+    ``apply`` yields (buckets applied, rows written, error message or "")."""
+    # The apply's failpoint holds in its Spark tasks too (they run in other processes).
+    fail_spec = os.environ.get(failpoint.ENV, "")
+    slices = max(1, min(tasks, len(work)))
+
+    def apply_part(items: Iterable[Any]) -> Iterator[tuple[int, int, str]]:
+        # Python workers are reused across tasks: set the failpoint for this task only.
+        saved = os.environ.get(failpoint.ENV)
+        if fail_spec:
+            os.environ[failpoint.ENV] = fail_spec
+        try:
+            yield from apply(items)
+        finally:
+            if saved is None:
+                os.environ.pop(failpoint.ENV, None)
+            else:
+                os.environ[failpoint.ENV] = saved
+
+    results = spark.sparkContext.parallelize(work, slices).mapPartitions(apply_part).collect()
+    failures = [msg for _groups, _n, msg in results if msg]
+    if failures:
+        raise TargetDiverged(failures[0]) if failures[0].startswith("target table") else \
+            errors.FailedPrecondition(failures[0])
+    return sum(n for _g, n, _m in results)
+
+
+def buckets(groups: list[list[Change]], tasks: int, done: set[int]) -> Iterator[tuple[int, list[Change]]]:
+    """The conflict groups dealt round-robin into at most ``tasks`` buckets, each
+    as (checkpoint id, its changes): one Spark task and one checkpoint row per
+    bucket, not per group. Buckets of disjoint groups are disjoint too. A rerun
+    deals the same groups into as many buckets as the run whose bucket rows it
+    finds (``done``), so an id means the same changes even if ``tasks`` changed."""
+    count = min(tasks, len(groups))
+    if done:
+        count = checkpoint.bucket_count(next(iter(done)))
+    parts: list[list[Change]] = [[] for _ in range(count)]
+    for g, changes in enumerate(groups):
+        parts[g % count].extend(changes)
+    for i, part in enumerate(parts):
+        if part:
+            yield checkpoint.bucket_id(i, count), part
+
+
+def arrow_parallel(target: sink.Target, batch: Batch, safe: bool) -> bool:
+    """Whether a batch goes to the Spark tasks as Arrow: PostgreSQL or SQLite
+    (whose tasks take its one write lock in turn), normal mode, every table
+    compacted as Arrow with a CSV form, and no unique key but the primary key.
+    Two final changes of a batch are then on different keys and can never
+    conflict: any split of the keys is a split into conflict groups."""
+    if target.dialect not in ("postgresql", "sqlite") or safe or not batch.tables:
+        return False
+    for name, final in batch.tables.items():
+        if not isinstance(final, arrowcompact.Compacted) or not final.copyable:
+            return False
+        info = batch.infos[name]
+        pk = sorted(info.primary_key)
+        if not pk or any(sorted(uk.column_ids) != pk for uk in info.unique_keys):
+            return False
+    return True
+
+
+def arrow_buckets(batch: Batch, tasks: int, done: set[int]) -> list[tuple[int, list[tuple[Any, ...]]]]:
+    """The batch's final changes dealt into at most ``tasks`` buckets by key, each as
+    (checkpoint id, [(table, keys to delete, keys inserted, rows as Arrow IPC)]),
+    leaving out the buckets in ``done``. The bucket of a key depends on the key and
+    the bucket count only, and a rerun takes the count from the buckets it finds
+    (``done``): an id means the same changes in every run."""
+    total = sum(len(final) for final in batch.tables.values())
+    count = checkpoint.bucket_count(next(iter(done))) if done else max(1, min(tasks, total))
+    parts: list[list[tuple[Any, ...]]] = [[] for _ in range(count)]
+    for name, final in batch.tables.items():
+        assert isinstance(final, arrowcompact.Compacted)
+        for i, (gone, inserted, rows) in enumerate(final.split(count)):
+            if checkpoint.bucket_id(i, count) in done or (not gone and rows.num_rows == 0):
+                continue
+            sink_ = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink_, rows.schema) as w:
+                w.write_table(rows)
+            parts[i].append((name, gone, inserted, sink_.getvalue().to_pybytes()))
+    return [(checkpoint.bucket_id(i, count), part) for i, part in enumerate(parts) if part]
+
+
+def apply_arrow_buckets(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int,
+                        items: Iterable[tuple[int, list[tuple[Any, ...]]]]) -> Iterator[tuple[int, int, str]]:
+    """Run in a Spark task: the Arrow buckets it was given (``arrow_buckets``: per
+    table the keys to delete, then the rows to insert) that are not in yet."""
+    infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
+
+    def write(target: sink.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
+        n = 0
+        for _g, parts in todo:
+            for name, gone, inserted, ipc in parts:
+                rows = pa.ipc.open_stream(ipc).read_all()
+                n += write_final(target, conn, infos[name], gone, functools.partial(list, inserted),
+                                  functools.partial(target.insert_arrow, conn, infos[name], rows))
+        return n
+
+    return _apply_buckets(url, task_name, seg_end, a, b, items, write)
+
+
+def apply_groups(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int, safe: bool,
+                 items: Iterable[tuple[int, list[tuple[Any, ...]]]],
+                 compacted: bool = False) -> Iterator[tuple[int, int, str]]:
+    """Run in a Spark task: the buckets of conflict groups it was given that are not
+    in yet. The groups of a batch never touch the same key, so one task writes all
+    of its groups as one set of batched statements (each group's changes keep their
+    order); concurrency is between the tasks."""
+    infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
+
+    def write(target: sink.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
+        by_table: dict[str, list[Change]] = {}
+        for _g, raw_changes in todo:
+            for t in raw_changes:
+                c = Change(*t)
+                by_table.setdefault(c.table, []).append(c)
+        return sum(write_changes(target, conn, infos[name], cs, safe, compacted) for name, cs in by_table.items())
+
+    return _apply_buckets(url, task_name, seg_end, a, b, items, write)
+
+
+def _apply_buckets(url: str, task_name: str, seg_end: int, a: int, b: int, items: Iterable[tuple[int, Any]],
+                   write: Callable[[sink.Target, Connection, list[tuple[int, Any]]], int]
+                   ) -> Iterator[tuple[int, int, str]]:
+    """The buckets of ``items`` (checkpoint id, its changes) not in yet, written by
+    ``write`` in one target transaction with one checkpoint row per bucket; yields
+    (buckets applied, rows written, error message or "")."""
+    target = sink.open_target(url)
+    try:
+        with target.engine.connect() as conn:
+            conn.begin()
+            done = checkpoint.done_groups(conn, task_name, seg_end)
+            todo = [(g, part) for g, part in items if g not in done]
+            try:
+                n = write(target, conn, todo)
+            except Mismatch as m:
+                conn.rollback()
+                yield 0, 0, str(diagnose(target, m, f"window [{a}, {b})"))
+                return
+            checkpoint.mark_groups(conn, task_name, seg_end, [g for g, _part in todo], a, b)
+            conn.commit()
+        failpoint.hit("apply-after-group")
+        yield len(todo), n, ""
+    finally:
+        target.close()
