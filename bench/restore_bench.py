@@ -23,6 +23,20 @@ naive: the same changes, in commit order, each one's image JSON parsed and
 Reported: seconds, rows/s (restored rows per second; for naive, changes
 applied per second), the ratio to naive, and peak RSS (driver Python and the
 process tree with the JVM). Run: ``binlake bench restore [--rows N --changes M]``.
+
+Many tables (``binlake bench restore --tables 10,1000 [--rows N --changes M]``):
+the same ROWS rows and CHANGES changes spread over each count of tables
+(``synthetic.build_lake(tables=...)``), each lake restored at its last commit_ts
+from the lake's start into SQLite, into PostgreSQL (a throwaway local server)
+and as Delta tables (``--out``). Per restore: seconds, Spark jobs run (the
+status tracker's job ids) and the bytes Spark read from local files (Hadoop's
+file-system statistics, the JVM's own counter: the lake's Parquet files and
+Delta logs; Hadoop's local file system counts no read operations, so bytes
+stand for reads). Then the extra cost per table (the difference between the largest
+and smallest count of tables, divided by the tables added) next to its floor,
+measured in the same run: creating the same number of tables, each with its
+rows already decoded, in one transaction (a database), or writing each as a
+Delta table with delta-rs (``--out``) - what any restore must pay per table.
 """
 
 from __future__ import annotations
@@ -83,8 +97,127 @@ def naive_replay(spark: Any, lake: str, db_path: str) -> tuple[float, int]:
     return elapsed, done
 
 
+class Counters:
+    """Spark jobs run and bytes Spark read from local files (the lake), read before and
+    after a restore."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def read(self) -> tuple[int, int]:
+        jobs = self.spark.sparkContext.statusTracker().getJobIdsForGroup(None)
+        jvm: Any = self.spark.sparkContext._jvm
+        read = sum(int(st.getBytesRead()) for st in jvm.org.apache.hadoop.fs.FileSystem.getAllStatistics()
+                   if st.getScheme() == "file")
+        return (max(jobs) + 1 if jobs else 0), read
+
+
+def _floor(kind: str, url_or_dir: str, tables: int, rows: list[dict[str, Any]]) -> float:
+    """Seconds to create ``tables`` tables holding ``rows`` between them (already
+    decoded): one transaction per table (a database) or one delta-rs write each."""
+    from binlake.restore import direct, restore, synthetic
+
+    per = max(1, len(rows) // tables)
+    started = time.perf_counter()
+    if kind == "delta":
+        for i in range(tables):
+            info = synthetic._table_info(i, tables)
+            direct.write_delta(f"{url_or_dir}/floor_{i}", direct.arrow_table(info, rows[i * per:(i + 1) * per]))
+        return time.perf_counter() - started
+    target = restore.open_target(url_or_dir)
+    try:
+        started = time.perf_counter()
+        for i in range(tables):
+            info = synthetic._table_info(i, tables)
+            restore.load_table(target, info, rows[i * per:(i + 1) * per])
+        return time.perf_counter() - started
+    finally:
+        target.close()
+
+
+def many_tables(args: argparse.Namespace) -> int:
+    """``--tables A,B,...``: the same rows over each count of tables (see the module doc)."""
+    import uuid
+
+    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.restore import restore, synthetic
+    from binlake.testing.devdb import LocalPostgres
+
+    counts = sorted({int(t) for t in str(args.tables).split(",") if t.strip()})
+    rows = args.rows if args.rows != DEFAULT_ROWS else 20_000
+    changes = args.changes if args.changes != DEFAULT_CHANGES else 2 * rows
+    if not counts or counts[0] < 1 or counts[-1] > rows or changes < rows:
+        from binlake import errors
+
+        raise errors.InvalidArgument("--tables needs counts from 1 to --rows, comma-separated (e.g. 10,1000)")
+    root = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="restore-bench-", dir=pathlib.Path(__file__).parent))
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
+    spark = build_spark("binlake-bench-restore", args.master, extra_conf=LAKE_CONF)
+    spark.sparkContext.setLogLevel("ERROR")
+    counters = Counters(spark)
+    pg = LocalPostgres(root / "pg").start()
+    t0 = (1_800_000_000_000 << 18)
+    results: dict[tuple[int, str], tuple[float, int, int, int]] = {}
+    try:
+        for i, n in enumerate([counts[0], *counts]):  # the first run warms the JVM, not recorded
+            lake = str(root / f"lake-{n}")
+            if not pathlib.Path(lake).exists():
+                synthetic.build_lake(spark, lake, rows, changes, t0, tables=n)
+            last = t0 + (changes - 1) * 4
+            for kind in ("sqlite", "postgresql", "delta"):
+                if kind == "sqlite":
+                    dest = {"target": f"sqlite:///{root / f'{uuid.uuid4().hex[:8]}.db'}"}
+                elif kind == "postgresql":
+                    dest = {"target": str(pg.create_database(f"r_{uuid.uuid4().hex[:10]}"))}
+                else:
+                    dest = {"out": str(root / f"out-{uuid.uuid4().hex[:8]}")}
+                jobs0, opens0 = counters.read()
+                s = time.perf_counter()
+                r = restore.run(spark, lake, last, parallelism=args.parallel, **dest)
+                took = time.perf_counter() - s
+                jobs1, opens1 = counters.read()
+                assert r.rows == rows and len(r.tables) == n, (r.rows, len(r.tables))
+                if i > 0:
+                    results[(n, kind)] = (took, jobs1 - jobs0, opens1 - opens0, r.rows)
+                    print(f"{n:>6} tables  {kind:<10} {took:7.1f}s  {jobs1 - jobs0:>4} Spark jobs  "
+                          f"{(opens1 - opens0) / 2**20:>7.2f} MiB read from the lake", flush=True)
+        big, small = counts[-1], counts[0]
+        sample = [{"id": k + 1, "k": k % 1000, "c": "x" * 60, "balance": Decimal("12.34")} for k in range(rows)]
+        floors = {"sqlite": _floor("sqlite", f"sqlite:///{root / 'floor.db'}", big - small, sample),
+                  "postgresql": _floor("postgresql", str(pg.create_database("floor")), big - small, sample),
+                  "delta": _floor("delta", str(root / "floor-out"), big - small, sample)}
+        print()
+        print(f"`binlake bench restore --tables {args.tables} --rows {rows} --changes {changes}` "
+              f"(parallelism {args.parallel})")
+        print()
+        print("| tables | into | seconds | Spark jobs | MiB read from the lake |")
+        print("|---:|---|---:|---:|---:|")
+        for (n, kind), (took, jobs, read, _r) in sorted(results.items()):
+            print(f"| {n:,} | {kind} | {took:.1f} | {jobs} | {read / 2**20:.2f} |")
+        print()
+        print(f"| into | extra ms per table ({small:,} -> {big:,} tables) | floor ms per table | vs floor |")
+        print("|---|---:|---:|---:|")
+        for kind in ("sqlite", "postgresql", "delta"):
+            extra = (results[(big, kind)][0] - results[(small, kind)][0]) / (big - small) * 1000
+            floor = floors[kind] / (big - small) * 1000
+            print(f"| {kind} | {extra:.1f} | {floor:.1f} | {extra / floor:.1f}x |")
+    finally:
+        pg.stop()
+        if not args.keep and not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+DEFAULT_ROWS = 1_000_000
+DEFAULT_CHANGES = 5_000_000
+
+
 def main(args: argparse.Namespace) -> int:
     from binlake import errors
+
+    if getattr(args, "tables", None):
+        return many_tables(args)
     from binlake.lake.spark import LAKE_CONF, build_spark
     from binlake.restore import history, restore, snapshot, synthetic
 

@@ -2,7 +2,7 @@
 
 Each component has a settings class; ``config/binlake.toml`` documents every key.
 A TOML file has one table per component (``[registry]``, ``[pump]``,
-``[client]``, ``[security]``); unknown keys and bad values are reported with the key's name.
+``[client]``, ``[security]``, ``[paths]``, ``[restore]``); unknown keys and bad values are reported with the key's name.
 """
 
 from __future__ import annotations
@@ -193,6 +193,17 @@ class SecuritySettings(BaseSettings):
         return TLSFiles(self.ca, self.cert, self.key)
 
 
+class RestoreSettings(BaseSettings):
+    """Restores, snapshots and history tables (``binlake restore/snapshot/history`` and
+    the restore and maintenance DAGs)."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_RESTORE_", extra="forbid")
+
+    parallelism: int = Field(4, ge=1, le=64, description=(
+        "Tables written (Delta) or loaded (a target database) at once after the one pass over the lake; "
+        "SQLite targets load one at a time (one writer)."))
+
+
 # include/binlake/config.py -> parents[2]: the checkout's root, when binlake runs from one.
 CHECKOUT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -236,6 +247,7 @@ SECTIONS: dict[type[BaseSettings], str] = {
     ClientSettings: "client",
     SecuritySettings: "security",
     PathSettings: "paths",
+    RestoreSettings: "restore",
 }
 
 

@@ -45,6 +45,8 @@ The names, where they are, and what a crash there must not break:
 ``history-before-catalog`` history, after a table's MERGE, before its catalog row
                           (a re-run must rewind and leave the same table)
 ``restore-before-manifest`` restore --out, after the tables, before the manifest
+``restore-after-table``   restore/snapshot, after one table was written while others
+                          are being written (no half-written table may be visible)
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ NAMES = (
     "snapshot-after-table",
     "history-before-catalog",
     "restore-before-manifest",
+    "restore-after-table",
 )
 _hits: dict[str, int] = {}
 

@@ -252,6 +252,21 @@ def poll_interval_s() -> float:
     return value
 
 
+def restore_parallelism() -> int:
+    """Tables a restore, snapshot or history run writes at once (Variable
+    ``binlake_restore_parallelism``, env ``BINLAKE_RESTORE_PARALLELISM``, default 4)."""
+    text = setting("binlake_restore_parallelism", ("BINLAKE_RESTORE_PARALLELISM",), None)
+    if text is None:
+        return 4
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 64:
+        raise ConfigError(f"binlake_restore_parallelism must be an integer from 1 to 64, got {text!r}")
+    return value
+
+
 # --------------------------------------------------------------------------- parse time
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)\s*$", re.IGNORECASE)

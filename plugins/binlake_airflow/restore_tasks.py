@@ -186,7 +186,8 @@ def rebuild(resolved: Mapping[str, Any]) -> dict[str, Any]:
         try:
             p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
             # A retry replaces what an earlier try of this run wrote.
-            result = restore.write_out(spark, p, resolved["out"], True, lambda m: log.info("restore: %s", m))
+            result = restore.write_out(spark, p, resolved["out"], True, lambda m: log.info("restore: %s", m),
+                                       config.restore_parallelism())
         except errors.BinlakeError as exc:
             raise _fail(exc) from None
     log.info("%s", result.summary())
@@ -256,7 +257,8 @@ def snapshot_latest() -> dict[str, Any]:
             ts = coverage.last_restorable(read_windows(spark, lake))
             if any(e.snapshot_ts == ts for e in snapshot.catalog(spark, lake)):
                 return {"snapshot_ts": ts, "taken": False}
-            result = snapshot.take(spark, lake, ts, progress=lambda m: log.info("snapshot: %s", m))
+            result = snapshot.take(spark, lake, ts, progress=lambda m: log.info("snapshot: %s", m),
+                                   parallelism=config.restore_parallelism())
         except errors.NotFound as exc:
             raise AirflowSkipException(str(exc)) from None
         except errors.BinlakeError as exc:
@@ -271,7 +273,8 @@ def history_update() -> dict[str, Any]:
 
     with _spark("binlake-maintenance-history") as spark:
         try:
-            result = history.update(spark, config.lake_dir(), progress=lambda m: log.info("history: %s", m))
+            result = history.update(spark, config.lake_dir(), progress=lambda m: log.info("history: %s", m),
+                                    parallelism=config.restore_parallelism())
         except errors.NotFound as exc:
             raise AirflowSkipException(str(exc)) from None
         except errors.BinlakeError as exc:

@@ -81,13 +81,14 @@ def bank_state(url: str) -> tuple[Any, int]:
 
 
 def run_captured(url: str, registry: str, plan: list[wl.LogicalTxn], cuts: int, copies: pathlib.Path | None,
-                 clients: int = 2) -> Upstream:
-    """Run ``plan`` in ``cuts`` slices, capturing the upstream after each."""
+                 clients: int = 2, at: list[int] | None = None) -> Upstream:
+    """Run ``plan`` in ``cuts`` slices, capturing the upstream after each (``at``: the
+    indexes where the slices end instead, before the last)."""
     from binlake.registry.client import RegistryClient
 
     captures: list[Capture] = []
     n = len(plan)
-    bounds = [round(i * n / cuts) for i in range(cuts + 1)]
+    bounds = [0, *at, n] if at else [round(i * n / cuts) for i in range(cuts + 1)]
     start_ts = end_ts = 0
     with TxnWriter(url, registry=registry) as writer, RegistryClient(registry) as reg:
         for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):

@@ -159,6 +159,12 @@ class SchemaHistory:
                 if v.info is not None and v.info.table_id == table_id:
                     yield v.commit_ts, v.info
 
+    def entries_of(self, table_id: int) -> list[tuple[int, binlog_pb2.TableInfo]]:
+        """``entries()`` of one table id (without walking every table: restores of
+        thousands of tables ask this per table)."""
+        return [(v.commit_ts, v.info) for v in self._versions.get(table_id, ())
+                if v.info is not None and v.info.table_id == table_id]
+
     def snapshot(self, at_ts: int) -> SchemaHistory:
         """A smaller history that answers every lookup at ``commit_ts >= at_ts`` the
         same: per table, the definition in force at ``at_ts`` plus everything later."""

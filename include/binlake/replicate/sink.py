@@ -125,6 +125,14 @@ class Target:
         for stmt in statements:
             conn.exec_driver_sql(stmt)
 
+    def ensure_schema_table(self) -> None:
+        """Create ``_binlake_schema`` now if missing, so concurrent table creations
+        (a restore's parallel loads) do not race to create it."""
+        with self.engine.connect() as conn:
+            conn.begin()
+            _schema.create(conn, checkfirst=True)
+            conn.commit()
+
     def record_schema(self, conn: Connection, info: binlog_pb2.TableInfo, *, dropped: bool = False) -> None:
         """Record ``info`` as the definition of target table ``info.name``."""
         _schema.create(conn, checkfirst=True)

@@ -38,12 +38,34 @@ def _tables(text: str | None) -> list[str] | None:
     return names
 
 
+def _parallel(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"expected a number of tables from 1 to 64, got {text!r}")
+    return value
+
+
+def _parallelism(args: argparse.Namespace) -> int:
+    """--parallel, else the config file's / environment's [restore] parallelism."""
+    from binlake import config
+
+    return int(config.load(config.RestoreSettings, getattr(args, "config", None),
+                           parallelism=getattr(args, "parallel", None)).parallelism)
+
+
 def _lake_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"),
                    help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
     p.add_argument("--master", help="Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
     p.add_argument("--tables", help="comma-separated TABLE or DB.TABLE names (default: every table)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
+    p.add_argument("--config", help="TOML config file (its [restore] table: parallelism)")
+    p.add_argument("--parallel", type=_parallel, metavar="N",
+                   help="tables written or loaded at once after the one pass over the lake (1-64; default: "
+                        "[restore] parallelism, env BINLAKE_RESTORE_PARALLELISM, else 4)")
 
 
 def _time_args(p: argparse.ArgumentParser) -> None:
@@ -103,12 +125,16 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b = bench.add_parser(
         "restore", help="restore at a late ts: whole history, snapshot, history tables vs SQLite replay",
         formatter_class=fmt,
-        epilog="Example:\n  binlake bench restore --rows 1000000 --changes 5000000\n")
+        epilog=("Examples:\n  binlake bench restore --rows 1000000 --changes 5000000\n"
+                "  binlake bench restore --tables 10,1000\n"))
     b.add_argument("--rows", type=positive_int, default=1_000_000, help="rows of the table (default 1000000)")
     b.add_argument("--changes", type=positive_int, default=5_000_000, help="row changes of its history (default 5000000)")
     b.add_argument("--master", help="Spark master (default local[*])")
     b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
     b.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    b.add_argument("--tables", help="comma-separated table counts (e.g. 10,1000): the same rows spread over each, "
+                                    "restored into SQLite, PostgreSQL and Delta (default rows 20000)")
+    b.add_argument("--parallel", type=_parallel, default=4, metavar="N", help="tables written at once (default 4)")
     b.set_defaults(handler=bench_cmd)
 
 
@@ -166,7 +192,9 @@ def snapshot_cmd(args: argparse.Namespace) -> int:
     lake = _check_lake(args)
     ts = _resolve(args)
     tables = _tables(args.tables)
-    result = _run(args, f"snapshot at {ts}", lambda spark, say: snapshot.take(spark, lake, ts, tables, say))
+    parallelism = _parallelism(args)
+    result = _run(args, f"snapshot at {ts}", lambda spark, say: snapshot.take(spark, lake, ts, tables, say,
+                                                                              parallelism))
     if args.json:
         print(json.dumps({"snapshot_ts": result.snapshot_ts, "rows": result.rows,
                           "tables": [{"table": t, "rows": n, "base": b} for t, n, b in result.tables],
@@ -181,7 +209,8 @@ def history_cmd(args: argparse.Namespace) -> int:
 
     lake = _check_lake(args)
     tables = _tables(args.tables)
-    result = _run(args, "history tables", lambda spark, say: history.update(spark, lake, tables, say))
+    parallelism = _parallelism(args)
+    result = _run(args, "history tables", lambda spark, say: history.update(spark, lake, tables, say, parallelism))
     if args.json:
         print(json.dumps({"applied_end_ts": result.applied_end_ts, "tables": dict(result.tables),
                           "elapsed_s": round(result.elapsed_s, 3)}))
@@ -208,9 +237,10 @@ def restore_cmd(args: argparse.Namespace) -> int:
         argcheck.reachable_db("--verify", args.verify)
     if args.verify and not args.target:
         raise errors.InvalidArgument("--verify compares a target database with its source: use it with --target")
+    parallelism = _parallelism(args)
     result = _run(args, f"restore to {ts}", lambda spark, say: restore.run(
         spark, lake, ts, tables=tables, out=args.out, target=args.target, verify_url=args.verify,
-        replace=args.replace, source=args.source, progress=say))
+        replace=args.replace, source=args.source, progress=say, parallelism=parallelism))
     if args.json:
         print(json.dumps(result.to_dict(), sort_keys=True))
     else:

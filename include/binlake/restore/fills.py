@@ -40,9 +40,7 @@ def added_fills(schema: SchemaHistory, table_id: int) -> dict[int, Fill]:
     seen: set[int] = set()
     out: dict[int, Fill] = {}
     first = True
-    for ts, info in schema.entries():  # commit_ts order per table id
-        if info.table_id != table_id:
-            continue
+    for ts, info in schema.entries_of(table_id):  # commit_ts order
         for col in info.columns:
             if col.id in seen:
                 continue
@@ -59,9 +57,7 @@ def version_fills(schema: SchemaHistory, table_id: int) -> dict[int, dict[int, F
     were added after it."""
     fills = added_fills(schema, table_id)
     out: dict[int, dict[int, Fill]] = {}
-    for ts, info in schema.entries():
-        if info.table_id != table_id:
-            continue
+    for ts, info in schema.entries_of(table_id):
         have = {c.id for c in info.columns}
         out[info.schema_version] = {cid: f for cid, f in fills.items() if cid not in have and ts < f.added_ts}
     return out

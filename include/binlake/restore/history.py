@@ -47,7 +47,7 @@ from binlake.lake import decode
 from binlake.lake.ingest import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
-from binlake.restore import coverage, fills, layout, rebuild
+from binlake.restore import coverage, fills, layout, onepass, rebuild
 
 Progress = Callable[[str], None]
 META = ("_valid_from_ts", "_valid_to_ts", "_op")
@@ -64,14 +64,12 @@ def spec(schema: decode.SchemaHistory, table_id: int) -> list[C.Column]:
     """The history table's columns: every column id the table ever had, newest name/type."""
     newest: dict[int, binlog_pb2.ColumnInfo] = {}
     order: list[int] = []
-    for _ts, info in schema.entries():
-        if info.table_id != table_id:
-            continue
+    for _ts, info in schema.entries_of(table_id):
         for c in info.columns:
             if c.id not in newest:
                 order.append(c.id)
             newest[c.id] = c
-    last = max(((ts, info) for ts, info in schema.entries() if info.table_id == table_id), key=lambda x: x[0])[1]
+    last = max(schema.entries_of(table_id), key=lambda x: x[0])[1]
     live = {c.id for c in last.columns}
     live_names = {c.name for c in last.columns}
     out = []
@@ -84,7 +82,7 @@ def spec(schema: decode.SchemaHistory, table_id: int) -> list[C.Column]:
 
 def ended_ts(schema: decode.SchemaHistory, table_id: int) -> int | None:
     """commit_ts at which the table id stopped existing (DROP, or TRUNCATE's new id), if it did."""
-    stamps = sorted(ts for ts, info in schema.entries() if info.table_id == table_id)
+    stamps = sorted(ts for ts, _info in schema.entries_of(table_id))
     last = stamps[-1]
     at = min(last + 1, tso.MAX_TS)
     if schema.knows(table_id, at):
@@ -136,11 +134,10 @@ class HistoryResult:
 
 
 def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
-           progress: Progress | None = None) -> HistoryResult:
+           progress: Progress | None = None, parallelism: int = onepass.DEFAULT_PARALLELISM) -> HistoryResult:
     """Bring the history table of every table (or ``tables``, named as they are now)
-    up to the end of the ledger's contiguous windows."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
+    up to the end of the ledger's contiguous windows: one pass over the change table
+    for all of them, ``parallelism`` tables written at once."""
 
     say = progress or (lambda _m: None)
     started = time.monotonic()
@@ -154,12 +151,14 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
     if tables is not None:
         ids = sorted(rebuild.select_tables(rebuild.tables_at(schema, end - 1), tables, end - 1))
     cat = catalog(spark, lake)
-    changes = rebuild.changes_frame(spark, lake)
-    done: list[tuple[str, str]] = []
-    new_rows: list[dict[str, Any]] = []
+    # Per table: up to date, or the first ts to (re)apply from; then one pass over the
+    # change table for every table that has windows to apply, and the tables' MERGEs
+    # (or builds) from that one materialized read, ``parallelism`` at once.
+    todo: list[_Todo] = []
+    results: dict[int, tuple[str, str, dict[str, Any]]] = {}
     for table_id in ids:
         cols = spec(schema, table_id)
-        last_info = max(((ts, i) for ts, i in schema.entries() if i.table_id == table_id), key=lambda x: x[0])[1]
+        last_info = max(schema.entries_of(table_id), key=lambda x: x[0])[1]
         name = f"{last_info.db}.{last_info.name}"
         key = [c.name for c in cols if c.id in set(last_info.primary_key)]
         old = cat.get(table_id)
@@ -176,62 +175,29 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
         fresh = old is None or not same_cols or keep == 0 or not is_delta(spark, path)
         if not fresh and rewind is None and keep == len(applied):
             assert old is not None
-            done.append((name, "up to date"))
-            new_rows.append(old)
+            results[table_id] = (name, "up to date", old)
             continue
         lo = first if fresh else int(rewind or end)
-        gone = ended_ts(schema, table_id)
-        close_at = gone if gone is not None and gone < end else None
-        rows = rebuild.read_changes(changes, table_id, lo - 1, end - 1)
-        evts = rebuild.events(rows, rebuild.versions(schema, table_id), cols, key,
-                              fills.version_fills(schema, table_id))
-        versions, first_change = _versions(evts, cols, key, close_at)
-        if fresh:
-            say(f"{name}: building the history table from the lake's start")
-            versions.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
-            what = "built"
-        else:
-            assert old is not None  # not fresh: the table and its catalog row exist
-            say(f"{name}: applying windows from {tso.format_ts(lo)}")
-            table = DeltaTable.forPath(spark, path)
-            if lo < int(old["applied_end_ts"]):  # windows applied before are applied again
-                table.delete(F.col("_valid_from_ts") >= lo)
-                table.update(F.col("_valid_to_ts") >= lo, {"_valid_to_ts": F.lit(None).cast("long")})
-            have = {c.name for c in C.from_json(json.loads(old["columns"]))}
-            added = [c for c in cols if c.name not in have]
-            if added:
-                if any(c.spark_type() == "timestamp_ntz" for c in added):
-                    # Delta turns this feature on by itself only when a table is created with such a column.
-                    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.feature.timestampNtz' = "
-                              "'supported')")
-                spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (" +
-                          ", ".join(f"`{c.name}` {c.spark_type()}" for c in added) + ")")
-                table = DeltaTable.forPath(spark, path)  # with the columns just added
-                # Every version held predates the added columns: give them what the upstream gave its rows.
-                before = fills.base_fills(schema, table_id, int(old["applied_end_ts"]) - 1)
-                values = {f"`{c.name}`": C.fill_literal(before[c.id].value, before[c.id].column, c.spark_type())
-                          for c in added if c.id in before}
-                if values:
-                    table.update(set=values)
-            cond = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
-            src = (first_change.select(*[F.col(f"`{k}`") for k in key], F.col("_first"), F.lit("close").alias("_a"))
-                   .unionByName(versions.withColumn("_first", F.lit(None).cast("long")).withColumn("_a", F.lit("add")),
-                                allowMissingColumns=True))
-            (table.alias("t").merge(src.alias("s"), f"s._a = 'close' AND t._valid_to_ts IS NULL AND {cond}")
-             .whenMatchedUpdate(set={"_valid_to_ts": "s._first"})
-             .whenNotMatchedInsert(condition="s._a = 'add'",
-                                   values={**{f"`{c.name}`": f"s.`{c.name}`" for c in cols},
-                                           **{m: f"s.{m}" for m in META}})
-             .execute())
-            if close_at is not None:
-                table.update(F.col("_valid_to_ts").isNull(), {"_valid_to_ts": F.lit(close_at).cast("long")})
-            what = f"applied {len(ledger) - keep} window(s)"
-        failpoint.hit("history-before-catalog")
-        new_rows.append({"table_id": table_id, "db": last_info.db, "tbl": last_info.name, "path": path,
-                         "columns": json.dumps(C.to_json(cols)), "key_columns": json.dumps(key),
-                         "applied": json.dumps(ledger), "applied_end_ts": end, "ended_ts": gone,
-                         "updated_at": dt.datetime.now(dt.UTC).replace(tzinfo=None)})
-        done.append((name, what))
+        todo.append(_Todo(table_id, name, last_info, cols, key, old, path, fresh, lo, keep))
+    shared = None
+    if todo:
+        from pyspark.sql import functions as F
+
+        lo_all = min(t.lo for t in todo)
+        scan = (rebuild.changes_frame(spark, lake)
+                .where(f"commit_date >= DATE'{decode.commit_date(max(lo_all - 1, 0)).isoformat()}' "
+                       f"AND commit_date <= DATE'{decode.commit_date(end - 1).isoformat()}'")
+                .where((F.col("commit_ts") > lo_all - 1) & (F.col("commit_ts") <= end - 1)
+                       & F.col("table_id").isin([t.table_id for t in todo])))
+        shared = onepass.materialize(spark, scan)
+
+    def one(t: _Todo) -> tuple[int, tuple[str, str, dict[str, Any]]]:
+        return t.table_id, _apply(spark, schema, shared, t, ledger, end, say)
+
+    for table_id, res in onepass.each_table(todo, one, parallelism):
+        results[table_id] = res
+    done = [(results[i][0], results[i][1]) for i in ids]
+    new_rows = [results[i][2] for i in ids]
     names = [n.split()[0] for n in layout.HISTORY_CATALOG_DDL.split(", ")]
     df = spark.createDataFrame([tuple(r[n] for n in names) for r in new_rows], layout.HISTORY_CATALOG_DDL)
     cpath = layout.history_catalog(lake)
@@ -241,6 +207,85 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
     else:
         df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(cpath)
     return HistoryResult(done, end, time.monotonic() - started)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Todo:
+    """A history table with windows to apply: from ``lo`` (whole when ``fresh``)."""
+
+    table_id: int
+    name: str
+    last_info: binlog_pb2.TableInfo
+    cols: list[C.Column]
+    key: list[str]
+    old: dict[str, Any] | None
+    path: str
+    fresh: bool
+    lo: int
+    keep: int
+
+
+def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, ledger: list[tuple[int, int, str]],
+           end: int, say: Progress) -> tuple[str, str, dict[str, Any]]:
+    """Build or MERGE one history table from its rows of the shared read; (name, what
+    happened, its new catalog row)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    table_id, name, last_info, cols, key, old, path = (todo.table_id, todo.name, todo.last_info, todo.cols,
+                                                       todo.key, todo.old, todo.path)
+    fresh, lo, keep = todo.fresh, todo.lo, todo.keep
+    gone = ended_ts(schema, table_id)
+    close_at = gone if gone is not None and gone < end else None
+    rows = rebuild.read_changes(shared, table_id, lo - 1, end - 1)
+    evts = rebuild.events(rows, rebuild.versions(schema, table_id), cols, key,
+                          fills.version_fills(schema, table_id))
+    versions, first_change = _versions(evts, cols, key, close_at)
+    if fresh:
+        say(f"{name}: building the history table from the lake's start")
+        versions.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+        what = "built"
+    else:
+        assert old is not None  # not fresh: the table and its catalog row exist
+        say(f"{name}: applying windows from {tso.format_ts(lo)}")
+        table = DeltaTable.forPath(spark, path)
+        if lo < int(old["applied_end_ts"]):  # windows applied before are applied again
+            table.delete(F.col("_valid_from_ts") >= lo)
+            table.update(F.col("_valid_to_ts") >= lo, {"_valid_to_ts": F.lit(None).cast("long")})
+        have = {c.name for c in C.from_json(json.loads(old["columns"]))}
+        added = [c for c in cols if c.name not in have]
+        if added:
+            if any(c.spark_type() == "timestamp_ntz" for c in added):
+                # Delta turns this feature on by itself only when a table is created with such a column.
+                spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.feature.timestampNtz' = "
+                          "'supported')")
+            spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (" +
+                      ", ".join(f"`{c.name}` {c.spark_type()}" for c in added) + ")")
+            table = DeltaTable.forPath(spark, path)  # with the columns just added
+            # Every version held predates the added columns: give them what the upstream gave its rows.
+            before = fills.base_fills(schema, table_id, int(old["applied_end_ts"]) - 1)
+            values = {f"`{c.name}`": C.fill_literal(before[c.id].value, before[c.id].column, c.spark_type())
+                      for c in added if c.id in before}
+            if values:
+                table.update(set=values)
+        cond = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
+        src = (first_change.select(*[F.col(f"`{k}`") for k in key], F.col("_first"), F.lit("close").alias("_a"))
+               .unionByName(versions.withColumn("_first", F.lit(None).cast("long")).withColumn("_a", F.lit("add")),
+                            allowMissingColumns=True))
+        (table.alias("t").merge(src.alias("s"), f"s._a = 'close' AND t._valid_to_ts IS NULL AND {cond}")
+         .whenMatchedUpdate(set={"_valid_to_ts": "s._first"})
+         .whenNotMatchedInsert(condition="s._a = 'add'",
+                               values={**{f"`{c.name}`": f"s.`{c.name}`" for c in cols},
+                                       **{m: f"s.{m}" for m in META}})
+         .execute())
+        if close_at is not None:
+            table.update(F.col("_valid_to_ts").isNull(), {"_valid_to_ts": F.lit(close_at).cast("long")})
+        what = f"applied {len(ledger) - keep} window(s)"
+    failpoint.hit("history-before-catalog")
+    return name, what, {"table_id": table_id, "db": last_info.db, "tbl": last_info.name, "path": path,
+                        "columns": json.dumps(C.to_json(cols)), "key_columns": json.dumps(key),
+                        "applied": json.dumps(ledger), "applied_end_ts": end, "ended_ts": gone,
+                        "updated_at": dt.datetime.now(dt.UTC).replace(tzinfo=None)}
 
 
 def at(spark: Any, lake: str, table_id: int, ts: int) -> Any:

@@ -70,12 +70,12 @@ def tables_at(schema: decode.SchemaHistory, ts: int) -> dict[int, binlog_pb2.Tab
 
 def created_ts(schema: decode.SchemaHistory, table_id: int) -> int:
     """The commit_ts of the first definition the history holds for ``table_id``."""
-    return min(ts for ts, info in schema.entries() if info.table_id == table_id)
+    return min(ts for ts, _info in schema.entries_of(table_id))
 
 
 def versions(schema: decode.SchemaHistory, table_id: int) -> dict[int, binlog_pb2.TableInfo]:
     """schema_version -> definition, for the change rows of ``table_id``."""
-    return {info.schema_version: info for _ts, info in schema.entries() if info.table_id == table_id}
+    return {info.schema_version: info for _ts, info in schema.entries_of(table_id)}
 
 
 def select_tables(found: dict[int, binlog_pb2.TableInfo], names: Sequence[str] | None,
@@ -206,16 +206,34 @@ def state_at(spark: Any, changes: Any, schema: decode.SchemaHistory, table_id: i
     """The typed rows of ``table_id`` at commit_ts ``ts`` (a lazy DataFrame with the
     columns of the definition in force at ts, in definition order). ``changes``:
     ``changes_frame(spark, lake)``."""
+    rows = read_changes(changes, table_id, base.ts, ts) if base.ts < ts else None
+    return state_from(spark, rows, schema, table_id, ts, base)
+
+
+def state_from(spark: Any, rows: Any, schema: decode.SchemaHistory, table_id: int, ts: int, base: Base,
+               final: bool = False) -> Any:
+    """``state_at`` from ``rows``: change rows of ``table_id`` with commit_ts in
+    ``(base.ts, ts]`` already selected (the table's slice of a shared scan, or
+    ``read_changes``); None when there are none to read. ``final``: ``rows`` are
+    already the table at ``ts`` (inserts only, one per key, no base rows), so they
+    are only typed, with no aggregation."""
+    from pyspark.sql import functions as F
+
     info = schema.table(table_id, min(ts + 1, tso.MAX_TS))
     out = C.columns_of(info)
     key = C.key_names(info)
     if not key:
         raise errors.FailedPrecondition(f"table {info.db}.{info.name} has no primary key: rows cannot be keyed")
+    if final and rows is not None:
+        if base.frame is not None:
+            raise ValueError("final rows cannot have a base with rows")
+        return (events(rows, versions(schema, table_id), out, key, fill_mod.version_fills(schema, table_id))
+                .where(~F.col("_del"))
+                .select(*[F.col(f"`{c.name}`") for c in out]))
     parts = []
     if base.frame is not None:
         parts.append(base_events(base, out, fill_mod.base_fills(schema, table_id, base.ts)))
-    if base.ts < ts:
-        rows = read_changes(changes, table_id, base.ts, ts)
+    if rows is not None and base.ts < ts:
         parts.append(events(rows, versions(schema, table_id), out, key, fill_mod.version_fills(schema, table_id)))
     if not parts:
         return spark.createDataFrame([], ", ".join(f"`{c.name}` {c.spark_type()}" for c in out))

@@ -27,9 +27,10 @@ import datetime as dt
 import json
 import os
 import shutil
+import threading
 import time
 import zoneinfo
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
@@ -37,7 +38,8 @@ from binlake.lake import decode
 from binlake.lake.ingest import check_lake, is_delta, read_windows, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
-from binlake.restore import coverage, history, layout, rebuild, snapshot
+from binlake.restore import coverage, history, layout, onepass, rebuild, snapshot
+from binlake.restore import direct as _direct
 
 Progress = Callable[[str], None]
 MANIFEST = "_binlake_restore.json"
@@ -119,10 +121,75 @@ def plan(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None, so
     return Plan(lake, ts, schema, plans, source)
 
 
-def frames(spark: Any, p: Plan) -> dict[int, Any]:
-    """table id -> the lazy typed DataFrame of the table at T."""
-    changes = rebuild.changes_frame(spark, p.lake)
-    return {t.table_id: rebuild.state_at(spark, changes, p.schema, t.table_id, p.ts, t.base) for t in p.tables}
+def shared_changes(spark: Any, p: Plan) -> Any:
+    """The last change per (table, key) of every planned table, computed in one pass
+    over the change table and materialized (``onepass``); None when no table reads
+    changes (every base already at T)."""
+    slices = [onepass.slice_for(p.schema, t.table_id, p.ts, t.base) for t in p.tables if t.base.ts < p.ts]
+    if not slices:
+        return None
+    return onepass.materialize(spark, onepass.last_changes(spark, rebuild.changes_frame(spark, p.lake), p.schema,
+                                                           slices))
+
+
+def frames(spark: Any, p: Plan, shared: Any = None) -> dict[int, Any]:
+    """table id -> the lazy typed DataFrame of the table at T, each reading its slice of
+    ``shared`` (``shared_changes``, computed here when not given): the lake is read once
+    whatever the number of tables."""
+    if shared is None:
+        shared = shared_changes(spark, p)
+    out = {}
+    for t in p.tables:
+        reads = shared is not None and t.base.ts < p.ts
+        final = reads and onepass.slice_for(p.schema, t.table_id, p.ts, t.base).final
+        out[t.table_id] = rebuild.state_from(spark, onepass.of_table(shared, t.table_id) if reads else None,
+                                             p.schema, t.table_id, p.ts, t.base, final)
+    return out
+
+
+# One table's work: its plan, and either its one-pass change rows (decoded in Python)
+# or its typed Spark frame.
+Item = tuple[TablePlan, list[Any], Any]
+
+
+def items(spark: Any, p: Plan, shared: Any, direct: set[int]) -> Iterator[Item]:
+    """Every planned table's work, the ``direct`` ones first, as their rows stream out
+    of ``shared`` (one table's rows in memory at a time per worker), then the others
+    with their typed frames."""
+    seen: set[int] = set()
+    by_id = {t.table_id: t for t in p.tables}
+    if shared is not None and direct:
+        stream = onepass.of_tables(shared, sorted(direct)).toLocalIterator(prefetchPartitions=True)
+        for table_id, rows in onepass.grouped(stream):
+            seen.add(table_id)
+            yield by_id[table_id], rows, None
+    for table_id in sorted(direct - seen):  # no change row left: the table is empty at T
+        yield by_id[table_id], [], None
+    typed = [t for t in p.tables if t.table_id not in direct]
+    if typed:
+        for t, df in zip(typed, frames(spark, dataclasses.replace(p, tables=typed), shared).values(), strict=True):
+            yield t, [], df
+
+
+def _in_plan_order(p: Plan, done: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+    order = {t.name: i for i, t in enumerate(p.tables)}
+    return sorted(done, key=lambda d: order[d[0]])
+
+
+class Tally:
+    """Progress over tables and rows, shared by the threads writing tables."""
+
+    def __init__(self, total: int, say: Progress) -> None:
+        self.total, self.say = total, say
+        self.tables = self.rows = 0
+        self._lock = threading.Lock()
+
+    def done(self, name: str, rows: int, what: str = "rows") -> None:
+        with self._lock:
+            self.tables += 1
+            self.rows += rows
+            self.say(f"[{self.tables}/{self.total} tables, {self.rows:,} rows] {name}: {rows:,} {what}")
+        failpoint.hit("restore-after-table")
 
 
 @dataclasses.dataclass
@@ -164,6 +231,26 @@ def out_path(out: str, info: binlog_pb2.TableInfo) -> str:
     return f"{base.rstrip('/')}/{info.db}.{info.name}"
 
 
+def written_rows(spark: Any, path: str) -> int:
+    """The rows of the Delta table just written at ``path`` by one overwrite: its last
+    commit's ``numOutputRows`` (a file read; loading the table's state would be a
+    Spark job per table), else a count."""
+    log = path.removeprefix("file:") if path.startswith(("/", "file:/")) else None
+    if log is not None:
+        try:
+            commits = sorted(f for f in os.listdir(os.path.join(log, "_delta_log")) if f.endswith(".json"))
+            with open(os.path.join(log, "_delta_log", commits[-1])) as fh:
+                for line in fh:
+                    action = json.loads(line)
+                    if "commitInfo" in action:
+                        metrics = action["commitInfo"].get("operationMetrics", {})
+                        if "numOutputRows" in metrics:
+                            return int(metrics["numOutputRows"])
+        except (OSError, IndexError, ValueError):
+            pass
+    return int(spark.read.format("delta").load(path).count())
+
+
 def check_out(spark: Any, out: str, p: Plan, replace: bool) -> None:
     if not isinstance(out, str) or not out.strip():
         raise errors.InvalidArgument(f"out must be a directory path or URI, got {out!r}")
@@ -175,19 +262,44 @@ def check_out(spark: Any, out: str, p: Plan, replace: bool) -> None:
             f"{out} already holds table(s) {', '.join(taken)}: choose an empty --out directory or pass --replace")
 
 
-def write_out(spark: Any, p: Plan, out: str, replace: bool = False, progress: Progress | None = None) -> RestoreResult:
-    """Rebuild every planned table and write it as a typed Delta table under ``out``."""
+def write_tables(spark: Any, p: Plan, path_of: Callable[[TablePlan], str], parallelism: int,
+                 say: Progress) -> list[tuple[str, int, str]]:
+    """Every planned table rebuilt and written as a typed Delta table at ``path_of(table)``
+    (each one commit), from one pass over the lake, ``parallelism`` tables at once.
+    Tables rebuilt from changes alone go to local paths through delta-rs (``direct``);
+    the others through Spark. (db.table, rows, base kind) per table, in plan order."""
+    say(f"reading the lake once for {len(p.tables)} table(s)")
+    shared = shared_changes(spark, p)
+    direct = {t.table_id for t in p.tables
+              if "://" not in path_of(t) and _direct.delta_eligible(p.schema, t.table_id, p.ts, t.base)}
+    tally = Tally(len(p.tables), say)
+
+    def one(item: Item) -> tuple[str, int, str]:
+        t, raw, df = item
+        path = path_of(t)
+        if df is None:
+            rows = _direct.rows_at(p.schema, t.table_id, p.ts, raw)
+            _direct.write_delta(path, _direct.arrow_table(t.info, rows))
+            n = len(rows)
+        else:
+            df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+            n = written_rows(spark, path)
+        tally.done(t.name, n, "rows from " + t.base.kind)
+        return (t.name, n, t.base.kind)
+
+    return _in_plan_order(p, onepass.each_table(items(spark, p, shared, direct), one, parallelism))
+
+
+def write_out(spark: Any, p: Plan, out: str, replace: bool = False, progress: Progress | None = None,
+              parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
+    """Rebuild every planned table and write it as a typed Delta table under ``out``:
+    one pass over the lake, then up to ``parallelism`` tables written at once (each
+    one Delta commit: a table is there whole or not at all)."""
+    onepass.check_parallelism(parallelism)
     say = progress or (lambda _m: None)
     started = time.monotonic()
     check_out(spark, out, p, replace)
-    done = []
-    for t, df in zip(p.tables, frames(spark, p).values(), strict=True):
-        say(f"{t.name}: rebuilding from {t.base.kind}" + (f" at {t.base.ts}" if t.base.ts else ""))
-        path = out_path(out, t.info)
-        df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
-        n = spark.read.format("delta").load(path).count()
-        done.append((t.name, n, t.base.kind))
-        say(f"{t.name}: {n} rows")
+    done = write_tables(spark, p, lambda t: out_path(out, t.info), parallelism, say)
     result = RestoreResult(p.ts, done, time.monotonic() - started, out=out)
     failpoint.hit("restore-before-manifest")
     if "://" not in out:
@@ -224,17 +336,45 @@ def python_rows(df: Any, info: binlog_pb2.TableInfo) -> Iterator[dict[str, Any]]
         yield {c.name: C.python_value(r[i], c.type) for i, c in enumerate(cols)}
 
 
-def load_target(spark: Any, p: Plan, target: Any, url: str, progress: Progress | None = None) -> RestoreResult:
-    """Create every table from its definition at T and bulk-load its rows."""
+def load_table(target: Any, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Create table ``info`` in ``target`` (refused when it exists) and load ``rows``, in
+    one transaction: where DDL is transactional (PostgreSQL, SQLite) a crash leaves
+    no table at all rather than an empty or partial one; MySQL commits its DDL."""
+    with target.engine.connect() as conn:
+        conn.begin()
+        target.create_table_in(conn, info, if_exists="fail")
+        n = int(target.insert_rows(conn, info, rows))
+        conn.commit()
+    return n
+
+
+def load_target(spark: Any, p: Plan, target: Any, url: str, progress: Progress | None = None,
+                parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
+    """Create every table from its definition at T and bulk-load its rows, up to
+    ``parallelism`` tables at once. Tables rebuilt from the lake's changes alone are
+    decoded in Python from the one-pass result as it streams out of Spark (no Spark
+    job per table); tables with base rows (a snapshot, the history tables) or a
+    retyped column take the typed Spark rebuild (``frames``)."""
+    onepass.check_parallelism(parallelism)
+    if getattr(target, "dialect", None) == "sqlite":
+        parallelism = 1  # one writer at a time: concurrent loads would only wait on its lock
     say = progress or (lambda _m: None)
     started = time.monotonic()
-    done = []
-    for t, df in zip(p.tables, frames(spark, p).values(), strict=True):
-        say(f"{t.name}: rebuilding from {t.base.kind} and loading")
-        target.create_table(t.info, if_exists="fail")
-        n = target.bulk_load(t.info, python_rows(df, t.info))
-        done.append((t.name, int(n), t.base.kind))
-        say(f"{t.name}: {n} rows")
+    say(f"reading the lake once for {len(p.tables)} table(s)")
+    if parallelism > 1:
+        target.ensure_schema_table()
+    shared = shared_changes(spark, p)
+    direct = {t.table_id for t in p.tables if _direct.eligible(p.schema, t.table_id, p.ts, t.base)}
+    tally = Tally(len(p.tables), say)
+
+    def load(item: Item) -> tuple[str, int, str]:
+        t, raw, df = item
+        rows = _direct.rows_at(p.schema, t.table_id, p.ts, raw) if df is None else python_rows(df, t.info)
+        n = load_table(target, t.info, rows)
+        tally.done(t.name, n, "rows from " + t.base.kind)
+        return (t.name, n, t.base.kind)
+
+    done = _in_plan_order(p, onepass.each_table(items(spark, p, shared, direct), load, parallelism))
     return RestoreResult(p.ts, done, time.monotonic() - started, target=url)
 
 
@@ -251,8 +391,10 @@ def verify(source_url: str, target_url: str, tables: Sequence[str] | None = None
 
 def run(spark: Any, lake: str, ts: int, *, tables: Sequence[str] | None = None, out: str | None = None,
         target: str | None = None, verify_url: str | None = None, replace: bool = False, source: str = "auto",
-        progress: Progress | None = None) -> RestoreResult:
-    """The whole restore: plan (every refusal before any write), rebuild, write or load, verify."""
+        progress: Progress | None = None, parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
+    """The whole restore: plan (every refusal before any write), rebuild, write or load, verify.
+    ``parallelism``: how many tables are written or loaded at once."""
+    onepass.check_parallelism(parallelism)
     if (out is None) == (target is None):
         raise errors.InvalidArgument("give exactly one destination: --out DIR or --target URL")
     if verify_url is not None and target is None:
@@ -265,9 +407,9 @@ def run(spark: Any, lake: str, ts: int, *, tables: Sequence[str] | None = None, 
         p = plan(spark, lake, ts, tables, source)
         if out is not None:
             check_out(spark, out, p, replace)
-            result = write_out(spark, p, out, replace, say)
+            result = write_out(spark, p, out, replace, say, parallelism)
         else:
-            result = load_target(spark, p, conn, str(target), say)
+            result = load_target(spark, p, conn, str(target), say, parallelism)
     finally:
         if conn is not None:
             conn.close()

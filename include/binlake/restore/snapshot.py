@@ -24,7 +24,7 @@ from binlake.lake import decode
 from binlake.lake.ingest import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
-from binlake.restore import coverage, layout, rebuild
+from binlake.restore import coverage, layout, onepass, rebuild
 
 Progress = Callable[[str], None]
 
@@ -111,8 +111,9 @@ class SnapshotResult:
 
 
 def take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None,
-         progress: Progress | None = None) -> SnapshotResult:
-    """Write a snapshot of every table (or ``tables``) at commit_ts ``ts``."""
+         progress: Progress | None = None, parallelism: int = onepass.DEFAULT_PARALLELISM) -> SnapshotResult:
+    """Write a snapshot of every table (or ``tables``) at commit_ts ``ts``: one pass over
+    the change table for all of them, ``parallelism`` tables written at once."""
     say = progress or (lambda _m: None)
     started = time.monotonic()
     windows = read_windows(spark, lake)
@@ -121,24 +122,23 @@ def take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None,
     found = rebuild.tables_at(schema, ts)
     chosen = rebuild.select_tables(found, tables, ts)
     entries = [e for e in catalog(spark, lake) if e.snapshot_ts != ts]
+    from binlake.restore import restore  # restore plans its bases with this module
+
     plans = []
     for table_id, info in sorted(chosen.items()):
         base = base_for(spark, entries, schema, table_id, ts)
         check_base(windows, schema, table_id, ts, base, f"{info.db}.{info.name}")
-        plans.append((table_id, info, base))
-    changes = rebuild.changes_frame(spark, lake)
+        plans.append(restore.TablePlan(table_id, info, base))
+    p = restore.Plan(lake, ts, schema, plans, "auto")
+    # One pass over the lake for every table, then the tables written concurrently.
+    written = restore.write_tables(spark, p, lambda t: layout.snapshot_table(lake, ts, t.table_id), parallelism, say)
+    failpoint.hit("snapshot-after-table")
     rows_out = []
     done = []
-    for table_id, info, base in plans:
-        name = f"{info.db}.{info.name}"
-        say(f"{name}: from {base.kind}" + (f" at {base.ts}" if base.ts else ""))
-        df = rebuild.state_at(spark, changes, schema, table_id, ts, base)
-        path = layout.snapshot_table(lake, ts, table_id)
-        df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
-        n = spark.read.format("delta").load(path).count()
-        rows_out.append((ts, table_id, info.db, info.name, path, n, info.SerializeToString(), tables is None, _now()))
-        done.append((name, n, base.kind))
-        failpoint.hit("snapshot-after-table")
+    for t, (name, n, kind) in zip(plans, written, strict=True):
+        rows_out.append((ts, t.table_id, t.info.db, t.info.name, layout.snapshot_table(lake, ts, t.table_id), n,
+                         t.info.SerializeToString(), tables is None, _now()))
+        done.append((name, n, kind))
     # Catalog rows of the tables, then the marker (the snapshot's commit point).
     marker = (ts, layout.MARKER_TABLE_ID, None, None, None, sum(n for _a, n, _b in done), None, tables is None, _now())
     cat = layout.snapshot_catalog(lake)

@@ -1,0 +1,203 @@
+"""One pass over the change table for every table of a restore, snapshot or history run.
+
+Rebuilding each table from its own filter of ``changes`` makes every table a
+Spark job that scans the lake again: the cost grows with tables x lake size.
+Here the lake is read once per run instead:
+
+``last_changes`` reads ``changes`` once for every chosen table (each with its
+own ``(after_ts, upto_ts]`` range: its base and T) and keeps, per (table, key),
+only the last event, as a change row: an ``insert`` carrying the image the key
+holds at T, or a ``delete`` carrying the image it had before it went away
+(kept only for tables whose base has rows a delete must remove). Keys are the
+key columns' *text* in the image JSON (parsed as ``map<string,string>``, in
+primary-key order, so renamed key columns keep their keys); the typed rebuild
+(``rebuild.state_from``) then runs over a table's slice of this result, which
+holds one row per key, and groups by the typed key again - so two texts of one
+typed key (a retyped key column) still resolve to the later event. The result
+is materialized once (``materialize``: a local checkpoint, partitioned by
+table), so no later job reads the lake.
+
+``each_table`` runs the per-table writes (Delta tables, target loads) on a
+bounded pool of threads: Spark runs their jobs concurrently and a database
+load waits on I/O, not on the other tables.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from binlake.lake import decode
+from binlake.restore import rebuild
+
+DEFAULT_PARALLELISM = 4
+MAX_PARALLELISM = 64
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """What one table needs from the shared scan: its change rows with commit_ts in
+    ``(after_ts, upto_ts]``; ``deletes``: whether a key's last delete must be kept
+    (the table's base has rows it removes)."""
+
+    table_id: int
+    after_ts: int
+    upto_ts: int
+    deletes: bool
+    base_rows: bool = False
+
+    @property
+    def final(self) -> bool:
+        """The slice's rows are the table at upto_ts: one insert per key, no base rows."""
+        return not self.deletes and not self.base_rows
+
+
+def slice_for(schema: decode.SchemaHistory, table_id: int, ts: int, base: rebuild.Base) -> Slice:
+    """The slice a rebuild of ``table_id`` at ``ts`` from ``base`` reads. Deletes are kept
+    when the base has rows, or when a key column's type changed (its JSON text may
+    change with it, so a later delete can sit under another text of the same key)."""
+    key_types = {tuple((c.id, c.type, c.sql_type) for c in info.columns if c.id in set(info.primary_key))
+                 for info in rebuild.versions(schema, table_id).values()}
+    return Slice(table_id, base.ts, ts, base.frame is not None or len(key_types) > 1, base.frame is not None)
+
+
+def check_parallelism(value: Any) -> int:
+    """``value`` as a number of concurrent table writes (1..MAX_PARALLELISM)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLELISM:
+        raise ValueError(f"parallelism must be an integer from 1 to {MAX_PARALLELISM}, got {value!r}")
+    return value
+
+
+def _specs(spark: Any, schema: decode.SchemaHistory, slices: Sequence[Slice]) -> Any:
+    """(table_id, schema_version) -> the slice's bounds and the key column names of that
+    version in the primary-key order of the definition at the slice's upto_ts."""
+    from binlake import tso
+
+    rows = []
+    for s in slices:
+        at = schema.table(s.table_id, min(s.upto_ts + 1, tso.MAX_TS))
+        for version, info in rebuild.versions(schema, s.table_id).items():
+            names = {c.id: c.name for c in info.columns}
+            rows.append((s.table_id, version, s.after_ts, s.upto_ts, [names.get(i) for i in at.primary_key],
+                         s.deletes))
+    return spark.createDataFrame(rows, "table_id long, schema_version long, _after long, _upto long, "
+                                       "_pk array<string>, _deletes boolean")
+
+
+def last_changes(spark: Any, changes: Any, schema: decode.SchemaHistory, slices: Sequence[Slice]) -> Any:
+    """The last change per (table, key) of every slice, as change rows (see the module
+    doc): columns table_id, commit_ts, seq, op, keys, before, after, schema_version."""
+    from pyspark.sql import functions as F
+
+    if not slices:
+        raise ValueError("no table to read: slices is empty")
+    lo = min(s.after_ts for s in slices)
+    hi = max(s.upto_ts for s in slices)
+    ids = sorted({s.table_id for s in slices})
+    rows = (changes
+            # commit_date first: only the partitions of the range are listed.
+            .where(f"commit_date >= DATE'{decode.commit_date(max(lo, 0)).isoformat()}' "
+                   f"AND commit_date <= DATE'{decode.commit_date(hi).isoformat()}'")
+            .where((F.col("commit_ts") > lo) & (F.col("commit_ts") <= hi) & F.col("table_id").isin(ids))
+            .join(F.broadcast(_specs(spark, schema, slices)), ["table_id", "schema_version"])
+            .where((F.col("commit_ts") > F.col("_after")) & (F.col("commit_ts") <= F.col("_upto"))))
+    text = "map<string,string>"
+    staged = rows.select("table_id", "commit_ts", "seq", "op", "schema_version", "before", "after", "_deletes",
+                         F.transform("_pk", lambda n: F.try_element_at(F.from_json("before", text), n)).alias("_bk"),
+                         F.transform("_pk", lambda n: F.try_element_at(F.from_json("after", text), n)).alias("_ak"))
+    # An update is a delete of its before key (only when the key moved) then an upsert
+    # of its after key; _sub orders the two inside one change, as rebuild.events does.
+    moved = (F.col("op") == "delete") | ((F.col("op") == "update") & (F.col("_bk") != F.col("_ak")))
+    pair = F.array(
+        F.struct(F.col("_bk").alias("k"), F.lit(0).alias("sub"), F.lit(True).alias("del"),
+                 F.col("before").alias("image"), moved.alias("keep")),
+        F.struct(F.col("_ak").alias("k"), F.lit(1).alias("sub"), F.lit(False).alias("del"),
+                 F.col("after").alias("image"), (F.col("op") != "delete").alias("keep")))
+    evts = (staged.select("table_id", "commit_ts", "seq", "schema_version", "_deletes", F.explode(pair).alias("e"))
+            .where(F.col("e.keep")))
+    value = F.struct("commit_ts", "seq", F.col("e.sub").alias("sub"), F.col("e.del").alias("del"),
+                     "schema_version", F.col("e.image").alias("image"))
+    last = (evts.groupBy("table_id", "_deletes", F.col("e.k").alias("_k"))
+            .agg(F.max_by(value, F.struct("commit_ts", "seq", F.col("e.sub"))).alias("l"))
+            .select("table_id", "_deletes", "l.*"))
+    # A key whose last event is a delete is dropped here unless the slice keeps deletes
+    # (base rows to remove, or a key column whose text changed with its type).
+    return last.where(~F.col("del") | F.col("_deletes")).select(
+        "table_id", "commit_ts", "seq", F.when(F.col("del"), "delete").otherwise("insert").alias("op"),
+        F.lit(None).cast("string").alias("keys"),
+        F.when(F.col("del"), F.col("image")).alias("before"), F.when(~F.col("del"), F.col("image")).alias("after"),
+        "schema_version")
+
+
+def materialize(spark: Any, frame: Any) -> Any:
+    """``frame`` computed once (one pass over what it reads) and kept, partitioned by
+    table_id, for the per-table jobs that follow (a local checkpoint: lineage cut, so
+    no later job plans or reads the lake again)."""
+    parts = max(2, 2 * int(spark.sparkContext.defaultParallelism))
+    return frame.repartition(parts, "table_id").sortWithinPartitions("table_id").localCheckpoint(eager=True)
+
+
+def of_table(shared: Any, table_id: int) -> Any:
+    """One table's rows of a materialized shared result."""
+    from pyspark.sql import functions as F
+
+    return shared.where(F.col("table_id") == table_id)
+
+
+def of_tables(shared: Any, table_ids: Sequence[int]) -> Any:
+    """The rows of ``table_ids`` of a materialized shared result, grouped by table."""
+    from pyspark.sql import functions as F
+
+    return shared.where(F.col("table_id").isin(list(table_ids)))
+
+
+def grouped(rows: Iterable[Any]) -> Iterator[tuple[int, list[Any]]]:
+    """(table_id, rows) runs of rows that arrive grouped by table_id (``materialize``
+    keeps each table in one partition, sorted)."""
+    current: int | None = None
+    batch: list[Any] = []
+    for r in rows:
+        tid = int(r["table_id"])
+        if tid != current:
+            if current is not None:
+                yield current, batch
+            current, batch = tid, []
+        batch.append(r)
+    if current is not None:
+        yield current, batch
+
+
+def each_table(items: Iterable[T], work: Callable[[T], R], parallelism: int) -> list[R]:
+    """``work(item)`` for every item on ``parallelism`` threads, results in item order.
+    Items are drawn lazily (at most twice ``parallelism`` wait in the pool, so a
+    producer streaming them holds few in memory). The first failure stops new work,
+    waits for the running items and is raised; each item is all-or-nothing on its
+    own, so a failure leaves the items already done as written."""
+    check_parallelism(parallelism)
+    if parallelism == 1:
+        return [work(i) for i in items]
+    results: dict[int, R] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="binlake-table") as pool:
+        pending: dict[concurrent.futures.Future[R], int] = {}
+
+        def drain(until: int) -> None:
+            while len(pending) > until:
+                done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                for f in done:
+                    index = pending.pop(f)
+                    if f.exception() is not None:
+                        for other in pending:
+                            other.cancel()
+                        concurrent.futures.wait(pending)
+                        raise f.exception()  # type: ignore[misc]
+                    results[index] = f.result()
+
+        for index, item in enumerate(items):
+            drain(2 * parallelism - 1)
+            pending[pool.submit(work, item)] = index
+        drain(0)
+    return [results[i] for i in range(len(results))]
