@@ -306,6 +306,22 @@ def load(cls: type[S], config_file: str | pathlib.Path | None = None, **override
     return cls.model_validate(loaded.model_dump())
 
 
+def check_file(config_file: str | pathlib.Path) -> None:
+    """Validate every section of ``config_file`` that it holds, whichever one the command
+    reads: a bad value or unknown key anywhere in a user's file is reported, not skipped."""
+    doc = read_toml(config_file)
+    for cls, section in SECTIONS.items():
+        table = doc.get(section, {})
+        if not isinstance(table, dict):
+            raise errors.InvalidArgument(f"config file {config_file}: [{section}] must be a table")
+        if not table:
+            continue
+        try:
+            cls.model_validate(table)
+        except ValidationError as exc:
+            raise errors.InvalidArgument(describe_validation_error(exc, section, cls)) from None
+
+
 def describe_validation_error(exc: ValidationError, section: str, cls: type[BaseSettings]) -> str:
     prefix = cls.model_config.get("env_prefix", "")
     lines = []

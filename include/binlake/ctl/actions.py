@@ -113,13 +113,14 @@ def _replicas(reg: RegistryClient) -> int:
 
 
 def _replication(args: argparse.Namespace, reg: RegistryClient) -> int:
+    # Checked whether or not a setting is appended: a bad value is never silently ignored.
+    if not 0 <= args.grace_s <= 3600:
+        raise errors.InvalidArgument(f"--grace-s must be between 0 and 3600 seconds, got {args.grace_s:g}")
     if args.replicas is None:
         if args.min_acks is not None:
             raise errors.InvalidArgument("--min-acks needs --replicas (give both, e.g. --replicas 3 --min-acks 2)")
         history = reg.get_replication()
     else:
-        if not 0 <= args.grace_s <= 3600:
-            raise errors.InvalidArgument(f"--grace-s must be between 0 and 3600 seconds, got {args.grace_s:g}")
         acks = args.replicas if args.min_acks is None else args.min_acks
         history = reg.set_replication(args.replicas, acks, int(args.grace_s * 1000))
     if args.json:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from binlake import errors, tso
-from binlake.cli.args import positive_int, scratch_dir
+from binlake.cli.args import int_list, positive_int, scratch_dir
 
 
 def _ts(text: str) -> int:
@@ -52,6 +52,8 @@ def _parallelism(args: argparse.Namespace) -> int:
     """--parallel, else the config file's / environment's [restore] parallelism."""
     from binlake import config
 
+    if getattr(args, "config", None) is not None:
+        config.check_file(args.config)
     return int(config.load(config.RestoreSettings, getattr(args, "config", None),
                            parallelism=getattr(args, "parallel", None)).parallelism)
 
@@ -132,7 +134,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--master", help="Spark master (default local[*])")
     b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
     b.add_argument("--keep", action="store_true", help="keep the scratch directory")
-    b.add_argument("--tables", help="comma-separated table counts (e.g. 10,1000): the same rows spread over each, "
+    b.add_argument("--tables", type=int_list, help="comma-separated table counts (e.g. 10,1000): the same rows spread over each, "
                                     "restored into SQLite, PostgreSQL and Delta (default rows 20000)")
     b.add_argument("--parallel", type=_parallel, default=4, metavar="N", help="tables written at once (default 4)")
     b.set_defaults(handler=bench_cmd)
@@ -189,10 +191,11 @@ def _run(args: argparse.Namespace, what: str, fn: Any) -> Any:
 def snapshot_cmd(args: argparse.Namespace) -> int:
     from binlake.restore import snapshot
 
+    # The config file first: a bad one is the user's first mistake to hear about.
+    parallelism = _parallelism(args)
     lake = _check_lake(args)
     ts = _resolve(args)
     tables = _tables(args.tables)
-    parallelism = _parallelism(args)
     result = _run(args, f"snapshot at {ts}", lambda spark, say: snapshot.take(spark, lake, ts, tables, say,
                                                                               parallelism))
     if args.json:
@@ -207,9 +210,9 @@ def snapshot_cmd(args: argparse.Namespace) -> int:
 def history_cmd(args: argparse.Namespace) -> int:
     from binlake.restore import history
 
+    parallelism = _parallelism(args)
     lake = _check_lake(args)
     tables = _tables(args.tables)
-    parallelism = _parallelism(args)
     result = _run(args, "history tables", lambda spark, say: history.update(spark, lake, tables, say, parallelism))
     if args.json:
         print(json.dumps({"applied_end_ts": result.applied_end_ts, "tables": dict(result.tables),
@@ -222,6 +225,7 @@ def history_cmd(args: argparse.Namespace) -> int:
 def restore_cmd(args: argparse.Namespace) -> int:
     from binlake.restore import restore
 
+    parallelism = _parallelism(args)
     lake = _check_lake(args)
     ts = _resolve(args)
     tables = _tables(args.tables)
@@ -237,7 +241,6 @@ def restore_cmd(args: argparse.Namespace) -> int:
         argcheck.reachable_db("--verify", args.verify)
     if args.verify and not args.target:
         raise errors.InvalidArgument("--verify compares a target database with its source: use it with --target")
-    parallelism = _parallelism(args)
     result = _run(args, f"restore to {ts}", lambda spark, say: restore.run(
         spark, lake, ts, tables=tables, out=args.out, target=args.target, verify_url=args.verify,
         replace=args.replace, source=args.source, progress=say, parallelism=parallelism))
