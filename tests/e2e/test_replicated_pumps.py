@@ -492,6 +492,14 @@ def test_lake_goes_on_through_a_lost_pump_host_then_apply_and_restore_equal_the_
         prober = threading.Thread(target=probe_windows, name="readiness", daemon=True)
         lake = str(tmp_path / "lake")
         results: list[ingest.IngestResult] = []
+
+        def ingest_when_ready(a: int, b: int) -> None:
+            # As the DAG does: its wait step passes once the window is ready (a fresh TSO is
+            # above the Pumps' safe ts until their next tick), then the ingest runs.
+            why: list[str] = []
+            wait_until(lambda: _ready_plan(reg_addr, a, b, why) is not None, timeout=30,
+                       what=f"window [{a}, {b}) ready")
+            results.append(ingest.ingest_window(spark, lake, reg_addr, a, b))
         began_run = time.monotonic()
         thread.start()
         prober.start()
@@ -502,7 +510,7 @@ def test_lake_goes_on_through_a_lost_pump_host_then_apply_and_restore_equal_the_
         killed.set()
         # A window ingested while the workload goes on, after the loss: from the two left.
         bound = reg.get_ts()
-        results.append(ingest.ingest_window(spark, lake, reg_addr, lake_start, bound))
+        ingest_when_ready(lake_start, bound)
         thread.join(timeout=180)
         done.set()
         prober.join(timeout=60)
@@ -514,7 +522,7 @@ def test_lake_goes_on_through_a_lost_pump_host_then_apply_and_restore_equal_the_
         end = reg.get_ts()
         mid = captures[1][0] if captures[1][0] > bound else (bound + end) // 2
         for a, b in ((bound, mid), (mid, end)):
-            results.append(ingest.ingest_window(spark, lake, reg_addr, a, b))
+            ingest_when_ready(a, b)
         ingest_secs = time.monotonic() - began_run
         longest = max(w for _e, w, _p in probes)
         print(f"{len(probes)} windows probed after the loss, longest wait for readiness {longest:.3f}s; "
