@@ -18,6 +18,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -51,6 +52,37 @@ PUMP_DEFAULTS: dict[str, Any] = {
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+class WriterThreads:
+    """``count`` writer threads, each running ``txn`` until ``finish``; what a writer
+    raises is kept in ``crashes`` for the test to assert on."""
+
+    def __init__(self, count: int, *, daemon: bool = False) -> None:
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.crashes: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, name=f"writer-{i}", daemon=daemon) for i in range(count)]
+
+    def txn(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in self.threads), "a writer is stuck"
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.txn()
+        except BaseException as exc:
+            self.crashes.append(exc)
 
 
 def wait_until(pred: Callable[[], T], timeout: float = 10.0, interval: float = 0.05, what: str = "") -> T:

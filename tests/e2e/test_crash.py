@@ -13,6 +13,7 @@ import time
 import pytest
 from pumpkit import (
     Processes,
+    WriterThreads,
     commit,
     free_port,
     prewrite,
@@ -41,40 +42,20 @@ pytestmark = pytest.mark.slow
 WRITERS = 8
 
 
-class Upstream:
+class Upstream(WriterThreads):
     """Eight writer threads doing what TxnWriter does around an upstream commit."""
 
     def __init__(self, client: PumpClient, reg: RegistryClient, provider: MemoryStatusProvider) -> None:
         self.client = client
         self.reg = reg
         self.provider = provider
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
+        super().__init__(WRITERS)
         self.acked: list[tuple[int, int, str, float]] = []  # start, commit, pump, when
         self.committed: dict[int, int] = {}  # what the upstream committed: start -> commit
         self.rolled_back: set[int] = set()
         self.commit_failures: list[str] = []
-        self.crashes: list[BaseException] = []
-        self.threads = [threading.Thread(target=self._run, name=f"writer-{i}") for i in range(WRITERS)]
 
-    def start(self) -> None:
-        for t in self.threads:
-            t.start()
-
-    def finish(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=60)
-        assert not any(t.is_alive() for t in self.threads), "a writer is stuck"
-
-    def _run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                self._txn()
-        except BaseException as exc:
-            self.crashes.append(exc)
-
-    def _txn(self) -> None:
+    def txn(self) -> None:
         start = self.reg.get_ts()
         try:
             node_id = self.client.write_prewrite(prewrite(start))

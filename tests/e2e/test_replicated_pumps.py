@@ -26,6 +26,7 @@ import pytest
 import sqlalchemy as sa
 from pumpkit import (
     Processes,
+    WriterThreads,
     commit,
     free_port,
     prewrite,
@@ -61,36 +62,16 @@ WRITERS = 6
 PUMP_PORT = 8250
 
 
-class Workload:
+class Workload(WriterThreads):
     """Writer threads doing what TxnWriter does around an upstream commit, counting
     every transaction that failed (a prewrite refused or a commit not acknowledged)."""
 
     def __init__(self, client: PumpClient, reg: RegistryClient, provider: MemoryStatusProvider) -> None:
+        super().__init__(WRITERS, daemon=True)
         self.client, self.reg, self.provider = client, reg, provider
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
         self.acked: dict[int, int] = {}  # start -> commit_ts, acknowledged to the writer
         self.placements: collections.Counter[str] = collections.Counter()
         self.failed: list[str] = []
-        self.crashes: list[BaseException] = []
-        self.threads = [threading.Thread(target=self._run, name=f"writer-{i}", daemon=True) for i in range(WRITERS)]
-
-    def start(self) -> None:
-        for t in self.threads:
-            t.start()
-
-    def finish(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=60)
-        assert not any(t.is_alive() for t in self.threads), "a writer is stuck"
-
-    def _run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                self.txn()
-        except BaseException as exc:
-            self.crashes.append(exc)
 
     def txn(self) -> None:
         start = self.reg.get_ts()
