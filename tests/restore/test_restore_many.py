@@ -21,8 +21,8 @@ import dataclasses
 import json
 import os
 import pathlib
-import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -153,7 +153,7 @@ def test_a_subset_reads_nothing_of_the_other_tables_beyond_the_shared_scan(
 def test_a_restore_killed_mid_way_leaves_only_whole_tables_and_the_rerun_finishes(
         many: Many, spark: SparkSession, tmp_path: pathlib.Path) -> None:
     out = tmp_path / "out"
-    cmd = [shutil.which("binlake") or "binlake", "restore", "--lake", many.lake, "--ts", str(many.ts),
+    cmd = [sys.executable, "-m", "binlake.cli", "restore", "--lake", many.lake, "--ts", str(many.ts),
            "--out", str(out), "--parallel", "4", "--json"]
     env = {**os.environ, "BINLAKE_FAILPOINT": "restore-after-table:exit:40"}
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
