@@ -129,6 +129,8 @@ def binlake_ingest() -> None:
         # The Delta jars must be on the driver's classpath when its JVM starts,
         # which under spark-submit is before the job's Python runs.
         jars=_plan_value("jars"),
+        # binlake_spark_master when set (a spark:// cluster), else spark_default's master.
+        master=_plan_value("master"),
         conf={
             "spark.pyspark.python": _plan_value("python"),
             "spark.pyspark.driver.python": _plan_value("python"),

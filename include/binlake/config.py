@@ -234,6 +234,31 @@ class PathSettings(BaseSettings):
         return self.bench_dir or CHECKOUT / "bench"
 
 
+class SparkSettings(BaseSettings):
+    """Where binlake's Spark jobs run (the CLI's lake commands, jobs/ingest.py and
+    jobs/apply.py, the DAGs' in-process sessions and spark-submit ingests)."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_SPARK_", extra="forbid")
+
+    master: str | None = Field(None, description=(
+        "Spark master: local[N], spark://HOST:PORT (a standalone cluster), yarn, k8s://URL "
+        "(default local[*]; the DAGs' Variable binlake_spark_master wins)."))
+    ship_code: bool = Field(True, description=(
+        "On a cluster master, ship this binlake to the executors (a zip on spark.submit.pyFiles) "
+        "instead of relying on a copy installed on every worker."))
+
+    @field_validator("master")
+    @classmethod
+    def _master(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        from binlake.lake.spark import MASTER_PATTERN
+
+        if not MASTER_PATTERN.match(v.strip()):
+            raise ValueError(f"{v!r} is not a Spark master URL (local[N], spark://HOST:PORT, yarn, k8s://URL)")
+        return v.strip()
+
+
 def paths() -> PathSettings:
     """The paths from the environment (BINLAKE_JARS_DIR, ...), else the checkout's."""
     return load(PathSettings)
@@ -248,6 +273,7 @@ SECTIONS: dict[type[BaseSettings], str] = {
     SecuritySettings: "security",
     PathSettings: "paths",
     RestoreSettings: "restore",
+    SparkSettings: "spark",
 }
 
 

@@ -224,10 +224,20 @@ def spark_remote() -> str | None:
 
 
 def spark_master() -> str | None:
-    """The master of in-process ingests (Variable ``binlake_spark_master``, env
-    ``BINLAKE_SPARK_MASTER``); None lets ``binlake.lake.spark`` pick ``local[*]``.
-    spark-submit ingests take their master from the ``spark_default`` connection."""
-    return setting("binlake_spark_master", ("BINLAKE_SPARK_MASTER",), None)
+    """The Spark master of the DAGs' jobs (Variable ``binlake_spark_master``, env
+    ``BINLAKE_SPARK_MASTER``): in-process sessions, and spark-submit ingests, where it
+    wins over the ``spark_default`` connection (``spark://HOST:PORT`` for a standalone
+    cluster). None: in-process sessions run ``local[*]``, spark-submit the connection's."""
+    from binlake import errors
+    from binlake.lake.spark import check_master
+
+    master = setting("binlake_spark_master", ("BINLAKE_SPARK_MASTER",), None)
+    if master is None:
+        return None
+    try:
+        return check_master(master, "binlake_spark_master")
+    except errors.InvalidArgument as exc:
+        raise ConfigError(f"{exc} (from Variable binlake_spark_master or env BINLAKE_SPARK_MASTER)") from None
 
 
 def spark_python() -> str:

@@ -62,6 +62,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         lake = config.lake_dir()
         mode = config.ingest_mode()
         config.poll_interval_s()  # the wait step's; checked here so a bad one fails the first task
+        master = config.spark_master() or ""
     except config.ConfigError as exc:
         raise AirflowFailException(str(exc)) from None
     try:
@@ -89,6 +90,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         "mode": mode,
         "jars": "",
         "python": "",
+        "master": "",
     }
     if mode == config.SPARK_SUBMIT:
         from binlake.lake.spark import delta_jars
@@ -98,6 +100,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         except RuntimeError as exc:
             raise AirflowFailException(str(exc)) from None
         result["python"] = config.spark_python()
+        result["master"] = master
     waiting = [p.node_id for p in wp.waiting_for()]
     log.info(
         "window [%s, %s) = %s; pumps %s%s; lake %s; ingest by %s",

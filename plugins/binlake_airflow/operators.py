@@ -9,7 +9,9 @@ right there, without a trip through the triggerer. Otherwise it defers to
 
 ``IngestSubmitOperator``: the Spark provider's ``SparkSubmitOperator`` for
 ``jobs/ingest.py``, which fails the task without retrying when the job exits
-with ``binlake.errors.EXIT_FINAL`` (a window no retry can ingest).
+with ``binlake.errors.EXIT_FINAL`` (a window no retry can ingest), and whose
+master is ``binlake_spark_master`` when that is set (a ``spark://`` cluster),
+else the ``spark_default`` connection's.
 """
 
 from __future__ import annotations
@@ -142,6 +144,24 @@ class IngestSubmitOperator(SparkSubmitOperator):
     """``SparkSubmitOperator`` running ``jobs/ingest.py``: when the job exits with
     ``EXIT_FINAL`` (below a Pump's GC ts, overlapping an ingested window with other
     bounds, a bad argument) the task fails at once instead of spending its retries."""
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "master")
+
+    def __init__(self, *, master: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # binlake_spark_master (rendered from the plan): when set, the master of this
+        # spark-submit, over the spark_default connection's.
+        self.master = master
+
+    def _get_hook(self) -> Any:
+        hook = super()._get_hook()
+        master = str(self.master or "").strip()
+        if master:
+            # As the hook itself derives these from its connection's master.
+            hook._connection["master"] = master
+            hook._is_yarn = "yarn" in master
+            hook._is_kubernetes = "k8s" in master
+        return hook
 
     def execute(self, context: Context) -> None:
         try:

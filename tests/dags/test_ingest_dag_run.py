@@ -8,6 +8,8 @@ table back with Spark.
   (so the wait really defers until the Pumps' safe ts passes it);
 - the same window again through spark-submit (the SparkSubmitOperator with a
   ``spark_default`` connection at ``local[2]``): the table is unchanged;
+- the same window through spark-submit on a Spark standalone cluster into a
+  fresh lake: the same change and window rows as the local run;
 - a Pump killed (kill -9) while the in-process ingest reads the window: the
   try fails naming the Pump, Airflow retries it once the Pump is back, and the
   window holds exactly what it held;
@@ -264,6 +266,32 @@ def test_dag_run_through_spark_submit_replaces_the_window(
     event = _asset_events()[-1]
     assert (event["start_ts"], event["end_ts"], event["mode"]) == (start_ts, end_ts, "spark-submit")
     assert "ingest" not in event
+
+
+def test_dag_run_on_a_standalone_cluster_equals_the_local_run(
+    ingest_dag: Any, cluster: DevCluster, written: Written, spark: SparkSession, lake: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path,
+) -> None:
+    """The same window through spark-submit on a Spark standalone cluster (a master and a
+    worker on loopback, started from the pyspark wheel), into a fresh lake: the change
+    and window rows equal the local run's. binlake_spark_master names the cluster, over a
+    spark_default connection that still says local[2]; the executors import the binlake
+    the driver ships them (the data source runs there)."""
+    from binlake.testing.sparkcluster import SparkCluster
+
+    start_ts, end_ts, before = _ingested_window(monkeypatch, cluster, lake, written, spark, "spark-submit")
+    cluster_lake = tmp_path / "cluster-lake"
+    with SparkCluster(tmp_path / "spark", workers=1, cores=1, memory="1g") as sc:
+        monkeypatch.setenv("BINLAKE_LAKE_DIR", str(cluster_lake))
+        monkeypatch.setenv("BINLAKE_SPARK_MASTER", sc.master_url)
+        run = _run(ingest_dag, written.logical_date)
+        apps = (sc._status() or {}).get("completedapps", []) + (sc._status() or {}).get("activeapps", [])
+    assert run.state == "success", run.tasks
+    assert run.tasks["ingest"] == "success" and run.tasks["ingest_inprocess"] == "skipped"
+    # The job ran on the cluster: its master saw the one ingest application (the job names it).
+    assert [a["name"] for a in apps] == ["binlake-ingest"], apps
+    assert _changes(spark, cluster_lake, start_ts, end_ts) == before
+    assert _window_rows(spark, cluster_lake) == _window_rows(spark, lake)
 
 
 class _KillPumpWhenReading(logging.Handler):

@@ -9,9 +9,12 @@ Spark start never downloads anything, so it works offline and is reproducible.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
+import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MASTER = "local[*]"
 MASTER_ENV = "BINLAKE_SPARK_MASTER"
+SHIP_CODE_ENV = "BINLAKE_SPARK_SHIP_CODE"
 JARS_DIR_ENV = "BINLAKE_JARS_DIR"
 
 _DELTA_CONF = {
@@ -34,7 +38,7 @@ _DOWNLOADING_CONFS = ("spark.jars.packages", "spark.jars.repositories", "spark.j
 
 
 # Spark's master URL forms (a typo would otherwise surface only after a JVM start).
-_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
+MASTER_PATTERN = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
                      r"(spark|k8s|mesos|sc)://\S+)$")
 
 
@@ -43,7 +47,7 @@ def check_master(master: str, what: str = "Spark master") -> str:
     InvalidArgument naming ``what`` otherwise."""
     from binlake import errors
 
-    if not isinstance(master, str) or not _MASTER.match(master.strip()):
+    if not isinstance(master, str) or not MASTER_PATTERN.match(master.strip()):
         raise errors.InvalidArgument(
             f"{what} {master!r} is not a Spark master URL: use local[N], local[*], spark://HOST:PORT, "
             "yarn, k8s://URL or a Spark Connect server's sc://HOST:PORT")
@@ -75,6 +79,64 @@ def delta_jars() -> list[Path]:
     return jars
 
 
+def is_cluster(master: str) -> bool:
+    """Whether ``master`` runs executors outside the driver's JVM (spark://, yarn, k8s://):
+    they then need binlake importable on their own (the ``binlake`` data source runs there)."""
+    return not master.strip().startswith(("local", "sc://"))
+
+
+def code_zip(cache_dir: Path | None = None) -> Path:
+    """A zip of this process's ``binlake`` package (its ``.py`` files), for ``addPyFile``.
+
+    Executors on a cluster unpickle the data source's classes by reference, so they must
+    import the same binlake the driver runs; shipping it makes the workers need only
+    Python and binlake's dependencies. The zip is named by a hash of its contents, and
+    written to a temporary name then renamed: a reader never sees a half-written zip, and
+    two drivers building it at once end with the same file. C extensions cannot be
+    imported from a zip: executors then use the pure-Python image decoder
+    (``binlake.lake.native``); set ``BINLAKE_SPARK_SHIP_CODE=false`` when every worker
+    has this binlake installed, native decoder included.
+    """
+    import binlake
+
+    root = Path(binlake.__file__).resolve().parent
+    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    directory = cache_dir or Path(tempfile.gettempdir()) / "binlake-pyfiles"
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"binlake-{digest.hexdigest()[:16]}.zip"
+    if target.is_file():
+        return target
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".zip.tmp")
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for f in files:
+                z.write(f, str(Path("binlake") / f.relative_to(root)))
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def ship_code() -> bool:
+    """Whether cluster jobs ship binlake to the executors (``[spark] ship_code``,
+    ``$BINLAKE_SPARK_SHIP_CODE``; default yes)."""
+    from binlake import config
+
+    return config.load(config.SparkSettings).ship_code
+
+
+def configured_master() -> str | None:
+    """The master of ``[spark] master`` / ``$BINLAKE_SPARK_MASTER``; None when unset."""
+    from binlake import config
+
+    return config.load(config.SparkSettings).master
+
+
 # What every binlake entry point that reads or writes the lake adds (CLI, jobs,
 # Airflow tasks): Delta rebuilds a table's state with 50 tasks by default, which
 # dominates the small tables an ingest reads (windows, ddl_history) on a few
@@ -92,8 +154,10 @@ def build_spark(
 ) -> SparkSession:
     """Build (or get) the SparkSession binlake uses, with Delta Lake enabled.
 
-    ``master`` defaults to ``$BINLAKE_SPARK_MASTER``, else spark-submit's
-    ``--master`` when running under spark-submit, else ``local[*]``. A Spark
+    ``master`` defaults to spark-submit's ``--master`` when running under
+    spark-submit, else ``[spark] master`` / ``$BINLAKE_SPARK_MASTER``, else ``local[*]``.
+    On a cluster master (``spark://``, yarn, k8s) binlake itself is shipped to
+    the executors (``code_zip``) unless ``BINLAKE_SPARK_SHIP_CODE=false``. A Spark
     Connect URL (``sc://HOST:PORT``) gives a client session of that always-on
     server instead (``binlake.lake.connect``); the other arguments are then the
     server's business.
@@ -106,7 +170,10 @@ def build_spark(
     this process is returned as is: static confs such as ``spark.jars`` only
     take effect when the JVM starts.
     """
-    chosen = master or os.environ.get(MASTER_ENV)
+    # Under spark-submit the JVM already runs with the --master it was given, which the
+    # setting must not silently replace (the DAG passes binlake_spark_master as --master).
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    chosen = master or (None if under_submit else configured_master())
     if chosen is not None and chosen.strip().startswith("sc://"):
         # An always-on Spark Connect server: its confs (Delta, jars) are the server's.
         from binlake.lake import connect
@@ -148,8 +215,17 @@ def build_spark(
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit the JVM launched this Python (PYSPARK_GATEWAY_PORT is
     # set) with the --master it was given: keep that unless told otherwise.
-    if chosen is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
+    if chosen is not None or not under_submit:
         builder = builder.master(chosen or DEFAULT_MASTER)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    running = session.sparkContext.master
+    if is_cluster(running) and ship_code():
+        # Executors import binlake from the zip before any installed copy (pyspark puts
+        # shipped files first on their sys.path); the driver keeps its own, already imported.
+        # (A session reused by getOrCreate has it already: pyspark lists shipped files by name.)
+        zipped = code_zip()
+        if zipped.name not in (getattr(session.sparkContext, "_python_includes", None) or []):
+            session.sparkContext.addPyFile(str(zipped))
+    return session
