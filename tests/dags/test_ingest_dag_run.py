@@ -275,13 +275,19 @@ def test_dag_run_on_a_standalone_cluster_equals_the_local_run(
     """The same window through spark-submit on a Spark standalone cluster (a master and a
     worker on loopback, started from the pyspark wheel), into a fresh lake: the change
     and window rows equal the local run's. binlake_spark_master names the cluster, over a
-    spark_default connection that still says local[2]; the executors import the binlake
-    the driver ships them (the data source runs there)."""
+    spark_default connection that still says local[2]. The data source runs on the
+    executors, which must import the binlake the driver ships them: the worker's own
+    Python path holds a binlake that refuses to import, so the run fails unless they do."""
     from binlake.testing.sparkcluster import SparkCluster
 
     start_ts, end_ts, before = _ingested_window(monkeypatch, cluster, lake, written, spark, "spark-submit")
     cluster_lake = tmp_path / "cluster-lake"
-    with SparkCluster(tmp_path / "spark", workers=1, cores=1, memory="1g") as sc:
+    decoy = tmp_path / "worker-site" / "binlake"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text(
+        'raise ImportError("an executor imported the worker\'s binlake, not the one the driver ships")\n')
+    worker_env = {**os.environ, "PYTHONPATH": str(decoy.parent)}
+    with SparkCluster(tmp_path / "spark", workers=1, cores=1, memory="1g", env=worker_env) as sc:
         monkeypatch.setenv("BINLAKE_LAKE_DIR", str(cluster_lake))
         monkeypatch.setenv("BINLAKE_SPARK_MASTER", sc.master_url)
         run = _run(ingest_dag, written.logical_date)

@@ -109,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER
     try:
         _configure_tls(args)
+        _configure_spark(args)
         if getattr(args, "master", None) is not None:
             from binlake.lake.spark import check_master
 
@@ -135,6 +136,18 @@ def _configure_tls(args: argparse.Namespace) -> None:
         value = getattr(settings, name)
         if value:
             os.environ[f"BINLAKE_SECURITY_{name.upper()}"] = value
+
+
+def _configure_spark(args: argparse.Namespace) -> None:
+    """[spark] from env > the command's --config file, for this process's Spark and the
+    spark-submit and Airflow processes it starts (they read the environment)."""
+    from binlake import config
+
+    settings = config.load(config.SparkSettings, getattr(args, "config", None))
+    if settings.master and not os.environ.get("BINLAKE_SPARK_MASTER", "").strip():
+        os.environ["BINLAKE_SPARK_MASTER"] = settings.master
+    if not settings.ship_code:
+        os.environ["BINLAKE_SPARK_SHIP_CODE"] = "false"
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -220,7 +220,7 @@ def build_spark(
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    running = session.sparkContext.master
+    running = session.sparkContext.master or ""
     if is_cluster(running) and ship_code():
         # Executors import binlake from the zip before any installed copy (pyspark puts
         # shipped files first on their sys.path); the driver keeps its own, already imported.

@@ -12,7 +12,8 @@ from binlake.net import DEFAULT_REGISTRY_ADDR
 
 _UP_DESCRIPTION = """\
 Run the always-on stack on this machine, in the foreground: the registry, N Pumps on fixed
-loopback ports (data under DATA_DIR), and Airflow with SQLite metadata in DATA_DIR/airflow
+loopback ports (data under DATA_DIR), and Airflow with its metadata on a PostgreSQL server in
+DATA_DIR/airflow/postgres (SQLite in DATA_DIR/airflow where PostgreSQL is not installed)
 (API server + UI, scheduler, DAG processor, triggerer) running this project's dags/ and
 plugins/, and a Spark Connect server (the always-on Spark of the DAGs' jobs), so binlake_ingest ingests every window into DATA_DIR/lake. Prints where everything
 is; Ctrl-C stops Airflow, then Spark, then the Pumps, then the registry. Starting it again finds the
@@ -21,6 +22,7 @@ same cluster, lake and Airflow state, and the ingest DAG catches up on the windo
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """Add ``binlake up`` (see ``binlake.cli._COMMAND_MODULES``)."""
+    from binlake.stack import airflow_db
     from binlake.stack import supervisor as stack
 
     p = sub.add_parser(
@@ -31,6 +33,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "  binlake up                                   # UI on http://127.0.0.1:8080\n"
             "  binlake up --pumps 2 --airflow-port 8081 --data-dir /tmp/binlake\n"
             "  binlake up --no-airflow                      # only the registry and the Pumps\n"
+            "  binlake up --spark-cluster                   # ingests on a Spark standalone cluster\n"
             "  binlake up --pump-args='--gc-retention-days 1 --fake-binlog-interval-s 1'\n"
         ),
     )
@@ -52,6 +55,14 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--dags-folder", help="Airflow DAGs (default: $BINLAKE_DAGS_FOLDER, else the checkout's dags/)")
     p.add_argument("--plugins-folder",
                    help="Airflow plugins (default: $BINLAKE_PLUGINS_FOLDER, else the checkout's plugins/)")
+    p.add_argument("--spark-cluster", action="store_true",
+                   help="run a Spark standalone cluster (master + one worker, from the pyspark wheel) and every "
+                        "ingest window as a spark-submit application of it, instead of the Spark Connect server")
+    p.add_argument("--spark-master-port", type=positive_int, default=stack.DEFAULT_SPARK_MASTER_PORT,
+                   help=f"port of --spark-cluster's master on 127.0.0.1 (default {stack.DEFAULT_SPARK_MASTER_PORT})")
+    p.add_argument("--airflow-db", choices=airflow_db.CHOICES, default=airflow_db.AUTO,
+                   help="Airflow's metadata database: auto (default: a PostgreSQL server of the stack's own in "
+                        "DATA_DIR/airflow/postgres when PostgreSQL is installed, else SQLite), postgres, sqlite")
     p.add_argument("--ready-timeout-s", type=positive_float, default=180.0,
                    help="give up if a service is not ready after this long (default 180)")
     p.set_defaults(handler=_run_up)
@@ -84,6 +95,7 @@ def _run_up(args: argparse.Namespace) -> int:
         pump_port_base=args.pump_port_base, pump_args=pump_args,
         airflow=args.airflow, airflow_port=args.airflow_port,
         spark_connect_port=args.spark_connect_port, dags_folder=dags,
-        plugins_folder=plugins, ready_timeout_s=args.ready_timeout_s,
+        plugins_folder=plugins, ready_timeout_s=args.ready_timeout_s, airflow_db=args.airflow_db,
+        spark_cluster=args.spark_cluster, spark_master_port=args.spark_master_port,
     )
     return stack.Stack(cfg).run()

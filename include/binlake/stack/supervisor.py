@@ -7,14 +7,16 @@ What runs (each a child process with its own log under ``<data>/logs``):
 - the always-on Spark: a Spark Connect server on ``--spark-connect-port``
   (``binlake.lake.connect_server``), whose clients are the DAGs' Spark jobs
   (``BINLAKE_SPARK_REMOTE``), so a window costs its work rather than a JVM start;
-- Airflow with SQLite metadata in ``<data>/airflow``: API server (UI), scheduler,
+- Airflow with its metadata on a PostgreSQL server of the stack's own (data in
+  ``<data>/airflow/postgres``; SQLite ``<data>/airflow/airflow.db`` where no
+  PostgreSQL is installed, see ``binlake.stack.airflow_db``): API server (UI), scheduler,
   DAG processor and triggerer (what ``airflow standalone`` runs), pointed at this
   project's ``dags/`` and ``plugins/``, with the ``binlake_*`` settings of the
   DAGs in their environment.
 
 Ctrl-C (or SIGTERM) stops everything in order: Airflow first (so no task
 starts against a Pump that is going away), then Spark, then the Pumps (they flush and
-report "paused"), then the registry. A second Ctrl-C kills what is left.
+report "paused"), then the registry, then Airflow's PostgreSQL. A second Ctrl-C kills what is left.
 If any child exits on its own, the stack stops and says which one, with its log.
 """
 
@@ -36,7 +38,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from binlake import config, errors, net
 from binlake.stack import airflow_db
@@ -48,6 +50,7 @@ PROJECT_ROOT = config.CHECKOUT
 DEFAULT_PUMP_PORT_BASE = 8250
 DEFAULT_AIRFLOW_PORT = 8080
 DEFAULT_SPARK_CONNECT_PORT = 15002
+DEFAULT_SPARK_MASTER_PORT = 7077
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 # Airflow's state file of this stack: the ingest DAG's start date is fixed on the
 # first `binlake up`, so later restarts catch up on the windows they missed.
@@ -88,6 +91,12 @@ class StackConfig:
     dags_folder: pathlib.Path = dataclasses.field(default_factory=lambda: config.paths().dags())
     plugins_folder: pathlib.Path = dataclasses.field(default_factory=lambda: config.paths().plugins())
     ready_timeout_s: float = 180.0
+    # Airflow's metadata database: auto (PostgreSQL when installed), postgres or sqlite.
+    airflow_db: str = airflow_db.AUTO
+    # A Spark standalone cluster (master + one worker) for the DAGs' jobs instead of
+    # the Connect server: ingests go through spark-submit --master spark://...
+    spark_cluster: bool = False
+    spark_master_port: int = DEFAULT_SPARK_MASTER_PORT
 
 
 class Child:
@@ -171,6 +180,11 @@ class Stack:
         self.airflow_home = self.data / "airflow"
         self.lake = self.data / "lake"
         self.children: list[Child] = []
+        # The Spark standalone cluster of --spark-cluster (a SparkCluster), else None.
+        self.spark_cluster: Any = None
+        # Airflow's PostgreSQL (a LocalPostgres) and its URL; None on SQLite.
+        self.postgres: Any = None
+        self.airflow_db_url: str | None = None
         self.stop_requested = threading.Event()
         self.force = threading.Event()
 
@@ -184,6 +198,8 @@ class Stack:
             self._start_binlake()
             if self.spark_remote and not self.stop_requested.is_set():
                 self._start_spark_connect()
+            if self.cfg.spark_cluster and self.cfg.airflow and not self.stop_requested.is_set():
+                self._start_spark_cluster()
             if self.cfg.airflow and not self.stop_requested.is_set():
                 self._start_airflow()
             if self.stop_requested.is_set():
@@ -215,6 +231,8 @@ class Stack:
             _check_port_free(metrics, f"{node_id} metrics address")
         if self.spark_remote:
             _check_port_free(f"127.0.0.1:{self.cfg.spark_connect_port}", "Spark Connect port")
+        if self.cfg.spark_cluster and self.cfg.airflow:
+            _check_port_free(f"127.0.0.1:{self.cfg.spark_master_port}", "Spark master port")
         if self.cfg.airflow:
             _check_port_free(f"127.0.0.1:{self.cfg.airflow_port}", "Airflow API server port")
             for what, folder in (("dags", self.cfg.dags_folder), ("plugins", self.cfg.plugins_folder)):
@@ -292,8 +310,9 @@ class Stack:
 
     @property
     def spark_remote(self) -> str | None:
-        # Its clients are the DAGs' jobs: without Airflow there is nothing to serve.
-        if not (self.cfg.airflow and self.cfg.spark_connect_port):
+        # Its clients are the DAGs' jobs: without Airflow there is nothing to serve; with a
+        # cluster, the jobs are applications of the cluster (a Connect server would hold its cores).
+        if not (self.cfg.airflow and self.cfg.spark_connect_port) or self.cfg.spark_cluster:
             return None
         return f"sc://127.0.0.1:{self.cfg.spark_connect_port}"
 
@@ -309,6 +328,28 @@ class Stack:
         self._spawn(child)
         self._wait_for(lambda: connect_server.port_open(port), f"the Spark Connect server on port {port}", [child])
         self.say(f"binlake up: Spark Connect server on {self.spark_remote} (log {child.log_path})")
+
+    @property
+    def spark_master(self) -> str | None:
+        """The standalone master of --spark-cluster (with Airflow; its jobs are the DAGs')."""
+        if not (self.cfg.airflow and self.cfg.spark_cluster):
+            return None
+        return f"spark://127.0.0.1:{self.cfg.spark_master_port}"
+
+    def _start_spark_cluster(self) -> None:
+        from binlake.testing.sparkcluster import SparkCluster
+
+        # One worker with this machine's cores: each ingest is an application taking
+        # them while it runs (the next one queues at the master until they are free).
+        self.spark_cluster = SparkCluster(self.data / "spark", workers=1, cores=max(1, os.cpu_count() or 1),
+                                          memory="2g", master_port=self.cfg.spark_master_port)
+        try:
+            self.spark_cluster.start(timeout_s=self.cfg.ready_timeout_s)
+        except errors.BinlakeError as exc:
+            self.spark_cluster = None
+            raise errors.FailedPrecondition(f"the Spark standalone cluster did not start: {exc}") from None
+        self.say(f"binlake up: Spark standalone cluster {self.spark_master} "
+                 f"(master UI http://127.0.0.1:{self.spark_cluster.ui_port}, logs in {self.data / 'spark'})")
 
     # ------------------------------------------------------------------ Airflow
 
@@ -336,6 +377,14 @@ class Stack:
             "BINLAKE_LAKE_DIR": str(self.lake),
             "BINLAKE_INGEST_START_DATE": self._ingest_start_date(),
         })
+        if self.spark_master:
+            # Every window a spark-submit application of the cluster (binlake_spark_master
+            # wins over the spark_default connection); in-process DAG jobs drive it too.
+            env["BINLAKE_SPARK_MASTER"] = self.spark_master
+            env.setdefault("BINLAKE_INGEST_MODE", "spark-submit")
+        if self.airflow_db_url:
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = self.airflow_db_url
+            env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", None)  # SQLite's lock timeout
         if self.spark_remote:
             # The DAGs' Spark jobs run as clients of the always-on server (ingest mode `connect`).
             env["BINLAKE_SPARK_REMOTE"] = self.spark_remote
@@ -383,21 +432,39 @@ class Stack:
             f.write(f"\n==== airflow {' '.join(args)} (exit {done.returncode})\n{done.stdout}{done.stderr}")
         return done
 
+    def _start_metadata_db(self) -> str:
+        """Start Airflow's PostgreSQL when the stack uses one; what the metadata is on, for the log."""
+        from binlake.testing.devdb import LocalPostgres
+
+        backend, why = airflow_db.choose(self.cfg.airflow_db, self.airflow_home)
+        if backend == airflow_db.SQLITE:
+            return f"SQLite {self.airflow_home / 'airflow.db'} ({why})"
+        self.postgres = LocalPostgres(airflow_db.postgres_dir(self.airflow_home))
+        try:
+            self.postgres.start()
+            self.airflow_db_url = airflow_db.postgres_url(self.postgres)
+        except errors.BinlakeError as exc:
+            raise errors.FailedPrecondition(f"Airflow's PostgreSQL did not start: {exc}") from None
+        return (f"PostgreSQL on 127.0.0.1:{self.postgres.port}, database {airflow_db.DATABASE} "
+                f"(data {self.postgres.root_dir}, log {self.postgres.log_path})")
+
     def _start_airflow(self) -> None:
-        env = self.airflow_env()
         self.airflow_home.mkdir(parents=True, exist_ok=True)
         self.lake.mkdir(parents=True, exist_ok=True)
-        self.say(f"binlake up: preparing Airflow metadata in {self.airflow_home} (SQLite)")
+        where = self._start_metadata_db()
+        env = self.airflow_env()
+        self.say(f"binlake up: preparing Airflow metadata in {where}")
         done = self._run_airflow_command(env, "db", "migrate")
         if done.returncode != 0:
             raise errors.FailedPrecondition(
                 f"`airflow db migrate` failed (exit {done.returncode}); see {self.logs / 'airflow-setup.log'}"
             )
-        # Before any Airflow process runs: readers and the one writer stop blocking
-        # each other (a backfill's writes failed with "database is locked" without it).
-        mode = airflow_db.use_wal(self.airflow_home / "airflow.db")
-        if mode.lower() != "wal":
-            self.say(f"binlake up: Airflow's SQLite database stays in journal mode {mode} (WAL refused)")
+        if self.airflow_db_url is None:
+            # Before any Airflow process runs: readers and the one writer stop blocking
+            # each other (a backfill's writes failed with "database is locked" without it).
+            mode = airflow_db.use_wal(self.airflow_home / "airflow.db")
+            if mode.lower() != "wal":
+                self.say(f"binlake up: Airflow's SQLite database stays in journal mode {mode} (WAL refused)")
         # spark_default -> local[*], created once in the metadata DB (not through an
         # AIRFLOW_CONN_ variable) so it can be pointed at a cluster master from the UI.
         done = self._run_airflow_command(env, "connections", "add", "spark_default", "--conn-type", "spark",
@@ -438,6 +505,8 @@ class Stack:
         lines.append(f"  data         {self.data}  (logs in {self.logs})")
         if self.spark_remote:
             lines.append(f"  Spark        {self.spark_remote}  (Spark Connect, always on)")
+        if self.spark_master:
+            lines.append(f"  Spark        {self.spark_master}  (standalone cluster: spark-submit per window)")
         if self.cfg.airflow:
             env = self.airflow_env()
             lines += [
@@ -469,6 +538,12 @@ class Stack:
 
     def _watch(self) -> int:
         while not self.stop_requested.wait(1.0):
+            if self.spark_cluster is not None and not self.spark_cluster.running:
+                self.say(f"binlake up: the Spark cluster stopped; see {self.data / 'spark'}. Stopping the stack.")
+                return 1
+            if self.postgres is not None and not self.postgres.running:
+                self.say(f"binlake up: Airflow's PostgreSQL exited; see {self.postgres.log_path}. Stopping the stack.")
+                return 1
             for child in self.children:
                 if not child.alive:
                     self.say(f"binlake up: {child.name} exited with status {child.returncode}; "
@@ -477,9 +552,14 @@ class Stack:
         return 0
 
     def stop(self) -> None:
-        """Stop children in reverse start order: Airflow, then Pumps, then the registry."""
+        """Stop children in reverse start order: Airflow, Spark, the Pumps, the registry, then
+        Airflow's PostgreSQL."""
         running = [c for c in self.children if c.alive]
         if not running:
+            if self.spark_cluster is not None:
+                self.spark_cluster.stop()
+                self.spark_cluster = None
+            self._stop_postgres()
             return
         self.say("binlake up: stopping ...")
         airflow = [c for c in running if c.name.startswith("airflow ")]
@@ -500,7 +580,18 @@ class Stack:
             for child in group:
                 # Leftover grandchildren (e.g. a task's spark-submit) go with their group.
                 child.signal(signal.SIGKILL)
+            if group is airflow and self.spark_cluster is not None:
+                # With Airflow gone no job is left to run on it.
+                self.spark_cluster.stop()
+                self.spark_cluster = None
+        # Last: every Airflow process that wrote the metadata is gone.
+        self._stop_postgres()
         self.say("binlake up: stopped")
+
+    def _stop_postgres(self) -> None:
+        if self.postgres is not None:
+            self.postgres.stop()
+            self.postgres = None
 
 
 def parse_pump_args(text: str | None) -> list[str]:

@@ -272,6 +272,19 @@ class LocalPostgres(_LocalServer):
         # As root, the server must run as the package's system user.
         return not _is_root() or _has_user(_PG_USER)
 
+    def startable(self) -> str:
+        """'' when this server can start here; else why not, in one line (no binaries,
+        or, as root, a root dir the ``postgres`` user cannot reach)."""
+        try:
+            self._require_bin()
+            if _is_root():
+                if not _has_user(_PG_USER):
+                    return f"running as root, and there is no {_PG_USER} system user for PostgreSQL to run as"
+                _check_reachable(self.root_dir, pwd.getpwnam(_PG_USER))
+        except errors.FailedPrecondition as exc:
+            return str(exc)
+        return ""
+
     def _require_bin(self) -> pathlib.Path:
         if self._bin is None:
             raise errors.FailedPrecondition(
