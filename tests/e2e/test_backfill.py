@@ -2,7 +2,8 @@
 the always-on stack, newest first, and the lake ends up holding exactly them.
 
 The stack is a real ``binlake up`` child (registry, two Pumps, Airflow with
-API server, scheduler, DAG processor and triggerer over SQLite) with a 10 s
+API server, scheduler, DAG processor and triggerer over the stack's own
+PostgreSQL, or SQLite where PostgreSQL is not installed) with a 10 s
 ingest schedule and in-process ingests. While Airflow starts, an upstream
 application writes to a SQLite database through TxnWriter, one phase per
 10 s window over three windows: two CREATE TABLEs and an ADD COLUMN between
@@ -13,7 +14,10 @@ window, the test runs the real CLI, as the banner tells a user to::
     airflow backfill create --dag-id binlake_ingest --from-date A --to-date B \\
         --run-backwards --max-active-runs 1
 
-and waits on the REST API until the backfill has completed. It proves:
+and waits on the REST API until the backfill has completed. On PostgreSQL the
+test runs three backfills instead, one window each, newest first, while the
+scheduler runs: each ``backfill create`` must work at its first try (on SQLite
+a refused one is rerun, see ``_create_backfill_sqlite``). It proves:
 
 - the backfill made exactly one run per window, each through plan, wait,
   the in-process ingest and publish, one at a time, newest window first;
@@ -45,8 +49,10 @@ import dataclasses
 import datetime as dt
 import json
 import pathlib
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -66,6 +72,7 @@ from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.source.txn_writer import TxnWriter
 from binlake.sql.schema import ColumnDef as C
+from binlake.testing.devdb import LocalPostgres
 
 # Short windows keep the workload (three of them) shorter than Airflow's start,
 # during which it runs.
@@ -228,8 +235,9 @@ def _backfill(env_sh: pathlib.Path, cwd: pathlib.Path, *args: str) -> subprocess
                           cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=300)
 
 
-def _create_backfill(api: Api, env_sh: pathlib.Path, cwd: pathlib.Path, *args: str) -> None:
-    """`airflow backfill create`, rerun when SQLite refused it half way.
+def _create_backfill_sqlite(api: Api, env_sh: pathlib.Path, cwd: pathlib.Path, *args: str) -> None:
+    """`airflow backfill create` on SQLite metadata, rerun when SQLite refused it half way
+    (the fallback of a machine without PostgreSQL; on PostgreSQL it must work at once).
 
     Airflow commits the backfill row, then creates each run inside a savepoint
     that reads before it writes; on SQLite a scheduler commit in between makes
@@ -291,9 +299,22 @@ def _upstream_rows(url: str, table: str) -> dict[int, dict[str, Any]]:
         engine.dispose()
 
 
+@pytest.fixture
+def stack_dir() -> Iterator[pathlib.Path]:
+    """The stack's directory, under one every user may enter: Airflow's PostgreSQL
+    runs as the ``postgres`` user when the tests run as root (pytest's tmp_path is 0700)."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="binlake-backfill-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_backfill_fills_historical_windows_newest_first(tmp_path: pathlib.Path) -> None:
+def test_backfill_fills_historical_windows_newest_first(stack_dir: pathlib.Path) -> None:
+    tmp_path = stack_dir
     port, registry = free_port(), f"127.0.0.1:{free_port()}"
     url = f"sqlite:///{tmp_path / 'app.db'}"
     api = Api(port)
@@ -313,6 +334,9 @@ def test_backfill_fills_historical_windows_newest_first(tmp_path: pathlib.Path) 
                      "--airflow-port", str(port), PUMP_ARGS], tmp_path, env=env) as up:
         # The Pumps are online once Airflow's setup starts: the workload runs meanwhile.
         up.wait_for("binlake up: preparing Airflow metadata", timeout=120)
+        # PostgreSQL wherever its server is installed (SQLite only as the fallback).
+        on_postgres = "preparing Airflow metadata in PostgreSQL" in up.output
+        assert on_postgres or not LocalPostgres.available(), up.output
         origin, upstream, phase_sizes = _write_workload(registry, url)
         windows = [(origin + k * INTERVAL, origin + (k + 1) * INTERVAL) for k in range(len(PHASES))]
         window_ts = [(tso.from_datetime(a), tso.from_datetime(b)) for a, b in windows]
@@ -325,10 +349,21 @@ def test_backfill_fills_historical_windows_newest_first(tmp_path: pathlib.Path) 
         assert dag["is_paused"] is False and api.runs() == []
 
         started = time.monotonic()
-        _create_backfill(api, tmp_path / "state" / "airflow" / "env.sh", tmp_path, "--dag-id", "binlake_ingest",
-                         "--from-date", windows[0][0].isoformat(), "--to-date", windows[-1][0].isoformat(),
-                         "--run-backwards", "--max-active-runs", "1")
-        backfill = _wait_backfill_done(api, timeout=600)
+        env_sh = tmp_path / "state" / "airflow" / "env.sh"
+        if on_postgres:
+            # Several backfills while the scheduler runs, one window each, newest first:
+            # every `airflow backfill create` works at the first try.
+            for first, _end in reversed(windows):
+                done = _backfill(env_sh, tmp_path, "--dag-id", "binlake_ingest", "--from-date", first.isoformat(),
+                                 "--to-date", first.isoformat(), "--max-active-runs", "1")
+                assert done.returncode == 0, done.stdout + done.stderr
+                backfill = _wait_backfill_done(api, timeout=600)
+            assert len(api.get("/backfills?dag_id=binlake_ingest")["backfills"]) == len(windows)
+        else:
+            _create_backfill_sqlite(api, env_sh, tmp_path, "--dag-id", "binlake_ingest",
+                                    "--from-date", windows[0][0].isoformat(), "--to-date", windows[-1][0].isoformat(),
+                                    "--run-backwards", "--max-active-runs", "1")
+            backfill = _wait_backfill_done(api, timeout=600)
         print(f"backfill of {len(windows)} windows took {time.monotonic() - started:.0f}s")
         assert (backfill["max_active_runs"], backfill["is_paused"]) == (1, False)
 

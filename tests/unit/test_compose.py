@@ -152,3 +152,21 @@ def test_docker_compose_config() -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_spark_master_and_two_workers(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    master = services["spark-master"]
+    assert master["command"][:2] == ["spark-class", "org.apache.spark.deploy.master.Master"]
+    url = f"spark://spark-master:{_flag(master['command'], '--port')}"
+    workers = {name: s for name, s in services.items()
+               if (s.get("command") or [None, None])[:2] == ["spark-class", "org.apache.spark.deploy.worker.Worker"]}
+    assert sorted(workers) == ["spark-worker1", "spark-worker2"]
+    for name, worker in workers.items():
+        # Each registers with that master once it is healthy.
+        assert worker["command"][2] == url, name
+        assert worker["depends_on"]["spark-master"]["condition"] == "service_healthy", name
+    # The DAGs' Spark jobs (and the Connect server) run on that cluster.
+    env = services["airflow-scheduler"]["environment"]
+    assert env["BINLAKE_SPARK_MASTER"] == url
+    assert _flag(services["spark-connect"]["command"], "--master") == url
