@@ -77,9 +77,12 @@ def choose(requested: str, home: pathlib.Path) -> tuple[str, str]:
     return POSTGRES, ""
 
 
-def postgres_url(server: Any) -> str:
-    """The SQLAlchemy URL of Airflow's database on the running ``server`` (a
-    ``LocalPostgres``), creating the database on first use."""
+def postgres_urls(server: Any) -> tuple[str, str]:
+    """The SQLAlchemy URLs (sync, async) of Airflow's database on the running ``server``
+    (a ``LocalPostgres``), creating the database on first use.
+
+    Airflow 3 opens an async engine too, by default through asyncpg, which binlake
+    does not install: psycopg 3 (installed for the upstreams) serves both modes."""
     import psycopg
 
     if not server.running:
@@ -89,8 +92,9 @@ def postgres_url(server: Any) -> str:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
     if exists is None:
         server.create_database(DATABASE)
-    # psycopg2: the driver Airflow's PostgreSQL support is tested with.
-    return f"postgresql+psycopg2://postgres@127.0.0.1:{server.port}/{DATABASE}"
+    # psycopg2: the driver Airflow's PostgreSQL support is tested with; psycopg 3 for async.
+    where = f"postgres@127.0.0.1:{server.port}/{DATABASE}"
+    return f"postgresql+psycopg2://{where}", f"postgresql+psycopg://{where}"
 
 
 def use_wal(db: pathlib.Path) -> str:

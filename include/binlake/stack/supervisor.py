@@ -185,6 +185,7 @@ class Stack:
         # Airflow's PostgreSQL (a LocalPostgres) and its URL; None on SQLite.
         self.postgres: Any = None
         self.airflow_db_url: str | None = None
+        self.airflow_db_async_url: str | None = None
         self.stop_requested = threading.Event()
         self.force = threading.Event()
 
@@ -384,6 +385,7 @@ class Stack:
             env.setdefault("BINLAKE_INGEST_MODE", "spark-submit")
         if self.airflow_db_url:
             env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = self.airflow_db_url
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] = self.airflow_db_async_url or self.airflow_db_url
             env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", None)  # SQLite's lock timeout
         if self.spark_remote:
             # The DAGs' Spark jobs run as clients of the always-on server (ingest mode `connect`).
@@ -442,7 +444,7 @@ class Stack:
         self.postgres = LocalPostgres(airflow_db.postgres_dir(self.airflow_home))
         try:
             self.postgres.start()
-            self.airflow_db_url = airflow_db.postgres_url(self.postgres)
+            self.airflow_db_url, self.airflow_db_async_url = airflow_db.postgres_urls(self.postgres)
         except errors.BinlakeError as exc:
             raise errors.FailedPrecondition(f"Airflow's PostgreSQL did not start: {exc}") from None
         return (f"PostgreSQL on 127.0.0.1:{self.postgres.port}, database {airflow_db.DATABASE} "
