@@ -163,3 +163,23 @@ def test_the_deadline_callback_describes_the_late_window() -> None:
     # Airflow keeps a callback's result in a text column: a string, never a dict.
     out = asyncio.run(deadline.window_late(None, 900.0, context))
     assert out == payload["text"] and "is not in the lake 900s after it closed (run r1)" in out
+
+
+def test_spark_master_setting_and_the_submit_operators_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from binlake_airflow.operators import IngestSubmitOperator
+
+    monkeypatch.setenv("BINLAKE_SPARK_MASTER", "spark:/h1")
+    with pytest.raises(config.ConfigError, match=r"binlake_spark_master .*not a Spark master URL"):
+        config.spark_master()
+    monkeypatch.setenv("BINLAKE_SPARK_MASTER", "spark://h1:7077")
+    assert config.spark_master() == "spark://h1:7077"
+    # spark-submit ingests: the setting (rendered into `master`) wins over spark_default's.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    op = IngestSubmitOperator(task_id="ingest", application="jobs/ingest.py", conn_id="spark_default",
+                              master="spark://h1:7077")
+    assert "master" in op.template_fields
+    assert op._get_hook()._connection["master"] == "spark://h1:7077"
+    op = IngestSubmitOperator(task_id="ingest", application="jobs/ingest.py", conn_id="spark_default", master="")
+    assert op._get_hook()._connection["master"] == "local[2]"

@@ -88,3 +88,18 @@ def test_airflow_db_choice(tmp_path: pathlib.Path) -> None:
 def test_spark_cluster_arguments(tmp_path: pathlib.Path, kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         SparkCluster(tmp_path, **kwargs)  # type: ignore[arg-type]
+
+
+def test_up_with_a_spark_cluster_points_airflow_at_it(tmp_path: pathlib.Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from binlake.stack.supervisor import Stack, StackConfig
+
+    for name in ("BINLAKE_INGEST_MODE", "BINLAKE_SPARK_REMOTE", "BINLAKE_SPARK_MASTER"):
+        monkeypatch.delenv(name, raising=False)
+    stack = Stack(StackConfig(data_dir=tmp_path, spark_cluster=True, spark_master_port=7177))
+    env = stack.airflow_env()
+    # Every window a spark-submit application of the cluster; no Connect server beside it.
+    assert (env["BINLAKE_SPARK_MASTER"], env["BINLAKE_INGEST_MODE"]) == ("spark://127.0.0.1:7177", "spark-submit")
+    assert stack.spark_remote is None and "BINLAKE_SPARK_REMOTE" not in env
+    plain = Stack(StackConfig(data_dir=tmp_path))
+    assert plain.spark_master is None and plain.spark_remote is not None
