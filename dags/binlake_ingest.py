@@ -14,7 +14,8 @@ the window `[tso(start), tso(end))`.
    always-on Spark Connect server (`binlake_ingest_mode` `connect`, the
    default when `binlake_spark_remote` is set, as `binlake up` does) or in a
    `local[*]` session (`inprocess`) — or **ingest** — `spark-submit
-   jobs/ingest.py` through the `spark_default` connection, one Spark
+   jobs/ingest.py` with `binlake_spark_master` as its master (a `spark://`
+   standalone cluster) or else the `spark_default` connection's, one Spark
    application per window (`spark-submit`, the default without a Connect
    server). A window no retry can ingest (below a GC ts, overlapping an
    ingested window with other bounds) fails at once, anything else retries;
