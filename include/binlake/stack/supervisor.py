@@ -523,7 +523,8 @@ class Stack:
         else:
             lines.append("  Airflow      not started (--no-airflow)")
         lines += [f"  binlake ctl pumps --registry {self.registry_addr}", "",
-                  "Press Ctrl-C to stop everything (Airflow, then the Pumps, then the registry).", ""]
+                  "Press Ctrl-C to stop everything (Airflow, then Spark, then the Pumps, then the registry"
+                  + (", then Airflow's PostgreSQL)." if self.postgres is not None else ")."), ""]
         self.say("\n".join(lines))
 
     def apply_tasks_line(self) -> str:
