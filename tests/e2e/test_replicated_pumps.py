@@ -202,11 +202,11 @@ def test_windows_are_read_with_the_w_in_force_across_a_raise_of_r(
         procs: Processes, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """R = W = 1 at first; ``ctl replication`` raises them to 2 mid-run (recorded in
     the registry from a TSO 1 s ahead); transactions here last milliseconds, so the
-    readers' look-back (``txn_lookback_s``) is 2 s. With a Pump then down for good, a
+    readers' look-back (``txn_lookback_s``) is 5 s. With a Pump then down for good, a
     window before the change waits for it (W = 1 was in force: it may hold the only
     copy), a window reaching back over the change too, and a window a look-back
     after the change is served from the two others, nothing missing."""
-    monkeypatch.setenv("BINLAKE_CLIENT_TXN_LOOKBACK_S", "2")
+    monkeypatch.setenv("BINLAKE_CLIENT_TXN_LOOKBACK_S", "5")
     with _rig(procs, tmp_path, replicas=1) as rig:
         reg, load = rig.reg, rig.load
         try:
@@ -217,12 +217,14 @@ def test_windows_are_read_with_the_w_in_force_across_a_raise_of_r(
             assert res.returncode == 0, res.stderr
             (change,) = reg.get_replication()
             assert (change.replicas, change.min_acks) == (2, 2)
-            wait_until(lambda: tso.physical_ms(reg.get_ts()) > tso.physical_ms(change.from_ts) + 4500, timeout=30,
+            wait_until(lambda: tso.physical_ms(reg.get_ts()) > tso.physical_ms(change.from_ts) + 7500, timeout=30,
                        what="writes past the change and a look-back")
             load.finish()
         finally:
             load.stop.set()
         assert load.crashes == [] and load.failed == [], load.failed[:1]
+        # The look-back's premise: no transaction ran longer.
+        assert max(tso.physical_ms(c) - tso.physical_ms(s) for s, c in load.acked.items()) < 5000
         singles = {p for p in load.placements if "," not in p}
         assert singles and any(len(p.split(",")) == 2 for p in load.placements), load.placements
         end = max(load.acked.values()) + 1
@@ -231,7 +233,7 @@ def test_windows_are_read_with_the_w_in_force_across_a_raise_of_r(
         victim = "p2"
         rig.pumps[victim][0].kill()
         shutil.rmtree(tmp_path / victim)
-        after = tso.compose(tso.physical_ms(change.from_ts) + 2000)
+        after = tso.compose(tso.physical_ms(change.from_ts) + 5000)
         # Before the change (W = 1 in force): waits for the dead Pump, naming it.
         with pytest.raises(errors.Unavailable, match=rf"pump {victim} at \S+ is unreachable"):
             plan_read(rig.reg_addr, first, change.from_ts)
