@@ -12,6 +12,13 @@ process. The data: a sysbench-like table filled by ``INSERT ... SELECT`` in
 transactions of ``--rows-per-txn`` rows until ``--rows`` row changes are in
 the binlog.
 
+The bulk case runs the source three ways: natively framed (``_framec``) with
+the native row decoder (the default when built), on mysql-replication's own
+stream framing with the native rows (``BINLAKE_NATIVE_FRAMING=0``), and on the
+Python path for both. The live case runs twice in the same run, natively
+framed and on mysql-replication's framing, and sets the whole chain's CPU per
+transaction against that of ``mysqlbinlog`` following as a replica.
+
 The live case also reports what following the upstream costs the source:
 its CPU seconds (from /proc) per upstream transaction, and the Pump's and
 the registry's; how long after the workload stopped the source's checkpoint
@@ -72,10 +79,12 @@ def _checkpoint(data_dir: pathlib.Path) -> tuple[str, int]:
 
 
 def _source(port: int, registry: str, data_dir: pathlib.Path, start: str, log: pathlib.Path,
-            native: bool = True) -> subprocess.Popen[bytes]:
+            native: bool = True, framed: bool = True) -> subprocess.Popen[bytes]:
+    from binlake.source.mysql.framing import NATIVE_FRAMING_ENV
     from binlake.source.mysql.rowsplan import NATIVE_ROWS_ENV
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", NATIVE_ROWS_ENV: "1" if native else "0"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", NATIVE_ROWS_ENV: "1" if native else "0",
+           NATIVE_FRAMING_ENV: "1" if framed else "0"}
     with log.open("ab") as f:
         return subprocess.Popen(
             [str(BINLAKE), "source", "mysql", "--dsn", f"mysql://root@127.0.0.1:{port}", "--server-id", "4242",
@@ -154,6 +163,40 @@ def _workload(port: int, seconds: float, count: list[int] | None = None) -> floa
         conn.close()
 
 
+def _live(port: int, reg_addr: str, base: pathlib.Path, mode: str, log: pathlib.Path,
+          cluster: list[subprocess.Popen[bytes]], procs: list[subprocess.Popen[bytes]],
+          seconds: float) -> dict[str, Any]:
+    """One client's workload for ``seconds`` with the source (``mode``: native or
+    libframe, native rows either way) following from the server's end; its figures."""
+    from binlake.source.mysql import rowsplan
+
+    t_end = _sql(port, "SHOW MASTER STATUS")[0]
+    d = base / f"live-{mode}"
+    proc = _source(port, reg_addr, d, f"{t_end[0]}:{t_end[1]}", log, native=rowsplan.available(),
+                   framed=mode == "native")
+    procs.append(proc)
+    while _checkpoint(d)[0] == "":
+        if proc.poll() is not None:
+            raise SystemExit(f"source exited with {proc.returncode}; log {log}")
+        time.sleep(0.05)
+    time.sleep(2.0)  # its start-up (imports, definitions sent, first checkpoint) is not the workload's cost
+    watched = {"source": proc.pid, "pump": cluster[1].pid, "registry": cluster[0].pid}
+    cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
+    count: list[int] = []
+    t_start = time.monotonic()
+    rate = _workload(port, seconds, count)
+    w_end = _sql(port, "SHOW MASTER STATUS")[0]
+    t_stop = time.monotonic()
+    caught = _wait_at(d, (str(w_end[0]), int(w_end[1])), proc, log, timeout=600)
+    cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items()}
+    # The source's journal: one line per step; a line's "b" is the group it began.
+    begun = [len(json.loads(x).get("b", ())) for x in (d / "journal.log").read_text().splitlines()]
+    proc.terminate()
+    proc.wait(30)
+    return {"rate": rate, "txns": count[0], "cpu": cpu, "catch_up": caught - t_stop,
+            "kept_up": count[0] / (caught - t_start), "groups": [n for n in begun if n], "steps": len(begun)}
+
+
 def main(args: argparse.Namespace | None = None) -> int:
     from binlake.testing.devdb import LocalMariaDB
 
@@ -206,14 +249,17 @@ def main(args: argparse.Namespace | None = None) -> int:
 
         # 2. The source from the same start position to the end, into one Pump: with the
         #    native row decoder (the default when built) and forced onto the Python path.
-        from binlake.source.mysql import rowsplan
+        #    And with the native rows but mysql-replication's own (Python) stream framing.
+        from binlake.source.mysql import framing, rowsplan
 
         modes = ["native", "python"] if rowsplan.available() else ["python"]
+        if rowsplan.available() and framing.available():
+            modes.insert(1, "libframe")
         source_s: dict[str, float] = {}
         for mode in modes:
             t0 = time.monotonic()
             proc = _source(port, reg_addr, base / f"src-{mode}", f"{f0}:{p0}", log,
-                           native=mode == "native")
+                           native=mode != "python", framed=mode == "native")
             procs.append(proc)
             source_s[mode] = _wait_at(base / f"src-{mode}", end_pos, proc, log, timeout=3600) - t0
             proc.terminate()
@@ -232,35 +278,16 @@ def main(args: argparse.Namespace | None = None) -> int:
         procs.append(follower)
         time.sleep(0.5)
         c0 = cpu_seconds(follower.pid)
-        with_c_replica = _workload(port, seconds)
+        c_count: list[int] = []
+        with_c_replica = _workload(port, seconds, c_count)
         c_replica_cpu = cpu_seconds(follower.pid) - c0
         follower.terminate()
         follower.wait(30)
-        t_end = _sql(port, "SHOW MASTER STATUS")[0]
-        proc = _source(port, reg_addr, base / "src2", f"{t_end[0]}:{t_end[1]}", log, native=rowsplan.available())
-        procs.append(proc)
-        while _checkpoint(base / "src2")[0] == "":
-            if proc.poll() is not None:
-                raise SystemExit(f"source exited with {proc.returncode}; log {log}")
-            time.sleep(0.05)
-        time.sleep(0.5)  # its start-up (definitions sent, first checkpoint) is not the workload's cost
-        watched = {"source": proc.pid, "pump": cluster[1].pid, "registry": cluster[0].pid}
-        cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
-        count: list[int] = []
-        t_start = time.monotonic()
-        with_source = _workload(port, seconds, count)
-        w_end = _sql(port, "SHOW MASTER STATUS")[0]
-        t_stop = time.monotonic()
-        caught = _wait_at(base / "src2", (str(w_end[0]), int(w_end[1])), proc, log, timeout=600)
-        cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items()}
-        catch_up = caught - t_stop
-        # The source's journal: one line per step; a line's "b" is the group it began.
-        begun = [len(json.loads(x).get("b", ())) for x in (base / "src2" / "journal.log").read_text().splitlines()]
-        groups = [n for n in begun if n]
-        txns = count[0]
-        source_rate = txns / (caught - t_start)
-        proc.terminate()
-        proc.wait(30)
+        # The source following live: natively framed, then (same run) on mysql-replication's framing.
+        live_modes = ["native", "libframe"] if framing.available() else ["libframe"]
+        live: dict[str, dict[str, Any]] = {}
+        for lm in live_modes:
+            live[lm] = _live(port, reg_addr, base, lm, log, cluster, procs, seconds)
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -278,28 +305,38 @@ def main(args: argparse.Namespace | None = None) -> int:
     print("| decoder | row changes | seconds | row changes/s | ratio to mysqlbinlog |")
     print("|---|---:|---:|---:|---:|")
     print(f"| mysqlbinlog --verbose (C, to /dev/null) | {decoded} | {tool_s:.2f} | {decoded / tool_s:,.0f} | 1.00 |")
+    names = {"native": "native framing + native rows", "libframe": "mysql-replication framing + native rows "
+             f"({framing.NATIVE_FRAMING_ENV}=0)", "python": "Python path (BINLAKE_NATIVE_ROWS=0, "
+             f"{framing.NATIVE_FRAMING_ENV}=0)"}
     for mode, secs in source_s.items():
-        what = "native row decoder" if mode == "native" else "Python path (BINLAKE_NATIVE_ROWS=0)"
-        print(f"| binlake source mysql, {what} -> 1 Pump (fsync'ed, checkpointed) | {rows} | {secs:.2f} | "
+        print(f"| binlake source mysql, {names[mode]} -> 1 Pump (fsync'ed, checkpointed) | {rows} | {secs:.2f} | "
               f"{rows / secs:,.0f} | {(rows / secs) / (decoded / tool_s):.3f} |")
-    if len(source_s) == 2:
-        print(f"\nnative / Python path: {source_s['python'] / source_s['native']:.2f}x row changes/s")
+    c_us = 1e6 * c_replica_cpu / max(c_count[0], 1)
     print(f"\n| upstream, 1 client, {seconds:g}s | txn/s | ratio |")
     print("|---|---:|---:|")
     print(f"| source not running | {plain:,.0f} | 1.00 |")
     print(f"| mysqlbinlog (C) as a replica following live, decoding to /dev/null | {with_c_replica:,.0f} | "
           f"{with_c_replica / plain:.3f} |")
-    print(f"| source following live ({modes[0]} rows) | {with_source:,.0f} | {with_source / plain:.3f} |")
-    print(f"\noverhead on the upstream: {100 * (1 - with_source / plain):.1f} % (target <= 5 %)"
-          + (f"; registry, Pump and source at nice {_NICE[0]}" if _NICE[0] else ""))
-    print(f"\n| the source following {txns:,} upstream transactions | value |")
-    print("|---|---:|")
-    print(f"| caught up after the workload stopped (its lag then; checkpoint at the server's end) | {catch_up:.2f} s |")
-    print(f"| upstream transactions/s it kept up with (start of the workload to caught up) | {source_rate:,.0f} |")
+    for lm, r in live.items():
+        print(f"| source following live ({names[lm]}) | {r['rate']:,.0f} | {r['rate'] / plain:.3f} |")
+    if _NICE[0]:
+        print(f"\nregistry, Pump and source at nice {_NICE[0]}")
+    print("\n| the source following live | " + " | ".join(names[lm] for lm in live) + " |")
+    print("|---|" + "---:|" * len(live))
+
+    def row(what: str, f: Any) -> None:
+        print(f"| {what} | " + " | ".join(f(r) for r in live.values()) + " |")
+
+    row("upstream transactions", lambda r: f"{r['txns']:,}")
+    row("caught up after the workload stopped (its lag then)", lambda r: f"{r['catch_up']:.2f} s")
+    row("upstream transactions/s it kept up with", lambda r: f"{r['kept_up']:,.0f}")
     for k in ("source", "pump", "registry"):
-        print(f"| {k} CPU per upstream transaction | {1e6 * cpu[k] / max(txns, 1):,.0f} us |")
-    print(f"| source CPU in all | {cpu['source']:.2f} s (mysqlbinlog as a replica: {c_replica_cpu:.2f} s) |")
-    print(f"| groups (steps: journal lines) | {len(groups):,} ({len(begun):,}) |")
-    print(f"| upstream transactions per group: mean / largest | {sum(groups) / max(len(groups), 1):.1f} / "
-          f"{max(groups, default=0)} |")
+        row(f"{k} CPU per upstream transaction", lambda r, k=k: f"{1e6 * r['cpu'][k] / max(r['txns'], 1):,.0f} us")
+    row("whole chain CPU per upstream transaction",
+        lambda r: f"{1e6 * sum(r['cpu'].values()) / max(r['txns'], 1):,.0f} us")
+    row("ratio to the C replica's CPU per transaction "
+        f"({c_us:,.0f} us)", lambda r: f"{1e6 * sum(r['cpu'].values()) / max(r['txns'], 1) / max(c_us, 1e-9):.1f}x")
+    row("groups (steps: journal lines)", lambda r: f"{len(r['groups']):,} ({r['steps']:,})")
+    row("upstream transactions per group: mean / largest",
+        lambda r: f"{sum(r['groups']) / max(len(r['groups']), 1):.1f} / {max(r['groups'], default=0)}")
     return 0
