@@ -197,6 +197,139 @@ def _live(port: int, reg_addr: str, base: pathlib.Path, mode: str, log: pathlib.
             "kept_up": count[0] / (caught - t_start), "groups": [n for n in begun if n], "steps": len(begun)}
 
 
+def _pg_workload(dsn: str, seconds: float, count: list[int]) -> float:
+    """The MySQL live case's workload on PostgreSQL: update one row by key + insert one row per transaction."""
+    import psycopg
+
+    n = 0
+    base = 50_000_000 + int(time.time() * 1000) % 1_000_000 * 100
+    with psycopg.connect(dsn) as conn:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            conn.execute("UPDATE sbtest SET k = k + 1 WHERE id = %s", (n % 1000 + 1,))
+            conn.execute("INSERT INTO sbtest VALUES (%s, %s, %s, %s)", (base + n, n, "c" * 120, "p" * 60))
+            conn.commit()
+            n += 1
+        count.append(n)
+        return n / (time.monotonic() - t0)
+
+
+def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
+    """``--postgres``: the PostgreSQL source (pgoutput) following one client live, against
+    ``pg_recvlogical`` (C, pgoutput to /dev/null) following the same publication: the
+    upstream's rate in each case and the CPU per upstream transaction of each follower."""
+    import psycopg
+
+    from binlake.testing.devdb import LocalPostgres
+
+    tool = shutil.which("pg_recvlogical")
+    if not LocalPostgres.available() or tool is None:
+        print("PostgreSQL (with pg_recvlogical) is not installed: nothing to measure", file=sys.stderr)
+        return 2
+    base = pathlib.Path(args.dir) if getattr(args, "dir", None) else pathlib.Path(
+        tempfile.mkdtemp(prefix="source-", dir=ROOT / "bench" if (ROOT / "bench").is_dir() else None))
+    base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o755)  # PostgreSQL runs as its own user (it refuses root) and must reach its data dir
+    server = LocalPostgres(base / "pg", logical=True).start()
+    procs: list[subprocess.Popen[bytes]] = []
+    log = base / "source.log"
+    try:
+        reg_addr, cluster = _start_cluster(base, log)
+        procs += cluster
+        dsn = server.create_database("bench").replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE sbtest (id BIGINT PRIMARY KEY, k INT NOT NULL, c CHAR(120) NOT NULL, "
+                         "pad CHAR(60) NOT NULL)")
+            conn.execute("ALTER TABLE sbtest REPLICA IDENTITY FULL")
+            conn.execute("INSERT INTO sbtest SELECT g, g % 1000, repeat('c', 120), repeat('p', 60) "
+                         "FROM generate_series(1, 1000) g")
+            conn.execute("CREATE PUBLICATION floor FOR TABLE sbtest")
+        count: list[int] = []
+        plain = _pg_workload(dsn, seconds, count)
+        # The floor: pg_recvlogical (C) decoding nothing itself, pgoutput's bytes to /dev/null.
+        conn_args = ["-d", dsn, "--slot", "floor"]
+        subprocess.run([tool, *conn_args, "--create-slot", "-P", "pgoutput"], check=True, capture_output=True)
+        floor = subprocess.Popen([tool, *conn_args, "--start", "-o", "proto_version=1", "-o",
+                                  "publication_names=floor", "-f", "/dev/null"], stderr=subprocess.DEVNULL)
+        procs.append(floor)
+        time.sleep(1.0)
+        c0 = cpu_seconds(floor.pid)
+        c_count: list[int] = []
+        with_floor = _pg_workload(dsn, seconds, c_count)
+        time.sleep(0.5)
+        floor_cpu = cpu_seconds(floor.pid) - c0
+        floor.terminate()
+        floor.wait(30)
+        subprocess.run([tool, *conn_args, "--drop-slot"], check=False, capture_output=True)
+        d = base / "src-pg"
+        with log.open("ab") as f:
+            proc = subprocess.Popen(
+                [str(BINLAKE), "source", "postgres", "--dsn", dsn, "--slot", "binlake", "--publication", "binlake",
+                 "--create", "--registry", reg_addr, "--data-dir", str(d)],
+                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_niced)
+        procs.append(proc)
+        deadline = time.monotonic() + 120
+        while not (d / "journal.log").exists() or not (d / "state.json").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"postgres source did not start; log {log}")
+            time.sleep(0.1)
+        time.sleep(2.0)  # its start-up is not the workload's cost
+        watched = {"source": proc.pid, "pump": cluster[1].pid, "registry": cluster[0].pid}
+        cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
+        s_count: list[int] = []
+        with_source = _pg_workload(dsn, seconds, s_count)
+        # Caught up: the journal stops growing (no LSN to compare a checkpoint with here).
+        t_stop = time.monotonic()
+        last, still = -1, 0.0
+        while True:
+            size = (d / "journal.log").stat().st_size
+            if size == last:
+                if time.monotonic() - still > 1.0:
+                    break
+            else:
+                last, still = size, time.monotonic()
+            if proc.poll() is not None:
+                raise SystemExit(f"postgres source exited with {proc.returncode}; log {log}")
+            time.sleep(0.05)
+        settle = still - t_stop
+        cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items()}
+        begun = [len(json.loads(x).get("b", ())) for x in (d / "journal.log").read_text().splitlines()]
+        groups = [n for n in begun if n]
+        proc.terminate()
+        proc.wait(30)
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        server.stop()
+        if not getattr(args, "dir", None):
+            shutil.rmtree(base, ignore_errors=True)
+    txns = s_count[0]
+    floor_us = 1e6 * floor_cpu / max(c_count[0], 1)
+    chain_us = 1e6 * sum(cpu.values()) / max(txns, 1)
+    print(f"\n| PostgreSQL upstream, 1 client, {seconds:g}s | txn/s | ratio |")
+    print("|---|---:|---:|")
+    print(f"| nothing following | {plain:,.0f} | 1.00 |")
+    print(f"| pg_recvlogical (C, pgoutput to /dev/null) following | {with_floor:,.0f} | {with_floor / plain:.3f} |")
+    print(f"| binlake source postgres -> Pump, with its registry | {with_source:,.0f} | {with_source / plain:.3f} |")
+    print(f"\n| the source following {txns:,} upstream transactions | value |")
+    print("|---|---:|")
+    print(f"| journal settled after the workload stopped (about its lag) | {settle:.2f} s |")
+    for k in ("source", "pump", "registry"):
+        print(f"| {k} CPU per upstream transaction | {1e6 * cpu[k] / max(txns, 1):,.0f} us |")
+    print(f"| whole chain CPU per upstream transaction | {chain_us:,.0f} us |")
+    print(f"| pg_recvlogical CPU per upstream transaction | {floor_us:,.0f} us (chain: {chain_us / max(floor_us, 1e-9):.1f}x) |")
+    print(f"| groups (steps: journal lines) | {len(groups):,} ({len(begun):,}) |")
+    print(f"| upstream transactions per group: mean / largest | {sum(groups) / max(len(groups), 1):.1f} / "
+          f"{max(groups, default=0)} |")
+    return 0
+
+
 def main(args: argparse.Namespace | None = None) -> int:
     from binlake.testing.devdb import LocalMariaDB
 
@@ -204,6 +337,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     per_txn = int(getattr(args, "rows_per_txn", 1000))
     seconds = float(getattr(args, "seconds", 10.0))
     _NICE[0] = int(getattr(args, "nice", 0) or 0)
+    if getattr(args, "postgres", False):
+        return _postgres(args, seconds)
     if not LocalMariaDB.available():
         print("MariaDB is not installed (apt-get install mariadb-server): nothing to measure", file=sys.stderr)
         return 2
