@@ -391,12 +391,16 @@ def main(args: argparse.Namespace | None = None) -> int:
         if rowsplan.available() and framing.available():
             modes.insert(1, "libframe")
         source_s: dict[str, float] = {}
-        for mode in modes:
+        # The two native modes run twice, alternated (a-b-a-b), and the faster run of each
+        # counts: on a shared machine the order otherwise weighs on the comparison.
+        runs = modes[:-1] * 2 + modes[-1:] if len(modes) == 3 else modes
+        for n, mode in enumerate(runs):
             t0 = time.monotonic()
-            proc = _source(port, reg_addr, base / f"src-{mode}", f"{f0}:{p0}", log,
-                           native=mode != "python", framed=mode == "native")
+            d = base / f"src-{mode}-{n}"
+            proc = _source(port, reg_addr, d, f"{f0}:{p0}", log, native=mode != "python", framed=mode == "native")
             procs.append(proc)
-            source_s[mode] = _wait_at(base / f"src-{mode}", end_pos, proc, log, timeout=3600) - t0
+            secs = _wait_at(d, end_pos, proc, log, timeout=3600) - t0
+            source_s[mode] = min(secs, source_s.get(mode, secs))
             proc.terminate()
             proc.wait(30)
 
@@ -444,7 +448,8 @@ def main(args: argparse.Namespace | None = None) -> int:
              f"({framing.NATIVE_FRAMING_ENV}=0)", "python": "Python path (BINLAKE_NATIVE_ROWS=0, "
              f"{framing.NATIVE_FRAMING_ENV}=0)"}
     for mode, secs in source_s.items():
-        print(f"| binlake source mysql, {names[mode]} -> 1 Pump (fsync'ed, checkpointed) | {rows} | {secs:.2f} | "
+        best = " (faster of 2 runs)" if mode != "python" and len(source_s) == 3 else ""
+        print(f"| binlake source mysql, {names[mode]} -> 1 Pump (fsync'ed, checkpointed){best} | {rows} | {secs:.2f} | "
               f"{rows / secs:,.0f} | {(rows / secs) / (decoded / tool_s):.3f} |")
     c_us = 1e6 * c_replica_cpu / max(c_count[0], 1)
     print(f"\n| upstream, 1 client, {seconds:g}s | txn/s | ratio |")
