@@ -330,6 +330,61 @@ def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
     return 0
 
 
+def _framing_only(args: argparse.Namespace | None, rows: int, per_txn: int) -> int:
+    """``--framing-only``: the CPU of reading a binlog (``rows`` row changes in bulk
+    transactions, then 3,000 one-row updates) to its end, in this process, through the
+    native framer and through mysql-replication's reader (rows not decoded either way),
+    alternated twice."""
+    import pymysql
+    from pymysqlreplication import BinLogStreamReader
+
+    from binlake.source.mysql import framing
+    from binlake.testing.devdb import LocalMariaDB
+
+    if not LocalMariaDB.available() or not framing.available():
+        print("MariaDB or the native framer (_framec) is missing: nothing to measure", file=sys.stderr)
+        return 2
+    base = pathlib.Path(tempfile.mkdtemp(prefix="framing-"))
+    server = LocalMariaDB(base / "mariadb", binlog=True).start()
+    results: list[tuple[str, int, float]] = []
+    try:
+        port = server.port
+        _sql(port, "CREATE DATABASE bench", "CREATE TABLE bench.sbtest (id BIGINT PRIMARY KEY, k INT NOT NULL, "
+             "c CHAR(120) NOT NULL, pad CHAR(60) NOT NULL)")
+        f0, p0 = _sql(port, "SHOW MASTER STATUS")[0][:2]
+        for done in range(0, rows, per_txn):
+            _sql(port, f"INSERT INTO sbtest SELECT seq, seq % 1000, REPEAT('c', 120), REPEAT('p', 60) "
+                       f"FROM seq_{done + 1}_to_{min(rows, done + per_txn)}", db="bench")
+        conn = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True, database="bench")
+        with conn.cursor() as cur:
+            for i in range(3000):
+                cur.execute("UPDATE sbtest SET k = k + 1 WHERE id = %s", (i % rows + 1,))
+        conn.close()
+        end = int(_sql(port, "SHOW MASTER STATUS")[0][1])
+        for n, native in enumerate((True, False, True, False)):
+            stream = BinLogStreamReader(
+                connection_settings={"host": "127.0.0.1", "port": port, "user": "root", "password": ""},
+                server_id=900 + n, blocking=True, only_events=framing.EVENTS, freeze_schema=True,
+                slave_heartbeat=1, log_file=f0, log_pos=int(p0), resume_stream=True)
+            events = iter(framing.NativeReader(stream)) if native else framing.library_events(stream)
+            count, t0 = 0, time.process_time()
+            for ev in events:
+                count += 1
+                if ev[0] == framing.XID and ev[2] >= end:
+                    break
+            results.append(("native" if native else "mysql-replication", count, time.process_time() - t0))
+            stream.close()
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"\n| reading {rows:,} bulk row changes + 3,000 one-row transactions (rows not decoded) | events | "
+          "CPU s | us per event |")
+    print("|---|---:|---:|---:|")
+    for what, count, cpu in results:
+        print(f"| {what} | {count:,} | {cpu:.3f} | {1e6 * cpu / max(count, 1):.1f} |")
+    return 0
+
+
 def main(args: argparse.Namespace | None = None) -> int:
     from binlake.testing.devdb import LocalMariaDB
 
@@ -339,6 +394,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     _NICE[0] = int(getattr(args, "nice", 0) or 0)
     if getattr(args, "postgres", False):
         return _postgres(args, seconds)
+    if getattr(args, "framing_only", False):
+        return _framing_only(args, rows, per_txn)
     if not LocalMariaDB.available():
         print("MariaDB is not installed (apt-get install mariadb-server): nothing to measure", file=sys.stderr)
         return 2
