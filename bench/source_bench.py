@@ -47,11 +47,23 @@ from benchkit import cpu_seconds
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # ``--nice``: the niceness the registry, Pump and source run at (0: the benchmark's own).
 _NICE = [0]
+# ``--pinned``: the upstream (server and the workload's client, this process) on CPU 0,
+# every follower (registry, Pump, source, the C replica) on CPU 1.
+_PIN = [False]
 
 
 def _niced() -> None:
     if _NICE[0]:
         os.nice(_NICE[0])
+    if _PIN[0]:
+        os.sched_setaffinity(0, {1})
+
+
+def _pin_upstream(server_pid: int) -> None:
+    """The server's threads (new ones inherit it) and this process onto CPU 0."""
+    for tid in os.listdir(f"/proc/{server_pid}/task"):
+        os.sched_setaffinity(int(tid), {0})
+    os.sched_setaffinity(0, {0})
 BINLAKE = pathlib.Path(sys.executable).parent / "binlake"
 
 
@@ -392,6 +404,10 @@ def main(args: argparse.Namespace | None = None) -> int:
     per_txn = int(getattr(args, "rows_per_txn", 1000))
     seconds = float(getattr(args, "seconds", 10.0))
     _NICE[0] = int(getattr(args, "nice", 0) or 0)
+    _PIN[0] = bool(getattr(args, "pinned", False))
+    if _PIN[0] and len(os.sched_getaffinity(0)) < 2:
+        print("--pinned needs 2 CPUs this process may run on", file=sys.stderr)
+        return 2
     if getattr(args, "postgres", False):
         return _postgres(args, seconds)
     if getattr(args, "framing_only", False):
@@ -409,6 +425,9 @@ def main(args: argparse.Namespace | None = None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     log = base / "source.log"
     try:
+        if _PIN[0]:
+            assert server.proc is not None
+            _pin_upstream(server.proc.pid)
         reg_addr, cluster = _start_cluster(base, log)
         procs += cluster
         port = server.port
@@ -470,7 +489,7 @@ def main(args: argparse.Namespace | None = None) -> int:
             [tool, "--read-from-remote-server", "--stop-never", "--stop-never-slave-server-id=4343",
              "--host=127.0.0.1", f"--port={port}", "--user=root", "--verbose",
              "--base64-output=DECODE-ROWS", f"--start-position={r_end[1]}", str(r_end[0])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_niced)
         procs.append(follower)
         time.sleep(0.5)
         c0 = cpu_seconds(follower.pid)
@@ -518,6 +537,9 @@ def main(args: argparse.Namespace | None = None) -> int:
         print(f"| source following live ({names[lm]}) | {r['rate']:,.0f} | {r['rate'] / plain:.3f} |")
     if _NICE[0]:
         print(f"\nregistry, Pump and source at nice {_NICE[0]}")
+    if _PIN[0]:
+        print("\npinned: the server and the workload's client on CPU 0; registry, Pump, source and the C replica "
+              "on CPU 1 (bulk cases too)")
     print("\n| the source following live | " + " | ".join(names[lm] for lm in live) + " |")
     print("|---|" + "---:|" * len(live))
 
