@@ -2,6 +2,11 @@
 replica, reads ROW events, and sends every upstream transaction to the Pumps
 as a prewrite + commit pair with TSOs taken in binlog order.
 
+The stream is read through ``framing``: mysql-replication connects and
+registers as a replica, the C framer (``_framec``) reads the events after
+that, and mysql-replication parses only what the framer leaves to it; both
+readers give the same event tuples, so one loop below handles either.
+
 Event handling (MariaDB and MySQL flavours):
 
 * GTID / ``BEGIN`` open a transaction; TABLE_MAP names a table for the rows
