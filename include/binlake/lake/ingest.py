@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
-from binlake.lake import checkpoint, connect
+from binlake.lake import checkpoint, connect, writelock
 from binlake.lake import pump_source as lake_source
 from binlake.lake.ddl_rows import ddl_row
 from binlake.lake.planner import check_window, pumps_for_window
@@ -147,12 +147,53 @@ def is_delta(spark: SparkSession, path: str) -> bool:
 
 
 def read_windows(spark: SparkSession, lake: str) -> list[dict[str, Any]]:
-    """Every ``windows`` row, by start_ts (empty when nothing was ingested yet)."""
+    """Every ``windows`` row, by start_ts (empty when nothing was ingested yet).
+
+    A local lake's ledger is read in this process (``lake.arrowread``: a few
+    milliseconds, where a Spark job costs 0.3-3 s, most of an empty window's
+    ingest); elsewhere, or when delta-rs cannot read it, through Spark."""
     path = table_path(lake, WINDOWS)
     if not is_delta(spark, path):
         return []
-    rows = spark.read.format("delta").load(path).orderBy("start_ts", "end_ts").collect()
-    return [r.asDict(recursive=True) for r in rows]
+    rows = _read_locally(path, None)
+    if rows is None:
+        rows = [r.asDict(recursive=True) for r in spark.read.format("delta").load(path).collect()]
+    # One row per window, the newest: a ledger row appended by an attempt whose
+    # client died, committed by the server after the retry's (see _record), is
+    # the same window twice.
+    newest: dict[tuple[int, int], dict[str, Any]] = {}
+    for r in rows:
+        key = (int(r["start_ts"]), int(r["end_ts"]))
+        if key not in newest or str(r.get("ingested_at")) > str(newest[key].get("ingested_at")):
+            newest[key] = r
+    return [newest[k] for k in sorted(newest)]
+
+
+def _read_locally(path: str, columns: Sequence[str] | None, where: Any = None) -> list[dict[str, Any]] | None:
+    """The rows of a small local lake table read by delta-rs (``columns``, None for
+    all) in the shape Spark's ``Row.asDict(recursive=True)`` gives, or None when it
+    must be read through Spark (not local, not readable here)."""
+    import pyarrow as pa
+
+    from binlake.lake import arrowread
+
+    if arrowread.local_path(path) is None:
+        return None
+    try:
+        reader = arrowread.TableReader(path)
+        table = reader.read(list(columns) if columns is not None else reader.column_names(), where=where)
+    except arrowread.NotReadable as exc:
+        log.info("reading %s through Spark: %s", path, exc)
+        return None
+    maps = {f.name for f in table.schema if pa.types.is_map(f.type)}
+    rows: list[dict[str, Any]] = table.to_pylist()
+    for row in rows:
+        for key, value in row.items():
+            if key in maps and value is not None:
+                row[key] = dict(value)  # Arrow gives a map as key-value pairs
+            elif isinstance(value, dt.datetime) and value.tzinfo is not None:
+                row[key] = value.astimezone(dt.UTC).replace(tzinfo=None)  # naive UTC, as written
+    return rows
 
 
 def check_overlap(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> bool:
@@ -195,11 +236,17 @@ def load_history(spark: SparkSession, lake: str, before_ts: int) -> SchemaHistor
 
 def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int, end_ts: int) -> tuple[SchemaHistory, int]:
     """(definitions from DDLs before ``start_ts``, DDL rows already in ``[start_ts, end_ts)``)."""
+    import pyarrow.dataset as pads
+
     path = table_path(lake, DDL_HISTORY)
     if not is_delta(spark, path):
         return SchemaHistory(), 0
-    rows = (spark.read.format("delta").load(path).where(f"commit_ts < {int(end_ts)}")
-            .select("commit_ts", "table_info").collect())
+    # In this process for a local lake (milliseconds), else a Spark job.
+    rows: Sequence[Any] | None = _read_locally(path, ("commit_ts", "table_info"),
+                                               pads.field("commit_ts") < int(end_ts))
+    if rows is None:
+        rows = (spark.read.format("delta").load(path).where(f"commit_ts < {int(end_ts)}")
+                .select("commit_ts", "table_info").collect())
     before = [r for r in rows if r["commit_ts"] < start_ts]
     return SchemaHistory.from_rows(before), len(rows) - len(before)
 
@@ -351,12 +398,17 @@ def ingest_window(
     target = partitions or 2 * connect.default_parallelism(spark)
     index = _scan(plan.addrs, known, w, target)
     per_table_op = _table_op_counts(index, known.history)
-    rows = _write_window(spark, lake, registry, pump_ids, known, index, w, say)
     per_pump = {pump: index.rows.get(pump, 0) for pump in pump_ids}
-    failpoint.hit("ingest-before-ledger")
-    say("recording the window")
-    _record(spark, lake, (start_ts, end_ts, list(pump_ids), per_pump, per_table_op, index.total_txns, rows,
-                          len(index.ddls), "done", dt.datetime.now(dt.UTC).replace(tzinfo=None)))
+    # The lake's writers take turns from the first Delta write to the ledger row
+    # (lake.writelock): windows of one day would fail each other's commits.
+    with writelock.lake_writes(lake) as waited:
+        if waited >= 0.5:
+            say(f"waited {waited:.1f}s for other windows' writes to this lake")
+        rows = _write_window(spark, lake, registry, pump_ids, known, index, w, say)
+        failpoint.hit("ingest-before-ledger")
+        say("recording the window")
+        _record(spark, lake, (start_ts, end_ts, list(pump_ids), per_pump, per_table_op, index.total_txns, rows,
+                              len(index.ddls), "done", dt.datetime.now(dt.UTC).replace(tzinfo=None)))
     failpoint.hit("ingest-before-checkpoint")
     _move_checkpoint(spark, lake, registry, w, say)
     return IngestResult(
@@ -451,9 +503,7 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
     from pyspark.sql import functions as F
 
     start_ts, end_ts = w.start_ts, w.end_ts
-    lake_source.register(spark)
     changes_path = table_path(lake, CHANGES)
-    say(f"reading and writing {index.total_rows} row changes of {index.total_txns} transactions")
     reader = (spark.read.format(lake_source.FORMAT)
               .option("registry", registry).option("start_ts", str(start_ts)).option("end_ts", str(end_ts))
               .option("pumps", ",".join(pump_ids))
@@ -469,7 +519,16 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
 
     try:
         with connect.job_description(spark, f"binlake ingest {w}"):
-            _retry_concurrent(CHANGES, write_changes)
+            if index.total_rows:
+                say(f"reading and writing {index.total_rows} row changes of {index.total_txns} transactions")
+                lake_source.register(spark)
+                _retry_concurrent(CHANGES, write_changes)
+            else:
+                # No Delta commit for a window without row changes. Nothing of it can be in
+                # ``changes`` to replace: what the Pumps hold of a window is fixed once it is
+                # below their safe ts and above their GC ts (checked before this), so every
+                # earlier attempt at it found no rows either.
+                say("no row changes in the window: the change table is left as it is")
             ddl_path = table_path(lake, DDL_HISTORY)
             if known.base:
                 say(f"adding the {len(known.base)} DDL(s) below the lake's first window to ddl_history")
@@ -484,7 +543,7 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
         if err is not None:
             raise type(err)(f"ingest {w}: {err}") from None
         raise
-    rows = int(observed[0].get["rows"]) if observed else -1
+    rows = int(observed[0].get["rows"]) if observed else 0
     if rows != index.total_rows:
         raise errors.FailedPrecondition(
             f"ingest {w}: wrote {rows} row changes but the pumps' scan counted {index.total_rows}; "
@@ -496,9 +555,17 @@ def _record(spark: SparkSession, lake: str, row: tuple[Any, ...]) -> None:
     """The window's ``windows`` row (``WINDOWS_DDL``), replacing one with the same
     bounds; written last, so a failed ingest leaves no row claiming it is done."""
     start_ts, end_ts = row[0], row[1]
+    path = table_path(lake, WINDOWS)
     windows_df = spark.createDataFrame([row], WINDOWS_DDL)
-    _retry_concurrent(WINDOWS, lambda: _replace(windows_df, table_path(lake, WINDOWS),
-                                                f"start_ts = {start_ts} AND end_ts = {end_ts}"))
+    # Called under the lake's write lock. In a local lake every binlake writer takes
+    # that lock, so a window the ledger does not hold yet (read now, inside it) is
+    # appended: a blind append costs a fifth of a replaceWhere, which must find the
+    # row to replace. Any other case replaces the row with the same bounds.
+    ledger = _read_locally(path, ("start_ts", "end_ts")) if is_delta(spark, path) else None
+    if ledger is not None and all((r["start_ts"], r["end_ts"]) != (start_ts, end_ts) for r in ledger):
+        _retry_concurrent(WINDOWS, lambda: windows_df.write.format("delta").mode("append").save(path))
+        return
+    _retry_concurrent(WINDOWS, lambda: _replace(windows_df, path, f"start_ts = {start_ts} AND end_ts = {end_ts}"))
 
 
 def _move_checkpoint(spark: SparkSession, lake: str, registry: str, w: _Window, say: Progress) -> None:
