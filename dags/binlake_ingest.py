@@ -97,7 +97,7 @@ def binlake_ingest() -> None:
     @task(multiple_outputs=True)
     def plan(data_interval_start: dt.datetime | None = None,
              data_interval_end: dt.datetime | None = None) -> dict[str, Any]:
-        return ingest_tasks.plan(data_interval_start, data_interval_end)
+        return ingest_tasks.plan(data_interval_start, data_interval_end, timetable=_TIMETABLE)
 
     # TaskFlow: a task called in the DAG body takes XComArgs (and indexes them) where the
     # function takes values; Airflow resolves them at run time, its types cannot say so.
@@ -141,7 +141,7 @@ def binlake_ingest() -> None:
     @task(task_id=ingest_tasks.INPROCESS_TASK, multiple_outputs=False,
           max_active_tis_per_dag=config.ingest_max_active_runs())
     def ingest_inprocess(planned: dict[str, Any]) -> dict[str, Any]:
-        return ingest_tasks.ingest_inprocess(planned)
+        return ingest_tasks.ingest_inprocess(planned, run_started=get_current_context()["dag_run"].start_date)
 
     # One of the two ingest tasks is skipped by the branch; publish runs after the other.
     @task(outlets=[LAKE_CHANGES], trigger_rule="none_failed_min_one_success", multiple_outputs=False)

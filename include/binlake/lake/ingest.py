@@ -58,7 +58,7 @@ from binlake.lake.pump_check import plan_read, pump_statuses
 from binlake.lake.rows import DDL_COLUMNS, DDL_HISTORY_DDL, commit_date
 from binlake.lake.schema_history import SchemaHistory, UnknownTableError
 from binlake.lake.spark_errors import binlake_error
-from binlake.lake.window_index import WindowIndex, index_window, scan_ddls
+from binlake.lake.window_index import WindowIndex, index_window, merge_consecutive, scan_ddls
 from binlake.registry.client import RegistryClient
 
 if TYPE_CHECKING:
@@ -380,42 +380,96 @@ def ingest_window(
     Raises binlake errors with a message naming the window (and the Pump, for
     unreachable Pumps, windows above a safe ts or below a GC ts).
     """
-    pump_list = _validate(spark, lake, registry, start_ts, end_ts, pumps)
+    _validate(spark, lake, registry, start_ts, end_ts, pumps)
+    return ingest_windows(spark, lake, registry, [(start_ts, end_ts)], pumps, progress, partitions=partitions)[0]
+
+
+def ingest_windows(
+    spark: SparkSession,
+    lake: str,
+    registry: str,
+    bounds: Sequence[tuple[int, int]],
+    pumps: Sequence[str] | None = None,
+    progress: Progress | None = None,
+    *,
+    partitions: int | None = None,
+    max_rows: int | None = None,
+) -> list[IngestResult]:
+    """Ingest consecutive windows (each one's end the next one's start) in one
+    Spark job: one read of ``[first start, last end)``, one commit to ``changes``,
+    one to ``ddl_history`` and one to the ledger, which gets a row per window
+    with that window's own bounds and counts, exactly as ``ingest_window`` of
+    each would write. With ``max_rows``, the windows after the first stop where
+    their row changes would pass it (those are left to their own runs).
+    Returns the result of each window ingested, in order.
+    """
+    if not bounds:
+        raise ValueError("ingest_windows needs at least one window")
+    pump_list: list[str] | None = None
+    for a, b in bounds:
+        pump_list = _validate(spark, lake, registry, a, b, pumps)
+    for (_a, b), (c, _d) in zip(bounds, bounds[1:], strict=False):
+        if b != c:
+            raise errors.InvalidArgument(f"windows must be consecutive: one ends at {b}, the next starts at {c}")
     if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
         raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0):
+        raise ValueError(f"max_rows must be a non-negative integer, got {max_rows!r}")
     say = progress or (lambda _msg: None)
     started = time.monotonic()
-    w = _Window(start_ts, end_ts)
+    ws = [_Window(a, b) for a, b in bounds]
+    whole = _Window(ws[0].start_ts, ws[-1].end_ts)
 
-    say(f"planning {w}: pumps from the registry, each checked")
-    plan = plan_read(registry, start_ts, end_ts, pump_list)
+    say(f"planning {whole}: pumps from the registry, each checked")
+    plan = plan_read(registry, whole.start_ts, whole.end_ts, pump_list)
     pump_ids = tuple(p.node_id for p in plan.pumps)
     say("checking the windows ledger")
-    windows, replaced = _check_ledger(spark, lake, registry, w)
+    windows, replaced = _check_ledger(spark, lake, registry, ws)
     say("loading the schema history")
-    known = _schema_history(spark, lake, registry, windows, w, say)
-    say(f"scanning {w} on {len(pump_ids)} pump(s): DDLs, duplicates, partition bounds")
+    known = _schema_history(spark, lake, registry, windows, whole, say)
     target = partitions or 2 * connect.default_parallelism(spark)
-    index = _scan(plan.addrs, known, w, target)
-    per_table_op = _table_op_counts(index, known.history)
-    per_pump = {pump: index.rows.get(pump, 0) for pump in pump_ids}
-    # The lake's writers take turns from the first Delta write to the ledger row
+    indexes: list[WindowIndex] = []
+    for w in ws:
+        say(f"scanning {w} on {len(pump_ids)} pump(s): DDLs, duplicates, partition bounds")
+        index = _scan(plan.addrs, known, w, target)
+        if indexes and max_rows is not None and sum(i.total_rows for i in indexes) + index.total_rows > max_rows:
+            break  # too big to join the batch: its own run ingests it
+        indexes.append(index)
+    # The lake's writers take turns from the first Delta write to the ledger rows
     # (lake.writelock): windows of one day would fail each other's commits.
     with writelock.lake_writes(lake) as waited:
         if waited >= 0.5:
             say(f"waited {waited:.1f}s for other windows' writes to this lake")
-        rows = _write_window(spark, lake, registry, pump_ids, known, index, w, say)
+        if len(indexes) > 1:
+            # A run at once with this one may have taken some of the later windows
+            # meanwhile: the batch stops before the first one the ledger holds now.
+            now_taken = {(int(r["start_ts"]), int(r["end_ts"])) for r in read_windows(spark, lake)}
+            keep = 1
+            while keep < len(indexes) and (ws[keep].start_ts, ws[keep].end_ts) not in now_taken:
+                keep += 1
+            indexes = indexes[:keep]
+        ws = ws[:len(indexes)]
+        whole = _Window(ws[0].start_ts, ws[-1].end_ts)
+        merged = merge_consecutive(indexes)
+        ledger_rows = []
+        for w, index in zip(ws, indexes, strict=True):
+            per_pump = {pump: index.rows.get(pump, 0) for pump in pump_ids}
+            ledger_rows.append((w.start_ts, w.end_ts, list(pump_ids), per_pump,
+                                _table_op_counts(index, known.history), index.total_txns, index.total_rows,
+                                len(index.ddls), "done"))
+        _write_window(spark, lake, registry, pump_ids, known, merged, whole, say)
         failpoint.hit("ingest-before-ledger")
-        say("recording the window")
-        _record(spark, lake, (start_ts, end_ts, list(pump_ids), per_pump, per_table_op, index.total_txns, rows,
-                              len(index.ddls), "done", dt.datetime.now(dt.UTC).replace(tzinfo=None)))
+        say("recording the window" + (f"s {', '.join(map(str, ws))}" if len(ws) > 1 else ""))
+        now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        _record(spark, lake, [(*row, now) for row in ledger_rows])
     failpoint.hit("ingest-before-checkpoint")
-    _move_checkpoint(spark, lake, registry, w, say)
-    return IngestResult(
-        lake=lake, start_ts=start_ts, end_ts=end_ts, pumps=pump_ids, txns=index.total_txns, rows=rows,
-        ddls=len(index.ddls), duplicates=index.duplicates, rows_per_pump=per_pump,
-        rows_per_table_op=per_table_op, replaced=replaced, elapsed_s=time.monotonic() - started,
-    )
+    _move_checkpoint(spark, lake, registry, whole, say)
+    elapsed = time.monotonic() - started
+    return [IngestResult(
+        lake=lake, start_ts=row[0], end_ts=row[1], pumps=pump_ids, txns=row[5], rows=row[6], ddls=row[7],
+        duplicates=index.duplicates, rows_per_pump=row[3], rows_per_table_op=row[4],
+        replaced=(row[0], row[1]) in replaced, elapsed_s=elapsed,
+    ) for row, index in zip(ledger_rows, indexes, strict=True)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -442,15 +496,16 @@ class _KnownSchema:
     lost: list[str]
 
 
-def _check_ledger(spark: SparkSession, lake: str, registry: str, w: _Window) -> tuple[list[dict[str, Any]], bool]:
-    """The ledger's windows, and whether ``w`` replaces an ingested one (an
+def _check_ledger(spark: SparkSession, lake: str, registry: str,
+                  ws: Sequence[_Window]) -> tuple[list[dict[str, Any]], set[tuple[int, int]]]:
+    """The ledger's windows, and those of ``ws`` that replace an ingested one (an
     overlap with other bounds is refused); holds the Pumps' GC for this lake
-    before anything is read: a new lake at this window's start, a known one at
-    its ledger's end (the registry keeps the max)."""
+    before anything is read: a new lake at the first window's start, a known one
+    at its ledger's end (the registry keeps the max)."""
     windows = read_windows(spark, lake)
-    replaced = check_overlap(windows, w.start_ts, w.end_ts)
+    replaced = {(w.start_ts, w.end_ts) for w in ws if check_overlap(windows, w.start_ts, w.end_ts)}
     held = checkpoint.contiguous_end(windows)
-    checkpoint.report(registry, lake, w.start_ts if held is None else held)
+    checkpoint.report(registry, lake, ws[0].start_ts if held is None else held)
     return windows, replaced
 
 
@@ -551,21 +606,23 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
     return rows
 
 
-def _record(spark: SparkSession, lake: str, row: tuple[Any, ...]) -> None:
-    """The window's ``windows`` row (``WINDOWS_DDL``), replacing one with the same
-    bounds; written last, so a failed ingest leaves no row claiming it is done."""
-    start_ts, end_ts = row[0], row[1]
+def _record(spark: SparkSession, lake: str, rows: list[tuple[Any, ...]]) -> None:
+    """The windows' ``windows`` rows (``WINDOWS_DDL``), each replacing one with the
+    same bounds, in one commit; written last, so a failed ingest leaves no row
+    claiming a window is done."""
     path = table_path(lake, WINDOWS)
-    windows_df = spark.createDataFrame([row], WINDOWS_DDL)
+    windows_df = spark.createDataFrame(rows, WINDOWS_DDL)
+    bounds = {(int(r[0]), int(r[1])) for r in rows}
     # Called under the lake's write lock. In a local lake every binlake writer takes
-    # that lock, so a window the ledger does not hold yet (read now, inside it) is
+    # that lock, so windows the ledger does not hold yet (read now, inside it) are
     # appended: a blind append costs a fifth of a replaceWhere, which must find the
-    # row to replace. Any other case replaces the row with the same bounds.
+    # rows to replace. Any other case replaces the rows with the same bounds.
     ledger = _read_locally(path, ("start_ts", "end_ts")) if is_delta(spark, path) else None
-    if ledger is not None and all((r["start_ts"], r["end_ts"]) != (start_ts, end_ts) for r in ledger):
+    if ledger is not None and not bounds & {(int(r["start_ts"]), int(r["end_ts"])) for r in ledger}:
         _retry_concurrent(WINDOWS, lambda: windows_df.write.format("delta").mode("append").save(path))
         return
-    _retry_concurrent(WINDOWS, lambda: _replace(windows_df, path, f"start_ts = {start_ts} AND end_ts = {end_ts}"))
+    where = " OR ".join(f"(start_ts = {a} AND end_ts = {b})" for a, b in sorted(bounds))
+    _retry_concurrent(WINDOWS, lambda: _replace(windows_df, path, where))
 
 
 def _move_checkpoint(spark: SparkSession, lake: str, registry: str, w: _Window, say: Progress) -> None:
