@@ -38,7 +38,11 @@ Settings, read when tasks run (Airflow Variable, else environment, else default)
 `BINLAKE_LAKE_DIR` (data/lake), `binlake_ingest_mode` / `BINLAKE_INGEST_MODE`
 (connect | spark-submit | inprocess), `binlake_spark_remote` /
 `BINLAKE_SPARK_REMOTE` (sc://HOST:PORT), `binlake_spark_python`, `binlake_spark_master`,
-`binlake_safe_ts_poll_s`. The schedule (`BINLAKE_INGEST_SCHEDULE`: `5m`, `1h`
+`binlake_safe_ts_poll_s`, `binlake_ingest_batch_windows` (12) and
+`binlake_ingest_batch_max_rows` (100000): in mode `connect` a run also ingests
+the closed, due windows after its own (the following runs' data intervals) in
+the same Spark job, each recorded in the ledger with its own bounds; their
+runs then find their window ingested and only publish. The schedule (`BINLAKE_INGEST_SCHEDULE`: `5m`, `1h`
 or a cron expression; default every 5 minutes) and the start date
 (`BINLAKE_INGEST_START_DATE`) and the runs at once (`BINLAKE_INGEST_MAX_ACTIVE_RUNS`,
 default 4) are read from the environment when the file is parsed, because they shape the DAG itself.
