@@ -149,9 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             _backfill(args, made, cluster.registry_addr, root, task, env)
         warm.stop()
     finally:
-        server.stop()
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        try:
+            server.stop()
+        finally:  # the Pumps go whatever the server's stop did
+            cluster.stop()
+            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

@@ -203,16 +203,21 @@ def ingest_window_task(window: Mapping[str, Any], progress: Any = None,
                 "ingesting them in the same Spark job")
         # No pump list: the ingest asks the registry again, so a Pump that joined
         # during the wait is read too (the wait step waited for it).
+        since = _naive_utc(run_started)
         try:
             results = ingest_windows(spark, window["lake"], window["registry"], bounds, progress=say,
-                                     max_rows=config.ingest_batch_max_rows())
+                                     max_rows=config.ingest_batch_max_rows(), done_since=since)
         except errors.BinlakeError as exc:
             if len(bounds) == 1 or errors.is_final(exc):
                 raise
             # A window of the batch not readable yet (a Pump's readiness, a replica down):
             # this run's own window does not wait for it.
             say(f"the batch failed ({exc}); ingesting this run's window alone")
-            results = ingest_windows(spark, window["lake"], window["registry"], bounds[:1], progress=say)
+            results = ingest_windows(spark, window["lake"], window["registry"], bounds[:1], progress=say,
+                                     done_since=since)
+        if not results:  # another run's batch took this window while this one waited to write
+            done = _ingested_since(read_windows(spark, window["lake"]), start_ts, end_ts, run_started)
+            return summarize({**(done or {}), "batched_by_another_run": True})
         result = results[0]
         if len(results) > 1:
             log.info("also ingested %s", ", ".join(f"[{r.start_ts}, {r.end_ts}) ({r.rows} rows)" for r in results[1:]))
@@ -244,15 +249,22 @@ def _ingested_since(ledger: list[dict[str, Any]], start_ts: int, end_ts: int,
     started, else None. A run cleared to re-ingest its window starts again (a new
     start date), so it re-ingests; a run whose window an earlier run's batch
     took meanwhile does not."""
-    if run_started is None:
+    since = _naive_utc(run_started)
+    if since is None:
         return None
-    since = run_started.astimezone(dt.UTC).replace(tzinfo=None) if run_started.tzinfo else run_started
     for row in ledger:
         if (int(row["start_ts"]), int(row["end_ts"])) == (start_ts, end_ts) and row.get("status") == "done":
             at = row.get("ingested_at")
             if isinstance(at, dt.datetime) and at.replace(tzinfo=None) >= since:
                 return row
     return None
+
+
+def _naive_utc(moment: dt.datetime | None) -> dt.datetime | None:
+    """``moment`` as the ledger's ``ingested_at`` is: naive UTC."""
+    if moment is None or moment.tzinfo is None:
+        return moment
+    return moment.astimezone(dt.UTC).replace(tzinfo=None)
 
 
 def batch_windows(window: Mapping[str, Any], ledger: list[dict[str, Any]]) -> list[tuple[int, int]]:

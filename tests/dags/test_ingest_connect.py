@@ -14,6 +14,7 @@ the same windows in one Spark job (``ingest_windows``) leave the same ledger row
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as dt
 import logging
 import os
 import pathlib
@@ -154,7 +155,10 @@ def test_concurrent_windows_of_one_day_take_turns(server: ConnectServer, cluster
         # The same windows in one Spark job (a run's batch): one row per window in the
         # ledger, each exactly what the window's own ingest wrote, and the same rows.
         batched = str(tmp_path / "batched")
+        before = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         together = ingest.ingest_windows(sessions[0], batched, cluster.registry_addr, parts)
+        # A run that started before that batch and reaches the write lock after it writes nothing.
+        assert ingest.ingest_windows(sessions[0], batched, cluster.registry_addr, parts[:2], done_since=before) == []
         keys = ("start_ts", "end_ts", "pumps", "rows_per_pump", "rows_per_table_op", "txns", "rows", "ddls", "status")
         assert [{k: w[k] for k in keys} for w in ingest.read_windows(sessions[0], batched)] == [
             {k: w[k] for k in keys} for w in ledger]

@@ -394,13 +394,17 @@ def ingest_windows(
     *,
     partitions: int | None = None,
     max_rows: int | None = None,
+    done_since: dt.datetime | None = None,
 ) -> list[IngestResult]:
     """Ingest consecutive windows (each one's end the next one's start) in one
     Spark job: one read of ``[first start, last end)``, one commit to ``changes``,
     one to ``ddl_history`` and one to the ledger, which gets a row per window
     with that window's own bounds and counts, exactly as ``ingest_window`` of
     each would write. With ``max_rows``, the windows after the first stop where
-    their row changes would pass it (those are left to their own runs).
+    their row changes would pass it (those are left to their own runs). With
+    ``done_since`` (naive UTC), nothing is written when the ledger, read under
+    the write lock, shows the first window ingested at or after it (another
+    run's batch took it meanwhile): the result is then empty.
     Returns the result of each window ingested, in order.
     """
     if not bounds:
@@ -440,10 +444,18 @@ def ingest_windows(
     with writelock.lake_writes(lake) as waited:
         if waited >= 0.5:
             say(f"waited {waited:.1f}s for other windows' writes to this lake")
-        if len(indexes) > 1:
-            # A run at once with this one may have taken some of the later windows
-            # meanwhile: the batch stops before the first one the ledger holds now.
-            now_taken = {(int(r["start_ts"]), int(r["end_ts"])) for r in read_windows(spark, lake)}
+        if len(indexes) > 1 or done_since is not None:
+            # A run at once with this one may have taken some of these windows
+            # meanwhile: the batch stops before the first one the ledger holds now,
+            # and nothing is written if it took the first one since done_since.
+            now_ledger = read_windows(spark, lake)
+            if done_since is not None and any(
+                    (int(r["start_ts"]), int(r["end_ts"])) == (ws[0].start_ts, ws[0].end_ts)
+                    and isinstance(r.get("ingested_at"), dt.datetime) and r["ingested_at"] >= done_since
+                    for r in now_ledger):
+                say(f"{ws[0]} was ingested meanwhile by another run: nothing to write")
+                return []
+            now_taken = {(int(r["start_ts"]), int(r["end_ts"])) for r in now_ledger}
             keep = 1
             while keep < len(indexes) and (ws[keep].start_ts, ws[keep].end_ts) not in now_taken:
                 keep += 1
