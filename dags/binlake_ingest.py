@@ -38,7 +38,7 @@ Settings, read when tasks run (Airflow Variable, else environment, else default)
 `BINLAKE_LAKE_DIR` (data/lake), `binlake_ingest_mode` / `BINLAKE_INGEST_MODE`
 (connect | spark-submit | inprocess), `binlake_spark_remote` /
 `BINLAKE_SPARK_REMOTE` (sc://HOST:PORT), `binlake_spark_python`, `binlake_spark_master`,
-`binlake_safe_ts_poll_s`, `binlake_ingest_batch_windows` (12) and
+`binlake_safe_ts_poll_s`, `binlake_ingest_batch_windows` (1: off) and
 `binlake_ingest_batch_max_rows` (100000): in mode `connect` a run also ingests
 the closed, due windows after its own (the following runs' data intervals) in
 the same Spark job, each recorded in the ledger with its own bounds; their

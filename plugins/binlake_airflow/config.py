@@ -283,8 +283,10 @@ def _int_setting(variable: str, env: str, default: int, lo: int, hi: int, what: 
 def ingest_batch_windows() -> int:
     """At most this many consecutive due windows in one ingest run's Spark job
     (Variable ``binlake_ingest_batch_windows``, env ``BINLAKE_INGEST_BATCH_WINDOWS``,
-    default 12; 1 ingests each window in its own run only)."""
-    return _int_setting("binlake_ingest_batch_windows", "BINLAKE_INGEST_BATCH_WINDOWS", 12, 1, 288,
+    default 1: each window in its own run. Measured (bench/RESULTS.md): with runs
+    at once, their writes already follow each other back to back, and a batch of
+    12 made a 4-at-once backfill slower, not faster)."""
+    return _int_setting("binlake_ingest_batch_windows", "BINLAKE_INGEST_BATCH_WINDOWS", 1, 1, 288,
                         "a whole number of windows")
 
 
