@@ -19,7 +19,8 @@ steady state: the lake exists, the window replaces itself):
 Optionally (``--backfill N``) N consecutive windows of the ROWS workload are
 ingested with ``ingest_window_task`` by ``--concurrency`` workers, as
 ``airflow backfill create --max-active-runs C`` runs them (without Airflow's
-own scheduling delays).
+own scheduling delays): once a window per Spark job, once with each task
+given the windows after its own as the plan task gives them (``--batch``).
 
 Reported: the best and the median wall time of each, and the ratio to the floor.
 
@@ -46,10 +47,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 _TASK = """
-import json, sys
+import datetime, json, sys
+started = datetime.datetime.now(datetime.UTC)
 sys.path.insert(0, {plugins!r})
 from binlake_airflow import ingest_tasks
-print(json.dumps(ingest_tasks.ingest_window_task(json.loads(sys.argv[1]), progress=lambda m: None)["rows"]))
+print(json.dumps(ingest_tasks.ingest_window_task(json.loads(sys.argv[1]), progress=lambda m: None,
+                                                 run_started=started).get("rows")))
 """
 
 
@@ -80,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--empty-s", type=float, default=3.0, help="length of the empty window in seconds (default 3)")
     parser.add_argument("--backfill", type=int, default=0, help="also ingest this many consecutive windows")
     parser.add_argument("--concurrency", type=int, default=4, help="backfill windows at once (default 4)")
+    parser.add_argument("--batch", type=int, default=12,
+                        help="the backfill again with each task taking up to this many due windows (default 12)")
     parser.add_argument("--skip-spark-submit", action="store_true", help="measure only the always-on Spark")
     args = parser.parse_args(argv)
     if args.rows < 1 or args.runs < 1 or args.empty_s <= 0 or args.backfill < 0 or args.concurrency < 1:
@@ -144,9 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             _backfill(args, made, cluster.registry_addr, root, task, env)
         warm.stop()
     finally:
-        server.stop()
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        try:
+            server.stop()
+        finally:  # the Pumps go whatever the server's stop did
+            cluster.stop()
+            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
@@ -157,12 +164,19 @@ def _backfill(args: argparse.Namespace, made: dict[str, Any], registry: str, roo
     bounds = [made["start_ts"] + i * step for i in range(args.backfill)] + [made["end_ts"]]
     windows = [{"start_ts": a, "end_ts": b, "lake": lake, "registry": registry, "mode": "connect"}
                for a, b in zip(bounds, bounds[1:], strict=False)]
-    t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-        list(pool.map(lambda w: _run(task + [json.dumps(w)], env), windows))
-    elapsed = time.perf_counter() - t0
-    print(f"\nbackfill: {len(windows)} windows ({args.rows} row changes in all), {args.concurrency} at once, "
-          f"a task process each: {elapsed:.1f}s ({elapsed / len(windows):.2f}s a window)")
+    for batch in sorted({1, max(1, args.batch)}):
+        lake = str(root / f"backfill-lake-{batch}")
+        for i, w in enumerate(windows):
+            w["lake"] = lake
+            # What the plan task gives a run: the closed windows after its own.
+            w["following"] = [[x["start_ts"], x["end_ts"]] for x in windows[i + 1:i + batch]]
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+            list(pool.map(lambda w: _run(task + [json.dumps(w)], env), windows))
+        elapsed = time.perf_counter() - t0
+        print(f"\nbackfill: {len(windows)} windows ({args.rows} row changes in all), {args.concurrency} at once, "
+              f"a task process each, up to {batch} window(s) a Spark job: {elapsed:.1f}s "
+              f"({elapsed / len(windows):.2f}s a window)", flush=True)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,11 @@ Settings, read when tasks run (Airflow Variable, else environment, else default)
 `BINLAKE_LAKE_DIR` (data/lake), `binlake_ingest_mode` / `BINLAKE_INGEST_MODE`
 (connect | spark-submit | inprocess), `binlake_spark_remote` /
 `BINLAKE_SPARK_REMOTE` (sc://HOST:PORT), `binlake_spark_python`, `binlake_spark_master`,
-`binlake_safe_ts_poll_s`. The schedule (`BINLAKE_INGEST_SCHEDULE`: `5m`, `1h`
+`binlake_safe_ts_poll_s`, `binlake_ingest_batch_windows` (1: off) and
+`binlake_ingest_batch_max_rows` (100000): in mode `connect` a run also ingests
+the closed, due windows after its own (the following runs' data intervals) in
+the same Spark job, each recorded in the ledger with its own bounds; their
+runs then find their window ingested and only publish. The schedule (`BINLAKE_INGEST_SCHEDULE`: `5m`, `1h`
 or a cron expression; default every 5 minutes) and the start date
 (`BINLAKE_INGEST_START_DATE`) and the runs at once (`BINLAKE_INGEST_MAX_ACTIVE_RUNS`,
 default 4) are read from the environment when the file is parsed, because they shape the DAG itself.
@@ -98,7 +102,7 @@ def binlake_ingest() -> None:
     @task(multiple_outputs=True)
     def plan(data_interval_start: dt.datetime | None = None,
              data_interval_end: dt.datetime | None = None) -> dict[str, Any]:
-        return ingest_tasks.plan(data_interval_start, data_interval_end)
+        return ingest_tasks.plan(data_interval_start, data_interval_end, timetable=_TIMETABLE)
 
     # TaskFlow: a task called in the DAG body takes XComArgs (and indexes them) where the
     # function takes values; Airflow resolves them at run time, its types cannot say so.
@@ -144,7 +148,7 @@ def binlake_ingest() -> None:
     @task(task_id=ingest_tasks.INPROCESS_TASK, multiple_outputs=False,
           max_active_tis_per_dag=config.ingest_max_active_runs())
     def ingest_inprocess(planned: dict[str, Any]) -> dict[str, Any]:
-        return ingest_tasks.ingest_inprocess(planned)
+        return ingest_tasks.ingest_inprocess(planned, run_started=get_current_context()["dag_run"].start_date)
 
     # One of the two ingest tasks is skipped by the branch; publish runs after the other.
     @task(outlets=[LAKE_CHANGES], trigger_rule="none_failed_min_one_success", multiple_outputs=False)

@@ -277,6 +277,37 @@ def restore_parallelism() -> int:
     return value
 
 
+def _int_setting(variable: str, env: str, default: int, lo: int, hi: int, what: str) -> int:
+    text = setting(variable, (env,), None)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = lo - 1
+    if not lo <= value <= hi:
+        raise ConfigError(f"{variable} must be {what} from {lo} to {hi}, got {text!r}")
+    return value
+
+
+def ingest_batch_windows() -> int:
+    """At most this many consecutive due windows in one ingest run's Spark job
+    (Variable ``binlake_ingest_batch_windows``, env ``BINLAKE_INGEST_BATCH_WINDOWS``,
+    default 1: each window in its own run. Measured (bench/RESULTS.md): with runs
+    at once, their writes already follow each other back to back, and a batch of
+    12 made a 4-at-once backfill slower, not faster)."""
+    return _int_setting("binlake_ingest_batch_windows", "BINLAKE_INGEST_BATCH_WINDOWS", 1, 1, 288,
+                        "a whole number of windows")
+
+
+def ingest_batch_max_rows() -> int:
+    """Windows join a batch while their row changes together stay at or under this
+    (Variable ``binlake_ingest_batch_max_rows``, env ``BINLAKE_INGEST_BATCH_MAX_ROWS``,
+    default 100000): a bigger window is worth a run of its own."""
+    return _int_setting("binlake_ingest_batch_max_rows", "BINLAKE_INGEST_BATCH_MAX_ROWS", 100_000, 0, 10**9,
+                        "a whole number of row changes")
+
+
 # --------------------------------------------------------------------------- parse time
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)\s*$", re.IGNORECASE)

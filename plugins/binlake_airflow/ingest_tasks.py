@@ -40,12 +40,36 @@ def window_ts(start: dt.datetime, end: dt.datetime) -> tuple[int, int]:
     return tso.from_datetime(start), tso.from_datetime(end)
 
 
-def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime | None) -> dict[str, Any]:
+def following_windows(timetable: Any, start: dt.datetime, end: dt.datetime, count: int,
+                      now: dt.datetime | None = None) -> list[list[int]]:
+    """The ts windows of up to ``count`` data intervals after ``[start, end)`` that
+    have closed by ``now``: the windows of the runs that follow this one, which a
+    run may ingest with its own (``binlake_ingest_batch_windows``). Each is the
+    data interval its own run has, so its ledger row is what that run would write.
+    Only a duration schedule (``5m``) has intervals known here; a cron schedule
+    gives none (each window is then ingested by its own run)."""
+    if count < 1:
+        return []
+    delta = getattr(timetable, "delta", None)
+    if not isinstance(delta, dt.timedelta) or delta != end - start:
+        return []
+    now = now or dt.datetime.now(dt.UTC)
+    out: list[list[int]] = []
+    lo = end
+    while len(out) < count and lo + delta <= now:
+        out.append(list(window_ts(lo, lo + delta)))
+        lo += delta
+    return out
+
+
+def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime | None,
+         timetable: Any = None) -> dict[str, Any]:
     """Map the data interval to a ts window and choose the Pumps to read.
 
     Returns the window, the Pumps, and the run's settings (registry, lake,
     mode, Spark jars and Python), so every later task and every retry of this
-    run uses the same ones.
+    run uses the same ones; with the DAG's ``timetable``, also the closed
+    windows of the following runs a batch may take (``following``).
     """
     from binlake import errors, tso
     from binlake.lake import planner
@@ -63,6 +87,8 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         mode = config.ingest_mode()
         config.poll_interval_s()  # the wait step's; checked here so a bad one fails the first task
         master = config.spark_master() or ""
+        batch = config.ingest_batch_windows() if mode == config.CONNECT else 1
+        config.ingest_batch_max_rows()
     except config.ConfigError as exc:
         raise AirflowFailException(str(exc)) from None
     try:
@@ -91,6 +117,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         "jars": "",
         "python": "",
         "master": "",
+        "following": following_windows(timetable, data_interval_start, data_interval_end, batch - 1),
     }
     if mode == config.SPARK_SUBMIT:
         from binlake.lake.spark import delta_jars
@@ -115,9 +142,9 @@ def choose_ingest(mode: str) -> str:
     return SPARK_SUBMIT_TASK if mode == config.SPARK_SUBMIT else INPROCESS_TASK
 
 
-def ingest_inprocess(window: Mapping[str, Any]) -> dict[str, Any]:
+def ingest_inprocess(window: Mapping[str, Any], run_started: dt.datetime | None = None) -> dict[str, Any]:
     """Run the ingest of the planned window inside this task (``inprocess`` or ``connect``)."""
-    return ingest_window_task(window)
+    return ingest_window_task(window, run_started=run_started)
 
 
 def _session(window: Mapping[str, Any]) -> tuple[Any, bool, str | None]:
@@ -144,9 +171,15 @@ def _session(window: Mapping[str, Any]) -> tuple[Any, bool, str | None]:
     return build_spark(name, master=config.spark_master(), extra_conf=LAKE_CONF), owned, None
 
 
-def ingest_window_task(window: Mapping[str, Any], progress: Any = None) -> dict[str, Any]:
+def ingest_window_task(window: Mapping[str, Any], progress: Any = None,
+                       run_started: dt.datetime | None = None) -> dict[str, Any]:
     """The ingest of the planned window, run in this task: over the always-on Spark
     Connect server (mode ``connect``) or a ``local[*]`` session (``inprocess``).
+
+    A window the ledger shows ingested since this run started (``run_started``:
+    by an earlier run's batch) is not ingested again. Otherwise the window is
+    ingested with the closed windows after it that are due and not ingested
+    yet (``window["following"]``, see ``batch_windows``), in one Spark job.
 
     A Connect server that goes away mid-job fails the task with a message naming
     it; the retry re-ingests the whole window, which replaces whatever the lost
@@ -155,15 +188,42 @@ def ingest_window_task(window: Mapping[str, Any], progress: Any = None) -> dict[
     """
     from binlake import errors
     from binlake.lake import connect
-    from binlake.lake.ingest import ingest_window
+    from binlake.lake.ingest import ingest_windows, read_windows
 
+    start_ts, end_ts = int(window["start_ts"]), int(window["end_ts"])
     spark, owned, remote = _session(window)
     say = progress or (lambda msg: log.info("ingest: %s", msg))
     try:
+        ledger = read_windows(spark, window["lake"])
+        done = _ingested_since(ledger, start_ts, end_ts, run_started)
+        if done is not None:
+            log.info("window [%s, %s) was ingested at %s, after this run started (by an earlier run's batch): "
+                     "not ingested again", start_ts, end_ts, done.get("ingested_at"))
+            return summarize({**done, "batched_by_another_run": True})
+        bounds = [(start_ts, end_ts)] + batch_windows(window, ledger)
+        if len(bounds) > 1:
+            say(f"{len(bounds) - 1} closed window(s) after this one are due and not ingested: "
+                "ingesting them in the same Spark job")
         # No pump list: the ingest asks the registry again, so a Pump that joined
         # during the wait is read too (the wait step waited for it).
-        result = ingest_window(spark, window["lake"], window["registry"], int(window["start_ts"]),
-                               int(window["end_ts"]), progress=say)
+        since = _naive_utc(run_started)
+        try:
+            results = ingest_windows(spark, window["lake"], window["registry"], bounds, progress=say,
+                                     max_rows=config.ingest_batch_max_rows(), done_since=since)
+        except errors.BinlakeError as exc:
+            if len(bounds) == 1 or errors.is_final(exc):
+                raise
+            # A window of the batch not readable yet (a Pump's readiness, a replica down):
+            # this run's own window does not wait for it.
+            say(f"the batch failed ({exc}); ingesting this run's window alone")
+            results = ingest_windows(spark, window["lake"], window["registry"], bounds[:1], progress=say,
+                                     done_since=since)
+        if not results:  # another run's batch took this window while this one waited to write
+            done = _ingested_since(read_windows(spark, window["lake"]), start_ts, end_ts, run_started)
+            return summarize({**(done or {}), "batched_by_another_run": True})
+        result = results[0]
+        if len(results) > 1:
+            log.info("also ingested %s", ", ".join(f"[{r.start_ts}, {r.end_ts}) ({r.rows} rows)" for r in results[1:]))
     except errors.BinlakeError as exc:
         if errors.is_final(exc):  # below a GC ts, overlapping another window: no retry can help
             raise AirflowFailException(str(exc)) from None
@@ -180,8 +240,68 @@ def ingest_window_task(window: Mapping[str, Any], progress: Any = None) -> dict[
             with contextlib.suppress(Exception):  # a lost Connect server cannot be told
                 spark.stop()
     summary = summarize(result)
+    if len(results) > 1:
+        summary["batch"] = [[r.start_ts, r.end_ts] for r in results[1:]]
     log.info("ingested window [%s, %s): %s", window["start_ts"], window["end_ts"], summary)
     return summary
+
+
+def _ingested_since(ledger: list[dict[str, Any]], start_ts: int, end_ts: int,
+                    run_started: dt.datetime | None) -> dict[str, Any] | None:
+    """The ledger row of exactly this window if it was written after the run
+    started, else None. A run cleared to re-ingest its window starts again (a new
+    start date), so it re-ingests; a run whose window an earlier run's batch
+    took meanwhile does not."""
+    since = _naive_utc(run_started)
+    if since is None:
+        return None
+    for row in ledger:
+        if (int(row["start_ts"]), int(row["end_ts"])) == (start_ts, end_ts) and row.get("status") == "done":
+            at = row.get("ingested_at")
+            if isinstance(at, dt.datetime) and at.replace(tzinfo=None) >= since:
+                return row
+    return None
+
+
+def _naive_utc(moment: dt.datetime | None) -> dt.datetime | None:
+    """``moment`` as the ledger's ``ingested_at`` is: naive UTC."""
+    if moment is None or moment.tzinfo is None:
+        return moment
+    return moment.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def batch_windows(window: Mapping[str, Any], ledger: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The closed windows after this one (``window["following"]``) to ingest with
+    it: consecutive from its end, none overlapping the ledger, each at or below
+    every Pump's safe ts (asked now; none when a Pump does not answer)."""
+    from binlake import errors
+    from binlake.lake.planner import plan_window
+    from binlake.lake.pump_check import pump_statuses
+
+    following = [(int(a), int(b)) for a, b in window.get("following") or []]
+    if not following:
+        return []
+    taken = [(int(r["start_ts"]), int(r["end_ts"])) for r in ledger]
+    out: list[tuple[int, int]] = []
+    cursor = int(window["end_ts"])
+    for a, b in following:
+        if a != cursor or any(s < b and a < e for s, e in taken):
+            break
+        out.append((a, b))
+        cursor = b
+    if not out:
+        return []
+    try:
+        plan = plan_window(window["registry"], out[0][0], out[-1][1])
+        down: dict[str, str] = {}
+        statuses = pump_statuses(plan, unreachable=down)
+    except errors.BinlakeError as exc:
+        log.info("no batch: the Pumps' safe ts could not be read (%s)", exc)
+        return []
+    if down or not statuses:
+        return []
+    safe = min(st.safe_ts for st in statuses.values())
+    return [(a, b) for a, b in out if b <= safe]
 
 
 def summarize(result: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import datetime as dt
 import logging
 import re
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
@@ -61,6 +61,33 @@ def _spark(name: str) -> Iterator[Any]:
     finally:
         if owned:
             spark.stop()
+
+
+@contextmanager
+def _spark_or_connect(name: str) -> Iterator[Any]:
+    """A Spark Connect session to the always-on Spark when one is set
+    (``binlake_spark_remote``, as ``binlake up`` does), else ``_spark``'s: for
+    the tasks whose jobs are DataFrame and SQL only (OPTIMIZE/VACUUM, the GC
+    report)."""
+    from binlake.lake import connect
+
+    try:
+        remote = config.spark_remote()
+    except config.ConfigError as exc:
+        raise AirflowFailException(str(exc)) from None
+    if not remote:
+        with _spark(name) as spark:
+            yield spark
+        return
+    try:
+        session = connect.connect(remote, name)
+    except ConnectionError as exc:
+        raise AirflowException(f"{name} failed, will retry: {exc}") from None
+    try:
+        yield session
+    finally:
+        with suppress(Exception):  # a lost server cannot be told
+            session.stop()
 
 
 # ---------------------------------------------------------------- binlake_restore
@@ -326,7 +353,7 @@ def optimize_vacuum() -> dict[str, Any]:
     from binlake.restore import maintenance
 
     hours = vacuum_retention_hours()
-    with _spark("binlake-maintenance-optimize") as spark:
+    with _spark_or_connect("binlake-maintenance-optimize") as spark:
         done = maintenance.optimize_vacuum(spark, config.lake_dir(), hours, lambda m: log.info("%s", m))
     return {"tables": done, "retention_hours": hours}
 
@@ -341,7 +368,7 @@ def gc_report(at: dt.datetime | None) -> dict[str, Any]:
     margin = maintenance_settings()["gc_margin_hours"]
     if at is None:  # triggered by hand without a logical date: as of now
         at = dt.datetime.now(dt.UTC)
-    with _spark("binlake-maintenance-gc-report") as spark:
+    with _spark_or_connect("binlake-maintenance-gc-report") as spark:
         try:
             report = maintenance.gc_report(spark, config.lake_dir(), config.registry_addr(), margin,
                                            now=at)

@@ -69,6 +69,13 @@ class TableReader:
             raise NotReadable(f"delta-rs cannot load {path}: {errors.first_line(exc)}") from None
         self.path = path
 
+    def column_names(self) -> list[str]:
+        """The table's columns, in schema order."""
+        try:
+            return [f.name for f in self._table.schema().fields]
+        except Exception as exc:  # a schema delta-rs cannot map to Arrow
+            raise NotReadable(f"delta-rs cannot map the schema of {self.path}: {errors.first_line(exc)}") from None
+
     def read(self, columns: Sequence[str], *, prune: str | None = None,
              where: ds.Expression | None = None) -> pa.Table:
         """``columns`` of the rows matching ``where``, from the files ``prune`` (a

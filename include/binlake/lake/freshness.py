@@ -88,7 +88,8 @@ def ledger(lake: str) -> list[tuple[int, int]]:
         table = arrowread.TableReader(path).read(["start_ts", "end_ts"])
     except arrowread.NotReadable as exc:
         raise errors.FailedPrecondition(f"cannot read the windows ledger of {lake}: {exc}") from None
-    return sorted(zip(table.column("start_ts").to_pylist(), table.column("end_ts").to_pylist(), strict=True))
+    # A window's row twice (a lost client's append and its retry's) is one window.
+    return sorted(set(zip(table.column("start_ts").to_pylist(), table.column("end_ts").to_pylist(), strict=True)))
 
 
 def measure(lake: str, registry: str | None) -> Freshness:

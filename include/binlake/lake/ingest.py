@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
-from binlake.lake import checkpoint, connect
+from binlake.lake import checkpoint, connect, writelock
 from binlake.lake import pump_source as lake_source
 from binlake.lake.ddl_rows import ddl_row
 from binlake.lake.planner import check_window, pumps_for_window
@@ -58,7 +58,7 @@ from binlake.lake.pump_check import plan_read, pump_statuses
 from binlake.lake.rows import DDL_COLUMNS, DDL_HISTORY_DDL, commit_date
 from binlake.lake.schema_history import SchemaHistory, UnknownTableError
 from binlake.lake.spark_errors import binlake_error
-from binlake.lake.window_index import WindowIndex, index_window, scan_ddls
+from binlake.lake.window_index import WindowIndex, index_window, merge_consecutive, scan_ddls
 from binlake.registry.client import RegistryClient
 
 if TYPE_CHECKING:
@@ -147,12 +147,53 @@ def is_delta(spark: SparkSession, path: str) -> bool:
 
 
 def read_windows(spark: SparkSession, lake: str) -> list[dict[str, Any]]:
-    """Every ``windows`` row, by start_ts (empty when nothing was ingested yet)."""
+    """Every ``windows`` row, by start_ts (empty when nothing was ingested yet).
+
+    A local lake's ledger is read in this process (``lake.arrowread``: a few
+    milliseconds, where a Spark job costs 0.3-3 s, most of an empty window's
+    ingest); elsewhere, or when delta-rs cannot read it, through Spark."""
     path = table_path(lake, WINDOWS)
     if not is_delta(spark, path):
         return []
-    rows = spark.read.format("delta").load(path).orderBy("start_ts", "end_ts").collect()
-    return [r.asDict(recursive=True) for r in rows]
+    rows = _read_locally(path, None)
+    if rows is None:
+        rows = [r.asDict(recursive=True) for r in spark.read.format("delta").load(path).collect()]
+    # One row per window, the newest: a ledger row appended by an attempt whose
+    # client died, committed by the server after the retry's (see _record), is
+    # the same window twice.
+    newest: dict[tuple[int, int], dict[str, Any]] = {}
+    for r in rows:
+        key = (int(r["start_ts"]), int(r["end_ts"]))
+        if key not in newest or str(r.get("ingested_at")) > str(newest[key].get("ingested_at")):
+            newest[key] = r
+    return [newest[k] for k in sorted(newest)]
+
+
+def _read_locally(path: str, columns: Sequence[str] | None, where: Any = None) -> list[dict[str, Any]] | None:
+    """The rows of a small local lake table read by delta-rs (``columns``, None for
+    all) in the shape Spark's ``Row.asDict(recursive=True)`` gives, or None when it
+    must be read through Spark (not local, not readable here)."""
+    import pyarrow as pa
+
+    from binlake.lake import arrowread
+
+    if arrowread.local_path(path) is None:
+        return None
+    try:
+        reader = arrowread.TableReader(path)
+        table = reader.read(list(columns) if columns is not None else reader.column_names(), where=where)
+    except arrowread.NotReadable as exc:
+        log.info("reading %s through Spark: %s", path, exc)
+        return None
+    maps = {f.name for f in table.schema if pa.types.is_map(f.type)}
+    rows: list[dict[str, Any]] = table.to_pylist()
+    for row in rows:
+        for key, value in row.items():
+            if key in maps and value is not None:
+                row[key] = dict(value)  # Arrow gives a map as key-value pairs
+            elif isinstance(value, dt.datetime) and value.tzinfo is not None:
+                row[key] = value.astimezone(dt.UTC).replace(tzinfo=None)  # naive UTC, as written
+    return rows
 
 
 def check_overlap(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> bool:
@@ -195,11 +236,17 @@ def load_history(spark: SparkSession, lake: str, before_ts: int) -> SchemaHistor
 
 def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int, end_ts: int) -> tuple[SchemaHistory, int]:
     """(definitions from DDLs before ``start_ts``, DDL rows already in ``[start_ts, end_ts)``)."""
+    import pyarrow.dataset as pads
+
     path = table_path(lake, DDL_HISTORY)
     if not is_delta(spark, path):
         return SchemaHistory(), 0
-    rows = (spark.read.format("delta").load(path).where(f"commit_ts < {int(end_ts)}")
-            .select("commit_ts", "table_info").collect())
+    # In this process for a local lake (milliseconds), else a Spark job.
+    rows: Sequence[Any] | None = _read_locally(path, ("commit_ts", "table_info"),
+                                               pads.field("commit_ts") < int(end_ts))
+    if rows is None:
+        rows = (spark.read.format("delta").load(path).where(f"commit_ts < {int(end_ts)}")
+                .select("commit_ts", "table_info").collect())
     before = [r for r in rows if r["commit_ts"] < start_ts]
     return SchemaHistory.from_rows(before), len(rows) - len(before)
 
@@ -333,37 +380,108 @@ def ingest_window(
     Raises binlake errors with a message naming the window (and the Pump, for
     unreachable Pumps, windows above a safe ts or below a GC ts).
     """
-    pump_list = _validate(spark, lake, registry, start_ts, end_ts, pumps)
+    _validate(spark, lake, registry, start_ts, end_ts, pumps)
+    return ingest_windows(spark, lake, registry, [(start_ts, end_ts)], pumps, progress, partitions=partitions)[0]
+
+
+def ingest_windows(
+    spark: SparkSession,
+    lake: str,
+    registry: str,
+    bounds: Sequence[tuple[int, int]],
+    pumps: Sequence[str] | None = None,
+    progress: Progress | None = None,
+    *,
+    partitions: int | None = None,
+    max_rows: int | None = None,
+    done_since: dt.datetime | None = None,
+) -> list[IngestResult]:
+    """Ingest consecutive windows (each one's end the next one's start) in one
+    Spark job: one read of ``[first start, last end)``, one commit to ``changes``,
+    one to ``ddl_history`` and one to the ledger, which gets a row per window
+    with that window's own bounds and counts, exactly as ``ingest_window`` of
+    each would write. With ``max_rows``, the windows after the first stop where
+    their row changes would pass it (those are left to their own runs). With
+    ``done_since`` (naive UTC), nothing is written when the ledger, read under
+    the write lock, shows the first window ingested at or after it (another
+    run's batch took it meanwhile): the result is then empty.
+    Returns the result of each window ingested, in order.
+    """
+    if not bounds:
+        raise ValueError("ingest_windows needs at least one window")
+    pump_list: list[str] | None = None
+    for a, b in bounds:
+        pump_list = _validate(spark, lake, registry, a, b, pumps)
+    for (_a, b), (c, _d) in zip(bounds, bounds[1:], strict=False):
+        if b != c:
+            raise errors.InvalidArgument(f"windows must be consecutive: one ends at {b}, the next starts at {c}")
     if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
         raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0):
+        raise ValueError(f"max_rows must be a non-negative integer, got {max_rows!r}")
     say = progress or (lambda _msg: None)
     started = time.monotonic()
-    w = _Window(start_ts, end_ts)
+    ws = [_Window(a, b) for a, b in bounds]
+    whole = _Window(ws[0].start_ts, ws[-1].end_ts)
 
-    say(f"planning {w}: pumps from the registry, each checked")
-    plan = plan_read(registry, start_ts, end_ts, pump_list)
+    say(f"planning {whole}: pumps from the registry, each checked")
+    plan = plan_read(registry, whole.start_ts, whole.end_ts, pump_list)
     pump_ids = tuple(p.node_id for p in plan.pumps)
     say("checking the windows ledger")
-    windows, replaced = _check_ledger(spark, lake, registry, w)
+    windows, replaced = _check_ledger(spark, lake, registry, ws)
     say("loading the schema history")
-    known = _schema_history(spark, lake, registry, windows, w, say)
-    say(f"scanning {w} on {len(pump_ids)} pump(s): DDLs, duplicates, partition bounds")
+    known = _schema_history(spark, lake, registry, windows, whole, say)
     target = partitions or 2 * connect.default_parallelism(spark)
-    index = _scan(plan.addrs, known, w, target)
-    per_table_op = _table_op_counts(index, known.history)
-    rows = _write_window(spark, lake, registry, pump_ids, known, index, w, say)
-    per_pump = {pump: index.rows.get(pump, 0) for pump in pump_ids}
-    failpoint.hit("ingest-before-ledger")
-    say("recording the window")
-    _record(spark, lake, (start_ts, end_ts, list(pump_ids), per_pump, per_table_op, index.total_txns, rows,
-                          len(index.ddls), "done", dt.datetime.now(dt.UTC).replace(tzinfo=None)))
+    indexes: list[WindowIndex] = []
+    for w in ws:
+        say(f"scanning {w} on {len(pump_ids)} pump(s): DDLs, duplicates, partition bounds")
+        index = _scan(plan.addrs, known, w, target)
+        if indexes and max_rows is not None and sum(i.total_rows for i in indexes) + index.total_rows > max_rows:
+            break  # too big to join the batch: its own run ingests it
+        indexes.append(index)
+    # The lake's writers take turns from the first Delta write to the ledger rows
+    # (lake.writelock): windows of one day would fail each other's commits.
+    with writelock.lake_writes(lake) as waited:
+        if waited >= 0.5:
+            say(f"waited {waited:.1f}s for other windows' writes to this lake")
+        if len(indexes) > 1 or done_since is not None:
+            # A run at once with this one may have taken some of these windows
+            # meanwhile: the batch stops before the first one the ledger holds now,
+            # and nothing is written if it took the first one since done_since.
+            now_ledger = read_windows(spark, lake)
+            if done_since is not None and any(
+                    (int(r["start_ts"]), int(r["end_ts"])) == (ws[0].start_ts, ws[0].end_ts)
+                    and isinstance(r.get("ingested_at"), dt.datetime) and r["ingested_at"] >= done_since
+                    for r in now_ledger):
+                say(f"{ws[0]} was ingested meanwhile by another run: nothing to write")
+                return []
+            now_taken = {(int(r["start_ts"]), int(r["end_ts"])) for r in now_ledger}
+            keep = 1
+            while keep < len(indexes) and (ws[keep].start_ts, ws[keep].end_ts) not in now_taken:
+                keep += 1
+            indexes = indexes[:keep]
+        ws = ws[:len(indexes)]
+        whole = _Window(ws[0].start_ts, ws[-1].end_ts)
+        merged = merge_consecutive(indexes)
+        ledger_rows = []
+        for w, index in zip(ws, indexes, strict=True):
+            per_pump = {pump: index.rows.get(pump, 0) for pump in pump_ids}
+            ledger_rows.append((w.start_ts, w.end_ts, list(pump_ids), per_pump,
+                                _table_op_counts(index, known.history), index.total_txns, index.total_rows,
+                                len(index.ddls), "done"))
+        _write_window(spark, lake, registry, pump_ids, known, merged, whole, say)
+        failpoint.hit("ingest-before-ledger")
+        say("recording the window" + (f"s {', '.join(map(str, ws))}" if len(ws) > 1 else ""))
+        now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        _record(spark, lake, [(*row, now) for row in ledger_rows])
     failpoint.hit("ingest-before-checkpoint")
-    _move_checkpoint(spark, lake, registry, w, say)
-    return IngestResult(
-        lake=lake, start_ts=start_ts, end_ts=end_ts, pumps=pump_ids, txns=index.total_txns, rows=rows,
-        ddls=len(index.ddls), duplicates=index.duplicates, rows_per_pump=per_pump,
-        rows_per_table_op=per_table_op, replaced=replaced, elapsed_s=time.monotonic() - started,
-    )
+    _move_checkpoint(spark, lake, registry, whole, say)
+    elapsed = time.monotonic() - started
+    return [IngestResult(
+        lake=lake, start_ts=row[0], end_ts=row[1], pumps=pump_ids, txns=row[5], rows=row[6], ddls=row[7],
+        duplicates=index.duplicates, rows_per_pump=row[3], rows_per_table_op=row[4],
+        replaced=(row[0], row[1]) in replaced, elapsed_s=elapsed,
+    ) for row, index in zip(ledger_rows, indexes, strict=True)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,15 +508,16 @@ class _KnownSchema:
     lost: list[str]
 
 
-def _check_ledger(spark: SparkSession, lake: str, registry: str, w: _Window) -> tuple[list[dict[str, Any]], bool]:
-    """The ledger's windows, and whether ``w`` replaces an ingested one (an
+def _check_ledger(spark: SparkSession, lake: str, registry: str,
+                  ws: Sequence[_Window]) -> tuple[list[dict[str, Any]], set[tuple[int, int]]]:
+    """The ledger's windows, and those of ``ws`` that replace an ingested one (an
     overlap with other bounds is refused); holds the Pumps' GC for this lake
-    before anything is read: a new lake at this window's start, a known one at
-    its ledger's end (the registry keeps the max)."""
+    before anything is read: a new lake at the first window's start, a known one
+    at its ledger's end (the registry keeps the max)."""
     windows = read_windows(spark, lake)
-    replaced = check_overlap(windows, w.start_ts, w.end_ts)
+    replaced = {(w.start_ts, w.end_ts) for w in ws if check_overlap(windows, w.start_ts, w.end_ts)}
     held = checkpoint.contiguous_end(windows)
-    checkpoint.report(registry, lake, w.start_ts if held is None else held)
+    checkpoint.report(registry, lake, ws[0].start_ts if held is None else held)
     return windows, replaced
 
 
@@ -451,9 +570,7 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
     from pyspark.sql import functions as F
 
     start_ts, end_ts = w.start_ts, w.end_ts
-    lake_source.register(spark)
     changes_path = table_path(lake, CHANGES)
-    say(f"reading and writing {index.total_rows} row changes of {index.total_txns} transactions")
     reader = (spark.read.format(lake_source.FORMAT)
               .option("registry", registry).option("start_ts", str(start_ts)).option("end_ts", str(end_ts))
               .option("pumps", ",".join(pump_ids))
@@ -469,7 +586,16 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
 
     try:
         with connect.job_description(spark, f"binlake ingest {w}"):
-            _retry_concurrent(CHANGES, write_changes)
+            if index.total_rows:
+                say(f"reading and writing {index.total_rows} row changes of {index.total_txns} transactions")
+                lake_source.register(spark)
+                _retry_concurrent(CHANGES, write_changes)
+            else:
+                # No Delta commit for a window without row changes. Nothing of it can be in
+                # ``changes`` to replace: what the Pumps hold of a window is fixed once it is
+                # below their safe ts and above their GC ts (checked before this), so every
+                # earlier attempt at it found no rows either.
+                say("no row changes in the window: the change table is left as it is")
             ddl_path = table_path(lake, DDL_HISTORY)
             if known.base:
                 say(f"adding the {len(known.base)} DDL(s) below the lake's first window to ddl_history")
@@ -484,7 +610,7 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
         if err is not None:
             raise type(err)(f"ingest {w}: {err}") from None
         raise
-    rows = int(observed[0].get["rows"]) if observed else -1
+    rows = int(observed[0].get["rows"]) if observed else 0
     if rows != index.total_rows:
         raise errors.FailedPrecondition(
             f"ingest {w}: wrote {rows} row changes but the pumps' scan counted {index.total_rows}; "
@@ -492,13 +618,23 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
     return rows
 
 
-def _record(spark: SparkSession, lake: str, row: tuple[Any, ...]) -> None:
-    """The window's ``windows`` row (``WINDOWS_DDL``), replacing one with the same
-    bounds; written last, so a failed ingest leaves no row claiming it is done."""
-    start_ts, end_ts = row[0], row[1]
-    windows_df = spark.createDataFrame([row], WINDOWS_DDL)
-    _retry_concurrent(WINDOWS, lambda: _replace(windows_df, table_path(lake, WINDOWS),
-                                                f"start_ts = {start_ts} AND end_ts = {end_ts}"))
+def _record(spark: SparkSession, lake: str, rows: list[tuple[Any, ...]]) -> None:
+    """The windows' ``windows`` rows (``WINDOWS_DDL``), each replacing one with the
+    same bounds, in one commit; written last, so a failed ingest leaves no row
+    claiming a window is done."""
+    path = table_path(lake, WINDOWS)
+    windows_df = spark.createDataFrame(rows, WINDOWS_DDL)
+    bounds = {(int(r[0]), int(r[1])) for r in rows}
+    # Called under the lake's write lock. In a local lake every binlake writer takes
+    # that lock, so windows the ledger does not hold yet (read now, inside it) are
+    # appended: a blind append costs a fifth of a replaceWhere, which must find the
+    # rows to replace. Any other case replaces the rows with the same bounds.
+    ledger = _read_locally(path, ("start_ts", "end_ts")) if is_delta(spark, path) else None
+    if ledger is not None and not bounds & {(int(r["start_ts"]), int(r["end_ts"])) for r in ledger}:
+        _retry_concurrent(WINDOWS, lambda: windows_df.write.format("delta").mode("append").save(path))
+        return
+    where = " OR ".join(f"(start_ts = {a} AND end_ts = {b})" for a, b in sorted(bounds))
+    _retry_concurrent(WINDOWS, lambda: _replace(windows_df, path, where))
 
 
 def _move_checkpoint(spark: SparkSession, lake: str, registry: str, w: _Window, say: Progress) -> None:

@@ -71,6 +71,37 @@ class WindowIndex:
         return index
 
 
+def merge_consecutive(indexes: list[WindowIndex]) -> WindowIndex:
+    """One index for consecutive windows (each one's end the next one's start), as
+    if ``[first start, last end)`` had been scanned at once: what one read of
+    several windows in one Spark job needs. Each window keeps its own index for
+    its ledger row."""
+    if not indexes:
+        raise ValueError("merge_consecutive needs at least one window index")
+    for a, b in zip(indexes, indexes[1:], strict=False):
+        if a.end_ts != b.start_ts:
+            raise ValueError(f"windows [{a.start_ts}, {a.end_ts}) and [{b.start_ts}, {b.end_ts}) are not consecutive")
+    if len(indexes) == 1:
+        return indexes[0]
+    out = WindowIndex(indexes[0].start_ts, indexes[-1].end_ts)
+    for index in indexes:  # in commit_ts order, so ddls, skips, splits and mutations stay sorted
+        out.ddls.extend(index.ddls)
+        for pump, n in index.txns.items():
+            out.txns[pump] = out.txns.get(pump, 0) + n
+        for pump, n in index.rows.items():
+            out.rows[pump] = out.rows.get(pump, 0) + n
+        for pump, starts in index.skip.items():
+            out.skip.setdefault(pump, []).extend(starts)
+        for pump, bounds in index.splits.items():
+            out.splits.setdefault(pump, []).extend(bounds)
+        for table_id, (lo, hi) in index.tables.items():
+            seen = out.tables.get(table_id)
+            out.tables[table_id] = (lo, hi) if seen is None else (min(seen[0], lo), max(seen[1], hi))
+        out.mutations.extend(index.mutations)
+        out.duplicates += index.duplicates
+    return out
+
+
 @dataclasses.dataclass
 class _PumpScan:
     txns: list[tuple[int, int, int]]  # (commit_ts, start_ts, row changes)

@@ -44,7 +44,7 @@ def optimize_vacuum(spark: Any, lake: str, retention_hours: float,
                     progress: Callable[[str], None] | None = None) -> list[str]:
     if retention_hours < 1:
         raise ValueError(f"retention_hours must be >= 1, got {retention_hours}")
-    from delta.tables import DeltaTable
+    from binlake.lake import connect
 
     say = progress or (lambda _m: None)
     done = []
@@ -52,12 +52,14 @@ def optimize_vacuum(spark: Any, lake: str, retention_hours: float,
     # minutes of task overhead for a lake's small tables. A few per core is plenty.
     key = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
     before = spark.conf.get(key, None)
-    spark.conf.set(key, str(max(2, 2 * int(spark.sparkContext.defaultParallelism))))
+    spark.conf.set(key, str(max(2, 2 * connect.default_parallelism(spark))))
     try:
         for path in lake_tables(spark, lake):
-            table = DeltaTable.forPath(spark, path)
-            table.optimize().executeCompaction()
-            table.vacuum(retention_hours)
+            # SQL rather than Delta's Python DeltaTable API: the same commands, and
+            # they run over Spark Connect too (DeltaTable needs a server plugin there).
+            quoted = path.replace("`", "``")
+            spark.sql(f"OPTIMIZE delta.`{quoted}`").collect()
+            spark.sql(f"VACUUM delta.`{quoted}` RETAIN {float(retention_hours)} HOURS").collect()
             say(f"optimized and vacuumed {path} (retention {retention_hours:g} h)")
             done.append(path)
     finally:
