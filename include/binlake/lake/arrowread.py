@@ -13,9 +13,10 @@ The ledger and the DDL history, a Spark job each, take milliseconds here.
 
 delta-rs reads what a plain Parquet reader can: a table that needs a reader
 feature it does not apply to Parquet files itself (deletion vectors, column
-mapping, a newer protocol) raises ``NotReadable``, and so does a lake that is
-not a local directory (object stores keep Spark's credentials and settings);
-the caller then reads through Spark, which is always correct, only slower.
+mapping, a newer protocol) raises ``NotReadable``; the caller then reads
+through Spark, which is always correct, only slower. A lake on S3 is read here
+too, with the endpoint and credentials ``binlake.lake.location`` gives both
+engines (delta-rs only reads: Spark is the one writer of every lake table).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from binlake import errors
+from binlake.lake import location
 
 
 class NotReadable(Exception):
@@ -55,16 +57,21 @@ class TableReader:
 
     def __init__(self, path: str) -> None:
         local = local_path(path)
-        if local is None:
-            raise NotReadable(f"{path} is not a local directory")
-        if not os.path.isdir(os.path.join(local, "_delta_log")):
-            raise NotReadable(f"{path} holds no Delta table")
+        options: dict[str, str] | None = None
+        if local is not None:
+            if not os.path.isdir(os.path.join(local, "_delta_log")):
+                raise NotReadable(f"{path} holds no Delta table")
+            where = local
+        elif path.startswith(("s3://", "s3a://")):
+            where, options = location.to_object_store(path), location.storage_options()
+        else:
+            raise NotReadable(f"{path} is neither a local directory nor on S3")
         try:
             from deltalake import DeltaTable
         except ImportError as exc:  # an install without the optional reader
             raise NotReadable(f"the deltalake package is not importable ({exc})") from None
         try:
-            self._table: Any = DeltaTable(local)
+            self._table: Any = DeltaTable(where, storage_options=options)
         except Exception as exc:  # delta-rs raises its own error types for an unreadable log
             raise NotReadable(f"delta-rs cannot load {path}: {errors.first_line(exc)}") from None
         self.path = path

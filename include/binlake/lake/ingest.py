@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import os
 import random
 import time
 import uuid
@@ -50,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
-from binlake.lake import checkpoint, connect
+from binlake.lake import checkpoint, connect, location
 from binlake.lake import pump_source as lake_source
 from binlake.lake.ddl_rows import ddl_row
 from binlake.lake.planner import check_window, pumps_for_window
@@ -67,9 +66,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHANGES = "changes"
-DDL_HISTORY = "ddl_history"
-WINDOWS = "windows"
+# Where the lake and its tables are: binlake.lake.location (re-exported here for the
+# ingest's callers).
+CHANGES, DDL_HISTORY, WINDOWS = location.CHANGES, location.DDL_HISTORY, location.WINDOWS
+check_lake, table_path, is_delta, read_windows = (location.check_lake, location.table_path, location.is_delta,
+                                                 location.read_windows)
 WINDOWS_DDL = ("start_ts long, end_ts long, pumps array<string>, rows_per_pump map<string,long>, "
                "rows_per_table_op map<string,long>, txns long, rows long, ddls long, status string, "
                "ingested_at timestamp")
@@ -123,36 +124,6 @@ class IngestResult:
         lines += [f"    {pump:<20} {n}" for pump, n in sorted(self.rows_per_pump.items())]
         lines += [f"    {key:<40} {n}" for key, n in sorted(self.rows_per_table_op.items())]
         return "\n".join(lines)
-
-
-def table_path(lake: str, name: str) -> str:
-    """The location of one lake table (``lake`` may be a local path or a URI)."""
-    check_lake(lake)
-    if name not in (CHANGES, DDL_HISTORY, WINDOWS):
-        raise ValueError(f"unknown lake table {name!r}; expected {CHANGES}, {DDL_HISTORY} or {WINDOWS}")
-    base = lake if "://" in lake else os.path.abspath(lake)
-    return f"{base.rstrip('/')}/{name}"
-
-
-def check_lake(lake: Any) -> str:
-    if not isinstance(lake, str) or not lake.strip():
-        raise errors.InvalidArgument(f"lake must be a path or URI of the lake directory, got {lake!r}")
-    return lake
-
-
-def is_delta(spark: SparkSession, path: str) -> bool:
-    """Whether ``path`` holds a Delta table: its log directory exists (a file-system
-    check, cheaper than loading the table's state; works over Spark Connect too)."""
-    return connect.delta_log_exists(spark, path)
-
-
-def read_windows(spark: SparkSession, lake: str) -> list[dict[str, Any]]:
-    """Every ``windows`` row, by start_ts (empty when nothing was ingested yet)."""
-    path = table_path(lake, WINDOWS)
-    if not is_delta(spark, path):
-        return []
-    rows = spark.read.format("delta").load(path).orderBy("start_ts", "end_ts").collect()
-    return [r.asDict(recursive=True) for r in rows]
 
 
 def check_overlap(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> bool:
@@ -300,7 +271,8 @@ def _validate(spark: SparkSession, lake: str, registry: str, start_ts: int, end_
               pumps: Sequence[str] | None) -> list[str] | None:
     if spark is None or not hasattr(spark, "read"):
         raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
-    check_lake(lake)
+    # An S3 lake is checked (bucket, keys, endpoint) before anything is read or written.
+    location.prepare(spark, lake)
     if not isinstance(registry, str):
         raise errors.InvalidArgument(f"registry must be HOST:PORT, got {registry!r}")
     net.parse_addr_list(registry, "registry")

@@ -143,6 +143,11 @@ def build_spark(
         if shuffle_partitions < 1:
             raise ValueError(f"shuffle_partitions must be >= 1, got {shuffle_partitions}")
         conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
+    # The lake may be on S3: the s3a settings from AWS_* / [lake.s3] (no secret
+    # unless one is configured; Spark's redaction hides fs.s3a.*key in its UI and logs).
+    from binlake.lake import location
+
+    conf.update(location.spark_conf())
     conf.update(extra)
 
     builder = SparkSession.builder.appName(app_name)
@@ -152,4 +157,8 @@ def build_spark(
         builder = builder.master(chosen or DEFAULT_MASTER)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    # A session already running in this process keeps its start-time confs: bring
+    # its Hadoop configuration up to the S3 settings in force now.
+    location.configure_spark(session)
+    return session
