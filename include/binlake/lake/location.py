@@ -296,7 +296,7 @@ def _s3_failure(lake: str, s: S3Settings, message: str) -> str:
     endpoint = s.endpoint_url or "AWS S3"
     first = " ".join(message.split())[:300]
     low = first.lower()
-    if any(k in low for k in ("accessdenied", "access denied", "invalidaccesskeyid", "signaturedoesnotmatch",
+    if any(k in low for k in ("accessdenied", "access denied", "access_denied", "invalidaccesskeyid", "signaturedoesnotmatch",
                               "forbidden", "403")):
         return (f"lake {lake}: {endpoint} refused the credentials ({first}); check AWS_ACCESS_KEY_ID/"
                 "AWS_SECRET_ACCESS_KEY or [lake.s3]")
