@@ -175,6 +175,11 @@ def is_delta(spark: SparkSession, path: str) -> bool:
     check, cheaper than loading the table's state; works over Spark Connect too)."""
     from binlake.lake import connect
 
+    if path.startswith("s3a://"):
+        # Every job asks this first about the tables it opens: a session built before
+        # the S3 settings were known (a task that read its Connection after starting
+        # Spark) gets them here, before its first S3 access.
+        configure_spark(spark)
     return connect.delta_log_exists(spark, path)
 
 
@@ -229,9 +234,18 @@ def configure_spark(spark: SparkSession, settings: S3Settings | None = None) -> 
 
     if connect.is_remote(spark):
         return  # a Spark Connect server holds its own settings
+    conf = hadoop_conf(settings)
+    key = (id(spark), tuple(sorted(conf.items())))
+    if _configured.get(id(spark)) == key:
+        return  # already in force: no py4j round trips
     hconf: Any = spark.sparkContext._jsc.hadoopConfiguration()  # py4j: untyped
-    for key, value in hadoop_conf(settings).items():
-        hconf.set(key, value)
+    for name, value in conf.items():
+        hconf.set(name, value)
+    _configured[id(spark)] = key
+
+
+# The s3a settings last applied to each session (by id), so re-applying is free.
+_configured: dict[int, tuple[int, tuple[tuple[str, str], ...]]] = {}
 
 
 def storage_options(settings: S3Settings | None = None) -> dict[str, str]:
