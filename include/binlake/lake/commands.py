@@ -113,20 +113,25 @@ def _fmt_ts(ts: int) -> str:
 
 
 def existing_lake(lake: str) -> None:
-    """A local lake must be a directory that exists (URIs are Spark's to resolve)."""
-    from binlake.lake.ingest import check_lake
+    """A local lake must be a directory that exists; an S3 lake's bucket must answer
+    the configured endpoint and keys (other URIs are Spark's to resolve)."""
+    from binlake.lake import location
 
-    check_lake(lake)
+    if location.parse(lake, "--lake").is_s3:
+        location.probe(lake)
     if "://" not in lake and not os.path.isdir(lake):
         what = "is a file" if os.path.exists(lake) else "does not exist"
         raise errors.InvalidArgument(f"--lake {lake} {what}: give the lake directory an ingest wrote")
 
 
 def writable_lake(lake: str) -> None:
-    """A local lake must be a directory, or creatable under a writable one."""
-    from binlake.lake.ingest import check_lake
+    """A local lake must be a directory, or creatable under a writable one; an S3
+    lake's bucket must answer the configured endpoint and keys (checked before a JVM
+    starts, so nothing is written with settings that cannot work)."""
+    from binlake.lake import location
 
-    check_lake(lake)
+    if location.parse(lake, "--lake").is_s3:
+        location.probe(lake)
     if "://" in lake:
         return
     path = os.path.abspath(lake)
