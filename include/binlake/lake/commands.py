@@ -336,6 +336,11 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--runs", type=positive_int, default=2, help="runs of each case; the best is reported (default 2)")
     b.add_argument("--master", help="Spark master (default local[*])")
     b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--lake", metavar="s3://BUCKET/PREFIX",
+                   help="also ingest into a lake under this S3 prefix each run, beside the local-disk lake "
+                        "(endpoint and keys from AWS_* or [lake.s3])")
+    b.add_argument("--seaweedfs", action="store_true",
+                   help="with --lake: start a throwaway SeaweedFS on loopback and use it")
     b.add_argument("--decode-only", action="store_true",
                    help="only the decoding step: CPU µs per row change, Python path vs native (no Pumps, no Spark)")
     b.set_defaults(handler=_bench_command)
