@@ -93,6 +93,14 @@ def db_url(flag: str, value: str) -> str:
         raise errors.InvalidArgument(f"{flag} is empty: give a database URL such as sqlite:///data/db.sqlite")
     if "://" not in value:
         raise errors.InvalidArgument(f"{flag} {value!r} is not a database URL: give one such as sqlite:///data/db.sqlite")
+    from binlake.sql.url import normalize_url
+
+    # The dialect and the URL's shape, before any slow start (Spark) that would only
+    # find them wrong later; no connection is made here.
+    try:
+        normalize_url(value)
+    except errors.BinlakeError as exc:
+        raise type(exc)(f"{flag}: {exc}") from None
     return value
 
 

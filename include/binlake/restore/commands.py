@@ -239,7 +239,8 @@ def restore_cmd(args: argparse.Namespace) -> int:
     if args.out is not None:
         argcheck.writable_dir("--out", args.out)
     if args.target is not None:
-        argcheck.db_url("--target", args.target)
+        # Reachable now, not after Spark has started and the plan is read.
+        argcheck.reachable_db("--target", args.target)
     if args.verify is not None:
         argcheck.reachable_db("--verify", args.verify)
     if args.verify and not args.target:
