@@ -70,7 +70,11 @@ def test_settings_env_beats_config_file_and_reach_both_engines(
     opts = location.storage_options()
     assert opts["AWS_ENDPOINT_URL"] == "http://10.0.0.5:8333" and opts["AWS_ALLOW_HTTP"] == "true"
     assert opts["AWS_ACCESS_KEY_ID"] == "from-env" and opts["AWS_REGION"] == "eu-west-3"
-    assert location.spark_conf()["spark.hadoop.fs.s3a.endpoint"] == "http://10.0.0.5:8333"
+    start = location.spark_conf()
+    assert start["spark.hadoop.fs.s3a.endpoint"] == "http://10.0.0.5:8333"
+    # Start confs land on the JVM's command line: the keys go through its environment instead.
+    assert not any("env-secret" in v or "from-env" in v for v in start.values())
+    assert location.aws_env()["AWS_SECRET_ACCESS_KEY"] == "env-secret"
 
 
 def test_bad_s3_settings_name_the_key(tmp_path: pathlib.Path) -> None:

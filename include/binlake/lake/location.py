@@ -222,9 +222,32 @@ def hadoop_conf(settings: S3Settings | None = None) -> dict[str, str]:
     return conf
 
 
+# Confs that carry a secret: never given at a session start, because pyspark puts
+# start confs on the JVM's command line (visible to every user of the host).
+_SECRET_CONFS = ("fs.s3a.access.key", "fs.s3a.secret.key", "fs.s3a.session.token", "fs.s3a.aws.credentials.provider")
+
+
 def spark_conf(settings: S3Settings | None = None) -> dict[str, str]:
-    """``hadoop_conf`` as Spark session confs (``spark.hadoop.`` prefix), for a session start."""
-    return {f"spark.hadoop.{k}": v for k, v in hadoop_conf(settings).items()}
+    """``hadoop_conf`` without its secrets as Spark session confs (``spark.hadoop.``
+    prefix), for a session or server start. The keys reach that JVM through its
+    environment (``aws_env``; s3a's default credential chain reads AWS_*), or
+    ``configure_spark`` over py4j once it runs."""
+    return {f"spark.hadoop.{k}": v for k, v in hadoop_conf(settings).items() if k not in _SECRET_CONFS}
+
+
+def aws_env(settings: S3Settings | None = None) -> dict[str, str]:
+    """The AWS_* variables for a child process (a Spark server, spark-submit) that must
+    reach the lake with the settings in force here, wherever they came from."""
+    s = settings or s3_settings()
+    env = {"AWS_REGION": s.region}
+    if s.endpoint_url:
+        env["AWS_ENDPOINT_URL"] = s.endpoint_url
+    if s.access_key_id and s.secret_access_key:
+        env["AWS_ACCESS_KEY_ID"] = s.access_key_id
+        env["AWS_SECRET_ACCESS_KEY"] = s.secret_access_key
+        if s.session_token:
+            env["AWS_SESSION_TOKEN"] = s.session_token
+    return env
 
 
 def configure_spark(spark: SparkSession, settings: S3Settings | None = None) -> None:

@@ -143,8 +143,9 @@ def build_spark(
         if shuffle_partitions < 1:
             raise ValueError(f"shuffle_partitions must be >= 1, got {shuffle_partitions}")
         conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
-    # The lake may be on S3: the s3a settings from AWS_* / [lake.s3] (no secret
-    # unless one is configured; Spark's redaction hides fs.s3a.*key in its UI and logs).
+    # The lake may be on S3: the s3a settings from AWS_* / [lake.s3], without the keys
+    # (start confs end up on the JVM's command line): those are set on the running
+    # session below, and the JVM inherits AWS_* from this process.
     from binlake.lake import location
 
     conf.update(location.spark_conf())
