@@ -162,14 +162,17 @@ def test_restore_dag_params_are_validated_in_the_trigger_form(dags: Any) -> None
 
 def test_a_moved_lake_restores_from_its_new_place(
         spark: SparkSession, lake: tuple[str, int], tmp_path: pathlib.Path) -> None:
-    """After the maintenance run above (a snapshot and history tables in the lake):
-    the catalogs name tables relative to the lake, so a copy elsewhere, the old
+    """A lake with a snapshot and history tables: the catalogs name tables relative to the lake, so a copy elsewhere, the old
     directory gone, restores from its own snapshot and history tables."""
     import shutil
 
     from binlake.restore import history, restore
 
     path, last = lake
+    # A snapshot and history tables (the maintenance run above makes them; alone, here).
+    if not [e for e in snapshot.catalog(spark, path) if e.table_id != layout.MARKER_TABLE_ID]:
+        snapshot.take(spark, path, last)
+    history.update(spark, path)
     moved = str(tmp_path / "elsewhere" / "lake")
     shutil.copytree(path, moved)
     aside = path + ".away"
