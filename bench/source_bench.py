@@ -12,6 +12,13 @@ process. The data: a sysbench-like table filled by ``INSERT ... SELECT`` in
 transactions of ``--rows-per-txn`` rows until ``--rows`` row changes are in
 the binlog.
 
+The bulk case runs the source three ways: natively framed (``_framec``) with
+the native row decoder (the default when built), on mysql-replication's own
+stream framing with the native rows (``BINLAKE_NATIVE_FRAMING=0``), and on the
+Python path for both. The live case runs twice in the same run, natively
+framed and on mysql-replication's framing, and sets the whole chain's CPU per
+transaction against that of ``mysqlbinlog`` following as a replica.
+
 The live case also reports what following the upstream costs the source:
 its CPU seconds (from /proc) per upstream transaction, and the Pump's and
 the registry's; how long after the workload stopped the source's checkpoint
@@ -40,11 +47,23 @@ from benchkit import cpu_seconds
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # ``--nice``: the niceness the registry, Pump and source run at (0: the benchmark's own).
 _NICE = [0]
+# ``--pinned``: the upstream (server and the workload's client, this process) on CPU 0,
+# every follower (registry, Pump, source, the C replica) on CPU 1.
+_PIN = [False]
 
 
 def _niced() -> None:
     if _NICE[0]:
         os.nice(_NICE[0])
+    if _PIN[0]:
+        os.sched_setaffinity(0, {1})
+
+
+def _pin_upstream(server_pid: int) -> None:
+    """The server's threads (new ones inherit it) and this process onto CPU 0."""
+    for tid in os.listdir(f"/proc/{server_pid}/task"):
+        os.sched_setaffinity(int(tid), {0})
+    os.sched_setaffinity(0, {0})
 BINLAKE = pathlib.Path(sys.executable).parent / "binlake"
 
 
@@ -72,10 +91,12 @@ def _checkpoint(data_dir: pathlib.Path) -> tuple[str, int]:
 
 
 def _source(port: int, registry: str, data_dir: pathlib.Path, start: str, log: pathlib.Path,
-            native: bool = True) -> subprocess.Popen[bytes]:
+            native: bool = True, framed: bool = True) -> subprocess.Popen[bytes]:
+    from binlake.source.mysql.framing import NATIVE_FRAMING_ENV
     from binlake.source.mysql.rowsplan import NATIVE_ROWS_ENV
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", NATIVE_ROWS_ENV: "1" if native else "0"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", NATIVE_ROWS_ENV: "1" if native else "0",
+           NATIVE_FRAMING_ENV: "1" if framed else "0"}
     with log.open("ab") as f:
         return subprocess.Popen(
             [str(BINLAKE), "source", "mysql", "--dsn", f"mysql://root@127.0.0.1:{port}", "--server-id", "4242",
@@ -154,6 +175,228 @@ def _workload(port: int, seconds: float, count: list[int] | None = None) -> floa
         conn.close()
 
 
+def _live(port: int, reg_addr: str, base: pathlib.Path, mode: str, log: pathlib.Path,
+          cluster: list[subprocess.Popen[bytes]], procs: list[subprocess.Popen[bytes]],
+          seconds: float) -> dict[str, Any]:
+    """One client's workload for ``seconds`` with the source (``mode``: native or
+    libframe, native rows either way) following from the server's end; its figures."""
+    from binlake.source.mysql import rowsplan
+
+    t_end = _sql(port, "SHOW MASTER STATUS")[0]
+    d = base / f"live-{mode}"
+    proc = _source(port, reg_addr, d, f"{t_end[0]}:{t_end[1]}", log, native=rowsplan.available(),
+                   framed=mode == "native")
+    procs.append(proc)
+    while _checkpoint(d)[0] == "":
+        if proc.poll() is not None:
+            raise SystemExit(f"source exited with {proc.returncode}; log {log}")
+        time.sleep(0.05)
+    time.sleep(2.0)  # its start-up (imports, definitions sent, first checkpoint) is not the workload's cost
+    watched = {"source": proc.pid, "pump": cluster[1].pid, "registry": cluster[0].pid}
+    cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
+    count: list[int] = []
+    t_start = time.monotonic()
+    rate = _workload(port, seconds, count)
+    w_end = _sql(port, "SHOW MASTER STATUS")[0]
+    t_stop = time.monotonic()
+    caught = _wait_at(d, (str(w_end[0]), int(w_end[1])), proc, log, timeout=600)
+    cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items()}
+    # The source's journal: one line per step; a line's "b" is the group it began.
+    begun = [len(json.loads(x).get("b", ())) for x in (d / "journal.log").read_text().splitlines()]
+    proc.terminate()
+    proc.wait(30)
+    return {"rate": rate, "txns": count[0], "cpu": cpu, "catch_up": caught - t_stop,
+            "kept_up": count[0] / (caught - t_start), "groups": [n for n in begun if n], "steps": len(begun)}
+
+
+def _pg_workload(dsn: str, seconds: float, count: list[int]) -> float:
+    """The MySQL live case's workload on PostgreSQL: update one row by key + insert one row per transaction."""
+    import psycopg
+
+    n = 0
+    base = 50_000_000 + int(time.time() * 1000) % 1_000_000 * 100
+    with psycopg.connect(dsn) as conn:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            conn.execute("UPDATE sbtest SET k = k + 1 WHERE id = %s", (n % 1000 + 1,))
+            conn.execute("INSERT INTO sbtest VALUES (%s, %s, %s, %s)", (base + n, n, "c" * 120, "p" * 60))
+            conn.commit()
+            n += 1
+        count.append(n)
+        return n / (time.monotonic() - t0)
+
+
+def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
+    """``--postgres``: the PostgreSQL source (pgoutput) following one client live, against
+    ``pg_recvlogical`` (C, pgoutput to /dev/null) following the same publication: the
+    upstream's rate in each case and the CPU per upstream transaction of each follower."""
+    import psycopg
+
+    from binlake.testing.devdb import LocalPostgres
+
+    tool = shutil.which("pg_recvlogical")
+    if not LocalPostgres.available() or tool is None:
+        print("PostgreSQL (with pg_recvlogical) is not installed: nothing to measure", file=sys.stderr)
+        return 2
+    base = pathlib.Path(args.dir) if getattr(args, "dir", None) else pathlib.Path(
+        tempfile.mkdtemp(prefix="source-", dir=ROOT / "bench" if (ROOT / "bench").is_dir() else None))
+    base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o755)  # PostgreSQL runs as its own user (it refuses root) and must reach its data dir
+    server = LocalPostgres(base / "pg", logical=True).start()
+    procs: list[subprocess.Popen[bytes]] = []
+    log = base / "source.log"
+    try:
+        reg_addr, cluster = _start_cluster(base, log)
+        procs += cluster
+        dsn = server.create_database("bench").replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE sbtest (id BIGINT PRIMARY KEY, k INT NOT NULL, c CHAR(120) NOT NULL, "
+                         "pad CHAR(60) NOT NULL)")
+            conn.execute("ALTER TABLE sbtest REPLICA IDENTITY FULL")
+            conn.execute("INSERT INTO sbtest SELECT g, g % 1000, repeat('c', 120), repeat('p', 60) "
+                         "FROM generate_series(1, 1000) g")
+            conn.execute("CREATE PUBLICATION floor FOR TABLE sbtest")
+        count: list[int] = []
+        plain = _pg_workload(dsn, seconds, count)
+        # The floor: pg_recvlogical (C) decoding nothing itself, pgoutput's bytes to /dev/null.
+        conn_args = ["-d", dsn, "--slot", "floor"]
+        subprocess.run([tool, *conn_args, "--create-slot", "-P", "pgoutput"], check=True, capture_output=True)
+        floor = subprocess.Popen([tool, *conn_args, "--start", "-o", "proto_version=1", "-o",
+                                  "publication_names=floor", "-f", "/dev/null"], stderr=subprocess.DEVNULL)
+        procs.append(floor)
+        time.sleep(1.0)
+        c0 = cpu_seconds(floor.pid)
+        c_count: list[int] = []
+        with_floor = _pg_workload(dsn, seconds, c_count)
+        time.sleep(0.5)
+        floor_cpu = cpu_seconds(floor.pid) - c0
+        floor.terminate()
+        floor.wait(30)
+        subprocess.run([tool, *conn_args, "--drop-slot"], check=False, capture_output=True)
+        d = base / "src-pg"
+        with log.open("ab") as f:
+            proc = subprocess.Popen(
+                [str(BINLAKE), "source", "postgres", "--dsn", dsn, "--slot", "binlake", "--publication", "binlake",
+                 "--create", "--registry", reg_addr, "--data-dir", str(d)],
+                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_niced)
+        procs.append(proc)
+        deadline = time.monotonic() + 120
+        while not (d / "journal.log").exists() or not (d / "state.json").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"postgres source did not start; log {log}")
+            time.sleep(0.1)
+        time.sleep(2.0)  # its start-up is not the workload's cost
+        watched = {"source": proc.pid, "pump": cluster[1].pid, "registry": cluster[0].pid}
+        cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
+        s_count: list[int] = []
+        with_source = _pg_workload(dsn, seconds, s_count)
+        # Caught up: the journal stops growing (no LSN to compare a checkpoint with here).
+        t_stop = time.monotonic()
+        last, still = -1, 0.0
+        while True:
+            size = (d / "journal.log").stat().st_size
+            if size == last:
+                if time.monotonic() - still > 1.0:
+                    break
+            else:
+                last, still = size, time.monotonic()
+            if proc.poll() is not None:
+                raise SystemExit(f"postgres source exited with {proc.returncode}; log {log}")
+            time.sleep(0.05)
+        settle = still - t_stop
+        cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items()}
+        begun = [len(json.loads(x).get("b", ())) for x in (d / "journal.log").read_text().splitlines()]
+        groups = [n for n in begun if n]
+        proc.terminate()
+        proc.wait(30)
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        server.stop()
+        if not getattr(args, "dir", None):
+            shutil.rmtree(base, ignore_errors=True)
+    txns = s_count[0]
+    floor_us = 1e6 * floor_cpu / max(c_count[0], 1)
+    chain_us = 1e6 * sum(cpu.values()) / max(txns, 1)
+    print(f"\n| PostgreSQL upstream, 1 client, {seconds:g}s | txn/s | ratio |")
+    print("|---|---:|---:|")
+    print(f"| nothing following | {plain:,.0f} | 1.00 |")
+    print(f"| pg_recvlogical (C, pgoutput to /dev/null) following | {with_floor:,.0f} | {with_floor / plain:.3f} |")
+    print(f"| binlake source postgres -> Pump, with its registry | {with_source:,.0f} | {with_source / plain:.3f} |")
+    print(f"\n| the source following {txns:,} upstream transactions | value |")
+    print("|---|---:|")
+    print(f"| journal settled after the workload stopped (about its lag) | {settle:.2f} s |")
+    for k in ("source", "pump", "registry"):
+        print(f"| {k} CPU per upstream transaction | {1e6 * cpu[k] / max(txns, 1):,.0f} us |")
+    print(f"| whole chain CPU per upstream transaction | {chain_us:,.0f} us |")
+    print(f"| pg_recvlogical CPU per upstream transaction | {floor_us:,.0f} us (chain: {chain_us / max(floor_us, 1e-9):.1f}x) |")
+    print(f"| groups (steps: journal lines) | {len(groups):,} ({len(begun):,}) |")
+    print(f"| upstream transactions per group: mean / largest | {sum(groups) / max(len(groups), 1):.1f} / "
+          f"{max(groups, default=0)} |")
+    return 0
+
+
+def _framing_only(args: argparse.Namespace | None, rows: int, per_txn: int) -> int:
+    """``--framing-only``: the CPU of reading a binlog (``rows`` row changes in bulk
+    transactions, then 3,000 one-row updates) to its end, in this process, through the
+    native framer and through mysql-replication's reader (rows not decoded either way),
+    alternated twice."""
+    import pymysql
+    from pymysqlreplication import BinLogStreamReader
+
+    from binlake.source.mysql import framing
+    from binlake.testing.devdb import LocalMariaDB
+
+    if not LocalMariaDB.available() or not framing.available():
+        print("MariaDB or the native framer (_framec) is missing: nothing to measure", file=sys.stderr)
+        return 2
+    base = pathlib.Path(tempfile.mkdtemp(prefix="framing-"))
+    server = LocalMariaDB(base / "mariadb", binlog=True).start()
+    results: list[tuple[str, int, float]] = []
+    try:
+        port = server.port
+        _sql(port, "CREATE DATABASE bench", "CREATE TABLE bench.sbtest (id BIGINT PRIMARY KEY, k INT NOT NULL, "
+             "c CHAR(120) NOT NULL, pad CHAR(60) NOT NULL)")
+        f0, p0 = _sql(port, "SHOW MASTER STATUS")[0][:2]
+        for done in range(0, rows, per_txn):
+            _sql(port, f"INSERT INTO sbtest SELECT seq, seq % 1000, REPEAT('c', 120), REPEAT('p', 60) "
+                       f"FROM seq_{done + 1}_to_{min(rows, done + per_txn)}", db="bench")
+        conn = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True, database="bench")
+        with conn.cursor() as cur:
+            for i in range(3000):
+                cur.execute("UPDATE sbtest SET k = k + 1 WHERE id = %s", (i % rows + 1,))
+        conn.close()
+        end = int(_sql(port, "SHOW MASTER STATUS")[0][1])
+        for n, native in enumerate((True, False, True, False)):
+            stream = BinLogStreamReader(
+                connection_settings={"host": "127.0.0.1", "port": port, "user": "root", "password": ""},
+                server_id=900 + n, blocking=True, only_events=framing.EVENTS, freeze_schema=True,
+                slave_heartbeat=1, log_file=f0, log_pos=int(p0), resume_stream=True)
+            events = iter(framing.NativeReader(stream)) if native else framing.library_events(stream)
+            count, t0 = 0, time.process_time()
+            for ev in events:
+                count += 1
+                if ev[0] == framing.XID and ev[2] >= end:
+                    break
+            results.append(("native" if native else "mysql-replication", count, time.process_time() - t0))
+            stream.close()
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"\n| reading {rows:,} bulk row changes + 3,000 one-row transactions (rows not decoded) | events | "
+          "CPU s | us per event |")
+    print("|---|---:|---:|---:|")
+    for what, count, cpu in results:
+        print(f"| {what} | {count:,} | {cpu:.3f} | {1e6 * cpu / max(count, 1):.1f} |")
+    return 0
+
+
 def main(args: argparse.Namespace | None = None) -> int:
     from binlake.testing.devdb import LocalMariaDB
 
@@ -161,6 +404,14 @@ def main(args: argparse.Namespace | None = None) -> int:
     per_txn = int(getattr(args, "rows_per_txn", 1000))
     seconds = float(getattr(args, "seconds", 10.0))
     _NICE[0] = int(getattr(args, "nice", 0) or 0)
+    _PIN[0] = bool(getattr(args, "pinned", False))
+    if _PIN[0] and len(os.sched_getaffinity(0)) < 2:
+        print("--pinned needs 2 CPUs this process may run on", file=sys.stderr)
+        return 2
+    if getattr(args, "postgres", False):
+        return _postgres(args, seconds)
+    if getattr(args, "framing_only", False):
+        return _framing_only(args, rows, per_txn)
     if not LocalMariaDB.available():
         print("MariaDB is not installed (apt-get install mariadb-server): nothing to measure", file=sys.stderr)
         return 2
@@ -174,6 +425,9 @@ def main(args: argparse.Namespace | None = None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     log = base / "source.log"
     try:
+        if _PIN[0]:
+            assert server.proc is not None
+            _pin_upstream(server.proc.pid)
         reg_addr, cluster = _start_cluster(base, log)
         procs += cluster
         port = server.port
@@ -206,16 +460,23 @@ def main(args: argparse.Namespace | None = None) -> int:
 
         # 2. The source from the same start position to the end, into one Pump: with the
         #    native row decoder (the default when built) and forced onto the Python path.
-        from binlake.source.mysql import rowsplan
+        #    And with the native rows but mysql-replication's own (Python) stream framing.
+        from binlake.source.mysql import framing, rowsplan
 
         modes = ["native", "python"] if rowsplan.available() else ["python"]
+        if rowsplan.available() and framing.available():
+            modes.insert(1, "libframe")
         source_s: dict[str, float] = {}
-        for mode in modes:
+        # The two native modes run twice, alternated (a-b-a-b), and the faster run of each
+        # counts: on a shared machine the order otherwise weighs on the comparison.
+        runs = modes[:-1] * 2 + modes[-1:] if len(modes) == 3 else modes
+        for n, mode in enumerate(runs):
             t0 = time.monotonic()
-            proc = _source(port, reg_addr, base / f"src-{mode}", f"{f0}:{p0}", log,
-                           native=mode == "native")
+            d = base / f"src-{mode}-{n}"
+            proc = _source(port, reg_addr, d, f"{f0}:{p0}", log, native=mode != "python", framed=mode == "native")
             procs.append(proc)
-            source_s[mode] = _wait_at(base / f"src-{mode}", end_pos, proc, log, timeout=3600) - t0
+            secs = _wait_at(d, end_pos, proc, log, timeout=3600) - t0
+            source_s[mode] = min(secs, source_s.get(mode, secs))
             proc.terminate()
             proc.wait(30)
 
@@ -228,39 +489,20 @@ def main(args: argparse.Namespace | None = None) -> int:
             [tool, "--read-from-remote-server", "--stop-never", "--stop-never-slave-server-id=4343",
              "--host=127.0.0.1", f"--port={port}", "--user=root", "--verbose",
              "--base64-output=DECODE-ROWS", f"--start-position={r_end[1]}", str(r_end[0])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_niced)
         procs.append(follower)
         time.sleep(0.5)
         c0 = cpu_seconds(follower.pid)
-        with_c_replica = _workload(port, seconds)
+        c_count: list[int] = []
+        with_c_replica = _workload(port, seconds, c_count)
         c_replica_cpu = cpu_seconds(follower.pid) - c0
         follower.terminate()
         follower.wait(30)
-        t_end = _sql(port, "SHOW MASTER STATUS")[0]
-        proc = _source(port, reg_addr, base / "src2", f"{t_end[0]}:{t_end[1]}", log, native=rowsplan.available())
-        procs.append(proc)
-        while _checkpoint(base / "src2")[0] == "":
-            if proc.poll() is not None:
-                raise SystemExit(f"source exited with {proc.returncode}; log {log}")
-            time.sleep(0.05)
-        time.sleep(0.5)  # its start-up (definitions sent, first checkpoint) is not the workload's cost
-        watched = {"source": proc.pid, "pump": cluster[1].pid, "registry": cluster[0].pid}
-        cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
-        count: list[int] = []
-        t_start = time.monotonic()
-        with_source = _workload(port, seconds, count)
-        w_end = _sql(port, "SHOW MASTER STATUS")[0]
-        t_stop = time.monotonic()
-        caught = _wait_at(base / "src2", (str(w_end[0]), int(w_end[1])), proc, log, timeout=600)
-        cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items()}
-        catch_up = caught - t_stop
-        # The source's journal: one line per step; a line's "b" is the group it began.
-        begun = [len(json.loads(x).get("b", ())) for x in (base / "src2" / "journal.log").read_text().splitlines()]
-        groups = [n for n in begun if n]
-        txns = count[0]
-        source_rate = txns / (caught - t_start)
-        proc.terminate()
-        proc.wait(30)
+        # The source following live: natively framed, then (same run) on mysql-replication's framing.
+        live_modes = ["native", "libframe"] if framing.available() else ["libframe"]
+        live: dict[str, dict[str, Any]] = {}
+        for lm in live_modes:
+            live[lm] = _live(port, reg_addr, base, lm, log, cluster, procs, seconds)
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -278,28 +520,42 @@ def main(args: argparse.Namespace | None = None) -> int:
     print("| decoder | row changes | seconds | row changes/s | ratio to mysqlbinlog |")
     print("|---|---:|---:|---:|---:|")
     print(f"| mysqlbinlog --verbose (C, to /dev/null) | {decoded} | {tool_s:.2f} | {decoded / tool_s:,.0f} | 1.00 |")
+    names = {"native": "native framing + native rows", "libframe": "mysql-replication framing + native rows "
+             f"({framing.NATIVE_FRAMING_ENV}=0)", "python": "Python path (BINLAKE_NATIVE_ROWS=0, "
+             f"{framing.NATIVE_FRAMING_ENV}=0)"}
     for mode, secs in source_s.items():
-        what = "native row decoder" if mode == "native" else "Python path (BINLAKE_NATIVE_ROWS=0)"
-        print(f"| binlake source mysql, {what} -> 1 Pump (fsync'ed, checkpointed) | {rows} | {secs:.2f} | "
+        best = " (faster of 2 runs)" if mode != "python" and len(source_s) == 3 else ""
+        print(f"| binlake source mysql, {names[mode]} -> 1 Pump (fsync'ed, checkpointed){best} | {rows} | {secs:.2f} | "
               f"{rows / secs:,.0f} | {(rows / secs) / (decoded / tool_s):.3f} |")
-    if len(source_s) == 2:
-        print(f"\nnative / Python path: {source_s['python'] / source_s['native']:.2f}x row changes/s")
+    c_us = 1e6 * c_replica_cpu / max(c_count[0], 1)
     print(f"\n| upstream, 1 client, {seconds:g}s | txn/s | ratio |")
     print("|---|---:|---:|")
     print(f"| source not running | {plain:,.0f} | 1.00 |")
     print(f"| mysqlbinlog (C) as a replica following live, decoding to /dev/null | {with_c_replica:,.0f} | "
           f"{with_c_replica / plain:.3f} |")
-    print(f"| source following live ({modes[0]} rows) | {with_source:,.0f} | {with_source / plain:.3f} |")
-    print(f"\noverhead on the upstream: {100 * (1 - with_source / plain):.1f} % (target <= 5 %)"
-          + (f"; registry, Pump and source at nice {_NICE[0]}" if _NICE[0] else ""))
-    print(f"\n| the source following {txns:,} upstream transactions | value |")
-    print("|---|---:|")
-    print(f"| caught up after the workload stopped (its lag then; checkpoint at the server's end) | {catch_up:.2f} s |")
-    print(f"| upstream transactions/s it kept up with (start of the workload to caught up) | {source_rate:,.0f} |")
+    for lm, r in live.items():
+        print(f"| source following live ({names[lm]}) | {r['rate']:,.0f} | {r['rate'] / plain:.3f} |")
+    if _NICE[0]:
+        print(f"\nregistry, Pump and source at nice {_NICE[0]}")
+    if _PIN[0]:
+        print("\npinned: the server and the workload's client on CPU 0; registry, Pump, source and the C replica "
+              "on CPU 1 (bulk cases too)")
+    print("\n| the source following live | " + " | ".join(names[lm] for lm in live) + " |")
+    print("|---|" + "---:|" * len(live))
+
+    def row(what: str, f: Any) -> None:
+        print(f"| {what} | " + " | ".join(f(r) for r in live.values()) + " |")
+
+    row("upstream transactions", lambda r: f"{r['txns']:,}")
+    row("caught up after the workload stopped (its lag then)", lambda r: f"{r['catch_up']:.2f} s")
+    row("upstream transactions/s it kept up with", lambda r: f"{r['kept_up']:,.0f}")
     for k in ("source", "pump", "registry"):
-        print(f"| {k} CPU per upstream transaction | {1e6 * cpu[k] / max(txns, 1):,.0f} us |")
-    print(f"| source CPU in all | {cpu['source']:.2f} s (mysqlbinlog as a replica: {c_replica_cpu:.2f} s) |")
-    print(f"| groups (steps: journal lines) | {len(groups):,} ({len(begun):,}) |")
-    print(f"| upstream transactions per group: mean / largest | {sum(groups) / max(len(groups), 1):.1f} / "
-          f"{max(groups, default=0)} |")
+        row(f"{k} CPU per upstream transaction", lambda r, k=k: f"{1e6 * r['cpu'][k] / max(r['txns'], 1):,.0f} us")
+    row("whole chain CPU per upstream transaction",
+        lambda r: f"{1e6 * sum(r['cpu'].values()) / max(r['txns'], 1):,.0f} us")
+    row("ratio to the C replica's CPU per transaction "
+        f"({c_us:,.0f} us)", lambda r: f"{1e6 * sum(r['cpu'].values()) / max(r['txns'], 1) / max(c_us, 1e-9):.1f}x")
+    row("groups (steps: journal lines)", lambda r: f"{len(r['groups']):,} ({r['steps']:,})")
+    row("upstream transactions per group: mean / largest",
+        lambda r: f"{sum(r['groups']) / max(len(r['groups']), 1):.1f} / {max(r['groups'], default=0)}")
     return 0

@@ -379,6 +379,18 @@ class Processes:
                 svc.terminate(timeout=5)
 
 
+def three_pumps(procs: Processes, tmp_path: pathlib.Path) -> tuple[str, dict[str, int], dict[str, tuple[ServiceProcess, str]]]:
+    """A registry and Pumps p1, p2, p3 as processes, each on a port of its own (so one
+    killed can be started again on the same address): (registry address, ports,
+    node id -> (process, address))."""
+    _reg, reg_addr = procs.registry(tmp_path / "registry")
+    ports = {f"p{i}": free_port() for i in (1, 2, 3)}
+    pumps = {n: procs.pump(reg_addr, tmp_path / n, n, port, wait=False) for n, port in ports.items()}
+    for svc, addr in pumps.values():
+        procs.wait_pump(svc, addr)
+    return reg_addr, ports, pumps
+
+
 def run_cli(*args: str, timeout: float = 30.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``binlake ARGS`` and capture its output (``env``: added to this process's environment)."""
     return subprocess.run(

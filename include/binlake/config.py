@@ -153,6 +153,9 @@ class ClientSettings(BaseSettings):
     replicas: int = Field(1, ge=1, le=16, description="Pumps each prewrite is written to (R; a cluster setting).")
     min_acks: int | None = Field(None, ge=1, le=16, description="Pumps that must fsync before a write is "
                                  "acknowledged (W; default R). Readers skip up to W - 1 unreachable Pumps.")
+    txn_lookback_s: float = Field(600.0, gt=0, le=7 * 86400, description="The longest a transaction runs from "
+                                  "start_ts to commit_ts. A window is read with the lowest W in force from this long "
+                                  "before its start (a change of R/W reaches reads this long after it applies).")
 
     @field_validator("registry")
     @classmethod

@@ -7,9 +7,18 @@ no replication). Writers pick R and W for each prewrite by its start_ts
 (``setting_at``). Readers need W to know how many unreachable Pumps a window may
 be read without (``window.cluster_readiness``): a window holds transactions that
 started up to a transaction's lifetime before it, so it is read with the lowest
-W in force from ``TXN_LOOKBACK_MS`` before its start to its end
+W in force from that lifetime before its start to its end
 (``min_acks_for_window``) - a change of R applies to reads only once every
-transaction written under the old one has left the window.
+transaction written under the old one has left the window. Windows before the
+change are read with the W that was in force for them.
+
+The lifetime is ``[client] txn_lookback_s`` (default ``TXN_LOOKBACK_MS``, the
+Pumps' default txn_timeout_s): a promise about the upstream's transactions, not
+something measured. It cannot be learnt from the Pumps: the copies of a
+transaction are fixed when its prewrite is placed (a copy added later, after its
+commit_ts was fetched, would arrive below a Pump's safe ts and be missed), and a
+transaction placed under the old setting on an unreachable Pump alone can commit
+at any point of its lifetime.
 """
 
 from __future__ import annotations
@@ -33,6 +42,11 @@ def configured() -> ReplicationSetting:
     return ReplicationSetting(0, settings.replicas, settings.acks)
 
 
+def configured_lookback_ms() -> int:
+    """``[client] txn_lookback_s`` of this process's configuration, in ms."""
+    return round(config.load(config.ClientSettings).txn_lookback_s * 1000)
+
+
 def setting_at(history: Sequence[ReplicationSetting], ts: int,
                default: ReplicationSetting | None = None) -> ReplicationSetting:
     """The setting in force at ``ts``: the last with from_ts <= ts; before the first
@@ -46,10 +60,12 @@ def setting_at(history: Sequence[ReplicationSetting], ts: int,
 
 
 def min_acks_for_window(history: Sequence[ReplicationSetting], start_ts: int, end_ts: int,
-                        default: ReplicationSetting | None = None) -> int:
+                        default: ReplicationSetting | None = None, lookback_ms: int = TXN_LOOKBACK_MS) -> int:
     """The W a window ``[start_ts, end_ts)`` is read with: the lowest W in force
-    from ``TXN_LOOKBACK_MS`` before its start up to its end."""
-    lookback = tso.compose(max(0, tso.physical_ms(start_ts) - TXN_LOOKBACK_MS))
+    from ``lookback_ms`` (the longest transaction) before its start up to its end."""
+    if isinstance(lookback_ms, bool) or not isinstance(lookback_ms, int) or lookback_ms < 0:
+        raise ValueError(f"lookback_ms must be an integer >= 0, got {lookback_ms!r}")
+    lookback = tso.compose(max(0, tso.physical_ms(start_ts) - lookback_ms))
     acks = setting_at(history, lookback, default).min_acks
     for s in history:
         if lookback < s.from_ts < end_ts:
@@ -67,5 +83,6 @@ def cluster_min_acks(registry: object | None = None, start_ts: int = 0, end_ts: 
         assert isinstance(registry, RegistryClient)
         history = registry.get_replication()
         if history:
-            return min_acks_for_window(history, start_ts, end_ts, ReplicationSetting(0, 1, 1))
+            return min_acks_for_window(history, start_ts, end_ts, ReplicationSetting(0, 1, 1),
+                                       configured_lookback_ms())
     return default.min_acks

@@ -159,7 +159,9 @@ def _run(dag: Any, logical_date: dt.datetime) -> Run:
     return Run(str(dr.state), states, xcoms, took, dr.run_id)
 
 
-def _asset_events() -> list[dict[str, Any]]:
+def _asset_events(lake: pathlib.Path) -> list[dict[str, Any]]:
+    """The lake-changes events of runs into ``lake`` (other modules' runs share the
+    session's metadata database)."""
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -169,7 +171,7 @@ def _asset_events() -> list[dict[str, Any]]:
             select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
             .where(AssetModel.uri == "binlake://lake/changes").order_by(AssetEvent.id)
         ).all()
-        return [dict(e.extra) for e in rows]
+        return [dict(e.extra) for e in rows if (e.extra or {}).get("lake") == str(lake)]
 
 
 def _changes(spark: SparkSession, lake: pathlib.Path, start_ts: int, end_ts: int) -> list[tuple]:
@@ -238,7 +240,7 @@ def test_dag_run_ingests_the_window_in_process(
         assert pump in ("pump1", "pump2")
     assert _window_rows(spark, lake) == [(start_ts, end_ts, len(written.expected), "done")]
 
-    (event,) = _asset_events()
+    (event,) = _asset_events(lake)
     assert (event["start_ts"], event["end_ts"]) == (start_ts, end_ts)
     assert event["start"].startswith((written.logical_date - dt.timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S"))
     assert event["pumps"] == ["pump1", "pump2"]
@@ -261,7 +263,7 @@ def test_dag_run_through_spark_submit_replaces_the_window(
     # The same window again: replaced, not appended.
     assert _changes(spark, lake, start_ts, end_ts) == before
     assert _window_rows(spark, lake) == [(start_ts, end_ts, len(written.expected), "done")]
-    event = _asset_events()[-1]
+    event = _asset_events(lake)[-1]
     assert (event["start_ts"], event["end_ts"], event["mode"]) == (start_ts, end_ts, "spark-submit")
     assert "ingest" not in event
 

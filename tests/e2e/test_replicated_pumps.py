@@ -13,6 +13,8 @@ commit_ts captured during the run equal copies of the upstream taken there."""
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import os
 import pathlib
 import shutil
@@ -20,25 +22,27 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 import sqlalchemy as sa
 from pumpkit import (
     Processes,
+    ServiceProcess,
     WriterThreads,
     commit,
-    free_port,
     prewrite,
     register_writer,
     run_cli,
     start_registry,
+    three_pumps,
     try_status,
     wait_safe,
     wait_until,
 )
 
-from binlake import errors, oracle
+from binlake import errors, oracle, tso
 from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_window
 from binlake.config import ClientSettings
@@ -95,18 +99,41 @@ class Workload(WriterThreads):
             self.placements[placement] += 1
 
 
-def _cluster(procs: Processes, tmp_path: pathlib.Path) -> tuple[str, dict[str, int], dict[str, tuple]]:
-    _reg, reg_addr = procs.registry(tmp_path / "registry")
-    ports = {f"p{i}": free_port() for i in (1, 2, 3)}
-    pumps = {n: procs.pump(reg_addr, tmp_path / n, n, port, wait=False) for n, port in ports.items()}
-    for svc, addr in pumps.values():
-        procs.wait_pump(svc, addr)
-    return reg_addr, ports, pumps
+def _settings(reg_addr: str, replicas: int = 2) -> ClientSettings:
+    return ClientSettings(registry=reg_addr, replicas=replicas, strategy="range", max_failures=1,
+                          probe_interval_s=0.2, refresh_interval_s=0.3, write_timeout_s=3.0, commit_retry_s=5.0)
 
 
-def _settings(reg_addr: str) -> ClientSettings:
-    return ClientSettings(registry=reg_addr, replicas=2, strategy="range", max_failures=1, probe_interval_s=0.2,
-                          refresh_interval_s=0.3, write_timeout_s=3.0, commit_retry_s=5.0)
+@dataclasses.dataclass
+class Rig:
+    """Three Pumps (processes), a writer registered with its status service, and
+    the writer threads' PumpClient at R = 2 (not started)."""
+
+    reg_addr: str
+    ports: dict[str, int]
+    pumps: dict[str, tuple[ServiceProcess, str]]
+    addrs: dict[str, str]
+    reg: RegistryClient
+    provider: MemoryStatusProvider
+    client: PumpClient
+    load: Workload
+
+
+@contextlib.contextmanager
+def _rig(procs: Processes, tmp_path: pathlib.Path, replicas: int = 2) -> Iterator[Rig]:
+    reg_addr, ports, pumps = three_pumps(procs, tmp_path)
+    reg = RegistryClient(reg_addr)
+    provider = MemoryStatusProvider()
+    status_server = TxnStatusServer(provider).start()
+    client = PumpClient(reg_addr, settings=_settings(reg_addr, replicas))
+    try:
+        register_writer(reg, status_server.addr, "w1")
+        yield Rig(reg_addr, ports, pumps, {n: addr for n, (_svc, addr) in pumps.items()}, reg, provider, client,
+                  Workload(client, reg, provider))
+    finally:
+        client.close()
+        status_server.stop(0.2)
+        reg.close()
 
 
 def _check_served(addrs: dict[str, str], acked: dict[int, int], first: int, end: int) -> None:
@@ -121,39 +148,31 @@ def _check_served(addrs: dict[str, str], acked: dict[int, int], first: int, end:
 
 
 def test_pump_host_lost_for_good_loses_nothing(procs: Processes, tmp_path: pathlib.Path) -> None:
-    reg_addr, _ports, pumps = _cluster(procs, tmp_path)
-    addrs = {n: addr for n, (_svc, addr) in pumps.items()}
-    reg = RegistryClient(reg_addr)
-    provider = MemoryStatusProvider()
-    status_server = TxnStatusServer(provider).start()
-    register_writer(reg, status_server.addr, "w1")
-    client = PumpClient(reg_addr, settings=_settings(reg_addr))
-    load = Workload(client, reg, provider)
-    try:
-        first = reg.get_ts()
-        load.start()
-        time.sleep(1.5)
-        victim = "p2"
-        pumps[victim][0].kill()  # kill -9 ...
-        shutil.rmtree(tmp_path / victim)  # ... and the disk is gone for good
-        acked_at_kill = len(load.acked)
-        killed_ts = reg.get_ts()
-        # Windows above the kill keep being served by the two others, without the victim:
-        # measure how long each window waited after its end was allocated.
-        waits = []
-        for _ in range(4):
-            end = reg.get_ts()
-            began = time.monotonic()
-            plan = wait_until(lambda end=end: _try_plan(reg_addr, killed_ts, end), timeout=20, interval=0.05,
-                              what="a window served without the dead pump")
-            waits.append(time.monotonic() - began)
-            assert victim not in {p.node_id for p in plan.pumps}
-        time.sleep(1.0)
-        load.finish()
-    finally:
-        load.stop.set()
-        client.close()
-    try:
+    with _rig(procs, tmp_path) as rig:
+        reg_addr, pumps, addrs, reg, load = rig.reg_addr, rig.pumps, rig.addrs, rig.reg, rig.load
+        try:
+            first = reg.get_ts()
+            load.start()
+            time.sleep(1.5)
+            victim = "p2"
+            pumps[victim][0].kill()  # kill -9 ...
+            shutil.rmtree(tmp_path / victim)  # ... and the disk is gone for good
+            acked_at_kill = len(load.acked)
+            killed_ts = reg.get_ts()
+            # Windows above the kill keep being served by the two others, without the victim:
+            # measure how long each window waited after its end was allocated.
+            waits = []
+            for _ in range(4):
+                end = reg.get_ts()
+                began = time.monotonic()
+                plan = wait_until(lambda end=end: _try_plan(reg_addr, killed_ts, end), timeout=20, interval=0.05,
+                                  what="a window served without the dead pump")
+                waits.append(time.monotonic() - began)
+                assert victim not in {p.node_id for p in plan.pumps}
+            time.sleep(1.0)
+            load.finish()
+        finally:
+            load.stop.set()
         assert load.crashes == []
         assert load.failed == [], f"{len(load.failed)} failed transactions, first: {load.failed[:1]}"
         assert acked_at_kill > 20 and len(load.acked) > acked_at_kill + 20
@@ -170,9 +189,6 @@ def test_pump_host_lost_for_good_loses_nothing(procs: Processes, tmp_path: pathl
         # Without replication (W = 1) the same window waits for the dead Pump, naming it.
         with pytest.raises(errors.Unavailable, match=victim):
             plan_read(reg_addr, first, end, min_acks=1)
-    finally:
-        status_server.stop(0.2)
-        reg.close()
 
 
 def _try_plan(reg_addr: str, start: int, end: int):  # type: ignore[no-untyped-def]
@@ -182,16 +198,60 @@ def _try_plan(reg_addr: str, start: int, end: int):  # type: ignore[no-untyped-d
         return None
 
 
+def test_windows_are_read_with_the_w_in_force_across_a_raise_of_r(
+        procs: Processes, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R = W = 1 at first; ``ctl replication`` raises them to 2 mid-run (recorded in
+    the registry from a TSO 1 s ahead); transactions here last milliseconds, so the
+    readers' look-back (``txn_lookback_s``) is 5 s. With a Pump then down for good, a
+    window before the change waits for it (W = 1 was in force: it may hold the only
+    copy), a window reaching back over the change too, and a window a look-back
+    after the change is served from the two others, nothing missing."""
+    monkeypatch.setenv("BINLAKE_CLIENT_TXN_LOOKBACK_S", "5")
+    with _rig(procs, tmp_path, replicas=1) as rig:
+        reg, load = rig.reg, rig.load
+        try:
+            first = reg.get_ts()
+            load.start()
+            time.sleep(1.0)
+            res = run_cli("ctl", "replication", "--replicas", "2", "--grace-s", "1", "--registry", rig.reg_addr)
+            assert res.returncode == 0, res.stderr
+            (change,) = reg.get_replication()
+            assert (change.replicas, change.min_acks) == (2, 2)
+            wait_until(lambda: tso.physical_ms(reg.get_ts()) > tso.physical_ms(change.from_ts) + 7500, timeout=30,
+                       what="writes past the change and a look-back")
+            load.finish()
+        finally:
+            load.stop.set()
+        assert load.crashes == [] and load.failed == [], load.failed[:1]
+        # The look-back's premise: no transaction ran longer.
+        assert max(tso.physical_ms(c) - tso.physical_ms(s) for s, c in load.acked.items()) < 5000
+        singles = {p for p in load.placements if "," not in p}
+        assert singles and any(len(p.split(",")) == 2 for p in load.placements), load.placements
+        end = max(load.acked.values()) + 1
+        for addr in rig.addrs.values():
+            wait_safe(addr, end)
+        victim = "p2"
+        rig.pumps[victim][0].kill()
+        shutil.rmtree(tmp_path / victim)
+        after = tso.compose(tso.physical_ms(change.from_ts) + 5000)
+        # Before the change (W = 1 in force): waits for the dead Pump, naming it.
+        with pytest.raises(errors.Unavailable, match=rf"pump {victim} at \S+ is unreachable"):
+            plan_read(rig.reg_addr, first, change.from_ts)
+        # Within a look-back after the change, transactions written at W = 1 may still commit: W = 1.
+        with pytest.raises(errors.Unavailable, match=rf"pump {victim} at \S+ is unreachable"):
+            plan_read(rig.reg_addr, change.from_ts, after)
+        # A look-back after it: W = 2, served without the dead Pump, every acknowledged transaction there.
+        plan = plan_read(rig.reg_addr, after, end)
+        assert sorted(plan.addrs) == ["p1", "p3"]
+        in_window = {s: c for s, c in load.acked.items() if after <= c < end}
+        assert len(in_window) > 20
+        _check_served(plan.addrs, in_window, after, end)
+
+
 def test_two_of_three_down_refuses_writes_and_windows_wait(procs: Processes, tmp_path: pathlib.Path) -> None:
-    reg_addr, ports, pumps = _cluster(procs, tmp_path)
-    addrs = {n: addr for n, (_svc, addr) in pumps.items()}
-    reg = RegistryClient(reg_addr)
-    provider = MemoryStatusProvider()
-    status_server = TxnStatusServer(provider).start()
-    register_writer(reg, status_server.addr, "w1")
-    client = PumpClient(reg_addr, settings=_settings(reg_addr))
-    load = Workload(client, reg, provider)
-    try:
+    with _rig(procs, tmp_path) as rig:
+        reg_addr, ports, pumps, addrs, reg, provider, client, load = (
+            rig.reg_addr, rig.ports, rig.pumps, rig.addrs, rig.reg, rig.provider, rig.client, rig.load)
         first = reg.get_ts()
         for _ in range(30):
             load.txn()
@@ -247,10 +307,6 @@ def test_two_of_three_down_refuses_writes_and_windows_wait(procs: Processes, tmp
         assert "Traceback" not in res.stderr
         res = run_cli("ctl", "offline-pump", "p3", "--registry", reg_addr, env=env)
         assert res.returncode == 0, res.stderr
-    finally:
-        client.close()
-        status_server.stop(0.2)
-        reg.close()
 
 
 def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(tmp_path: pathlib.Path) -> None:
@@ -422,7 +478,7 @@ def test_lake_goes_on_through_a_lost_pump_host_then_apply_and_restore_equal_the_
     # read windows within TXN_LOOKBACK_MS of a change with the older W = 1).
     monkeypatch.setenv("BINLAKE_CLIENT_REPLICAS", "2")
     monkeypatch.setenv("BINLAKE_CLIENT_MIN_ACKS", "2")
-    reg_addr, _ports, pumps = _cluster(procs, tmp_path)
+    reg_addr, _ports, pumps = three_pumps(procs, tmp_path)
     reg = RegistryClient(reg_addr)
     victim = "p2"
     try:

@@ -25,7 +25,7 @@ from pumpkit import (
     write_one,
 )
 
-from binlake import config, errors
+from binlake import config, errors, tso
 from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_window
 from binlake.registry.client import RegistryClient
@@ -435,6 +435,9 @@ def test_client_follows_the_registrys_replication_setting(
         assert res.returncode == 0, res.stderr
         assert "replicas=2 min_acks=2" in res.stdout
         history = reg.get_replication()
+        # Reads take the new W once a transaction's lifetime (txn_lookback_s) has passed.
+        reads_from = tso.format_ts(tso.compose(tso.physical_ms(history[-1].from_ts) + 600_000))
+        assert f"(600s) before its start; min_acks=2 from windows starting at {reads_from}" in res.stdout, res.stdout
         wait_until(lambda: client.replication_at(history[-1].from_ts) == (2, 2), timeout=5, what="the setting")
         assert client.replication_at(before) == (1, 1)
         wait_until(lambda: reg.get_ts() > history[-1].from_ts, timeout=5, what="the setting's TSO")

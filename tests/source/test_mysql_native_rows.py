@@ -260,23 +260,29 @@ def test_env_switch_forces_the_python_path(native_off: None) -> None:
 def test_source_sends_the_same_with_and_without_native(mdb: LocalMariaDB, cluster: Cluster,
                                                        tmp_path: pathlib.Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """End to end: one source run natively, one forced onto the Python path, both
-    from the same start over a mixed workload (a JSON table's events on the Python
-    path in the same transactions), send the Pump identical transactions."""
+    """End to end: one source run natively (C framing + C rows), one reading through
+    mysql-replication with the native rows, one on the Python path for both, all from
+    the same start over a mixed workload (a JSON table's events on the Python path in
+    the same transactions, a binlog rotation), send the Pump identical transactions
+    (DDL in the stream: test_mysql_source, which runs the default, native path)."""
     from pumpkit import wait_until
 
+    from binlake.source.mysql import framing
     from binlake.source.mysql import source as source_mod
 
     sent: dict[str, list[tuple[str, bytes]]] = {}
 
+    def mode() -> str:
+        return os.environ[framing.NATIVE_FRAMING_ENV] + os.environ[rowsplan.NATIVE_ROWS_ENV]
+
     class Recording(source_mod.Emitter):  # type: ignore[misc, name-defined]
         def emit(self, key: str, value: Any, *args: Any, **kw: Any) -> Any:
-            sent.setdefault(os.environ[rowsplan.NATIVE_ROWS_ENV], []).append((key, value.SerializeToString()))
+            sent.setdefault(mode(), []).append((key, value.SerializeToString()))
             return super().emit(key, value, *args, **kw)
 
         def step(self, decide: Any, txns: Any) -> Any:
             for key, value in txns:
-                sent.setdefault(os.environ[rowsplan.NATIVE_ROWS_ENV], []).append((key, value))
+                sent.setdefault(mode(), []).append((key, value))
             return super().step(decide, txns)
 
     monkeypatch.setattr(source_mod, "Emitter", Recording)
@@ -286,22 +292,26 @@ def test_source_sends_the_same_with_and_without_native(mdb: LocalMariaDB, cluste
     start = _position(mdb)
     sql(mdb, "INSERT INTO e2e.t SELECT seq, CONCAT('v', seq), seq / 7, '2024-01-01 00:00:00.5', NULL "
         "FROM seq_1_to_300", "UPDATE e2e.t SET j = '[1]' WHERE id < 5", "INSERT INTO e2e.u SELECT seq, seq * 1000, "
-        "IF(seq % 2, 'p', '') FROM seq_1_to_200", "DELETE FROM e2e.u WHERE id > 150", "UPDATE e2e.u SET n = n + 1",
-        db="e2e")
+        "IF(seq % 2, 'p', '') FROM seq_1_to_200", "DELETE FROM e2e.u WHERE id > 150", "FLUSH BINARY LOGS",
+        "UPDATE e2e.u SET n = n + 1", db="e2e")
     sql(mdb, "BEGIN", "INSERT INTO e2e.t VALUES (1000, 'a', 1, NULL, '{}')", "INSERT INTO e2e.u VALUES (1000, 1, 'q')",
         "COMMIT")
     end = _position(mdb)
-    for n, native in enumerate(("1", "0")):
+    for n, (framed, native) in enumerate((("1", "1"), ("0", "1"), ("0", "0"))):
+        monkeypatch.setenv(framing.NATIVE_FRAMING_ENV, framed)
         monkeypatch.setenv(rowsplan.NATIVE_ROWS_ENV, native)
         src = MySQLSource(f"mysql://root@127.0.0.1:{mdb.port}", server_id=500 + n, registry=cluster.registry.addr,
                           data_dir=str(tmp_path / f"s{n}"), tables="e2e.*", start=f"{start[0]}:{start[1]}")
-        assert src.native == (native == "1")
+        assert src.native == (native == "1") and src.native_framing == (framed == "1" and framing.available())
         th = SourceThread(src).start()
-        wait_until(lambda s=src: (s.file, s.pos) >= end, timeout=60, what="source caught up")  # type: ignore[misc]
-        th.stop()
+        try:
+            wait_until(lambda s=src, t=th: (s.file, s.pos) >= end or t.error is not None, timeout=60,
+                       what="source caught up")  # type: ignore[misc]
+        finally:
+            th.stop()
         assert (src.native_events > 0) == (native == "1") and src.python_events > 0, native
-    # 2 initial table definitions + 6 transactions, byte-identical from both paths
-    assert len(sent["1"]) == 8 and sent["1"] == sent["0"]
+    # 2 initial table definitions + 6 transactions, byte-identical from every path
+    assert len(sent["11"]) == 8 and sent["11"] == sent["01"] == sent["00"]
 
 
 def test_without_the_extension_everything_takes_the_python_path(monkeypatch: pytest.MonkeyPatch,

@@ -1,4 +1,4 @@
-"""The MySQL source's native row decoder is built where binlake is installed
+"""The MySQL source's native row decoder and stream framer are built where binlake is installed
 with a C compiler (``make setup``): a machine where it silently was not would
 run every row event through the slower Python path."""
 
@@ -10,5 +10,14 @@ from binlake.source.mysql import rowsplan
 def test_native_row_decoder_is_built() -> None:
     assert rowsplan.available(), (
         f"binlake.source.mysql._rowsc did not import ({rowsplan.import_error()}); run `make setup` "
+        "(pip install -e . builds it) on a machine with a C compiler"
+    )
+
+
+def test_native_framer_is_built() -> None:
+    from binlake.source.mysql import framing
+
+    assert framing.available(), (
+        f"binlake.source.mysql._framec did not import ({framing.import_error()}); run `make setup` "
         "(pip install -e . builds it) on a machine with a C compiler"
     )

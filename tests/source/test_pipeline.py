@@ -64,14 +64,43 @@ def test_groups_keep_order_and_bounds_and_form_only_from_what_waits(cluster: Clu
         lines = (tmp_path / "d" / "journal.log").read_text().splitlines()
         assert len(lines) == pipe.steps <= pipe.groups + 1
         # A trickle: each transaction leaves alone, as soon as the sender is free (no waiting for more).
-        groups_before = pipe.groups
+        groups_before, steps_before = pipe.groups, pipe.steps
         for i in range(200, 205):
             pipe.submit(Item(f"f:{i}", value(i), i))
             pipe.drain()
         assert pipe.groups == groups_before + 5
+        assert pipe.steps == steps_before + 10  # apart: a prewrite step and a commit step each
         # The Pump serves each transaction once, with the TSOs the sender reported.
         served = [(b.start_ts, b.commit_ts) for b in cluster.binlogs()]
         assert served == [(s, c) for p, s, c in acks.flat() if s]
+    finally:
+        pipe.close()
+        emitter.close()
+        state.close()
+
+
+@pytest.mark.parametrize("linger_s", [0.0, 0.3])
+def test_a_commit_step_lingers_for_the_next_transaction(cluster: Cluster, tmp_path: pathlib.Path,
+                                                        linger_s: float) -> None:
+    """Transactions 100 ms apart: without a linger each costs two steps (prewrite, then
+    commit); lingering 300 ms, each commit step also prewrites the next transaction."""
+    state = SourceState(tmp_path / "d")
+    emitter = Emitter(cluster.registry.addr, state, kind="test")
+    acks = Acks()
+    pipe = GroupPipeline(emitter, acks, linger_s=linger_s, idle_s=0.5)
+    try:
+        for i in range(6):
+            pipe.submit(Item(f"g:{i}", value(i), i))
+            time.sleep(0.1)
+        pipe.drain()
+        assert [p for p, _s, _c in acks.flat()] == list(range(6))
+        assert pipe.groups == 6
+        if linger_s:
+            assert pipe.steps <= 8, pipe.steps  # 7 when every commit took the next prewrite along
+        else:
+            assert pipe.steps == 12
+        with pytest.raises(ValueError, match="linger_s"):
+            GroupPipeline(emitter, acks, linger_s=1.0, idle_s=0.5)
     finally:
         pipe.close()
         emitter.close()

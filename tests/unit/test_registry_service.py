@@ -617,6 +617,16 @@ def test_replication_history_applies_from_a_tso_ahead_and_survives_restart(
     assert replication.min_acks_for_window(later, start, start + 10) == 2
     assert replication.min_acks_for_window(later, start - 2, start + 10) == 1
     assert replication.min_acks_for_window([], start, start + 10) == 1
+    # A shorter promised lifetime (txn_lookback_s) brings the new W to windows sooner; the
+    # windows before the change keep the old one whatever it is.
+    short = tso.compose(2_000)
+    assert replication.min_acks_for_window(later, later[0].from_ts + short, later[0].from_ts + short + 10,
+                                           lookback_ms=2_000) == 2
+    assert replication.min_acks_for_window(later, later[0].from_ts + short - 2, later[0].from_ts + short,
+                                           lookback_ms=2_000) == 1
+    assert replication.min_acks_for_window(later, later[0].from_ts - 10, later[0].from_ts, lookback_ms=0) == 1
+    with pytest.raises(ValueError, match="lookback_ms"):
+        replication.min_acks_for_window(later, start, start + 10, lookback_ms=-1)
 
 
 def test_replication_history_is_kept_by_the_sqlite_store(tmp_path: pathlib.Path) -> None:

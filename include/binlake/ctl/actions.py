@@ -113,9 +113,12 @@ def _replicas(reg: RegistryClient) -> int:
 
 
 def _replication(args: argparse.Namespace, reg: RegistryClient) -> int:
+    from binlake.replication import configured_lookback_ms, min_acks_for_window
+
     # Checked whether or not a setting is appended: a bad value is never silently ignored.
     if not 0 <= args.grace_s <= 3600:
         raise errors.InvalidArgument(f"--grace-s must be between 0 and 3600 seconds, got {args.grace_s:g}")
+    lookback = configured_lookback_ms()  # a bad [client] configuration fails before anything is set or shown
     if args.replicas is None:
         if args.min_acks is not None:
             raise errors.InvalidArgument("--min-acks needs --replicas (give both, e.g. --replicas 3 --min-acks 2)")
@@ -131,6 +134,14 @@ def _replication(args: argparse.Namespace, reg: RegistryClient) -> int:
         print("no replication setting: replicas = min_acks = 1 (or the writers' [client] configuration)")
     for s in history:
         print(f"from {tso.format_ts(s.from_ts)}: replicas={s.replicas} min_acks={s.min_acks}")
+    if history:
+        # When the latest W reaches reads: a window may hold transactions that started a
+        # transaction's lifetime before it (replication.py says why it must wait that long).
+        reads_from = tso.compose(tso.physical_ms(history[-1].from_ts) + lookback)
+        acks = min_acks_for_window(history, reads_from, reads_from + 1, lookback_ms=lookback)
+        print(f"reads: a window is read with the lowest min_acks in force from [client] txn_lookback_s "
+              f"({lookback / 1000:g}s) before its start; min_acks={acks} from windows starting at "
+              f"{tso.format_ts(reads_from)}")
     return 0
 
 

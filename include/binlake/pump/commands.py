@@ -68,7 +68,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--echo", action="store_true",
                    help="also measure grpcio alone: a stream echo with no binlake code, one stream per writer "
                         "(what any Python Pump on grpcio could reach here)")
-    b.add_argument("--replicas", type=int_list, default="", metavar="RS",
+    b.add_argument("--replicas", type=int_list, default="1", metavar="RS",
                    help="comma-separated replica counts, e.g. 1,2: every case at each R, on a cluster of max(RS) "
                         "Pumps (default: one Pump, R = 1)")
     b.set_defaults(handler=_bench)

@@ -245,6 +245,12 @@ class PumpNode:
             reported = NodeState.PAUSED
         elif reported is NodeState.CLOSING and self.storage.pending_count == 0:
             reported = NodeState.OFFLINE
+        if reported is not svc.state:
+            # Taken here, before the registry hears of it: whoever reads the new state
+            # from the registry finds this Pump's Status saying it too (the registry's
+            # answer below still wins if an operator changed it meanwhile).
+            log.info("pump %s: state %s -> %s", self.node_id, svc.state.value, reported.value)
+            svc.state = reported
         try:
             rec = self._registry.heartbeat(self._record(reported))
         except errors.NotFound:

@@ -15,6 +15,7 @@ copies of the stream and pull bodies had to be kept in sync by hand.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -26,7 +27,7 @@ import grpc
 from binlake import errors, rpc
 from binlake.proto import pump_pb2, pump_pb2_grpc
 from binlake.pump.metrics import PumpMetrics
-from binlake.pump.service import PendingWrite, PumpService
+from binlake.pump.service import PumpService
 from binlake.pump.storage import Results
 
 # How often an idle write stream checks whether the Pump is shutting down.
@@ -45,6 +46,24 @@ def _response(results: Results, batch_id: int) -> pump_pb2.WriteBinlogsResp:
         else:
             out.results.add(code=rpc.status_code(err).value[0], message=str(err))
     return out
+
+
+class _Slot:
+    """One stream batch's place in the answer order, filled once it is durable."""
+
+    __slots__ = ("batch_id", "started", "results", "_wake")
+
+    def __init__(self, batch_id: int, started: float, wake: queue.SimpleQueue[bool]) -> None:
+        self.batch_id = batch_id
+        self.started = started
+        # One result per binlog, or what failed the whole batch; None until then.
+        self.results: Results | BaseException | None = None
+        self._wake = wake
+
+    def done(self, results: Results | None, exc: BaseException | None) -> None:
+        # Runs on the storage's writer thread (or the reader's, for a refusal): quick.
+        self.results = results if results is not None else (exc or errors.Unavailable("pump storage write failed"))
+        self._wake.put(False)
 
 
 class PumpServicer(pump_pb2_grpc.PumpServicer):
@@ -89,52 +108,60 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
         self, request_iterator: Iterator[pump_pb2.WriteBinlogsReq], context: grpc.ServicerContext
     ) -> Iterator[pump_pb2.WriteBinlogsResp]:
         """Batches arrive on one stream; each is queued for group commit as soon as
-        it is read (a reader thread), and answered in order once durable."""
-        pending: queue.SimpleQueue[tuple[int, float, PendingWrite] | BaseException | None] = queue.SimpleQueue()
+        it is read (a reader thread), and answered in order once durable.
+
+        Each batch gets a slot in arrival order before it is queued; the storage's
+        writer thread fills it (``PumpService.write_cb``) and wakes this thread
+        through a SimpleQueue, which answers every filled slot at the head. No
+        future or condition per batch: one C-level queue hand-off is all the
+        acknowledgement costs this thread."""
+        order: collections.deque[_Slot] = collections.deque()
+        wake: queue.SimpleQueue[bool] = queue.SimpleQueue()  # True: the reader is done
 
         def read_requests() -> None:
             try:
                 for req in request_iterator:
-                    started = time.perf_counter()
+                    slot = _Slot(req.batch_id, time.perf_counter(), wake)
+                    order.append(slot)  # before queueing: its callback may run at once
                     try:
-                        write = self.service.write_async(list(req.payloads), req.cluster_id)
-                    except errors.BinlakeError as exc:
-                        pending.put(exc)
+                        self.service.write_cb(list(req.payloads), req.cluster_id, slot.done)
+                    except Exception as exc:  # the whole batch refused (or a bug): the stream ends there
+                        slot.done(None, exc)
                         return
-                    pending.put((req.batch_id, started, write))
             except grpc.RpcError:
                 pass  # the client went away; answer what was queued
             except Exception as exc:
-                pending.put(exc)
+                slot = _Slot(0, 0.0, wake)
+                order.append(slot)
+                slot.done(None, exc)
             finally:
-                pending.put(None)
+                wake.put(True)
 
         threading.Thread(target=read_requests, name="pump-stream-reader", daemon=True).start()
+        reader_done = False
         while True:
             try:
-                item = pending.get(timeout=_IDLE_CHECK_S)
+                reader_done = wake.get(timeout=_IDLE_CHECK_S) or reader_done
             except queue.Empty:
                 if self.service.closing:
                     # Shutting down: end idle streams so a graceful stop need
                     # not wait out its grace period; clients reconnect elsewhere.
                     context.abort(grpc.StatusCode.UNAVAILABLE, f"pump {self.service.node_id} is shutting down")
                 continue
-            if item is None:
+            while order and order[0].results is not None:
+                slot = order.popleft()
+                results = slot.results
+                if isinstance(results, errors.BinlakeError):
+                    context.abort(rpc.status_code(results), str(results))
+                if isinstance(results, BaseException):
+                    context.abort(grpc.StatusCode.INTERNAL, f"write stream failed: {results}")
+                assert isinstance(results, list)
+                self.metrics.latency.observe(time.perf_counter() - slot.started)
+                self.metrics.requests.labels("WriteBinlogStream", "OK").inc()
+                self._count_refusals(results)
+                yield _response(results, slot.batch_id)
+            if reader_done and not order:
                 return
-            if isinstance(item, errors.BinlakeError):
-                context.abort(rpc.status_code(item), str(item))
-            if isinstance(item, BaseException):
-                context.abort(grpc.StatusCode.INTERNAL, f"write stream failed: {item}")
-            assert not isinstance(item, BaseException)
-            batch_id, started, write = item
-            try:
-                results = write.result()
-            except errors.BinlakeError as exc:
-                context.abort(rpc.status_code(exc), str(exc))
-            self.metrics.latency.observe(time.perf_counter() - started)
-            self.metrics.requests.labels("WriteBinlogStream", "OK").inc()
-            self._count_refusals(results)
-            yield _response(results, batch_id)
 
     @rpc.servicer_stream
     def PullBinlogs(

@@ -102,6 +102,12 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/, removed after)")
     b.add_argument("--nice", type=_niceness, default=0,
                    help="run the registry, Pump and source at this niceness, 0..19 (default 0: as the benchmark)")
+    b.add_argument("--postgres", action="store_true",
+                   help="measure the PostgreSQL source instead (live case only, against pg_recvlogical)")
+    b.add_argument("--pinned", action="store_true",
+                   help="upstream (server + client) on CPU 0, registry, Pump, source and C replica on CPU 1")
+    b.add_argument("--framing-only", action="store_true",
+                   help="only the MySQL stream framing, in process: native against mysql-replication's reader")
     b.set_defaults(handler=_bench)
 
 

@@ -18,9 +18,17 @@ takes two steps (prewrite, then commit), as before.
 
 Grouping rule: the sender takes everything waiting when it becomes free, up
 to ``max_txns`` transactions and ``max_bytes`` of row data (always at least
-one), and never waits for more. On a slow upstream each transaction leaves as
-soon as it is read (latency does not grow); under load, groups grow by
-themselves to what arrived during the previous group's round trips.
+one). It never waits for more before a prewrite: on a slow upstream each
+transaction leaves as soon as it is read; under load, groups grow by
+themselves to what arrived during the previous group's round trips. The one
+wait: a group prewritten and waiting for its commit, with nothing new, waits
+up to ``linger_s`` (2 ms) for the next transaction, so that one step commits
+the one and prewrites the other. Without it, an upstream committing every
+few milliseconds cost two steps per transaction (a prewrite step, then a
+commit-only step), each a TSO call, a journal line and a Pump batch; measured
+with ``binlake bench source``, the steps per transaction and the CPU of the
+source, Pump and registry fall with it. The price: a commit acknowledged up
+to ``linger_s`` later; the upstream never waits for it.
 Back-pressure: ``submit`` blocks while a full group is already waiting, so
 memory holds at most the group in flight plus one more.
 
@@ -60,6 +68,8 @@ MAX_GROUP_TXNS = 512
 MAX_GROUP_BYTES = 8 << 20
 # With nothing to send for this long, the sender calls on_idle (a due checkpoint).
 IDLE_S = 0.05
+# How long a group waiting for its commit waits for a next transaction to share the step.
+LINGER_S = 0.002
 
 
 class Item:
@@ -88,13 +98,17 @@ class GroupPipeline:
 
     def __init__(self, emitter: Emitter, on_acked: Callable[[list[Item], list[tuple[int, int]]], None],
                  on_idle: Callable[[], None] | None = None, *, max_txns: int = MAX_GROUP_TXNS,
-                 max_bytes: int = MAX_GROUP_BYTES, idle_s: float = IDLE_S, name: str = "source-sender") -> None:
+                 max_bytes: int = MAX_GROUP_BYTES, idle_s: float = IDLE_S, linger_s: float = LINGER_S,
+                 name: str = "source-sender") -> None:
         if isinstance(max_txns, bool) or not isinstance(max_txns, int) or max_txns < 1:
             raise ValueError(f"max_txns must be a positive integer, got {max_txns!r}")
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
         if not idle_s > 0:
             raise ValueError(f"idle_s must be > 0, got {idle_s!r}")
+        if not 0 <= linger_s < idle_s:
+            raise ValueError(f"linger_s must be in [0, idle_s), got {linger_s!r}")
+        self._linger_s = linger_s
         self._emitter = emitter
         self._on_acked = on_acked
         self._on_idle = on_idle
@@ -162,6 +176,9 @@ class GroupPipeline:
                 while not self._queue and not self._closed and not carried:
                     if not self._cond.wait(self._idle_s):
                         break
+                if carried and not self._queue and not self._closed and self._linger_s:
+                    # A commit-only step is due: let a transaction arriving meanwhile share it.
+                    self._cond.wait(self._linger_s)
                 new: list[Item] = []
                 if self._queue and not self._closed:
                     new.append(self._queue.popleft())

@@ -10,14 +10,14 @@ metadata + the tracked ``MyTable`` + the table version's ``RowEncoder``); a
 table with any column the decoder does not cover gets no plan, and all its
 events take the Python path.
 
-The hook: mysql-replication parses a rows event's header when it builds the
-event and its rows only when ``.rows`` is first read. ``decode`` takes the
-body bytes still unread in the packet and never touches ``.rows``; when the
-decoder declines an event (None), the Python path reads ``.rows`` from the
-untouched packet as if the decoder did not exist. Measured on the bench
-(``binlake bench source``): the library's per-event work outside ``.rows``
-is a few percent of the source's time, so reading the protocol ourselves
-would buy little.
+The hooks: with the native framer (``framing``), the source hands
+``plan.decode`` the row images' span of the packet directly. Under
+mysql-replication's own reader (``BINLAKE_NATIVE_FRAMING=0``), which parses a
+rows event's header when it builds the event and its rows only when ``.rows``
+is first read, ``decode`` takes the body bytes still unread in the packet and
+never touches ``.rows``. Either way, when the decoder declines an event (None),
+the Python path reads ``.rows`` from mysql-replication's event for the
+untouched packet as if the decoder did not exist.
 
 ``BINLAKE_NATIVE_ROWS=0`` in the environment forces the Python path (read
 when a source starts); without the built extension it is the only path.

@@ -2,6 +2,11 @@
 replica, reads ROW events, and sends every upstream transaction to the Pumps
 as a prewrite + commit pair with TSOs taken in binlog order.
 
+The stream is read through ``framing``: mysql-replication connects and
+registers as a replica, the C framer (``_framec``) reads the events after
+that, and mysql-replication parses only what the framer leaves to it; both
+readers give the same event tuples, so one loop below handles either.
+
 Event handling (MariaDB and MySQL flavours):
 
 * GTID / ``BEGIN`` open a transaction; TABLE_MAP names a table for the rows
@@ -48,22 +53,14 @@ from typing import Any
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.constants import NONE_SOURCE
-from pymysqlreplication.event import (
-    GtidEvent,
-    HeartbeatLogEvent,
-    MariadbGtidEvent,
-    QueryEvent,
-    RotateEvent,
-    XidEvent,
-)
-from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
+from pymysqlreplication.row_event import UpdateRowsEvent, WriteRowsEvent
 
 from binlake import errors
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
-from binlake.source.mysql import rowsplan, snapshot
+from binlake.source.mysql import framing, rowsplan, snapshot
 from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
@@ -76,9 +73,6 @@ FIRST_TABLE_ID = 100
 # a longer gap only means more transactions re-read (and deduplicated) after a crash.
 CHECKPOINT_INTERVAL_S = 1.0
 PROGRESS_INTERVAL_S = 10.0
-_EVENTS = [RotateEvent, GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent, TableMapEvent, WriteRowsEvent,
-           UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent]
-
 
 def parse_start(start: str | None) -> tuple[str, Any]:
     """``now`` | ``snapshot`` | ``FILE:POS`` | ``gtid:SET`` -> (kind, value)."""
@@ -161,6 +155,8 @@ class MySQLSource:
         self._encoders: dict[tuple[int, int], RowEncoder] = {}
         # Rows events decoded by the native decoder / by mysql-replication + RowEncoder.
         self.native = rowsplan.enabled()
+        # Packets and event headers framed natively (``framing``); else mysql-replication reads them.
+        self.native_framing = framing.enabled()
         self.native_events = 0
         self.python_events = 0
         self.on_transaction: Callable[[int, int], None] | None = None  # (start_ts, commit_ts), for tests/bench
@@ -375,28 +371,74 @@ class MySQLSource:
             connection_settings=self.dsn.settings(), server_id=self.server_id, blocking=True,
             # is_mariadb only for a GTID start: with it, mysql-replication 1.0 ignores
             # log_file/log_pos and streams from the server's first binlog.
-            only_events=_EVENTS, freeze_schema=True, is_mariadb=info.mariadb and not self.file,
+            only_events=framing.EVENTS, freeze_schema=True, is_mariadb=info.mariadb and not self.file,
             slave_heartbeat=self.heartbeat_s,
             enable_logging=False, **kwargs,
         )
+        reader = framing.NativeReader(stream) if self.native_framing else None
+        events = iter(reader) if reader is not None else framing.library_events(stream)
         txn: _Txn | None = None
         tables: dict[int, MyTable | None] = {}
         plans: dict[int, Any] = {}  # binlog table id -> native plan (absent: Python path)
+        # A TABLE_MAP's body -> (table, plan, mysql-replication's table): a table's maps repeat
+        # byte for byte in every transaction, so each is parsed once (until a DDL or ROTATE).
+        maps: dict[bytes, tuple[MyTable | None, Any, Any]] = {}
+        file = self.file
         last_progress = time.monotonic()
         events_at = 0
         assert self.emitter is not None
         pipeline = self.pipeline = GroupPipeline(self.emitter, self._acked, self._idle, name="mysql-source-sender")
         try:
-            for ev in stream:
+            for ev in events:
                 self.events += 1
                 pipeline.check()
-                if isinstance(ev, RotateEvent):
-                    if txn is None:
-                        pipeline.submit(Item(None, None, (ev.next_binlog, ev.position)))
-                elif isinstance(ev, (GtidEvent, MariadbGtidEvent)):
+                kind = ev[0]
+                if kind in framing.ROWS:
+                    t = tables.get(ev[3])
+                    if t is not None:
+                        txn = txn or _Txn()
+                        plan = plans.get(ev[3])
+                        rows = None
+                        if plan is not None and ev[7] == plan.columns():
+                            update = kind in framing.UPDATES
+                            rows = plan.decode(ev[4], ev[5], ev[6], update, ev[8], ev[9])
+                        if rows is not None:
+                            self._add_rows(txn, t, kind, rows)
+                            self.native_events += 1
+                        else:
+                            assert reader is not None
+                            lib = reader.event(ev[4])
+                            if lib is not None:
+                                self._rows(txn, t, lib)
+                elif kind == framing.TABLE_MAP or kind == framing.LIB_TABLE_MAP:
+                    table_id = ev[3]
+                    cached = maps.get(ev[4]) if kind == framing.TABLE_MAP else None
+                    if cached is None:
+                        lib = ev[4] if kind == framing.LIB_TABLE_MAP else (reader and reader.event(ev[5]))
+                        if lib is None:
+                            continue
+                        cached = self._table_map(lib)
+                        if kind == framing.TABLE_MAP:
+                            maps[ev[4]] = cached
+                    elif reader is not None:
+                        stream.table_map[table_id] = cached[2]  # for a rows event mysql-replication parses
+                    tables[table_id] = cached[0]
+                    if cached[1] is None:
+                        plans.pop(table_id, None)
+                    else:
+                        plans[table_id] = cached[1]
+                elif kind == framing.LIB_ROWS:
+                    t = tables.get(ev[3])
+                    if t is not None:
+                        txn = txn or _Txn()
+                        self._rows(txn, t, ev[4], plans.get(ev[3]))
+                elif kind == framing.XID:
+                    self._end_txn(txn, file, ev[2], ev[1])
+                    txn = None
+                elif kind == framing.GTID or kind == framing.MARIADB_GTID:
                     txn = _Txn()
-                elif isinstance(ev, QueryEvent):
-                    q = ev.query.strip()
+                elif kind == framing.QUERY:
+                    q = ev[4].strip()
                     head = q.split(None, 1)[0].upper() if q else ""
                     if head == "BEGIN" or head == "XA":
                         txn = txn or _Txn()
@@ -405,41 +447,21 @@ class MySQLSource:
                         continue
                     elif head in ("COMMIT", "ROLLBACK"):
                         # ROLLBACK ends a group whose logged rows (non-transactional tables) stay applied.
-                        self._end_txn(txn, stream, ev)
+                        self._end_txn(txn, file, ev[2], ev[1])
                         txn = None
                     else:
                         txn = None  # a DDL commits implicitly
                         pipeline.drain()
                         with self._lock:
-                            self._ddl(q, _schema(ev), stream, float(ev.timestamp))
+                            self._ddl(q, ev[3], file, ev[2], float(ev[1]))
                         tables.clear()
                         plans.clear()
-                elif isinstance(ev, TableMapEvent):
-                    t = self.catalog.get(ev.schema, ev.table)
-                    if t is None:
-                        if self.filter(ev.schema, ev.table):
-                            raise errors.FailedPrecondition(
-                                f"rows for {ev.schema}.{ev.table}, which the source has no definition of (created "
-                                "with the binlog off, or before the start position without existing at start)"
-                            )
-                        tables[ev.table_id] = None
-                    else:
-                        prepare_table_map(ev, t)
-                        tables[ev.table_id] = t
-                        plans.pop(ev.table_id, None)
-                        if self.native:
-                            plan = rowsplan.build_plan(ev.columns, t, self._encoder(t))
-                            if plan is not None:
-                                plans[ev.table_id] = plan
-                elif isinstance(ev, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
-                    t = tables.get(ev.table_id)
-                    if t is None:
-                        continue
-                    txn = txn or _Txn()
-                    self._rows(txn, t, ev, plans.get(ev.table_id))
-                elif isinstance(ev, XidEvent):
-                    self._end_txn(txn, stream, ev)
-                    txn = None
+                        maps.clear()
+                elif kind == framing.ROTATE:
+                    file = ev[4]
+                    maps.clear()
+                    if txn is None:
+                        pipeline.submit(Item(None, None, (ev[4], ev[3])))
                 now = time.monotonic()
                 if now - last_progress >= PROGRESS_INTERVAL_S:
                     rate = (self.events - events_at) / (now - last_progress)
@@ -454,24 +476,45 @@ class MySQLSource:
             pipeline.close()
             stream.close()
 
+    def _table_map(self, ev: Any) -> tuple[MyTable | None, Any, Any]:
+        """A TABLE_MAP (mysql-replication's event): the tracked table it names (None: not
+        wanted), its native plan (None: the Python path), mysql-replication's table."""
+        t = self.catalog.get(ev.schema, ev.table)
+        if t is None:
+            if self.filter(ev.schema, ev.table):
+                raise errors.FailedPrecondition(
+                    f"rows for {ev.schema}.{ev.table}, which the source has no definition of (created "
+                    "with the binlog off, or before the start position without existing at start)"
+                )
+            return None, None, ev.get_table()
+        prepare_table_map(ev, t)
+        plan = rowsplan.build_plan(ev.columns, t, self._encoder(t)) if self.native else None
+        return t, plan, ev.get_table()
+
     # ------------------------------------------------------------------ transactions
-    def _rows(self, txn: _Txn, t: MyTable, ev: Any, plan: Any = None) -> None:
+    def _add_rows(self, txn: _Txn, t: MyTable, kind: int, rows: list[bytes]) -> None:
         m = txn.mut(t.table_id)
+        if kind in framing.WRITES:
+            m.inserted_rows.extend(rows)
+            m.sequence.extend([binlog_pb2.INSERT] * len(rows))
+        elif kind in framing.UPDATES:
+            m.updated_rows.extend(rows)
+            m.sequence.extend([binlog_pb2.UPDATE] * len(rows))
+        else:
+            m.deleted_rows.extend(rows)
+            m.sequence.extend([binlog_pb2.DELETE_ROW] * len(rows))
+        txn.rows += len(rows)
+
+    def _rows(self, txn: _Txn, t: MyTable, ev: Any, plan: Any = None) -> None:
         if plan is not None:
             rows = rowsplan.decode(plan, ev)
             if rows is not None:
-                if isinstance(ev, WriteRowsEvent):
-                    m.inserted_rows.extend(rows)
-                    m.sequence.extend([binlog_pb2.INSERT] * len(rows))
-                elif isinstance(ev, UpdateRowsEvent):
-                    m.updated_rows.extend(rows)
-                    m.sequence.extend([binlog_pb2.UPDATE] * len(rows))
-                else:
-                    m.deleted_rows.extend(rows)
-                    m.sequence.extend([binlog_pb2.DELETE_ROW] * len(rows))
-                txn.rows += len(rows)
+                kind = (framing.WRITE_V2 if isinstance(ev, WriteRowsEvent) else
+                        framing.UPDATE_V2 if isinstance(ev, UpdateRowsEvent) else framing.DELETE_V2)
+                self._add_rows(txn, t, kind, rows)
                 self.native_events += 1
                 return
+        m = txn.mut(t.table_id)
         self.python_events += 1
         enc = self._encoder(t)
         try:
@@ -499,14 +542,14 @@ class MySQLSource:
             enc = self._encoders[key] = RowEncoder(t, t.to_info())
         return enc
 
-    def _end_txn(self, txn: _Txn | None, stream: BinLogStreamReader, ev: Any) -> None:
-        file, pos = stream.log_file, stream.log_pos
+    def _end_txn(self, txn: _Txn | None, file: str, pos: int, event_ts: float) -> None:
+        """The transaction ends at ``file:pos`` (its XID's or COMMIT's end)."""
         assert self.pipeline is not None
         if txn is not None and txn.mutations:
             txn.value.schema_version = int(self.state.state.get("schema_version", 0))
-            self.pipeline.submit(Item(f"{file}:{pos}", txn.value, (file, pos), float(ev.timestamp), txn.rows))
+            self.pipeline.submit(Item(f"{file}:{pos}", txn.value, (file, pos), float(event_ts), txn.rows))
         else:  # nothing tracked in it: only the position moves (in order with the rest)
-            self.pipeline.submit(Item(None, None, (file, pos), float(ev.timestamp)))
+            self.pipeline.submit(Item(None, None, (file, pos), float(event_ts)))
 
     def _acked(self, items: list[Item], results: list[tuple[int, int]]) -> None:
         """Sender thread: a group's commits are acknowledged; move the position past it."""
@@ -530,8 +573,7 @@ class MySQLSource:
         with self._lock:
             self._checkpoint(force=self._dirty)
 
-    def _ddl(self, sql: str, default_db: str, stream: BinLogStreamReader, event_ts: float | None = None) -> None:
-        file, pos = stream.log_file, stream.log_pos
+    def _ddl(self, sql: str, default_db: str, file: str, pos: int, event_ts: float | None = None) -> None:
         # The statement's start (whole seconds: a QUERY event's header has no fraction).
         when = dt.datetime.fromtimestamp(event_ts, dt.UTC).replace(tzinfo=None) if event_ts else None
         for i, change in enumerate(self.catalog.apply(sql, default_db, self.filter, when)):
@@ -602,11 +644,6 @@ def _values(row: dict[str, Any], key: str, nones: str) -> dict[str, Any]:
     if not empty:
         return values
     return {**values, **dict.fromkeys(empty, frozenset())}
-
-
-def _schema(ev: QueryEvent) -> str:
-    s = ev.schema
-    return s.decode() if isinstance(s, bytes) else str(s or "")
 
 
 def load_catalog(conn: Any, wanted: TableFilter) -> Catalog:

@@ -171,6 +171,8 @@ class PostgresSource:
         self.emitter: Emitter | None = None
         self.tables: dict[int, MyTable] = {}  # relation oid -> definition
         self.oids: dict[int, list[int]] = {}  # relation oid -> column type oids
+        # relation oid -> (the table version, its (table_id, schema_version), its TableInfo)
+        self._infos: dict[int, tuple[MyTable, tuple[int, int], binlog_pb2.TableInfo]] = {}
         # The end LSN of the last acknowledged transaction (the reader is ahead by the groups in flight).
         self.lsn = 0
         # Held while the checkpoint is written (sender thread) and while a definition
@@ -574,7 +576,13 @@ class PostgresSource:
         oid = r.num(4)
         t = self.tables[oid]
         oids = self.oids[oid]
-        info = t.to_info()
+        # The TableInfo the rows are encoded against, built once per table version (a DDL
+        # puts a new MyTable in self.tables), not once per row change (measured: a tenth
+        # of the source's CPU on small transactions).
+        cached = self._infos.get(oid)
+        if cached is None or cached[0] is not t or cached[1] != (t.table_id, t.schema_version):
+            cached = self._infos[oid] = (t, (t.table_id, t.schema_version), t.to_info())
+        info = cached[2]
 
         def row(vals: list[bytes | Unchanged | None]) -> dict[str, Any]:
             return values.decode_row(t, oids, vals)
