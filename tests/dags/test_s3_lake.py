@@ -308,3 +308,16 @@ def test_bad_s3_settings_are_one_line_exit_2_and_write_nothing(
         assert "Traceback" not in done.stderr and s3.secret_key not in done.stderr + done.stdout
     assert sorted(f.path for f in _store(s3).get_file_info(pafs_selector("lake"))) == before
     assert not (tmp_path / "out").exists()
+
+
+def test_freshness_reads_the_ledger_of_an_s3_lake(s3: s3server.LocalS3) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from binlake.lake import freshness
+
+    assert freshness.ledger("s3://lake/fresh") == []  # nothing ingested yet
+    # The ledger's two columns, written by delta-rs here only to set the test up.
+    write_deltalake("s3://lake/fresh/windows", pa.table({"start_ts": [5, 1], "end_ts": [9, 5]}),
+                    storage_options={**location.storage_options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
+    assert freshness.ledger("s3://lake/fresh") == [(1, 5), (5, 9)]

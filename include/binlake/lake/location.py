@@ -287,6 +287,21 @@ def storage_options(settings: S3Settings | None = None) -> dict[str, str]:
     return opts
 
 
+def s3_filesystem(settings: S3Settings | None = None) -> Any:
+    """A PyArrow S3 file system with the settings in force (for checks and listings
+    outside the two engines), failing fast on a dead endpoint."""
+    from pyarrow import fs as pafs
+
+    s = settings or s3_settings()
+    endpoint = s.endpoint_url or ""
+    return pafs.S3FileSystem(
+        access_key=s.access_key_id, secret_key=s.secret_access_key, session_token=s.session_token,
+        region=s.region, endpoint_override=endpoint.split("://", 1)[-1] or None,
+        scheme="http" if s.allow_http else "https", connect_timeout=5, request_timeout=20,
+        force_virtual_addressing=not s.path_style,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
+
+
 def probe(lake: str, settings: S3Settings | None = None) -> None:
     """Check, before anything is written, that an S3 lake's bucket exists and answers
     these credentials; ``errors.InvalidArgument`` (one line) otherwise. A local lake
@@ -299,12 +314,7 @@ def probe(lake: str, settings: S3Settings | None = None) -> None:
     s = settings or s3_settings()
     endpoint = s.endpoint_url or ""
     try:
-        store = pafs.S3FileSystem(
-            access_key=s.access_key_id, secret_key=s.secret_access_key, session_token=s.session_token,
-            region=s.region, endpoint_override=endpoint.split("://", 1)[-1] or None,
-            scheme="http" if s.allow_http else "https", connect_timeout=5, request_timeout=20,
-            force_virtual_addressing=not s.path_style,
-            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
+        store = s3_filesystem(s)
         info = store.get_file_info(where.bucket or "")
     except OSError as exc:
         raise errors.InvalidArgument(_s3_failure(lake, s, str(exc))) from None
