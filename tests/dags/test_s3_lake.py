@@ -121,19 +121,25 @@ class Upstream:
         self.writer.__exit__(None, None, None)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def _cluster(root: pathlib.Path) -> Iterator[Any]:
     from binlake.testing.devcluster import DevCluster
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BINLAKE_PUMP_HEARTBEAT_INTERVAL_S", "0.3")
-        cluster = DevCluster(tmp_path_factory.mktemp("cluster"), pumps=1,
+        cluster = DevCluster(root, pumps=1,
                              pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"])
         cluster.start()
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+# One cluster per test: a lake's first ingest reads every DDL the Pumps hold below
+# its first window, so two tests' upstreams on one cluster would mix their tables.
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path) -> Iterator[Any]:
+    yield from _cluster(tmp_path / "cluster")
 
 
 def _ingest_dag(mp: pytest.MonkeyPatch) -> Any:
