@@ -21,6 +21,12 @@ workers).
 
 Run: ``binlake bench ingest`` (or ``make bench``).
 
+``--lake s3://BUCKET/PREFIX`` adds a third case to every run: the same ingest into
+a fresh lake under that S3 prefix (endpoint and keys from AWS_* / [lake.s3]),
+reported beside the local-disk ingest of the same run (ratio S3/local).
+``--seaweedfs`` starts a throwaway SeaweedFS on loopback for it
+(``binlake.testing.s3server``) instead of using a configured endpoint.
+
 ``--decode-only`` measures just the decoding step instead (no Pumps, no Spark):
 CPU time of ``ChangeDecoder.add`` per row change on the same rows, with the
 pure-Python path and with the native extension (``binlake.lake._imagec``),
@@ -352,6 +358,8 @@ def main(args: argparse.Namespace | None = None) -> int:
         parser.add_argument("--master", default=None)
         parser.add_argument("--dir", default=None)
         parser.add_argument("--decode-only", action="store_true")
+        parser.add_argument("--lake", default=None)
+        parser.add_argument("--seaweedfs", action="store_true")
         args = parser.parse_args()
     if args.rows < 1 or args.rows_per_txn < 1 or args.runs < 1:
         print("bench ingest: --rows, --rows-per-txn and --runs must be positive", file=sys.stderr)
@@ -365,8 +373,27 @@ def main(args: argparse.Namespace | None = None) -> int:
     base = pathlib.Path(args.dir) if args.dir else ROOT / "bench"
     base.mkdir(parents=True, exist_ok=True)
     root = pathlib.Path(tempfile.mkdtemp(prefix="ingest-bench-", dir=base))
+    s3_lake = getattr(args, "lake", None)
+    store = None
+    if s3_lake is not None:
+        import os
+
+        from binlake.lake import location
+
+        where = location.parse(s3_lake, "--lake")
+        if not where.is_s3:
+            print("bench ingest: --lake must be s3://BUCKET/PREFIX (the local lake is always measured)",
+                  file=sys.stderr)
+            return 2
+        if getattr(args, "seaweedfs", False):
+            from binlake.testing.s3server import LocalS3
+
+            store = LocalS3(root / "seaweedfs", buckets=(str(where.bucket),)).start()
+            os.environ.update(store.env())
+        location.probe(s3_lake)
     cluster = DevCluster(root / "cluster", pumps=3,
                          pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.5"])
+    s3_s: list[float] = []
     try:
         cluster.start()
         t0 = time.perf_counter()
@@ -383,6 +410,10 @@ def main(args: argparse.Namespace | None = None) -> int:
         parquet = root / "rows.parquet"
         for run in range(args.runs):
             lake = root / f"lake{run}"
+            # With an S3 lake, odd runs ingest into it first: neither case always
+            # gets the warmer JVM and Pump caches.
+            if s3_lake is not None and run % 2 == 1 and not _ingest_s3(spark, s3_lake, run, cluster, made, args, s3_s):
+                return 1
             with PeakRSS() as peak:
                 t0 = time.perf_counter()
                 result = ingest_window(spark, str(lake), cluster.registry_addr, made["start_ts"], made["end_ts"])
@@ -393,6 +424,8 @@ def main(args: argparse.Namespace | None = None) -> int:
                 return 1
             print(f"  ingest run {run + 1}: {ingest_s[-1]:.1f}s, {args.rows / ingest_s[-1]:,.0f} row changes/s, "
                   f"peak RSS driver {_mib(peak.driver)}, process tree {_mib(peak.tree)}", flush=True)
+            if s3_lake is not None and run % 2 == 0 and not _ingest_s3(spark, s3_lake, run, cluster, made, args, s3_s):
+                return 1
             if run == 0:
                 spark.read.format("delta").load(str(lake / "changes")).write.parquet(str(parquet))
             out = root / f"baseline{run}"
@@ -407,6 +440,8 @@ def main(args: argparse.Namespace | None = None) -> int:
         spark.stop()
     finally:
         cluster.stop()
+        if store is not None:
+            store.stop()
         shutil.rmtree(root, ignore_errors=True)
     best_i, best_b = min(ingest_s), min(base_s)
     rate_i, rate_b = args.rows / best_i, args.rows / best_b
@@ -418,7 +453,31 @@ def main(args: argparse.Namespace | None = None) -> int:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(f"| {args.rows:,} | 3 | {made['txns']} | {best_i:.1f} | {rate_i:,.0f} | {best_b:.1f} | {rate_b:,.0f} | "
           f"{rate_i / rate_b:.2f} | {_mib(peak_driver)} | {_mib(peak_tree)} | {_mib(size)} |")
+    if s3_s:
+        best_s = min(s3_s)
+        print()
+        print("| row changes | local-disk lake s | row changes/s | S3 lake s | row changes/s | S3 / local |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        print(f"| {args.rows:,} | {best_i:.1f} | {rate_i:,.0f} | {best_s:.1f} | {args.rows / best_s:,.0f} | "
+              f"{best_i / best_s:.2f} |")
     return 0
+
+
+def _ingest_s3(spark: Any, s3_lake: str, run: int, cluster: Any, made: dict[str, Any], args: argparse.Namespace,
+               seconds: list[float]) -> bool:
+    """One ingest of the whole window into a fresh lake under the S3 prefix."""
+    from binlake.lake.ingest import ingest_window
+
+    target = f"{s3_lake.rstrip('/')}/run{run}"
+    t0 = time.perf_counter()
+    result = ingest_window(spark, target, cluster.registry_addr, made["start_ts"], made["end_ts"])
+    seconds.append(time.perf_counter() - t0)
+    if result.rows != args.rows:
+        print(f"bench ingest: the S3 lake holds {result.rows} row changes, expected {args.rows}", file=sys.stderr)
+        return False
+    print(f"  ingest run {run + 1} into {target}: {seconds[-1]:.1f}s, {args.rows / seconds[-1]:,.0f} row changes/s",
+          flush=True)
+    return True
 
 
 def _wait_safe(cluster: Any, ts: int, timeout: float = 60.0) -> None:

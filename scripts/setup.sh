@@ -32,12 +32,14 @@ if ! command -v etcd >/dev/null && [ ! -x /usr/bin/etcd ]; then
     apt-get install -y -qq --no-install-recommends etcd-server
 fi
 
-if ! ls jars/lib/delta-spark_*.jar >/dev/null 2>&1; then
-  echo "[setup] fetching the Delta Lake jars with Maven into jars/lib"
+if ! ls jars/lib/delta-spark_*.jar >/dev/null 2>&1 || ! ls jars/lib/hadoop-aws-*.jar >/dev/null 2>&1; then
+  echo "[setup] fetching the Delta Lake and S3 (hadoop-aws, AWS SDK v2) jars with Maven into jars/lib"
   command -v mvn >/dev/null || { apt-get update -qq && apt-get install -y -qq maven; }
-  # Spark ships scala-library and antlr4-runtime itself: take only Delta's own jars.
+  # Spark ships scala-library, antlr4-runtime, netty, slf4j, commons-codec/logging and httpclient 4 itself: take only
+  # the jars it lacks (two copies of netty on one classpath break Spark's own RPC).
   (cd jars && mvn -q -B dependency:copy-dependencies -DincludeScope=runtime \
-      -DexcludeGroupIds=org.scala-lang,org.antlr -DoutputDirectory=lib)
+      -DexcludeGroupIds=org.scala-lang,org.antlr,io.netty,org.slf4j,commons-codec,commons-logging,org.apache.httpcomponents,org.apache.httpcomponents.client5,org.apache.httpcomponents.core5 \
+      -DexcludeArtifactIds=apache5-client -DoutputDirectory=lib)
 fi
 # Chromium and its driver, for the browser test of the restore trigger form (skipped without them).
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then

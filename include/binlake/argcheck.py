@@ -69,9 +69,15 @@ def writable_file(flag: str, value: str) -> pathlib.Path:
 
 
 def lake(flag: str, value: str) -> str:
-    """A lake: a URI (checked by whoever opens it) or an existing local directory."""
+    """A lake: an existing local directory, or an ``s3://BUCKET/PREFIX`` whose bucket
+    answers the configured credentials (another URI is checked by whoever opens it)."""
+    from binlake.lake import location
+
     if not value.strip():
         raise errors.InvalidArgument(f"{flag} is empty: give the lake directory or URI")
+    where = location.parse(value, flag)
+    if where.is_s3:
+        location.probe(value)
     if "://" not in value:
         path = pathlib.Path(value).expanduser()
         if path.exists() and not path.is_dir():

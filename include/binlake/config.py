@@ -2,7 +2,7 @@
 
 Each component has a settings class; ``config/binlake.toml`` documents every key.
 A TOML file has one table per component (``[registry]``, ``[pump]``,
-``[client]``, ``[security]``, ``[paths]``, ``[restore]``); unknown keys and bad values are reported with the key's name.
+``[client]``, ``[security]``, ``[paths]``, ``[restore]``, ``[lake.s3]``); unknown keys and bad values are reported with the key's name.
 """
 
 from __future__ import annotations
@@ -207,6 +207,34 @@ class RestoreSettings(BaseSettings):
         "SQLite targets load one at a time (one writer)."))
 
 
+class S3Settings(BaseSettings):
+    """How to reach an S3 lake: ``[lake.s3]`` in the config file, BINLAKE_LAKE_S3_* in
+    the environment; the standard AWS_* variables take precedence over both."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_LAKE_S3_", extra="forbid")
+
+    endpoint_url: str | None = Field(None, description=(
+        "S3 endpoint, e.g. http://127.0.0.1:8333 for SeaweedFS or MinIO (default: AWS's own)."))
+    region: str = Field("us-east-1", description="Region of the bucket.")
+    access_key_id: str | None = Field(None, description="Access key (else AWS_ACCESS_KEY_ID).")
+    secret_access_key: str | None = Field(None, description="Secret key (else AWS_SECRET_ACCESS_KEY); never logged.",
+                                          repr=False)
+    session_token: str | None = Field(None, description="Session token of temporary credentials.", repr=False)
+    path_style: bool = Field(True, description=(
+        "Address buckets as ENDPOINT/BUCKET (what S3-compatible servers need) rather than BUCKET.ENDPOINT."))
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not (v.startswith("http://") or v.startswith("https://")):
+            raise ValueError(f"{v!r} is not an http:// or https:// URL")
+        return v
+
+    @property
+    def allow_http(self) -> bool:
+        return bool(self.endpoint_url and self.endpoint_url.startswith("http://"))
+
+
 # include/binlake/config.py -> parents[2]: the checkout's root, when binlake runs from one.
 CHECKOUT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -277,6 +305,7 @@ SECTIONS: dict[type[BaseSettings], str] = {
     PathSettings: "paths",
     RestoreSettings: "restore",
     SparkSettings: "spark",
+    S3Settings: "lake.s3",
 }
 
 
@@ -290,6 +319,16 @@ class _TomlSection(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return dict(self._values)
+
+
+def _section(doc: dict[str, Any], section: str) -> Any:
+    """The table ``section`` of a TOML document; a dotted name (``lake.s3``) is nested."""
+    table: Any = doc
+    for part in section.split("."):
+        if not isinstance(table, dict):
+            return table
+        table = table.get(part, {})
+    return table
 
 
 def read_toml(path: str | pathlib.Path) -> dict[str, Any]:
@@ -310,7 +349,7 @@ def load(cls: type[S], config_file: str | pathlib.Path | None = None, **override
     values: dict[str, Any] = {}
     if config_file is not None:
         doc = read_toml(config_file)
-        table = doc.get(section, {})
+        table = _section(doc, section)
         if not isinstance(table, dict):
             raise errors.InvalidArgument(f"config file {config_file}: [{section}] must be a table")
         values = table
@@ -340,7 +379,7 @@ def check_file(config_file: str | pathlib.Path) -> None:
     reads: a bad value or unknown key anywhere in a user's file is reported, not skipped."""
     doc = read_toml(config_file)
     for cls, section in SECTIONS.items():
-        table = doc.get(section, {})
+        table = _section(doc, section)
         if not isinstance(table, dict):
             raise errors.InvalidArgument(f"config file {config_file}: [{section}] must be a table")
         if not table:

@@ -130,6 +130,8 @@ def apply(task_file: str, until: int | None) -> dict[str, Any]:
     try:
         t = task.load(task_file)
         url = resolve_target(t.target)
+        # Endpoint and keys of an S3 lake from the binlake_lake_s3 Connection, before Spark starts.
+        config.use_lake_s3_connection()
         spark = build_spark("binlake-apply", config.spark_master(), extra_conf=LAKE_CONF)
         summary = runner.Applier(spark, t, target_url=url, progress=log.info).run(until)
     except errors.BinlakeError as exc:

@@ -70,6 +70,9 @@ DEFAULT_MAX_ACTIVE_RUNS = 4
 # The Connection holding the registry group: conn type ``generic``, host the
 # comma-separated members, port the port of members that name none.
 REGISTRY_CONN_ID = "binlake_registry"
+# The Connection of an S3 lake: conn type ``aws``, login the access key id,
+# password the secret key, extra ``endpoint_url`` and ``region_name``.
+LAKE_S3_CONN_ID = "binlake_lake_s3"
 START_DATE_ENV = "BINLAKE_INGEST_START_DATE"
 
 
@@ -174,14 +177,59 @@ def registry_addr() -> str:
     return addr
 
 
+def s3_from_connection(login: str | None, password: str | None, extra: dict[str, Any]) -> dict[str, str]:
+    """The AWS_* variables an ``aws`` Connection gives (its login/password the keys,
+    extra ``endpoint_url``/``region_name`` as the amazon provider's ``aws`` type has them)."""
+    out: dict[str, str] = {}
+    if (login or "").strip():
+        if not (password or "").strip():
+            raise ConfigError(f"Airflow Connection {LAKE_S3_CONN_ID} has a login (access key id) but no password "
+                              "(secret key)")
+        out["AWS_ACCESS_KEY_ID"] = str(login).strip()
+        out["AWS_SECRET_ACCESS_KEY"] = str(password).strip()
+    endpoint = extra.get("endpoint_url") or extra.get("host")
+    if endpoint:
+        if not re.match(r"^https?://", str(endpoint)):
+            raise ConfigError(f"Airflow Connection {LAKE_S3_CONN_ID}: extra endpoint_url {endpoint!r} is not an "
+                              "http:// or https:// URL")
+        out["AWS_ENDPOINT_URL"] = str(endpoint)
+    region = extra.get("region_name")
+    if region:
+        out["AWS_REGION"] = str(region)
+    if extra.get("aws_session_token"):
+        out["AWS_SESSION_TOKEN"] = str(extra["aws_session_token"])
+    return out
+
+
+def use_lake_s3_connection() -> bool:
+    """Put the ``binlake_lake_s3`` Connection's endpoint, region and keys in this task
+    process's environment (where binlake, its in-process Spark and a spark-submit child
+    read them); False when no such Connection exists. Read at run time only, through
+    the Task SDK (the amazon provider is not needed); never logged."""
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = Connection.get(LAKE_S3_CONN_ID)
+    except AirflowNotFoundException:
+        return False
+    extra = conn.extra_dejson if isinstance(conn.extra_dejson, dict) else {}
+    os.environ.update(s3_from_connection(conn.login, conn.password, extra))
+    return True
+
+
 def lake_dir() -> str:
     """The lake's root (Variable ``binlake_lake``, env ``BINLAKE_LAKE_DIR``), absolute.
 
-    URIs (``s3a://...``, ``file:/...``) are returned unchanged for Spark to resolve.
+    URIs (``s3://...``, ``file:/...``) are returned unchanged for Spark to resolve; for an
+    ``s3://`` lake the ``binlake_lake_s3`` Connection, when there is one, supplies the
+    endpoint and keys (``use_lake_s3_connection``).
     """
     lake = setting("binlake_lake", ("BINLAKE_LAKE_DIR",), DEFAULT_LAKE_DIR)
     assert lake is not None
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", lake):
+        if lake.lower().startswith(("s3://", "s3a://")):
+            use_lake_s3_connection()
         return lake
     path = Path(lake).expanduser()
     return str(path if path.is_absolute() else PROJECT_ROOT / path)
@@ -359,15 +407,32 @@ def ingest_start_date(text: str | None = None) -> dt.datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
 
 
+def s3_needs_one_writer(lake: str, mode: str | None) -> bool:
+    """Whether ingest runs into ``lake`` must run one at a time: an S3 lake written by
+    a driver per run (``spark-submit``/``inprocess``; with ``mode`` None, by the
+    environment: no ``BINLAKE_SPARK_REMOTE``). Through the one Spark Connect server
+    every commit comes from one JVM, whose S3 LogStore serializes them."""
+    if not lake.strip().lower().startswith(("s3://", "s3a://")):
+        return False
+    if mode is None:
+        return not os.environ.get("BINLAKE_SPARK_REMOTE", "").strip()
+    return mode != CONNECT
+
+
 def ingest_max_active_runs(text: str | None = None) -> int:
     """How many ingest runs (windows) may run at once, catching up or backfilling:
     ``BINLAKE_INGEST_MAX_ACTIVE_RUNS`` (default 4). Windows are independent and
     each replaces only itself, so any number is safe; against the always-on Spark
     a run costs its work, so more runs at once shorten a backfill until Spark's
-    cores are busy. ``airflow backfill create --max-active-runs`` overrides it per backfill."""
+    cores are busy. ``airflow backfill create --max-active-runs`` overrides it per backfill.
+
+    Except on S3 without the always-on Spark: there each run is its own Spark driver,
+    and two drivers committing to one Delta table on S3 can overwrite each other's
+    commit (delta-spark's default S3 LogStore excludes writers within one JVM only),
+    so the default is then 1 and ``plan`` refuses more (``s3_needs_one_writer``)."""
     raw = (text if text is not None else os.environ.get(MAX_ACTIVE_RUNS_ENV, "")).strip()
     if not raw:
-        return DEFAULT_MAX_ACTIVE_RUNS
+        return 1 if s3_needs_one_writer(os.environ.get("BINLAKE_LAKE_DIR", ""), None) else DEFAULT_MAX_ACTIVE_RUNS
     try:
         value = int(raw)
     except ValueError:

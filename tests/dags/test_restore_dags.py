@@ -158,3 +158,40 @@ def test_restore_dag_params_are_validated_in_the_trigger_form(dags: Any) -> None
     # tables is optional (no asterisk in the form): empty or absent means every table.
     for empty in (None, "", "main.a, b"):
         assert params.get_param("tables").resolve(empty) == empty
+
+
+def test_a_moved_lake_restores_from_its_new_place(
+        spark: SparkSession, lake: tuple[str, int], tmp_path: pathlib.Path) -> None:
+    """A lake with a snapshot and history tables: the catalogs name tables relative to the lake, so a copy elsewhere, the old
+    directory gone, restores from its own snapshot and history tables."""
+    import shutil
+
+    from binlake.restore import history, restore
+
+    path, last = lake
+    # A snapshot and history tables (the maintenance run above makes them; alone, here).
+    if not [e for e in snapshot.catalog(spark, path) if e.table_id != layout.MARKER_TABLE_ID]:
+        snapshot.take(spark, path, last)
+    history.update(spark, path)
+    moved = str(tmp_path / "elsewhere" / "lake")
+    shutil.copytree(path, moved)
+    aside = path + ".away"
+    shutil.move(path, aside)  # nothing may still point into the old directory
+    try:
+        ts = T0 + 4 * 1000 + 2
+        for catalog in (layout.snapshot_catalog(moved), layout.history_catalog(moved)):
+            stored = [r["path"] for r in spark.read.format("delta").load(catalog).collect() if r["path"]]
+            assert stored and not any(p.startswith("/") for p in stored), stored
+        assert all(e.path.startswith(moved) for e in snapshot.catalog(spark, moved)
+                   if e.table_id != layout.MARKER_TABLE_ID)
+        assert all(row["path"].startswith(moved) for row in history.catalog(spark, moved).values())
+        for source in ("history", "auto"):
+            p = restore.plan(spark, moved, last if source == "auto" else ts, None, source)
+            out = tmp_path / f"out-{source}"
+            restore.write_out(spark, p, str(out), replace=True)
+            got = {r["id"]: (r["k"], r["c"], r["balance"])
+                   for r in spark.read.format("delta").load(str(out / "main.bench")).collect()}
+            assert got == replayed(spark, moved, last if source == "auto" else ts), source
+            assert {t.base.kind for t in p.tables} == ({"history"} if source == "history" else {"snapshot"})
+    finally:
+        shutil.move(aside, path)

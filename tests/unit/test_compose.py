@@ -126,6 +126,33 @@ def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
     assert not undeclared, f"volumes used but not declared: {undeclared}"
 
 
+def test_the_lake_is_in_the_bucket_and_no_service_shares_a_volume(compose: dict[str, Any]) -> None:
+    from binlake.lake import location
+
+    services = compose["services"]
+    store = services["seaweedfs"]
+    lake_users = {name: s["environment"] for name, s in services.items()
+                  if isinstance(s.get("environment"), dict) and "BINLAKE_LAKE_DIR" in s["environment"]}
+    # Every Airflow component and the Spark side (Connect server, workers) reach the lake.
+    assert {"airflow-scheduler", "airflow-triggerer", "spark-connect", "spark-worker"} <= set(lake_users)
+    for name, env in lake_users.items():
+        where = location.parse(env["BINLAKE_LAKE_DIR"])
+        assert where.is_s3 and where.bucket == "lake", name
+        assert env["AWS_ENDPOINT_URL"] == "http://seaweedfs:8333", name
+        assert env["AWS_ACCESS_KEY_ID"] and env["AWS_SECRET_ACCESS_KEY"], name
+        if name not in ("seaweedfs", "airflow-init"):  # the store itself; the one-shot schema migration
+            assert "seaweedfs" in _depends_on(services[name]), f"{name} must wait for the lake's store"
+    assert "-bucket=lake" in store["command"][-1]
+    # Each named volume belongs to one service: the lake's hosts share nothing but the
+    # bucket (the Airflow components' task logs stay one volume, as on one Airflow host).
+    owners: dict[str, list[str]] = {}
+    for name, service in services.items():
+        for volume in _named_volumes(service):
+            owners.setdefault(volume, []).append(name)
+    shared = {v: names for v, names in owners.items() if len(names) > 1 and v != "airflow-logs"}
+    assert not shared, shared
+
+
 def test_build_reference_is_real(compose: dict[str, Any]) -> None:
     for name, service in compose["services"].items():
         build = service.get("build")

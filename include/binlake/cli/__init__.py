@@ -110,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _configure_tls(args)
         _configure_spark(args)
+        # An S3 lake's endpoint and keys may come from the command's --config ([lake.s3]).
+        from binlake.lake import location
+
+        location.use_config_file(getattr(args, "config", None))
         if getattr(args, "master", None) is not None:
             from binlake.lake.spark import check_master
 

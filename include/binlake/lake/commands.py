@@ -113,20 +113,25 @@ def _fmt_ts(ts: int) -> str:
 
 
 def existing_lake(lake: str) -> None:
-    """A local lake must be a directory that exists (URIs are Spark's to resolve)."""
-    from binlake.lake.ingest import check_lake
+    """A local lake must be a directory that exists; an S3 lake's bucket must answer
+    the configured endpoint and keys (other URIs are Spark's to resolve)."""
+    from binlake.lake import location
 
-    check_lake(lake)
+    if location.parse(lake, "--lake").is_s3:
+        location.probe(lake)
     if "://" not in lake and not os.path.isdir(lake):
         what = "is a file" if os.path.exists(lake) else "does not exist"
         raise errors.InvalidArgument(f"--lake {lake} {what}: give the lake directory an ingest wrote")
 
 
 def writable_lake(lake: str) -> None:
-    """A local lake must be a directory, or creatable under a writable one."""
-    from binlake.lake.ingest import check_lake
+    """A local lake must be a directory, or creatable under a writable one; an S3
+    lake's bucket must answer the configured endpoint and keys (checked before a JVM
+    starts, so nothing is written with settings that cannot work)."""
+    from binlake.lake import location
 
-    check_lake(lake)
+    if location.parse(lake, "--lake").is_s3:
+        location.probe(lake)
     if "://" in lake:
         return
     path = os.path.abspath(lake)
@@ -331,6 +336,11 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--runs", type=positive_int, default=2, help="runs of each case; the best is reported (default 2)")
     b.add_argument("--master", help="Spark master (default local[*])")
     b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--lake", metavar="s3://BUCKET/PREFIX",
+                   help="also ingest into a lake under this S3 prefix each run, beside the local-disk lake "
+                        "(endpoint and keys from AWS_* or [lake.s3])")
+    b.add_argument("--seaweedfs", action="store_true",
+                   help="with --lake: start a throwaway SeaweedFS on loopback and use it")
     b.add_argument("--decode-only", action="store_true",
                    help="only the decoding step: CPU µs per row change, Python path vs native (no Pumps, no Spark)")
     b.set_defaults(handler=_bench_command)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from binlake import errors
+from binlake.lake import location
 from binlake.lake.connect import DEFAULT_PORT
 from binlake.lake.spark import LAKE_CONF, check_master, delta_jars
 
@@ -62,6 +63,8 @@ def server_conf(port: int, extra: Mapping[str, str] | None = None) -> dict[str, 
         # A client that died mid-job must not keep its session's jobs and temp views long.
         "spark.connect.session.manager.defaultSessionTimeout": "10m",
         **LAKE_CONF,
+        # An S3 lake's endpoint and addressing (its keys come through server_env).
+        **location.spark_conf(),
     }
     conf.update(extra or {})
     return conf
@@ -88,6 +91,8 @@ def server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([include, *[p for p in paths if p != include]])
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # An S3 lake's keys reach the server through its environment, never its command line.
+    env.update(location.aws_env())
     return env
 
 

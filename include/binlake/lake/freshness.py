@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from binlake import errors, tso
-from binlake.lake import arrowread
+from binlake.lake import arrowread, location
 from binlake.lake.ingest import WINDOWS, table_path, uncovered
 
 
@@ -79,10 +79,14 @@ def ledger(lake: str) -> list[tuple[int, int]]:
     path = table_path(lake, WINDOWS)
     local = arrowread.local_path(path)
     if local is None:
-        raise errors.InvalidArgument(
-            f"{lake} is not a local directory: freshness reads the windows ledger with delta-rs, which "
-            "needs a local lake (use `binlake lake windows` for a lake in an object store)")
-    if not os.path.isdir(os.path.join(local, "_delta_log")):
+        if not location.parse(lake).is_s3:
+            raise errors.InvalidArgument(
+                f"{lake} is neither a local directory nor on S3: freshness reads the windows ledger with "
+                "delta-rs (use `binlake lake windows` for a lake on another file system)")
+        location.probe(lake)  # bucket, keys, endpoint: one clear line when wrong
+        if not _s3_table_exists(path):
+            return []
+    elif not os.path.isdir(os.path.join(local, "_delta_log")):
         return []
     try:
         table = arrowread.TableReader(path).read(["start_ts", "end_ts"])
@@ -90,6 +94,16 @@ def ledger(lake: str) -> list[tuple[int, int]]:
         raise errors.FailedPrecondition(f"cannot read the windows ledger of {lake}: {exc}") from None
     # A window's row twice (a lost client's append and its retry's) is one window.
     return sorted(set(zip(table.column("start_ts").to_pylist(), table.column("end_ts").to_pylist(), strict=True)))
+
+
+def _s3_table_exists(path: str) -> bool:
+    """Whether the S3 table at ``path`` has a Delta log (one listing, through delta-rs's settings)."""
+    from pyarrow import fs as pafs
+
+    store = location.s3_filesystem()
+    log_dir = location.to_object_store(path)[len("s3://"):] + "/_delta_log"
+    found = store.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
+    return any(f.path.endswith(".json") or f.path.endswith(".checkpoint.parquet") for f in found)
 
 
 def measure(lake: str, registry: str | None) -> Freshness:

@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import os
 import random
 import time
 import uuid
@@ -50,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
-from binlake.lake import checkpoint, connect, writelock
+from binlake.lake import checkpoint, connect, location, writelock
 from binlake.lake import pump_source as lake_source
 from binlake.lake.ddl_rows import ddl_row
 from binlake.lake.planner import check_window, pumps_for_window
@@ -67,9 +66,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHANGES = "changes"
-DDL_HISTORY = "ddl_history"
-WINDOWS = "windows"
+# Where the lake and its tables are: binlake.lake.location (re-exported here for the
+# ingest's callers).
+CHANGES, DDL_HISTORY, WINDOWS = location.CHANGES, location.DDL_HISTORY, location.WINDOWS
+check_lake, table_path, is_delta, read_windows = (location.check_lake, location.table_path, location.is_delta,
+                                                 location.read_windows)
 WINDOWS_DDL = ("start_ts long, end_ts long, pumps array<string>, rows_per_pump map<string,long>, "
                "rows_per_table_op map<string,long>, txns long, rows long, ddls long, status string, "
                "ingested_at timestamp")
@@ -125,75 +126,12 @@ class IngestResult:
         return "\n".join(lines)
 
 
-def table_path(lake: str, name: str) -> str:
-    """The location of one lake table (``lake`` may be a local path or a URI)."""
-    check_lake(lake)
-    if name not in (CHANGES, DDL_HISTORY, WINDOWS):
-        raise ValueError(f"unknown lake table {name!r}; expected {CHANGES}, {DDL_HISTORY} or {WINDOWS}")
-    base = lake if "://" in lake else os.path.abspath(lake)
-    return f"{base.rstrip('/')}/{name}"
 
-
-def check_lake(lake: Any) -> str:
-    if not isinstance(lake, str) or not lake.strip():
-        raise errors.InvalidArgument(f"lake must be a path or URI of the lake directory, got {lake!r}")
-    return lake
-
-
-def is_delta(spark: SparkSession, path: str) -> bool:
-    """Whether ``path`` holds a Delta table: its log directory exists (a file-system
-    check, cheaper than loading the table's state; works over Spark Connect too)."""
-    return connect.delta_log_exists(spark, path)
-
-
-def read_windows(spark: SparkSession, lake: str) -> list[dict[str, Any]]:
-    """Every ``windows`` row, by start_ts (empty when nothing was ingested yet).
-
-    A local lake's ledger is read in this process (``lake.arrowread``: a few
-    milliseconds, where a Spark job costs 0.3-3 s, most of an empty window's
-    ingest); elsewhere, or when delta-rs cannot read it, through Spark."""
-    path = table_path(lake, WINDOWS)
-    if not is_delta(spark, path):
-        return []
-    rows = _read_locally(path, None)
-    if rows is None:
-        rows = [r.asDict(recursive=True) for r in spark.read.format("delta").load(path).collect()]
-    # One row per window, the newest: a ledger row appended by an attempt whose
-    # client died, committed by the server after the retry's (see _record), is
-    # the same window twice.
-    newest: dict[tuple[int, int], dict[str, Any]] = {}
-    for r in rows:
-        key = (int(r["start_ts"]), int(r["end_ts"]))
-        if key not in newest or str(r.get("ingested_at")) > str(newest[key].get("ingested_at")):
-            newest[key] = r
-    return [newest[k] for k in sorted(newest)]
-
-
-def _read_locally(path: str, columns: Sequence[str] | None, where: Any = None) -> list[dict[str, Any]] | None:
-    """The rows of a small local lake table read by delta-rs (``columns``, None for
-    all) in the shape Spark's ``Row.asDict(recursive=True)`` gives, or None when it
-    must be read through Spark (not local, not readable here)."""
-    import pyarrow as pa
-
+def _small_table_rows(path: str, columns: Sequence[str] | None, where: Any = None) -> list[dict[str, Any]] | None:
+    # pyarrow and delta-rs are imported when a table is read, not with this module.
     from binlake.lake import arrowread
 
-    if arrowread.local_path(path) is None:
-        return None
-    try:
-        reader = arrowread.TableReader(path)
-        table = reader.read(list(columns) if columns is not None else reader.column_names(), where=where)
-    except arrowread.NotReadable as exc:
-        log.info("reading %s through Spark: %s", path, exc)
-        return None
-    maps = {f.name for f in table.schema if pa.types.is_map(f.type)}
-    rows: list[dict[str, Any]] = table.to_pylist()
-    for row in rows:
-        for key, value in row.items():
-            if key in maps and value is not None:
-                row[key] = dict(value)  # Arrow gives a map as key-value pairs
-            elif isinstance(value, dt.datetime) and value.tzinfo is not None:
-                row[key] = value.astimezone(dt.UTC).replace(tzinfo=None)  # naive UTC, as written
-    return rows
+    return arrowread.small_table_rows(path, columns, where)
 
 
 def check_overlap(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> bool:
@@ -242,7 +180,7 @@ def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int, end_ts: int
     if not is_delta(spark, path):
         return SchemaHistory(), 0
     # In this process for a local lake (milliseconds), else a Spark job.
-    rows: Sequence[Any] | None = _read_locally(path, ("commit_ts", "table_info"),
+    rows: Sequence[Any] | None = _small_table_rows(path, ("commit_ts", "table_info"),
                                                pads.field("commit_ts") < int(end_ts))
     if rows is None:
         rows = (spark.read.format("delta").load(path).where(f"commit_ts < {int(end_ts)}")
@@ -347,7 +285,8 @@ def _validate(spark: SparkSession, lake: str, registry: str, start_ts: int, end_
               pumps: Sequence[str] | None) -> list[str] | None:
     if spark is None or not hasattr(spark, "read"):
         raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
-    check_lake(lake)
+    # An S3 lake is checked (bucket, keys, endpoint) before anything is read or written.
+    location.prepare(spark, lake)
     if not isinstance(registry, str):
         raise errors.InvalidArgument(f"registry must be HOST:PORT, got {registry!r}")
     net.parse_addr_list(registry, "registry")
@@ -629,7 +568,7 @@ def _record(spark: SparkSession, lake: str, rows: list[tuple[Any, ...]]) -> None
     # that lock, so windows the ledger does not hold yet (read now, inside it) are
     # appended: a blind append costs a fifth of a replaceWhere, which must find the
     # rows to replace. Any other case replaces the rows with the same bounds.
-    ledger = _read_locally(path, ("start_ts", "end_ts")) if is_delta(spark, path) else None
+    ledger = _small_table_rows(path, ("start_ts", "end_ts")) if is_delta(spark, path) else None
     if ledger is not None and not bounds & {(int(r["start_ts"]), int(r["end_ts"])) for r in ledger}:
         _retry_concurrent(WINDOWS, lambda: windows_df.write.format("delta").mode("append").save(path))
         return

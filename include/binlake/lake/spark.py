@@ -210,6 +210,12 @@ def build_spark(
         if shuffle_partitions < 1:
             raise ValueError(f"shuffle_partitions must be >= 1, got {shuffle_partitions}")
         conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
+    # The lake may be on S3: the s3a settings from AWS_* / [lake.s3], without the keys
+    # (start confs end up on the JVM's command line): those are set on the running
+    # session below, and the JVM inherits AWS_* from this process.
+    from binlake.lake import location
+
+    conf.update(location.spark_conf())
     conf.update(extra)
 
     builder = SparkSession.builder.appName(app_name)
@@ -228,4 +234,7 @@ def build_spark(
         zipped = code_zip()
         if zipped.name not in (getattr(session.sparkContext, "_python_includes", None) or []):
             session.sparkContext.addPyFile(str(zipped))
+    # A session already running in this process keeps its start-time confs: bring
+    # its Hadoop configuration up to the S3 settings in force now.
+    location.configure_spark(session)
     return session

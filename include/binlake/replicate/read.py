@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from binlake import errors
-from binlake.lake import arrowread, decode, ingest
+from binlake.lake import arrowread, decode, location
 from binlake.proto import binlog_pb2
 from binlake.replicate import rules
 from binlake.replicate.task import Task
@@ -86,9 +86,9 @@ class LakeReader:
 
     def windows(self) -> list[dict[str, Any]]:
         """The ledger's done windows by start_ts (their bounds, status and row count)."""
-        table = self._read_in_process(ingest.WINDOWS, lambda r: r.read(_WINDOW_COLUMNS))
+        table = self._read_in_process(location.WINDOWS, lambda r: r.read(_WINDOW_COLUMNS))
         if table is None:
-            rows = ingest.read_windows(self.spark, self.lake)
+            rows = location.read_windows(self.spark, self.lake)
         else:
             rows = sorted(table.to_pylist(), key=lambda w: (int(w["start_ts"]), int(w["end_ts"])))
             # One row per window, as ingest.read_windows gives (a ledger row committed
@@ -98,12 +98,12 @@ class LakeReader:
 
     def ddl_rows(self) -> list[dict[str, Any]]:
         """The lake's ``ddl_history`` rows by commit_ts (none before the first DDL)."""
-        table = self._read_in_process(ingest.DDL_HISTORY, lambda r: r.read(_DDL_COLUMNS))
+        table = self._read_in_process(location.DDL_HISTORY, lambda r: r.read(_DDL_COLUMNS))
         if table is not None:
             found: list[dict[str, Any]] = table.to_pylist()
         else:
-            path = ingest.table_path(self.lake, ingest.DDL_HISTORY)
-            if not ingest.is_delta(self.spark, path):
+            path = location.table_path(self.lake, location.DDL_HISTORY)
+            if not location.is_delta(self.spark, path):
                 return []
             found = [r.asDict() for r in self.spark.read.format("delta").load(path).select(*_DDL_COLUMNS).collect()]
         # Sorted here: a Spark orderBy is two more jobs (sampling, then the sort) for a few rows.
@@ -122,12 +122,12 @@ class LakeReader:
         d0, d1 = decode.commit_date(lo), decode.commit_date(max(lo, hi - 1))
         table = None
         if not self.task.expr_filters:  # expression filters are Spark SQL over the Spark DataFrame
-            table = self._read_in_process(ingest.CHANGES,
+            table = self._read_in_process(location.CHANGES,
                                           lambda r: r.read_changes(int(lo), int(hi), _READ, d0, d1))
         df = None
         if table is None:
-            path = ingest.table_path(self.lake, ingest.CHANGES)
-            if not ingest.is_delta(self.spark, path):
+            path = location.table_path(self.lake, location.CHANGES)
+            if not location.is_delta(self.spark, path):
                 return empty_read(), set()
             df = (self.spark.read.format("delta").load(path)
                   .where(f"commit_date >= DATE'{d0}' AND commit_date <= DATE'{d1}' "
@@ -146,7 +146,7 @@ class LakeReader:
         it cannot read that table: Spark reads it then (logged once)."""
         if name not in self._readers:
             try:
-                self._readers[name] = arrowread.TableReader(ingest.table_path(self.lake, name))
+                self._readers[name] = arrowread.TableReader(location.table_path(self.lake, name))
             except arrowread.NotReadable as exc:
                 self._readers[name] = None
                 log.info("apply %s: reading the lake's %s table through Spark: %s", self.task.name, name, exc)

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode, ingest
+from binlake.lake import decode, location
 from binlake.replicate import checkpoint, consistent, parallel, rules, sink, target_ddl
 from binlake.replicate.batch import Batch, Batcher
 from binlake.replicate.read import LakeReader
@@ -48,7 +48,9 @@ class Applier:
             raise TypeError(f"task must be a replicate.task.Task, got {type(task).__name__}")
         self.spark = spark
         self.task = task
-        self.lake = ingest.check_lake(lake or task.lake)
+        # An S3 lake is checked (bucket, keys, endpoint) before the target is touched.
+        self.lake = lake or task.lake
+        location.prepare(spark, self.lake)
         url = target_url or task.target
         if "://" not in url:
             raise errors.InvalidArgument(

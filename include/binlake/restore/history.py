@@ -44,7 +44,7 @@ from typing import Any
 
 from binlake import errors, failpoint, tso
 from binlake.lake import decode
-from binlake.lake.ingest import is_delta, read_windows
+from binlake.lake.location import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import coverage, fills, layout, onepass, rebuild
@@ -57,7 +57,9 @@ def catalog(spark: Any, lake: str) -> dict[int, dict[str, Any]]:
     path = layout.history_catalog(lake)
     if not is_delta(spark, path):
         return {}
-    return {r["table_id"]: r.asDict() for r in spark.read.format("delta").load(path).collect()}
+    rows = [r.asDict() for r in spark.read.format("delta").load(path).collect()]
+    # The stored path is relative to the lake (older catalogs: absolute): give callers where it is now.
+    return {r["table_id"]: {**r, "path": layout.table_location(lake, r["path"])} for r in rows}
 
 
 def spec(schema: decode.SchemaHistory, table_id: int) -> list[C.Column]:
@@ -282,7 +284,9 @@ def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, l
             table.update(F.col("_valid_to_ts").isNull(), {"_valid_to_ts": F.lit(close_at).cast("long")})
         what = f"applied {len(ledger) - keep} window(s)"
     failpoint.hit("history-before-catalog")
-    return name, what, {"table_id": table_id, "db": last_info.db, "tbl": last_info.name, "path": path,
+    # The catalog names the table relative to the lake (never an absolute location).
+    return name, what, {"table_id": table_id, "db": last_info.db, "tbl": last_info.name,
+                        "path": f"{layout.HISTORY}/t{int(table_id)}",
                         "columns": json.dumps(C.to_json(cols)), "key_columns": json.dumps(key),
                         "applied": json.dumps(ledger), "applied_end_ts": end, "ended_ts": gone,
                         "updated_at": dt.datetime.now(dt.UTC).replace(tzinfo=None)}

@@ -14,9 +14,7 @@ The catalogs carry the names and the table definitions.
 
 from __future__ import annotations
 
-import os
-
-from binlake.lake.ingest import check_lake
+from binlake.lake import location
 
 SNAPSHOTS = "snapshots"
 HISTORY = "history"
@@ -42,22 +40,32 @@ HISTORY_CATALOG_DDL = ("table_id long, db string, tbl string, path string, colum
                        "applied string, applied_end_ts long, ended_ts long, updated_at timestamp")
 
 
-def _base(lake: str) -> str:
-    check_lake(lake)
-    return (lake if "://" in lake else os.path.abspath(lake)).rstrip("/")
-
-
 def snapshot_catalog(lake: str) -> str:
-    return f"{_base(lake)}/{SNAPSHOTS}/_catalog"
+    return location.join(lake, SNAPSHOTS, "_catalog")
 
 
 def snapshot_table(lake: str, snapshot_ts: int, table_id: int) -> str:
-    return f"{_base(lake)}/{SNAPSHOTS}/ts={int(snapshot_ts)}/t{int(table_id)}"
+    return location.join(lake, SNAPSHOTS, f"ts={int(snapshot_ts)}", f"t{int(table_id)}")
 
 
 def history_catalog(lake: str) -> str:
-    return f"{_base(lake)}/{HISTORY}/_catalog"
+    return location.join(lake, HISTORY, "_catalog")
 
 
 def history_table(lake: str, table_id: int) -> str:
-    return f"{_base(lake)}/{HISTORY}/t{int(table_id)}"
+    return location.join(lake, HISTORY, f"t{int(table_id)}")
+
+
+# The catalogs' ``path`` column holds a table's location *relative to the lake*
+# (``history/t42``), so a lake copied, moved or synced to a bucket stays valid;
+# ``stored_path``/``table_location`` convert (an absolute path written by an older
+# binlake is read as it is).
+
+def stored_path(lake: str, path: str) -> str:
+    """What a catalog keeps for the table at ``path``."""
+    return location.relative(lake, path)
+
+
+def table_location(lake: str, stored: str) -> str:
+    """Where the table a catalog row names is now."""
+    return location.resolve(lake, stored)

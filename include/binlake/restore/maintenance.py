@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from binlake import tso
-from binlake.lake.ingest import CHANGES, DDL_HISTORY, WINDOWS, is_delta, read_windows, table_path
+from binlake.lake.location import CHANGES, DDL_HISTORY, WINDOWS, is_delta, read_windows, table_path
 from binlake.restore import coverage, history, layout, snapshot
 
 DEFAULT_RETENTION_DAYS = 7.0  # a Pump's default GC retention (binlake pump --gc-retention-days)

@@ -28,7 +28,7 @@ from typing import Any
 
 from binlake import errors, tso
 from binlake.lake import decode
-from binlake.lake.ingest import CHANGES, DDL_HISTORY, is_delta, table_path
+from binlake.lake.location import CHANGES, DDL_HISTORY, is_delta, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import fills as fill_mod

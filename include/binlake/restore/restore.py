@@ -35,7 +35,7 @@ from typing import Any
 
 from binlake import errors, failpoint, tso
 from binlake.lake import decode
-from binlake.lake.ingest import check_lake, is_delta, read_windows, table_path
+from binlake.lake.location import check_lake, is_delta, read_windows, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import coverage, history, layout, onepass, rebuild, snapshot

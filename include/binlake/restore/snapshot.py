@@ -21,7 +21,7 @@ from typing import Any
 
 from binlake import errors, failpoint, tso
 from binlake.lake import decode
-from binlake.lake.ingest import is_delta, read_windows
+from binlake.lake.location import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import coverage, layout, onepass, rebuild
@@ -54,7 +54,8 @@ def catalog(spark: Any, lake: str) -> list[SnapshotEntry]:
         if ts not in markers:
             continue
         info = binlog_pb2.TableInfo.FromString(bytes(r["table_info"])) if r["table_info"] is not None else None
-        out.append(SnapshotEntry(ts, r["table_id"], r["db"] or "", r["tbl"] or "", r["path"] or "", r["rows"] or 0,
+        out.append(SnapshotEntry(ts, r["table_id"], r["db"] or "", r["tbl"] or "",
+                                 layout.table_location(lake, r["path"] or ""), r["rows"] or 0,
                                  info, markers[ts]))
     return sorted(out, key=lambda e: (-e.snapshot_ts, e.table_id))
 
@@ -136,7 +137,8 @@ def take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None,
     rows_out = []
     done = []
     for t, (name, n, kind) in zip(plans, written, strict=True):
-        rows_out.append((ts, t.table_id, t.info.db, t.info.name, layout.snapshot_table(lake, ts, t.table_id), n,
+        rows_out.append((ts, t.table_id, t.info.db, t.info.name,
+                         layout.stored_path(lake, layout.snapshot_table(lake, ts, t.table_id)), n,
                          t.info.SerializeToString(), tables is None, _now()))
         done.append((name, n, kind))
     # Catalog rows of the tables, then the marker (the snapshot's commit point).

