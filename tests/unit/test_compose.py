@@ -134,7 +134,7 @@ def test_the_lake_is_in_the_bucket_and_no_service_shares_a_volume(compose: dict[
     lake_users = {name: s["environment"] for name, s in services.items()
                   if isinstance(s.get("environment"), dict) and "BINLAKE_LAKE_DIR" in s["environment"]}
     # Every Airflow component and the Spark side (Connect server, workers) reach the lake.
-    assert {"airflow-scheduler", "airflow-triggerer", "spark-connect", "spark-worker"} <= set(lake_users)
+    assert {"airflow-scheduler", "airflow-triggerer", "spark-connect", "spark-worker1", "spark-worker2"} <= set(lake_users)
     for name, env in lake_users.items():
         where = location.parse(env["BINLAKE_LAKE_DIR"])
         assert where.is_s3 and where.bucket == "lake", name
