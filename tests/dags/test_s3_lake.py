@@ -16,6 +16,7 @@ holds the lake, and the DAGs and commands work on ``s3://lake/...`` as on a dire
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import pathlib
 import sqlite3
@@ -170,23 +171,31 @@ def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
     monkeypatch.setenv("BINLAKE_INGEST_MODE", "inprocess")
     monkeypatch.setenv("BINLAKE_SPARK_MASTER", "local[2]")
     monkeypatch.setenv("BINLAKE_SAFE_TS_POLL_S", "0.2")
-    dags = _ingest_dag(monkeypatch)
     up = Upstream(tmp_path, cluster.registry_addr)
     try:
-        # Two 5-minute windows (the DAG's schedule): the first ends between the two batches.
+        # Two consecutive windows of the DAG's own schedule, made as short as the
+        # writes allow (a 5-minute window would keep the run's wait step waiting
+        # for its end): the first ends between the two batches.
+        began = dt.datetime.now(dt.UTC)
         up.write(1, 6)
         mid_ts = up.last_ts
         mid_copy = up.copy(tmp_path / "upstream-mid.db")
         first_end = tso.to_datetime(mid_ts).replace(microsecond=0) + dt.timedelta(seconds=1)
         while tso.from_datetime(first_end) <= mid_ts:
             first_end += dt.timedelta(seconds=1)
+        window = dt.timedelta(seconds=max(10, 2 * math.ceil((first_end - began).total_seconds()) + 2))
+        monkeypatch.setenv("BINLAKE_INGEST_SCHEDULE", f"{int(window.total_seconds())}s")
+        dags = _ingest_dag(monkeypatch)
         while tso.from_datetime(dt.datetime.now(dt.UTC)) <= tso.from_datetime(first_end):
             time.sleep(0.1)
         up.write(7, 5)
         final_copy = up.copy(tmp_path / "upstream-final.db")
+        second_end = first_end + window
+        assert up.last_ts < tso.from_datetime(second_end), "the second batch outlasted its window"
     finally:
         up.close()
-    second_end = first_end + dt.timedelta(minutes=5)
+    while dt.datetime.now(dt.UTC) <= second_end:
+        time.sleep(0.1)
     _wait_safe(cluster, tso.from_datetime(dt.datetime.now(dt.UTC)))
 
     for end in (first_end, second_end):
@@ -194,7 +203,7 @@ def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
         assert str(dr.state) == "success", end
     windows = location.read_windows(spark, LAKE)
     assert [(w["start_ts"], w["end_ts"]) for w in windows] == [
-        (tso.from_datetime(e - dt.timedelta(minutes=5)), tso.from_datetime(e)) for e in (first_end, second_end)]
+        (tso.from_datetime(e - window), tso.from_datetime(e)) for e in (first_end, second_end)]
     # The in-process reader opens the S3 tables itself (no Spark fallback).
     from binlake.lake.arrowread import TableReader
 
