@@ -200,6 +200,10 @@ def ingest_window_task(window: Mapping[str, Any], progress: Any = None,
     from binlake.lake.ingest import ingest_windows, read_windows
 
     start_ts, end_ts = int(window["start_ts"]), int(window["end_ts"])
+    if window.get("mode") != config.CONNECT or config.ingest_batch_windows() == 1:
+        # No run batches windows (only the Connect mode does, when asked), so none can have taken this one: a window already in
+        # the ledger is re-ingested (a rerun replaces it), whenever it was written.
+        run_started = None
     spark, owned, remote = _session(window)
     say = progress or (lambda msg: log.info("ingest: %s", msg))
     try:

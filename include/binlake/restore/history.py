@@ -177,7 +177,9 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
         fresh = old is None or not same_cols or keep == 0 or not is_delta(spark, path)
         if not fresh and rewind is None and keep == len(applied):
             assert old is not None
-            results[table_id] = (name, "up to date", old)
+            # Written back as the catalog keeps it: relative to the lake (``catalog``
+            # gave the table's location now, which must not be stored).
+            results[table_id] = (name, "up to date", {**old, "path": layout.stored_path(lake, old["path"])})
             continue
         lo = first if fresh else int(rewind or end)
         todo.append(_Todo(table_id, name, last_info, cols, key, old, path, fresh, lo, keep))

@@ -62,8 +62,12 @@ def history_table(lake: str, table_id: int) -> str:
 # binlake is read as it is).
 
 def stored_path(lake: str, path: str) -> str:
-    """What a catalog keeps for the table at ``path``."""
-    return location.relative(lake, path)
+    """What a catalog keeps for the table at ``path``: its name relative to the lake
+    (a location outside the lake, which only an older catalog can hold, is kept)."""
+    try:
+        return location.relative(lake, path)
+    except ValueError:
+        return path
 
 
 def table_location(lake: str, stored: str) -> str:
