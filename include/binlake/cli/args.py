@@ -110,6 +110,20 @@ def int_list(text: str) -> str:
     return text
 
 
+def s3_lake_arg(text: str) -> str:
+    """An ``s3://bucket/prefix`` lake (the benchmarks' second lake beside the local one)."""
+    from binlake import errors
+    from binlake.lake import location
+
+    try:
+        parsed = location.parse(text, "the lake")
+    except errors.BinlakeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not parsed.is_s3:
+        raise argparse.ArgumentTypeError(f"expected an s3://BUCKET/PREFIX lake, got {text!r}")
+    return text
+
+
 def include_dir(text: str) -> str:
     """Another checkout's include dir (``bench pump --baseline``): a binlake package in it."""
     if not (pathlib.Path(text) / "binlake" / "__init__.py").is_file():

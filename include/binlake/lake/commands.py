@@ -249,7 +249,15 @@ def _json_default(value: Any) -> Any:
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """Add ``binlake ingest``, ``binlake lake ...`` and ``binlake bench ingest``
     (see ``binlake.cli._COMMAND_MODULES``)."""
-    from binlake.cli.args import add_lake, add_registry, add_window, positive_int, scratch_dir, window_ts_arg
+    from binlake.cli.args import (
+        add_lake,
+        add_registry,
+        add_window,
+        positive_int,
+        s3_lake_arg,
+        scratch_dir,
+        window_ts_arg,
+    )
 
     p = sub.add_parser(
         "ingest", help="ingest a commit_ts window from every Pump into the Delta lake", formatter_class=fmt,
@@ -336,7 +344,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--runs", type=positive_int, default=2, help="runs of each case; the best is reported (default 2)")
     b.add_argument("--master", help="Spark master (default local[*])")
     b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
-    b.add_argument("--lake", metavar="s3://BUCKET/PREFIX",
+    b.add_argument("--lake", type=s3_lake_arg, metavar="s3://BUCKET/PREFIX",
                    help="also ingest into a lake under this S3 prefix each run, beside the local-disk lake "
                         "(endpoint and keys from AWS_* or [lake.s3])")
     b.add_argument("--seaweedfs", action="store_true",

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from binlake import errors, tso
-from binlake.cli.args import int_list, positive_int, scratch_dir
+from binlake.cli.args import int_list, positive_int, s3_lake_arg, scratch_dir
 
 
 def _ts(text: str) -> int:
@@ -137,7 +137,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--tables", type=int_list, help="comma-separated table counts (e.g. 10,1000): the same rows spread over each, "
                                     "restored into SQLite, PostgreSQL and Delta (default rows 20000)")
     b.add_argument("--parallel", type=_parallel, default=4, metavar="N", help="tables written at once (default 4)")
-    b.add_argument("--lake", metavar="s3://BUCKET/PREFIX",
+    b.add_argument("--lake", type=s3_lake_arg, metavar="s3://BUCKET/PREFIX",
                    help="build and restore the lake under this S3 prefix (endpoint and keys from AWS_* or [lake.s3])")
     b.add_argument("--seaweedfs", action="store_true", help="with --lake: start a throwaway SeaweedFS on loopback")
     b.set_defaults(handler=bench_cmd)
