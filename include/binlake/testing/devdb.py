@@ -19,7 +19,6 @@ upstream transaction guarantees, so the servers must keep that promise.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import glob
 import os
 import pathlib
@@ -33,6 +32,7 @@ from typing import Any, Self
 
 from binlake import errors
 from binlake.net import free_port
+from binlake.testing import procs
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -175,19 +175,10 @@ class _LocalServer:
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Graceful shutdown; SIGKILL if the server has not exited within ``timeout_s``."""
         atexit.unregister(self.stop)
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(self._graceful_signal)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                # Kill the whole session: PostgreSQL's backends and MariaDB's helpers too.
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        # Past the timeout the whole session is killed: PostgreSQL's backends and MariaDB's helpers too.
+        procs.stop_group(self.proc, self._graceful_signal, timeout_s)
         self.proc = None
 
     def create_database(self, name: str) -> str:

@@ -17,7 +17,6 @@ force). ``kill()`` is the crash: SIGKILL of the whole process group, after which
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import pathlib
@@ -31,6 +30,7 @@ from typing import Any, Self
 
 from binlake import errors
 from binlake.net import free_port
+from binlake.testing import procs
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -159,27 +159,17 @@ class LocalS3:
 
     def kill(self) -> None:
         """SIGKILL the server's whole process group (a crash): nothing is flushed."""
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        procs.kill_group(self.proc)
         self.proc = None
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Graceful shutdown; SIGKILL if the server has not exited within ``timeout_s``."""
         atexit.unregister(self.stop)
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        procs.stop_group(self.proc, signal.SIGTERM, timeout_s)
         self.proc = None
 
     def __enter__(self) -> Self:
