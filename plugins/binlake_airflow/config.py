@@ -34,7 +34,7 @@ import datetime as dt
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -259,16 +259,9 @@ def ingest_mode() -> str:
 def spark_remote() -> str | None:
     """The always-on Spark Connect server, ``sc://HOST:PORT`` (Variable
     ``binlake_spark_remote``, env ``BINLAKE_SPARK_REMOTE``); None when there is none."""
-    from binlake import errors
     from binlake.lake.connect import check_remote
 
-    url = setting("binlake_spark_remote", ("BINLAKE_SPARK_REMOTE",), None)
-    if url is None:
-        return None
-    try:
-        return check_remote(url, "binlake_spark_remote")
-    except errors.InvalidArgument as exc:
-        raise ConfigError(f"{exc} (from Variable binlake_spark_remote or env BINLAKE_SPARK_REMOTE)") from None
+    return _checked_setting("binlake_spark_remote", "BINLAKE_SPARK_REMOTE", check_remote)
 
 
 def spark_master() -> str | None:
@@ -276,16 +269,23 @@ def spark_master() -> str | None:
     ``BINLAKE_SPARK_MASTER``): in-process sessions, and spark-submit ingests, where it
     wins over the ``spark_default`` connection (``spark://HOST:PORT`` for a standalone
     cluster). None: in-process sessions run ``local[*]``, spark-submit the connection's."""
-    from binlake import errors
     from binlake.lake.spark import check_master
 
-    master = setting("binlake_spark_master", ("BINLAKE_SPARK_MASTER",), None)
-    if master is None:
+    return _checked_setting("binlake_spark_master", "BINLAKE_SPARK_MASTER", check_master)
+
+
+def _checked_setting(variable: str, env: str, check: Callable[[str, str], str]) -> str | None:
+    """Variable ``variable`` or env ``env`` as ``check(value, variable)`` accepts it;
+    None when neither is set, ``ConfigError`` naming both when the value is refused."""
+    from binlake import errors
+
+    value = setting(variable, (env,), None)
+    if value is None:
         return None
     try:
-        return check_master(master, "binlake_spark_master")
+        return check(value, variable)
     except errors.InvalidArgument as exc:
-        raise ConfigError(f"{exc} (from Variable binlake_spark_master or env BINLAKE_SPARK_MASTER)") from None
+        raise ConfigError(f"{exc} (from Variable {variable} or env {env})") from None
 
 
 def spark_python() -> str:

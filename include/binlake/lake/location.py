@@ -288,16 +288,11 @@ _configured: dict[int, tuple[int, tuple[tuple[str, str], ...]]] = {}
 def storage_options(settings: S3Settings | None = None) -> dict[str, str]:
     """delta-rs ``storage_options`` for an S3 lake (reads only: no locking provider)."""
     s = settings or s3_settings()
-    opts = {"AWS_REGION": s.region, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false" if s.path_style else "true"}
-    if s.endpoint_url:
-        opts["AWS_ENDPOINT_URL"] = s.endpoint_url
-        if s.allow_http:
-            opts["AWS_ALLOW_HTTP"] = "true"
-    if s.access_key_id and s.secret_access_key:
-        opts["AWS_ACCESS_KEY_ID"] = s.access_key_id
-        opts["AWS_SECRET_ACCESS_KEY"] = s.secret_access_key
-        if s.session_token:
-            opts["AWS_SESSION_TOKEN"] = s.session_token
+    # The region, endpoint and keys a child process gets, under the same names, plus
+    # what only delta-rs's object store reads.
+    opts = {**aws_env(s), "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false" if s.path_style else "true"}
+    if s.endpoint_url and s.allow_http:
+        opts["AWS_ALLOW_HTTP"] = "true"
     return opts
 
 
