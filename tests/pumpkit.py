@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
+import pytest
 
 from binlake import config, errors, tso
 from binlake.client.reader import pull_pump
@@ -397,3 +398,20 @@ def run_cli(*args: str, timeout: float = 30.0, env: dict[str, str] | None = None
         [str(BINLAKE), *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
         env={**os.environ, **env} if env else None,
     )
+
+
+def dag_cluster(root: pathlib.Path, pumps: int) -> Iterator[Any]:
+    """A registry and ``pumps`` Pump processes for the DAG tests (a generator for a
+    fixture): Pumps report their safe ts every 0.3 s (the wait step sees it through
+    the registry) and write a fake binlog as often, so an idle window closes."""
+    from binlake.testing.devcluster import DevCluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BINLAKE_PUMP_HEARTBEAT_INTERVAL_S", "0.3")
+        cluster = DevCluster(root, pumps=pumps,
+                             pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"])
+        cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

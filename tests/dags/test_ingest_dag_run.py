@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pumpkit import now_ts
+from pumpkit import dag_cluster, now_ts
 from pyspark.sql import SparkSession
 
 from binlake import tso
@@ -65,18 +65,7 @@ class Written:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    root = tmp_path_factory.mktemp("cluster")
-    with pytest.MonkeyPatch.context() as mp:
-        # Pumps report their safe ts to the registry this often; the wait step
-        # sees it through the registry.
-        mp.setenv("BINLAKE_PUMP_HEARTBEAT_INTERVAL_S", "0.3")
-        cluster = DevCluster(root, pumps=2,
-                             pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"])
-        cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from dag_cluster(tmp_path_factory.mktemp("cluster"), pumps=2)
 
 
 @pytest.fixture(scope="module")

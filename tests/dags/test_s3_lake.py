@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from pumpkit import dag_cluster
 from pyspark.sql import SparkSession
 
 from binlake import tso
@@ -123,17 +124,7 @@ class Upstream:
 
 
 def _cluster(root: pathlib.Path) -> Iterator[Any]:
-    from binlake.testing.devcluster import DevCluster
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BINLAKE_PUMP_HEARTBEAT_INTERVAL_S", "0.3")
-        cluster = DevCluster(root, pumps=1,
-                             pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"])
-        cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from dag_cluster(root, pumps=1)
 
 
 # One cluster per test: a lake's first ingest reads every DDL the Pumps hold below
