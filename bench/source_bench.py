@@ -52,6 +52,20 @@ _NICE = [0]
 _PIN = [False]
 
 
+def _cleanup(procs: list[subprocess.Popen[Any]], server: Any, base: pathlib.Path, args: Any) -> None:
+    """Stop what a run started (newest first), its database server, and its scratch
+    directory unless the user named it with --dir."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    server.stop()
+    if not getattr(args, "dir", None):
+        shutil.rmtree(base, ignore_errors=True)
+
 def _niced() -> None:
     if _NICE[0]:
         os.nice(_NICE[0])
@@ -311,16 +325,7 @@ def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
         proc.terminate()
         proc.wait(30)
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        server.stop()
-        if not getattr(args, "dir", None):
-            shutil.rmtree(base, ignore_errors=True)
+        _cleanup(procs, server, base, args)
     txns = s_count[0]
     floor_us = 1e6 * floor_cpu / max(c_count[0], 1)
     chain_us = 1e6 * sum(cpu.values()) / max(txns, 1)
@@ -504,16 +509,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         for lm in live_modes:
             live[lm] = _live(port, reg_addr, base, lm, log, cluster, procs, seconds)
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        server.stop()
-        if not getattr(args, "dir", None):
-            shutil.rmtree(base, ignore_errors=True)
+        _cleanup(procs, server, base, args)
 
     print(f"\nbinlog: {rows} row changes in transactions of {per_txn} rows, {binlog_bytes / 1e6:.1f} MB, "
           f"{events} events (loaded in {load_s:.1f}s)\n")
