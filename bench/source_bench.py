@@ -15,9 +15,12 @@ the binlog.
 The bulk case runs the source three ways: natively framed (``_framec``) with
 the native row decoder (the default when built), on mysql-replication's own
 stream framing with the native rows (``BINLAKE_NATIVE_FRAMING=0``), and on the
-Python path for both. The live case runs twice in the same run, natively
-framed and on mysql-replication's framing, and sets the whole chain's CPU per
-transaction against that of ``mysqlbinlog`` following as a replica.
+Python path for both. The live case runs three times in the same run:
+natively framed, natively framed with steps unpaced (``--step-ms 0``: a step
+as soon as the one before ends, the pipeline before the pace existed), and on
+mysql-replication's framing; it sets the whole chain's CPU per transaction
+against that of ``mysqlbinlog`` following as a replica. ``--postgres`` runs its
+live case paced and unpaced the same way.
 
 The live case also reports what following the upstream costs the source:
 its CPU seconds (from /proc) per upstream transaction, and the Pump's and
@@ -32,6 +35,7 @@ Run: ``binlake bench source --rows 1000000`` (results in bench/RESULTS.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -105,7 +109,7 @@ def _checkpoint(data_dir: pathlib.Path) -> tuple[str, int]:
 
 
 def _source(port: int, registry: str, data_dir: pathlib.Path, start: str, log: pathlib.Path,
-            native: bool = True, framed: bool = True) -> subprocess.Popen[bytes]:
+            native: bool = True, framed: bool = True, extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     from binlake.source.mysql.framing import NATIVE_FRAMING_ENV
     from binlake.source.mysql.rowsplan import NATIVE_ROWS_ENV
 
@@ -114,7 +118,7 @@ def _source(port: int, registry: str, data_dir: pathlib.Path, start: str, log: p
     with log.open("ab") as f:
         return subprocess.Popen(
             [str(BINLAKE), "source", "mysql", "--dsn", f"mysql://root@127.0.0.1:{port}", "--server-id", "4242",
-             "--registry", registry, "--data-dir", str(data_dir), "--start", start, "--tables", "bench.*"],
+             "--registry", registry, "--data-dir", str(data_dir), "--start", start, "--tables", "bench.*", *extra],
             stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=_niced,
         )
 
@@ -192,14 +196,15 @@ def _workload(port: int, seconds: float, count: list[int] | None = None) -> floa
 def _live(port: int, reg_addr: str, base: pathlib.Path, mode: str, log: pathlib.Path,
           cluster: list[subprocess.Popen[bytes]], procs: list[subprocess.Popen[bytes]],
           seconds: float) -> dict[str, Any]:
-    """One client's workload for ``seconds`` with the source (``mode``: native or
-    libframe, native rows either way) following from the server's end; its figures."""
+    """One client's workload for ``seconds`` with the source (``mode``: native, unpaced
+    (native, ``--step-ms 0``) or libframe; native rows in each) following from the
+    server's end; its figures."""
     from binlake.source.mysql import rowsplan
 
     t_end = _sql(port, "SHOW MASTER STATUS")[0]
     d = base / f"live-{mode}"
     proc = _source(port, reg_addr, d, f"{t_end[0]}:{t_end[1]}", log, native=rowsplan.available(),
-                   framed=mode == "native")
+                   framed=mode != "libframe", extra=("--step-ms", "0") if mode == "unpaced" else ())
     procs.append(proc)
     while _checkpoint(d)[0] == "":
         if proc.poll() is not None:
@@ -238,6 +243,58 @@ def _pg_workload(dsn: str, seconds: float, count: list[int]) -> float:
             n += 1
         count.append(n)
         return n / (time.monotonic() - t0)
+
+
+def _pg_follow(dsn: str, reg_addr: str, d: pathlib.Path, slot: str, extra: tuple[str, ...], log: pathlib.Path,
+               cluster: list[subprocess.Popen[bytes]], procs: list[subprocess.Popen[bytes]],
+               seconds: float) -> dict[str, Any]:
+    """The PostgreSQL source (its own slot ``slot``, options ``extra``) following one
+    client's workload for ``seconds``; its figures."""
+    with log.open("ab") as f:
+        proc = subprocess.Popen(
+            [str(BINLAKE), "source", "postgres", "--dsn", dsn, "--slot", slot, "--publication", "binlake",
+             "--create", "--registry", reg_addr, "--data-dir", str(d), *extra],
+            stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_niced)
+    procs.append(proc)
+    deadline = time.monotonic() + 120
+    while not (d / "journal.log").exists() or not (d / "state.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"postgres source did not start; log {log}")
+        time.sleep(0.1)
+    time.sleep(2.0)  # its start-up is not the workload's cost
+    watched = {"source": proc.pid, "pump": cluster[1].pid, "registry": cluster[0].pid}
+    cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
+    s_count: list[int] = []
+    rate = _pg_workload(dsn, seconds, s_count)
+    # Caught up: the journal stops growing (no LSN to compare a checkpoint with here).
+    t_stop = time.monotonic()
+    last, still = -1, 0.0
+    while True:
+        size = (d / "journal.log").stat().st_size
+        if size == last:
+            if time.monotonic() - still > 1.0:
+                break
+        else:
+            last, still = size, time.monotonic()
+        if proc.poll() is not None:
+            raise SystemExit(f"postgres source exited with {proc.returncode}; log {log}")
+        time.sleep(0.05)
+    cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items()}
+    begun = [len(json.loads(x).get("b", ())) for x in (d / "journal.log").read_text().splitlines()]
+    proc.terminate()
+    proc.wait(30)
+    with contextlib.suppress(Exception):  # its slot would hold WAL for the next case
+        _pg_sql(dsn, "SELECT pg_drop_replication_slot(%s)", slot)
+    return {"rate": rate, "txns": s_count[0], "cpu": cpu, "settle": still - t_stop,
+            "groups": [n for n in begun if n], "steps": len(begun)}
+
+
+def _pg_sql(dsn: str, query: str, *params: Any) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(query, params)
 
 
 def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
@@ -287,63 +344,37 @@ def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
         floor.terminate()
         floor.wait(30)
         subprocess.run([tool, *conn_args, "--drop-slot"], check=False, capture_output=True)
-        d = base / "src-pg"
-        with log.open("ab") as f:
-            proc = subprocess.Popen(
-                [str(BINLAKE), "source", "postgres", "--dsn", dsn, "--slot", "binlake", "--publication", "binlake",
-                 "--create", "--registry", reg_addr, "--data-dir", str(d)],
-                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_niced)
-        procs.append(proc)
-        deadline = time.monotonic() + 120
-        while not (d / "journal.log").exists() or not (d / "state.json").exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"postgres source did not start; log {log}")
-            time.sleep(0.1)
-        time.sleep(2.0)  # its start-up is not the workload's cost
-        watched = {"source": proc.pid, "pump": cluster[1].pid, "registry": cluster[0].pid}
-        cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
-        s_count: list[int] = []
-        with_source = _pg_workload(dsn, seconds, s_count)
-        # Caught up: the journal stops growing (no LSN to compare a checkpoint with here).
-        t_stop = time.monotonic()
-        last, still = -1, 0.0
-        while True:
-            size = (d / "journal.log").stat().st_size
-            if size == last:
-                if time.monotonic() - still > 1.0:
-                    break
-            else:
-                last, still = size, time.monotonic()
-            if proc.poll() is not None:
-                raise SystemExit(f"postgres source exited with {proc.returncode}; log {log}")
-            time.sleep(0.05)
-        settle = still - t_stop
-        cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items()}
-        begun = [len(json.loads(x).get("b", ())) for x in (d / "journal.log").read_text().splitlines()]
-        groups = [n for n in begun if n]
-        proc.terminate()
-        proc.wait(30)
+        paced: dict[str, dict[str, Any]] = {}
+        for name, extra in (("paced (default --step-ms)", ()), ("unpaced (--step-ms 0)", ("--step-ms", "0"))):
+            paced[name] = _pg_follow(dsn, reg_addr, base / f"src-pg-{len(paced)}", f"binlake{len(paced)}", extra,
+                                     log, cluster, procs, seconds)
     finally:
         _cleanup(procs, server, base, args)
-    txns = s_count[0]
     floor_us = 1e6 * floor_cpu / max(c_count[0], 1)
-    chain_us = 1e6 * sum(cpu.values()) / max(txns, 1)
     print(f"\n| PostgreSQL upstream, 1 client, {seconds:g}s | txn/s | ratio |")
     print("|---|---:|---:|")
     print(f"| nothing following | {plain:,.0f} | 1.00 |")
     print(f"| pg_recvlogical (C, pgoutput to /dev/null) following | {with_floor:,.0f} | {with_floor / plain:.3f} |")
-    print(f"| binlake source postgres -> Pump, with its registry | {with_source:,.0f} | {with_source / plain:.3f} |")
-    print(f"\n| the source following {txns:,} upstream transactions | value |")
-    print("|---|---:|")
-    print(f"| journal settled after the workload stopped (about its lag) | {settle:.2f} s |")
+    for name, r in paced.items():
+        print(f"| binlake source postgres -> Pump, with its registry, {name} | {r['rate']:,.0f} | "
+              f"{r['rate'] / plain:.3f} |")
+    print("\n| the source following | " + " | ".join(paced) + " |")
+    print("|---|" + "---:|" * len(paced))
+
+    def row(what: str, f: Any) -> None:
+        print(f"| {what} | " + " | ".join(f(r) for r in paced.values()) + " |")
+
+    row("upstream transactions", lambda r: f"{r['txns']:,}")
+    row("journal settled after the workload stopped (about its lag)", lambda r: f"{r['settle']:.2f} s")
     for k in ("source", "pump", "registry"):
-        print(f"| {k} CPU per upstream transaction | {1e6 * cpu[k] / max(txns, 1):,.0f} us |")
-    print(f"| whole chain CPU per upstream transaction | {chain_us:,.0f} us |")
-    print(f"| pg_recvlogical CPU per upstream transaction | {floor_us:,.0f} us (chain: {chain_us / max(floor_us, 1e-9):.1f}x) |")
-    print(f"| groups (steps: journal lines) | {len(groups):,} ({len(begun):,}) |")
-    print(f"| upstream transactions per group: mean / largest | {sum(groups) / max(len(groups), 1):.1f} / "
-          f"{max(groups, default=0)} |")
+        row(f"{k} CPU per upstream transaction", lambda r, k=k: f"{1e6 * r['cpu'][k] / max(r['txns'], 1):,.0f} us")
+    row("whole chain CPU per upstream transaction",
+        lambda r: f"{1e6 * sum(r['cpu'].values()) / max(r['txns'], 1):,.0f} us")
+    row(f"ratio to pg_recvlogical's CPU per transaction ({floor_us:,.0f} us)",
+        lambda r: f"{1e6 * sum(r['cpu'].values()) / max(r['txns'], 1) / max(floor_us, 1e-9):.1f}x")
+    row("groups (steps: journal lines)", lambda r: f"{len(r['groups']):,} ({r['steps']:,})")
+    row("upstream transactions per group: mean / largest",
+        lambda r: f"{sum(r['groups']) / max(len(r['groups']), 1):.1f} / {max(r['groups'], default=0)}")
     return 0
 
 
@@ -504,7 +535,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         follower.terminate()
         follower.wait(30)
         # The source following live: natively framed, then (same run) on mysql-replication's framing.
-        live_modes = ["native", "libframe"] if framing.available() else ["libframe"]
+        live_modes = ["native", "unpaced", "libframe"] if framing.available() else ["libframe"]
         live: dict[str, dict[str, Any]] = {}
         for lm in live_modes:
             live[lm] = _live(port, reg_addr, base, lm, log, cluster, procs, seconds)
@@ -518,7 +549,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     print(f"| mysqlbinlog --verbose (C, to /dev/null) | {decoded} | {tool_s:.2f} | {decoded / tool_s:,.0f} | 1.00 |")
     names = {"native": "native framing + native rows", "libframe": "mysql-replication framing + native rows "
              f"({framing.NATIVE_FRAMING_ENV}=0)", "python": "Python path (BINLAKE_NATIVE_ROWS=0, "
-             f"{framing.NATIVE_FRAMING_ENV}=0)"}
+             f"{framing.NATIVE_FRAMING_ENV}=0)", "unpaced": "native, steps unpaced (--step-ms 0)"}
     for mode, secs in source_s.items():
         best = " (faster of 2 runs)" if mode != "python" and len(source_s) == 3 else ""
         print(f"| binlake source mysql, {names[mode]} -> 1 Pump (fsync'ed, checkpointed){best} | {rows} | {secs:.2f} | "

@@ -1,5 +1,5 @@
 """The group pipeline of the sources against a real registry and Pump: groups
-form from what waits (never by waiting), keep upstream order in their TSOs,
+form from what waits (waiting only for the pace between steps), keep upstream order in their TSOs,
 stay within their bounds, move the position only after the acknowledgement,
 and hand a sender failure to the reader."""
 
@@ -103,6 +103,45 @@ def test_a_commit_step_lingers_for_the_next_transaction(cluster: Cluster, tmp_pa
             GroupPipeline(emitter, acks, linger_s=1.0, idle_s=0.5)
     finally:
         pipe.close()
+        emitter.close()
+        state.close()
+
+
+def test_steps_are_paced_unless_a_full_group_waits(cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    """A steady stream (a transaction every 2 ms) with a 50 ms pace: at most one step per
+    50 ms, so groups grow; a burst larger than a group does not wait for the pace."""
+    state = SourceState(tmp_path / "d")
+    emitter = Emitter(cluster.registry.addr, state, kind="test")
+    acks = Acks()
+    pipe = GroupPipeline(emitter, acks, pace_s=0.05, linger_s=0.0)
+    try:
+        t0 = time.monotonic()
+        i = 0
+        while time.monotonic() - t0 < 0.5:
+            pipe.submit(Item(f"p:{i}", value(i), i))
+            i += 1
+            time.sleep(0.002)
+        pipe.drain()
+        elapsed = time.monotonic() - t0
+        assert [p for p, _s, _c in acks.flat()] == list(range(i))
+        assert pipe.steps <= elapsed / 0.05 + 2, (pipe.steps, elapsed)
+        assert pipe.grouped / pipe.groups >= 3, "paced groups carry several transactions"
+        with pytest.raises(ValueError, match="pace_s"):
+            GroupPipeline(emitter, acks, pace_s=-0.001)
+    finally:
+        pipe.close()
+    # Full groups (max_txns 4) leave at once: strictly paced, 40 transactions would take >= 5.5 s.
+    burst = GroupPipeline(emitter, acks, pace_s=0.5, linger_s=0.0, max_txns=4)
+    try:
+        t0 = time.monotonic()
+        for j in range(i, i + 40):
+            burst.submit(Item(f"p:{j}", value(j), j))
+        burst.drain()
+        assert burst.groups >= 10
+        assert time.monotonic() - t0 < 4.0
+        assert [p for p, _s, _c in acks.flat()] == list(range(i + 40))
+    finally:
+        burst.close()
         emitter.close()
         state.close()
 

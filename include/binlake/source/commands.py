@@ -27,6 +27,20 @@ def _server_id(text: str) -> int:
     return v
 
 
+def _step_ms(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds in 0..1000, got {text!r}") from None
+    if not 0 <= v <= 1000:
+        raise argparse.ArgumentTypeError(f"expected milliseconds in 0..1000, got {text}")
+    return v
+
+
+_STEP_HELP = ("least time between two steps of the Pump pipeline, in ms (default 5; 0: as fast as round trips "
+              "allow): larger groups, less CPU per transaction, acknowledgements up to this much later")
+
+
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     src = sub.add_parser("source", help="read an existing database's log into the Pumps (no application changes)",
                          formatter_class=fmt)
@@ -60,6 +74,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="checkpoint and TSO journal (default data/source-mysql)")
     m.add_argument("--status-addr", default="127.0.0.1:0",
                    help="HOST:PORT of the TxnStatus service the Pumps ask (default: any free loopback port)")
+    m.add_argument("--step-ms", type=_step_ms, default=None, help=_STEP_HELP)
     m.set_defaults(handler=_run_mysql)
 
     pg = ssub.add_parser(
@@ -90,6 +105,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     pg.add_argument("--data-dir", default="data/source-postgres",
                     help="checkpoint and TSO journal (default data/source-postgres)")
     pg.add_argument("--status-addr", default="127.0.0.1:0", help="HOST:PORT of the TxnStatus service")
+    pg.add_argument("--step-ms", type=_step_ms, default=None, help=_STEP_HELP)
     pg.set_defaults(handler=_run_postgres)
 
     b = bench.add_parser(
@@ -148,7 +164,7 @@ def _run_mysql(args: argparse.Namespace) -> int:
     argcheck.names("--tables", args.tables, "shop.*,app.orders")
     source = MySQLSource(args.dsn, server_id=args.server_id, registry=args.registry, data_dir=args.data_dir,
                          start=args.start, tables=args.tables, status_addr=args.status_addr,
-                         snapshot_batch_rows=args.snapshot_batch_rows)
+                         snapshot_batch_rows=args.snapshot_batch_rows, pace_s=_pace(args))
     return _run(source)
 
 
@@ -162,8 +178,15 @@ def _run_postgres(args: argparse.Namespace) -> int:
 
     source = PostgresSource(args.dsn, slot=args.slot, publication=args.publication, registry=args.registry,
                             data_dir=args.data_dir, create=args.create, start=args.start,
-                            snapshot_batch_rows=args.snapshot_batch_rows, status_addr=args.status_addr)
+                            snapshot_batch_rows=args.snapshot_batch_rows, status_addr=args.status_addr,
+                            pace_s=_pace(args))
     return _run(source)
+
+
+def _pace(args: argparse.Namespace) -> float:
+    from binlake.source.pipeline import PACE_S
+
+    return PACE_S if args.step_ms is None else args.step_ms / 1000
 
 
 def _run(source: Any) -> int:

@@ -29,6 +29,18 @@ commit-only step), each a TSO call, a journal line and a Pump batch; measured
 with ``binlake bench source``, the steps per transaction and the CPU of the
 source, Pump and registry fall with it. The price: a commit acknowledged up
 to ``linger_s`` later; the upstream never waits for it.
+
+Pace: a step begins at least ``pace_s`` after the one before it began
+(``--step-ms``), unless a full group waits. Why: nearly all of a step's cost
+is per step, in all three processes (the TSO call, the journal's fsync, the
+Pump's batch with its fsync, each process's gRPC and thread work), and a
+transaction costs its group's share of it. Without a pace, a busy upstream
+got steps as fast as their round trips allowed (about 3 ms here), so groups
+stayed at a few transactions; paced, groups grow to what arrives in
+``pace_s`` and the CPU per transaction falls (measured in bench/RESULTS.md).
+The price: an acknowledgement (and the checkpoint) up to ``pace_s`` later;
+the upstream never waits for it, and a lone transaction after a quiet spell
+still leaves at once.
 Back-pressure: ``submit`` blocks while a full group is already waiting, so
 memory holds at most the group in flight plus one more.
 
@@ -53,6 +65,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +83,8 @@ MAX_GROUP_BYTES = 8 << 20
 IDLE_S = 0.05
 # How long a group waiting for its commit waits for a next transaction to share the step.
 LINGER_S = 0.002
+# The least time between the starts of two steps (unless a full group waits): see "Pace".
+PACE_S = 0.005
 
 
 class Item:
@@ -99,7 +114,7 @@ class GroupPipeline:
     def __init__(self, emitter: Emitter, on_acked: Callable[[list[Item], list[tuple[int, int]]], None],
                  on_idle: Callable[[], None] | None = None, *, max_txns: int = MAX_GROUP_TXNS,
                  max_bytes: int = MAX_GROUP_BYTES, idle_s: float = IDLE_S, linger_s: float = LINGER_S,
-                 name: str = "source-sender") -> None:
+                 pace_s: float = PACE_S, name: str = "source-sender") -> None:
         if isinstance(max_txns, bool) or not isinstance(max_txns, int) or max_txns < 1:
             raise ValueError(f"max_txns must be a positive integer, got {max_txns!r}")
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
@@ -108,7 +123,13 @@ class GroupPipeline:
             raise ValueError(f"idle_s must be > 0, got {idle_s!r}")
         if not 0 <= linger_s < idle_s:
             raise ValueError(f"linger_s must be in [0, idle_s), got {linger_s!r}")
+        if isinstance(pace_s, bool) or not isinstance(pace_s, (int, float)) or not 0 <= pace_s <= 1:
+            raise ValueError(f"pace_s must be in [0, 1] seconds, got {pace_s!r}")
         self._linger_s = linger_s
+        self._pace_s = float(pace_s)
+        # True while the sender waits for any item (idle or lingering): only then, or when
+        # the queue fills, does a submit wake it (not once per transaction while it paces).
+        self._wants_item = False
         self._emitter = emitter
         self._on_acked = on_acked
         self._on_idle = on_idle
@@ -137,7 +158,12 @@ class GroupPipeline:
                 raise RuntimeError("the source's sender is closed")
             self._queue.append(item)
             self._queued_bytes += item.size
-            self._cond.notify_all()
+            if self._wants_item or self._full():
+                self._cond.notify_all()
+
+    def _full(self) -> bool:
+        """A full group waits (holding _cond): the sender goes now, whatever the pace."""
+        return len(self._queue) >= self.max_txns or self._queued_bytes >= self.max_bytes
 
     def check(self) -> None:
         """Raise the sender's failure, if it had one."""
@@ -171,14 +197,27 @@ class GroupPipeline:
         # (with the position-only items among and after them) and each keyed item's state.
         carried: list[Item] = []
         carried_state: list[Prewritten | Sent | None] = []
+        last_start = -1e9  # monotonic start of the previous step
         while True:
             with self._cond:
+                self._wants_item = True
                 while not self._queue and not self._closed and not carried:
                     if not self._cond.wait(self._idle_s):
                         break
+                self._wants_item = False
+                if (self._queue or carried) and self._pace_s:
+                    # The pace: woken early only by a full group or close.
+                    due = last_start + self._pace_s
+                    while not self._closed and not self._full():
+                        left = due - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
                 if carried and not self._queue and not self._closed and self._linger_s:
                     # A commit-only step is due: let a transaction arriving meanwhile share it.
+                    self._wants_item = True
                     self._cond.wait(self._linger_s)
+                    self._wants_item = False
                 new: list[Item] = []
                 if self._queue and not self._closed:
                     new.append(self._queue.popleft())
@@ -203,6 +242,7 @@ class GroupPipeline:
                     if self._on_idle is not None:
                         self._on_idle()
                     continue
+                last_start = time.monotonic()
                 carried, carried_state = self._step(carried, carried_state, new)
             except BaseException as exc:
                 with self._cond:

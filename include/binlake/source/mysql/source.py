@@ -64,7 +64,7 @@ from binlake.source.mysql import framing, rowsplan, snapshot
 from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
-from binlake.source.pipeline import GroupPipeline, Item
+from binlake.source.pipeline import PACE_S, GroupPipeline, Item
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class MySQLSource:
     def __init__(self, dsn: str, *, server_id: int, registry: str, data_dir: str, start: str | None = None,
                  tables: str | None = None, status_addr: str = "127.0.0.1:0",
                  client_settings: ClientSettings | None = None, heartbeat_s: float = 1.0,
-                 snapshot_batch_rows: int = snapshot.BATCH_ROWS) -> None:
+                 snapshot_batch_rows: int = snapshot.BATCH_ROWS, pace_s: float = PACE_S) -> None:
         if not isinstance(server_id, int) or not 1 <= server_id < 2**32:
             raise errors.InvalidArgument(f"--server-id must be in 1..4294967295, got {server_id!r}")
         self.dsn = srv.parse_dsn(dsn)
@@ -125,6 +125,9 @@ class MySQLSource:
         if not isinstance(snapshot_batch_rows, int) or snapshot_batch_rows < 1:
             raise errors.InvalidArgument(f"--snapshot-batch-rows must be a positive number, got {snapshot_batch_rows!r}")
         self.snapshot_batch_rows = snapshot_batch_rows
+        if isinstance(pace_s, bool) or not isinstance(pace_s, (int, float)) or not 0 <= pace_s <= 1:
+            raise errors.InvalidArgument(f"the step pace must be in [0, 1] seconds (--step-ms 0..1000), got {pace_s!r}")
+        self.pace_s = float(pace_s)
         self.registry_addr = registry
         self.start_kind, self.start_value = parse_start(start)
         self.filter = TableFilter(tables)
@@ -387,7 +390,8 @@ class MySQLSource:
         last_progress = time.monotonic()
         events_at = 0
         assert self.emitter is not None
-        pipeline = self.pipeline = GroupPipeline(self.emitter, self._acked, self._idle, name="mysql-source-sender")
+        pipeline = self.pipeline = GroupPipeline(self.emitter, self._acked, self._idle, pace_s=self.pace_s,
+                                                 name="mysql-source-sender")
         try:
             for ev in events:
                 self.events += 1
