@@ -51,6 +51,8 @@ from benchkit import cpu_seconds
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # ``--nice``: the niceness the registry, Pump and source run at (0: the benchmark's own).
 _NICE = [0]
+# ``--step-ms``: the paced live cases' pace (None: the source's default).
+_STEP: list[str | None] = [None]
 # ``--pinned``: the upstream (server and the workload's client, this process) on CPU 0,
 # every follower (registry, Pump, source, the C replica) on CPU 1.
 _PIN = [False]
@@ -75,6 +77,13 @@ def _niced() -> None:
         os.nice(_NICE[0])
     if _PIN[0]:
         os.sched_setaffinity(0, {1})
+
+
+def _pace_args(unpaced: bool) -> tuple[str, ...]:
+    """The source's --step-ms option for a paced or an unpaced live case."""
+    if unpaced:
+        return ("--step-ms", "0")
+    return ("--step-ms", _STEP[0]) if _STEP[0] is not None else ()
 
 
 def _pin_upstream(server_pid: int) -> None:
@@ -204,7 +213,7 @@ def _live(port: int, reg_addr: str, base: pathlib.Path, mode: str, log: pathlib.
     t_end = _sql(port, "SHOW MASTER STATUS")[0]
     d = base / f"live-{mode}"
     proc = _source(port, reg_addr, d, f"{t_end[0]}:{t_end[1]}", log, native=rowsplan.available(),
-                   framed=mode != "libframe", extra=("--step-ms", "0") if mode == "unpaced" else ())
+                   framed=mode != "libframe", extra=_pace_args(mode == "unpaced"))
     procs.append(proc)
     while _checkpoint(d)[0] == "":
         if proc.poll() is not None:
@@ -345,7 +354,8 @@ def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
         floor.wait(30)
         subprocess.run([tool, *conn_args, "--drop-slot"], check=False, capture_output=True)
         paced: dict[str, dict[str, Any]] = {}
-        for name, extra in (("paced (default --step-ms)", ()), ("unpaced (--step-ms 0)", ("--step-ms", "0"))):
+        for name, extra in ((f"paced (--step-ms {_STEP[0] or 'default'})", _pace_args(False)),
+                            ("unpaced (--step-ms 0)", _pace_args(True))):
             paced[name] = _pg_follow(dsn, reg_addr, base / f"src-pg-{len(paced)}", f"binlake{len(paced)}", extra,
                                      log, cluster, procs, seconds)
     finally:
@@ -441,6 +451,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     seconds = float(getattr(args, "seconds", 10.0))
     _NICE[0] = int(getattr(args, "nice", 0) or 0)
     _PIN[0] = bool(getattr(args, "pinned", False))
+    step = getattr(args, "step_ms", None)
+    _STEP[0] = None if step is None else f"{step:g}"
     if _PIN[0] and len(os.sched_getaffinity(0)) < 2:
         print("--pinned needs 2 CPUs this process may run on", file=sys.stderr)
         return 2
@@ -550,6 +562,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     names = {"native": "native framing + native rows", "libframe": "mysql-replication framing + native rows "
              f"({framing.NATIVE_FRAMING_ENV}=0)", "python": "Python path (BINLAKE_NATIVE_ROWS=0, "
              f"{framing.NATIVE_FRAMING_ENV}=0)", "unpaced": "native, steps unpaced (--step-ms 0)"}
+    if _STEP[0] is not None:
+        names["native"] += f" (--step-ms {_STEP[0]})"
     for mode, secs in source_s.items():
         best = " (faster of 2 runs)" if mode != "python" and len(source_s) == 3 else ""
         print(f"| binlake source mysql, {names[mode]} -> 1 Pump (fsync'ed, checkpointed){best} | {rows} | {secs:.2f} | "

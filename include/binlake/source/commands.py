@@ -37,7 +37,7 @@ def _step_ms(text: str) -> float:
     return v
 
 
-_STEP_HELP = ("least time between two steps of the Pump pipeline, in ms (default 5; 0: as fast as round trips "
+_STEP_HELP = ("least time between two steps of the Pump pipeline, in ms (default 10; 0: as fast as round trips "
               "allow): larger groups, less CPU per transaction, acknowledgements up to this much later")
 
 
@@ -118,6 +118,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/, removed after)")
     b.add_argument("--nice", type=_niceness, default=0,
                    help="run the registry, Pump and source at this niceness, 0..19 (default 0: as the benchmark)")
+    b.add_argument("--step-ms", type=_step_ms, default=None,
+                   help="the paced live case's --step-ms (default: the source's default)")
     b.add_argument("--postgres", action="store_true",
                    help="measure the PostgreSQL source instead (live case only, against pg_recvlogical)")
     b.add_argument("--pinned", action="store_true",

@@ -84,7 +84,7 @@ IDLE_S = 0.05
 # How long a group waiting for its commit waits for a next transaction to share the step.
 LINGER_S = 0.002
 # The least time between the starts of two steps (unless a full group waits): see "Pace".
-PACE_S = 0.005
+PACE_S = 0.010
 
 
 class Item:
