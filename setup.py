@@ -20,5 +20,7 @@ setup(
         Extension("binlake.lake._imagec", sources=["include/binlake/lake/_imagec.c"], optional=True),
         Extension("binlake.source.mysql._rowsc", sources=["include/binlake/source/mysql/_rowsc.c"], optional=True),
         Extension("binlake.source.mysql._framec", sources=["include/binlake/source/mysql/_framec.c"], optional=True),
+        Extension("binlake.source.postgres._pgoutc", sources=["include/binlake/source/postgres/_pgoutc.c"],
+                  optional=True),
     ],
 )

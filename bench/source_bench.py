@@ -20,7 +20,8 @@ natively framed, natively framed with steps unpaced (``--step-ms 0``: a step
 as soon as the one before ends, the pipeline before the pace existed), and on
 mysql-replication's framing; it sets the whole chain's CPU per transaction
 against that of ``mysqlbinlog`` following as a replica. ``--postgres`` runs its
-live case paced and unpaced the same way.
+live case paced and unpaced the same way, and paced with its tuples decoded in
+Python (``BINLAKE_NATIVE_PGOUTPUT=0``) against the native decoder (``_pgoutc``).
 
 The live case also reports what following the upstream costs the source:
 its CPU seconds (from /proc) per upstream transaction, and the Pump's and
@@ -256,15 +257,15 @@ def _pg_workload(dsn: str, seconds: float, count: list[int]) -> float:
 
 def _pg_follow(dsn: str, reg_addr: str, d: pathlib.Path, slot: str, extra: tuple[str, ...], log: pathlib.Path,
                cluster: list[subprocess.Popen[bytes]], procs: list[subprocess.Popen[bytes]],
-               seconds: float) -> dict[str, Any]:
-    """The PostgreSQL source (its own slot ``slot``, options ``extra``) following one
-    client's workload for ``seconds``; its figures."""
+               seconds: float, env: dict[str, str]) -> dict[str, Any]:
+    """The PostgreSQL source (its own slot ``slot``, options ``extra``, environment
+    ``env`` added) following one client's workload for ``seconds``; its figures."""
     with log.open("ab") as f:
         proc = subprocess.Popen(
             [str(BINLAKE), "source", "postgres", "--dsn", dsn, "--slot", slot, "--publication", "binlake",
              "--create", "--registry", reg_addr, "--data-dir", str(d), *extra],
             stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_niced)
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **env}, preexec_fn=_niced)
     procs.append(proc)
     deadline = time.monotonic() + 120
     while not (d / "journal.log").exists() or not (d / "state.json").exists():
@@ -354,10 +355,15 @@ def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
         floor.wait(30)
         subprocess.run([tool, *conn_args, "--drop-slot"], check=False, capture_output=True)
         paced: dict[str, dict[str, Any]] = {}
-        for name, extra in ((f"paced (--step-ms {_STEP[0] or 'default'})", _pace_args(False)),
-                            ("unpaced (--step-ms 0)", _pace_args(True))):
+        from binlake.source.postgres import pgplan
+
+        cases = [(f"paced (--step-ms {_STEP[0] or 'default'})", _pace_args(False), "1"),
+                 ("unpaced (--step-ms 0)", _pace_args(True), "1")]
+        if pgplan.available():
+            cases.append((f"paced, Python tuple decoding ({pgplan.NATIVE_PGOUTPUT_ENV}=0)", _pace_args(False), "0"))
+        for name, extra, native in cases:
             paced[name] = _pg_follow(dsn, reg_addr, base / f"src-pg-{len(paced)}", f"binlake{len(paced)}", extra,
-                                     log, cluster, procs, seconds)
+                                     log, cluster, procs, seconds, {pgplan.NATIVE_PGOUTPUT_ENV: native})
     finally:
         _cleanup(procs, server, base, args)
     floor_us = 1e6 * floor_cpu / max(c_count[0], 1)

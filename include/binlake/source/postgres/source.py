@@ -74,8 +74,8 @@ from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
 from binlake.source.mysql.tables import MyTable, assign_ids
 from binlake.source.pipeline import PACE_S, GroupPipeline, Item
+from binlake.source.postgres import pgplan, values
 from binlake.source.postgres import snapshot as snap
-from binlake.source.postgres import values
 from binlake.source.postgres.values import UNCHANGED, Attr, Unchanged
 from binlake.source.snapshot_group import MARKER, SnapshotGroup, decided_marker, resend_commits
 
@@ -176,7 +176,11 @@ class PostgresSource:
         self.tables: dict[int, MyTable] = {}  # relation oid -> definition
         self.oids: dict[int, list[int]] = {}  # relation oid -> column type oids
         # relation oid -> (the table version, its (table_id, schema_version), its TableInfo)
-        self._infos: dict[int, tuple[MyTable, tuple[int, int], binlog_pb2.TableInfo]] = {}
+        # Per table: (version, its (table_id, schema_version), TableInfo, native plan or None).
+        self._infos: dict[int, tuple[MyTable, tuple[int, int], binlog_pb2.TableInfo, Any]] = {}
+        self.native = pgplan.enabled()
+        self.native_changes = 0  # row changes decoded natively / on the Python path
+        self.python_changes = 0
         # The end LSN of the last acknowledged transaction (the reader is ahead by the groups in flight).
         self.lsn = 0
         # Held while the checkpoint is written (sender thread) and while a definition
@@ -570,6 +574,33 @@ class PostgresSource:
         self._dirty = True
         log.info("postgres source: DDL v%d %s.%s", version, info.db, info.name)
 
+    @staticmethod
+    def _native_change(kind: str, r: _Reader, m: binlog_pb2.TableMutation, plan: Any) -> bool:
+        """The change's tuple(s) through the native decoder (``pgplan``); False, with
+        ``r`` where it was, when the decoder declines them (the Python path reads them)."""
+        at = r.i
+        k = r.d[at:at + 1]
+        if kind == "U":
+            if k not in (b"O", b"K"):
+                return False  # the Python path refuses an update without its old image
+            got = plan.update(r.d, at + 1)
+            if got is None:
+                return False
+            m.updated_rows.append(got[0])
+            m.sequence.append(binlog_pb2.UPDATE)
+        else:
+            got = plan.row(r.d, at + 1)
+            if got is None:
+                return False
+            if kind == "I":
+                m.inserted_rows.append(got[0])
+                m.sequence.append(binlog_pb2.INSERT)
+            else:
+                m.deleted_rows.append(got[0])
+                m.sequence.append(binlog_pb2.DELETE_ROW)
+        r.i = got[1]
+        return True
+
     def _truncate(self, oid: int, lsn: int) -> None:
         old = self.tables.get(oid)
         if old is None:
@@ -586,8 +617,10 @@ class PostgresSource:
         # of the source's CPU on small transactions).
         cached = self._infos.get(oid)
         if cached is None or cached[0] is not t or cached[1] != (t.table_id, t.schema_version):
-            cached = self._infos[oid] = (t, (t.table_id, t.schema_version), t.to_info())
-        info = cached[2]
+            info = t.to_info()
+            plan = pgplan.build_plan(t, oids, info) if self.native else None
+            cached = self._infos[oid] = (t, (t.table_id, t.schema_version), info, plan)
+        info, plan = cached[2], cached[3]
 
         def row(vals: list[bytes | Unchanged | None]) -> dict[str, Any]:
             return values.decode_row(t, oids, vals)
@@ -595,6 +628,10 @@ class PostgresSource:
         m = txn.get(t.table_id)
         if m is None:
             m = txn[t.table_id] = binlog_pb2.TableMutation(table_id=t.table_id)
+        if plan is not None and self._native_change(kind, r, m, plan):
+            self.native_changes += 1
+            return
+        self.python_changes += 1
         try:
             if kind == "I":
                 r.byte()

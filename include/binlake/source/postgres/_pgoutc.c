@@ -1,0 +1,525 @@
+/*
+ * binlake.source.postgres._pgoutc - native decoder for the tuples of pgoutput's
+ * INSERT/UPDATE/DELETE messages (protocol version 1, text format): the
+ * column texts straight into the serialized binlake Rows (binlog.proto Row /
+ * UpdatedRow) the PostgreSQL source puts into its TableMutations.
+ *
+ * THE CONTRACT: exact equality with the pure-Python path, or no answer.
+ *
+ *   For every tuple, the bytes returned are byte for byte what the Python path
+ *   (source.postgres.source._Reader.tuple_data, values.decode_row, then
+ *   codec.encode_row / encode_update against the table version's TableInfo)
+ *   produces. Whenever a tuple holds anything this code does not reproduce
+ *   exactly - a NULL in a NOT NULL column, an unchanged TOAST value ('u'), a
+ *   binary-format value, text that is not strict UTF-8, a number, date or time
+ *   not in the canonical form PostgreSQL prints (infinity, NaN, BC dates, a
+ *   year past 9999, a DECIMAL that Python would print in exponent form, an
+ *   hour 24, a zone offset other than +HH or +HH:MM), a column count that is
+ *   not the table's, a truncated message - the call returns None and the
+ *   Python path reads the same tuple from the same offset, giving the value or
+ *   raising the error it always raised. JSON columns get no plan
+ *   (pgplan.build_plan returns None): their tables always take the Python path.
+ *
+ * Why native: the Python path makes a bytes object and a str per column, a
+ * Python value per column (int(), Decimal, datetime.fromisoformat), a dict
+ * per row and a protobuf message per column; here it is one pass over the
+ * message's bytes.
+ *
+ * The API (pgplan.py builds the plan from the table version):
+ *   Plan(cols)       cols: [(kind, column id, nullable)] in column order
+ *   plan.row(data, offset)     -> (serialized Row, offset after the tuple) or None
+ *   plan.update(data, offset)  -> (serialized UpdatedRow, offset after both tuples) or None
+ *                                 (offset: the old tuple; the 'N' byte and the new tuple follow)
+ *
+ * Wire format written (what the upb serializer writes, as _rowsc.c):
+ *   Row        = { 0x0A len Column }*
+ *   Column     = [0x08 varint(id)] (omitted for id 0) 0x12 len Datum
+ *   Datum      = is_null 0x08 01, int 0x10 zigzag, uint 0x18, float 0x21 fixed64,
+ *                decimal 0x2A, string 0x32, bytes 0x3A, date 0x40 zigzag,
+ *                datetime 0x48 zigzag, time 0x50 zigzag
+ *   UpdatedRow = 0x0A len Row(old) 0x12 len Row(new)
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    K_INT = 1,      /* int2/int4/int8 */
+    K_UINT = 2,     /* oid */
+    K_BOOL = 3,
+    K_FLOAT = 4,    /* float4/float8: float(text) as a double */
+    K_DECIMAL = 5,  /* numeric: str(Decimal(text)) */
+    K_STRING = 6,
+    K_BYTES = 7,    /* bytea, hex output */
+    K_DATE = 8,
+    K_TIMESTAMP = 9,   /* timestamp without time zone */
+    K_TIMESTAMPTZ = 10, /* timestamptz (UTC session: +00), to naive UTC */
+    K_TIME = 11,
+};
+
+typedef struct {
+    int kind;
+    int64_t cid;
+    int nullable;
+} Col;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t ncols;
+    Col *cols;
+} PlanObject;
+
+/* ------------------------------------------------------------------ buffers */
+
+typedef struct {
+    unsigned char *p;
+    size_t len, cap;
+} Buf;
+
+static int buf_reserve(Buf *b, size_t extra) {
+    if (b->len + extra <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra) cap *= 2;
+    unsigned char *p = PyMem_Realloc(b->p, cap);
+    if (!p) { PyErr_NoMemory(); return -1; }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const void *data, size_t n) {
+    if (buf_reserve(b, n) < 0) return -1;
+    if (n) memcpy(b->p + b->len, data, n);
+    b->len += n;
+    return 0;
+}
+
+static int buf_byte(Buf *b, unsigned char c) { return buf_put(b, &c, 1); }
+
+static int buf_varint(Buf *b, uint64_t v) {
+    unsigned char tmp[10];
+    int n = 0;
+    do {
+        unsigned char c = v & 0x7F;
+        v >>= 7;
+        tmp[n++] = v ? (c | 0x80) : c;
+    } while (v);
+    return buf_put(b, tmp, n);
+}
+
+static size_t varint_len(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) { v >>= 7; n++; }
+    return n;
+}
+
+static uint64_t zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
+
+static int buf_field(Buf *b, unsigned char tag, const void *data, size_t n) {
+    if (buf_byte(b, tag) < 0 || buf_varint(b, n) < 0) return -1;
+    return buf_put(b, data, n);
+}
+
+static int buf_tagged_varint(Buf *b, unsigned char tag, uint64_t v) {
+    if (buf_byte(b, tag) < 0) return -1;
+    return buf_varint(b, v);
+}
+
+/* ------------------------------------------------------------------ text helpers */
+
+/* Strict UTF-8 as Python's decoder checks it (no surrogates, no over-long forms, <= U+10FFFF). */
+static int utf8_valid(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) { i++; continue; }
+        if (c >= 0xC2 && c <= 0xDF) {
+            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return 0;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (i + 2 >= n) return 0;
+            unsigned char c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80) return 0;
+            if (c == 0xE0 && c1 < 0xA0) return 0;
+            if (c == 0xED && c1 > 0x9F) return 0;
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (i + 3 >= n) return 0;
+            unsigned char c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80) return 0;
+            if (c == 0xF0 && c1 < 0x90) return 0;
+            if (c == 0xF4 && c1 > 0x8F) return 0;
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+/* Exactly n digits at s as a number; -1 if any is not a digit. */
+static int64_t digits(const unsigned char *s, int n) {
+    int64_t v = 0;
+    for (int i = 0; i < n; i++) {
+        if (!is_digit(s[i])) return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v;
+}
+
+/* Days from 1970-01-01 to a valid proleptic Gregorian date. */
+static int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static int days_in_month(int64_t y, int64_t m) {
+    static const int dm[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (m == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0)) return 29;
+    return dm[m - 1];
+}
+
+/* "YYYY-MM-DD" (years 1..9999) -> days since the epoch; 0 ok, -1 not canonical. */
+static int parse_date(const unsigned char *s, size_t n, int64_t *days, int64_t *year) {
+    if (n != 10 || s[4] != '-' || s[7] != '-') return -1;
+    int64_t y = digits(s, 4), m = digits(s + 5, 2), d = digits(s + 8, 2);
+    if (y < 1 || m < 1 || m > 12 || d < 1 || d > days_in_month(y, m)) return -1;
+    *days = days_from_civil(y, m, d);
+    *year = y;
+    return 0;
+}
+
+/* "HH:MM:SS[.f{1,6}]" -> microseconds since midnight (hour <= 23); returns chars read or -1. */
+static Py_ssize_t parse_time(const unsigned char *s, size_t n, int64_t *us) {
+    if (n < 8 || s[2] != ':' || s[5] != ':') return -1;
+    int64_t h = digits(s, 2), mi = digits(s + 3, 2), se = digits(s + 6, 2);
+    if (h < 0 || h > 23 || mi < 0 || mi > 59 || se < 0 || se > 59) return -1;
+    int64_t frac = 0;
+    size_t i = 8;
+    if (i < n && s[i] == '.') {
+        size_t j = i + 1;
+        int nd = 0;
+        while (j < n && is_digit(s[j]) && nd < 7) { frac = frac * 10 + (s[j] - '0'); j++; nd++; }
+        if (nd < 1 || nd > 6) return -1;
+        for (int k = nd; k < 6; k++) frac *= 10;
+        i = j;
+    }
+    *us = ((h * 60 + mi) * 60 + se) * 1000000 + frac;
+    return (Py_ssize_t)i;
+}
+
+/* "[-]D+[.D+]" as PostgreSQL prints a finite numeric, and str(Decimal(text)) == text:
+   no leading zeros but one, and Python's plain (not exponent) notation
+   (adjusted exponent >= -6). */
+static int decimal_plain(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    if (i < n && s[i] == '-') i++;
+    size_t int_start = i;
+    while (i < n && is_digit(s[i])) i++;
+    size_t int_len = i - int_start;
+    if (int_len == 0 || (int_len > 1 && s[int_start] == '0')) return 0;
+    size_t frac_len = 0, frac_start = i + 1;
+    if (i < n) {
+        if (s[i] != '.') return 0;
+        i++;
+        while (i < n && is_digit(s[i])) i++;
+        frac_len = i - frac_start;
+        if (frac_len == 0 || i != n) return 0;
+    }
+    /* coefficient digits without leading zeros; exponent -frac_len */
+    size_t total = int_len + frac_len, lead = 0;
+    for (size_t k = 0; k < total; k++) {
+        unsigned char c = k < int_len ? s[int_start + k] : s[frac_start + (k - int_len)];
+        if (c != '0') break;
+        lead++;
+    }
+    long long ndig = (long long)(total - lead);
+    if (ndig == 0) ndig = 1;
+    long long adjusted = -(long long)frac_len + ndig - 1;
+    return adjusted >= -6;
+}
+
+/* ------------------------------------------------------------------ values */
+
+/* One column's text -> its Datum in d. Returns 1, 0 (ask Python) or -1 (error set). */
+static int encode_text(const Col *c, const unsigned char *s, size_t n, Buf *d) {
+    switch (c->kind) {
+    case K_INT:
+    case K_UINT: {
+        size_t i = 0;
+        int neg = 0;
+        if (c->kind == K_INT && n > 0 && s[0] == '-') { neg = 1; i = 1; }
+        if (i >= n || n - i > 20) return 0;
+        uint64_t v = 0;
+        for (; i < n; i++) {
+            if (!is_digit(s[i])) return 0;
+            uint64_t dgt = (uint64_t)(s[i] - '0');
+            if (v > (UINT64_MAX - dgt) / 10) return 0;
+            v = v * 10 + dgt;
+        }
+        if (c->kind == K_UINT) return buf_tagged_varint(d, 0x18, v) < 0 ? -1 : 1;
+        if ((!neg && v > (uint64_t)INT64_MAX) || (neg && v > (uint64_t)INT64_MAX + 1)) return 0;
+        int64_t sv = neg ? (int64_t)(0 - v) : (int64_t)v;
+        return buf_tagged_varint(d, 0x10, zigzag(sv)) < 0 ? -1 : 1;
+    }
+    case K_BOOL:
+        /* Python: text == "t" (anything else is False, but not all of it is text) */
+        if (n != 1 || (s[0] != 't' && s[0] != 'f')) return 0;
+        return buf_tagged_varint(d, 0x10, s[0] == 't' ? 2 : 0) < 0 ? -1 : 1;
+    case K_FLOAT: {
+        char tmp[64];
+        if (n == 0 || n >= sizeof tmp) return 0;
+        for (size_t i = 0; i < n; i++) {
+            unsigned char ch = s[i];
+            if (!is_digit(ch) && ch != '-' && ch != '+' && ch != '.' && ch != 'e' && ch != 'E') return 0;
+        }
+        memcpy(tmp, s, n);
+        tmp[n] = 0;
+        char *endp;
+        errno = 0;
+        double v = strtod(tmp, &endp);
+        if (endp != tmp + n || !isfinite(v)) return 0;
+        unsigned char le[8];
+        uint64_t bits;
+        memcpy(&bits, &v, 8);
+        for (int i = 0; i < 8; i++) le[i] = (unsigned char)(bits >> (8 * i));
+        if (buf_byte(d, 0x21) < 0 || buf_put(d, le, 8) < 0) return -1;
+        return 1;
+    }
+    case K_DECIMAL:
+        if (!decimal_plain(s, n)) return 0;
+        return buf_field(d, 0x2A, s, n) < 0 ? -1 : 1;
+    case K_STRING:
+        if (!utf8_valid(s, n)) return 0;
+        return buf_field(d, 0x32, s, n) < 0 ? -1 : 1;
+    case K_BYTES: {
+        if (!utf8_valid(s, n)) return 0;
+        if (n >= 2 && s[0] == '\\' && s[1] == 'x') {
+            size_t m = n - 2;
+            if (m % 2) return 0;
+            if (buf_byte(d, 0x3A) < 0 || buf_varint(d, m / 2) < 0 || buf_reserve(d, m / 2) < 0) return -1;
+            for (size_t i = 2; i < n; i += 2) {
+                int hv[2];
+                for (int k = 0; k < 2; k++) {
+                    unsigned char h = s[i + k];
+                    hv[k] = is_digit(h) ? h - '0' : (h >= 'a' && h <= 'f') ? h - 'a' + 10
+                          : (h >= 'A' && h <= 'F') ? h - 'A' + 10 : -1;
+                    if (hv[k] < 0) return 0;
+                }
+                d->p[d->len++] = (unsigned char)(hv[0] * 16 + hv[1]);
+            }
+            return 1;
+        }
+        return buf_field(d, 0x3A, s, n) < 0 ? -1 : 1;
+    }
+    case K_DATE: {
+        int64_t days, year;
+        if (parse_date(s, n, &days, &year) < 0) return 0;
+        return buf_tagged_varint(d, 0x40, zigzag(days * 86400000000LL)) < 0 ? -1 : 1;
+    }
+    case K_TIMESTAMP:
+    case K_TIMESTAMPTZ: {
+        int64_t days, year, us;
+        if (n < 19 || s[10] != ' ' || parse_date(s, 10, &days, &year) < 0) return 0;
+        Py_ssize_t t = parse_time(s + 11, n - 11, &us);
+        if (t < 0) return 0;
+        size_t i = 11 + (size_t)t;
+        int64_t off = 0;
+        if (c->kind == K_TIMESTAMPTZ) {
+            /* +HH or +HH:MM; Python's astimezone may leave years 1..9999 at the edges: ask it there */
+            if (year <= 1 || year >= 9999) return 0;
+            if (i + 3 != n && i + 6 != n) return 0;
+            if (s[i] != '+' && s[i] != '-') return 0;
+            int64_t oh = digits(s + i + 1, 2), om = 0;
+            if (oh < 0 || oh > 23) return 0;
+            if (i + 6 == n) {
+                if (s[i + 3] != ':') return 0;
+                om = digits(s + i + 4, 2);
+                if (om < 0 || om > 59) return 0;
+            }
+            off = (oh * 3600 + om * 60) * 1000000LL;
+            if (s[i] == '-') off = -off;
+        } else if (i != n) {
+            return 0;
+        }
+        int64_t v = days * 86400000000LL + us - off;
+        return buf_tagged_varint(d, 0x48, zigzag(v)) < 0 ? -1 : 1;
+    }
+    case K_TIME: {
+        int64_t us;
+        Py_ssize_t t = parse_time(s, n, &us);
+        if (t < 0 || (size_t)t != n) return 0;
+        return buf_tagged_varint(d, 0x50, zigzag(us)) < 0 ? -1 : 1;
+    }
+    }
+    return 0;
+}
+
+/* One TupleData at *pp: Int16 count, then per column 'n' | 'u' | 't' Int32 len text.
+   Appends the serialized Row to r. Returns 1, 0 (ask Python) or -1. */
+static int decode_tuple(const PlanObject *pl, const unsigned char **pp, const unsigned char *end, Buf *r, Buf *d) {
+    const unsigned char *p = *pp;
+    if (end - p < 2) return 0;
+    Py_ssize_t n = (Py_ssize_t)(((unsigned)p[0] << 8) | p[1]);
+    p += 2;
+    if (n != pl->ncols) return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const Col *c = &pl->cols[i];
+        if (p >= end) return 0;
+        unsigned char k = *p++;
+        d->len = 0;
+        if (k == 'n') {
+            if (!c->nullable) return 0;
+            if (buf_byte(d, 0x08) < 0 || buf_byte(d, 0x01) < 0) return -1;
+        } else if (k == 't') {
+            if (end - p < 4) return 0;
+            uint32_t len = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+            p += 4;
+            if (len > (uint32_t)INT32_MAX || (size_t)(end - p) < len) return 0;
+            int rc = encode_text(c, p, len, d);
+            if (rc <= 0) return rc;
+            p += len;
+        } else {
+            return 0; /* 'u' (unchanged TOAST) or a binary value: Python says what it means */
+        }
+        size_t clen = (c->cid ? 1 + varint_len((uint64_t)c->cid) : 0) + 1 + varint_len(d->len) + d->len;
+        if (buf_byte(r, 0x0A) < 0 || buf_varint(r, clen) < 0) return -1;
+        if (c->cid && (buf_byte(r, 0x08) < 0 || buf_varint(r, (uint64_t)c->cid) < 0)) return -1;
+        if (buf_field(r, 0x12, d->p ? (const void *)d->p : "", d->len) < 0) return -1;
+    }
+    *pp = p;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ Plan */
+
+static void Plan_dealloc(PlanObject *self) {
+    PyMem_Free(self->cols);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Plan_init(PlanObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *cols;
+    static char *kwlist[] = {"cols", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &cols)) return -1;
+    PyObject *seq = PySequence_Fast(cols, "cols must be a sequence");
+    if (!seq) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Col *cs = PyMem_Calloc(n ? n : 1, sizeof(Col));
+    if (!cs) { Py_DECREF(seq); PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long cid;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iLp", &cs[i].kind, &cid, &cs[i].nullable)) {
+            PyMem_Free(cs);
+            Py_DECREF(seq);
+            return -1;
+        }
+        cs[i].cid = cid;
+        if (cs[i].kind < K_INT || cs[i].kind > K_TIME) {
+            PyErr_Format(PyExc_ValueError, "column %zd: invalid kind %d", i, cs[i].kind);
+            PyMem_Free(cs);
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    PyMem_Free(self->cols);
+    self->cols = cs;
+    self->ncols = n;
+    return 0;
+}
+
+/* (data, offset) -> (bytes, offset after) or None; update: old tuple, 'N', new tuple. */
+static PyObject *decode(PlanObject *self, PyObject *args, int update) {
+    Py_buffer data;
+    Py_ssize_t offset;
+    if (!PyArg_ParseTuple(args, "y*n", &data, &offset)) return NULL;
+    PyObject *result = NULL;
+    Buf r1 = {0}, r2 = {0}, d = {0}, u = {0};
+    if (offset < 0 || offset > data.len) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    const unsigned char *p = (const unsigned char *)data.buf + offset, *end = (const unsigned char *)data.buf + data.len;
+    int rc = decode_tuple(self, &p, end, &r1, &d);
+    if (rc > 0 && update) {
+        if (p >= end || *p != 'N') {
+            rc = 0;
+        } else {
+            p++;
+            rc = decode_tuple(self, &p, end, &r2, &d);
+        }
+    }
+    if (rc < 0) goto done;
+    if (rc == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *bytes;
+    if (update) {
+        if (buf_field(&u, 0x0A, r1.p ? (const void *)r1.p : "", r1.len) < 0 ||
+            buf_field(&u, 0x12, r2.p ? (const void *)r2.p : "", r2.len) < 0)
+            goto done;
+        bytes = PyBytes_FromStringAndSize((const char *)u.p, u.len);
+    } else {
+        bytes = PyBytes_FromStringAndSize(r1.p ? (const char *)r1.p : "", r1.len);
+    }
+    if (!bytes) goto done;
+    result = Py_BuildValue("(Nn)", bytes, (Py_ssize_t)(p - (const unsigned char *)data.buf));
+done:
+    PyMem_Free(r1.p);
+    PyMem_Free(r2.p);
+    PyMem_Free(d.p);
+    PyMem_Free(u.p);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+static PyObject *Plan_row(PlanObject *self, PyObject *args) { return decode(self, args, 0); }
+static PyObject *Plan_update(PlanObject *self, PyObject *args) { return decode(self, args, 1); }
+static PyObject *Plan_len(PlanObject *self, PyObject *Py_UNUSED(ignored)) { return PyLong_FromSsize_t(self->ncols); }
+
+static PyMethodDef Plan_methods[] = {
+    {"row", (PyCFunction)Plan_row, METH_VARARGS, "row(data, offset) -> (serialized Row, offset after) or None"},
+    {"update", (PyCFunction)Plan_update, METH_VARARGS,
+     "update(data, offset) -> (serialized UpdatedRow, offset after the new tuple) or None"},
+    {"columns", (PyCFunction)Plan_len, METH_NOARGS, "number of columns in the plan"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "binlake.source.postgres._pgoutc.Plan",
+    .tp_basicsize = sizeof(PlanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A table version's pgoutput tuple plan (see the module docstring).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Plan_init,
+    .tp_dealloc = (destructor)Plan_dealloc,
+    .tp_methods = Plan_methods,
+};
+
+static struct PyModuleDef pgoutc_module = {
+    PyModuleDef_HEAD_INIT, "_pgoutc", "Native decoder of pgoutput tuples into binlake Rows.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__pgoutc(void) {
+    if (PyType_Ready(&PlanType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&pgoutc_module);
+    if (!m) return NULL;
+    if (PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
