@@ -148,9 +148,17 @@ def test_one_source_per_data_dir(tmp_path: pathlib.Path) -> None:
     (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--tables", "nodot"],
      "must be DB.TABLE"),
     (["source", "postgres", "--dsn", "mysql://x", "--slot", "s", "--publication", "p"], "not a PostgreSQL URL"),
+    (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--step-ms", "2000"],
+     "expected milliseconds in 0..1000, got 2000"),
+    (["source", "postgres", "--dsn", "postgresql://x@h/d", "--slot", "s", "--publication", "p", "--step-ms", "x"],
+     "expected milliseconds in 0..1000, got 'x'"),
 ])
 def test_cli_refuses_bad_input_in_one_line(argv: list[str], message: str, tmp_path: pathlib.Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main([*argv, "--data-dir", str(tmp_path / "d")]) == 2
+    try:
+        code = cli.main([*argv, "--data-dir", str(tmp_path / "d")])
+    except SystemExit as exc:  # a flag argparse refuses (its error is our one line, too)
+        code = exc.code
+    assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
