@@ -18,9 +18,9 @@ takes two steps (prewrite, then commit), as before.
 
 Grouping rule: the sender takes everything waiting when it becomes free, up
 to ``max_txns`` transactions and ``max_bytes`` of row data (always at least
-one). It never waits for more before a prewrite: on a slow upstream each
-transaction leaves as soon as it is read; under load, groups grow by
-themselves to what arrived during the previous group's round trips. The one
+one). Beyond the pace below, it never waits for more before a prewrite: on a
+slow upstream each transaction leaves as soon as it is read; under load,
+groups grow to what arrived since the previous step began. The other
 wait: a group prewritten and waiting for its commit, with nothing new, waits
 up to ``linger_s`` (2 ms) for the next transaction, so that one step commits
 the one and prewrites the other. Without it, an upstream committing every
@@ -41,6 +41,7 @@ stayed at a few transactions; paced, groups grow to what arrives in
 The price: an acknowledgement (and the checkpoint) up to ``pace_s`` later;
 the upstream never waits for it, and a lone transaction after a quiet spell
 still leaves at once.
+
 Back-pressure: ``submit`` blocks while a full group is already waiting, so
 memory holds at most the group in flight plus one more.
 
