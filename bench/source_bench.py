@@ -449,6 +449,66 @@ def _framing_only(args: argparse.Namespace | None, rows: int, per_txn: int) -> i
     return 0
 
 
+def _pgoutput_only(rows: int) -> int:
+    """``--pgoutput-only``: the CPU of turning ``rows`` pgoutput row changes of the
+    benchmark's table (half updates with their old image, half inserts) into the
+    source's TableMutations, in this process (``PostgresSource._change``), with the
+    native tuple decoder and on the Python path, alternated twice. No server: the
+    messages are built here as pgoutput sends them."""
+    import struct
+
+    from binlake.proto import binlog_pb2
+    from binlake.source.mysql.tables import assign_ids
+    from binlake.source.postgres import pgplan, values
+    from binlake.source.postgres.source import PostgresSource, _Reader
+
+    if not pgplan.available():
+        print(f"the native pgoutput decoder (_pgoutc) is not built: {pgplan.import_error()}", file=sys.stderr)
+        return 2
+    oid = 16384
+    attrs = [values.Attr("id", 20, -1), values.Attr("k", 23, -1), values.Attr("c", 1042, 124),
+             values.Attr("pad", 1042, 64)]
+    table = values.table("public", "sbtest", values.columns("public", "sbtest", attrs), ["id"])
+    assign_ids(table, None, 100, 1)
+
+    def tup(i: int, k: int) -> bytes:
+        out = struct.pack(">h", 4)
+        for text in (str(i), str(k), "c" * 120, "p" * 60):
+            out += b"t" + struct.pack(">i", len(text)) + text.encode()
+        return out
+
+    msgs: list[tuple[str, bytes]] = []
+    for i in range(rows // 2):
+        msgs.append(("U", b"U" + struct.pack(">i", oid) + b"O" + tup(i % 1000 + 1, i) + b"N" + tup(i % 1000 + 1, i + 1)))
+        msgs.append(("I", b"I" + struct.pack(">i", oid) + b"N" + tup(50_000_000 + i, i)))
+    results: list[tuple[str, int, float]] = []
+    outs: dict[bool, bytes] = {}
+    for native in (True, False, True, False):
+        src = PostgresSource.__new__(PostgresSource)
+        src.tables, src.oids, src._infos = {oid: table}, {oid: [a.type_oid for a in attrs]}, {}
+        src.native, src.native_changes, src.python_changes = native, 0, 0
+        txn: dict[int, binlog_pb2.TableMutation] = {}
+        t0 = time.process_time()
+        for kind, data in msgs:
+            r = _Reader(data)
+            r.byte()
+            src._change(kind, r, txn)
+        cpu = time.process_time() - t0
+        assert (src.native_changes == len(msgs)) == native
+        outs[native] = b"".join(m.SerializeToString() for m in txn.values())
+        results.append(("native (_pgoutc)" if native else f"Python ({pgplan.NATIVE_PGOUTPUT_ENV}=0)", len(msgs), cpu))
+    if outs[True] != outs[False]:
+        print("the native and the Python path built different mutations", file=sys.stderr)
+        return 1
+    print(f"\n| {len(msgs):,} pgoutput row changes of sbtest (half UPDATE with old image, half INSERT) into "
+          "TableMutations | row changes | CPU s | us per row change |")
+    print("|---|---:|---:|---:|")
+    for what, count, cpu in results:
+        print(f"| {what} | {count:,} | {cpu:.3f} | {1e6 * cpu / max(count, 1):.1f} |")
+    print("\n(both paths built byte-identical mutations)")
+    return 0
+
+
 def main(args: argparse.Namespace | None = None) -> int:
     from binlake.testing.devdb import LocalMariaDB
 
@@ -466,6 +526,8 @@ def main(args: argparse.Namespace | None = None) -> int:
         return _postgres(args, seconds)
     if getattr(args, "framing_only", False):
         return _framing_only(args, rows, per_txn)
+    if getattr(args, "pgoutput_only", False):
+        return _pgoutput_only(rows)
     if not LocalMariaDB.available():
         print("MariaDB is not installed (apt-get install mariadb-server): nothing to measure", file=sys.stderr)
         return 2
