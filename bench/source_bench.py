@@ -21,7 +21,8 @@ as soon as the one before ends, the pipeline before the pace existed), and on
 mysql-replication's framing; it sets the whole chain's CPU per transaction
 against that of ``mysqlbinlog`` following as a replica. ``--postgres`` runs its
 live case paced and unpaced the same way, and paced with its tuples decoded in
-Python (``BINLAKE_NATIVE_PGOUTPUT=0``) against the native decoder (``_pgoutc``).
+Python (``BINLAKE_NATIVE_PGOUTPUT=0``) against the native decoder (``_pgoutc``);
+``--pgoutput-only`` measures that decoding alone, in process, without a server.
 
 The live case also reports what following the upstream costs the source:
 its CPU seconds (from /proc) per upstream transaction, and the Pump's and
