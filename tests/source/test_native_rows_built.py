@@ -1,6 +1,7 @@
-"""The MySQL source's native row decoder and stream framer are built where binlake is installed
-with a C compiler (``make setup``): a machine where it silently was not would
-run every row event through the slower Python path."""
+"""The sources' native decoders (MySQL rows and stream framing, PostgreSQL
+pgoutput tuples) are built where binlake is installed with a C compiler
+(``make setup``): a machine where they silently were not would run every
+change through the slower Python path."""
 
 from __future__ import annotations
 
@@ -19,5 +20,14 @@ def test_native_framer_is_built() -> None:
 
     assert framing.available(), (
         f"binlake.source.mysql._framec did not import ({framing.import_error()}); run `make setup` "
+        "(pip install -e . builds it) on a machine with a C compiler"
+    )
+
+
+def test_native_pgoutput_decoder_is_built() -> None:
+    from binlake.source.postgres import pgplan
+
+    assert pgplan.available(), (
+        f"binlake.source.postgres._pgoutc did not import ({pgplan.import_error()}); run `make setup` "
         "(pip install -e . builds it) on a machine with a C compiler"
     )
