@@ -161,8 +161,8 @@ class PumpService:
 
     def write_cb(self, payloads: list[bytes], cluster_id: int, done: WriteDone) -> None:
         """Check the binlogs, queue the good ones, and call ``done(results, None)``
-        once they are durable (from the storage's writer thread, or at once when
-        nothing needs storing), or ``done(None, error)`` if storage failed.
+        once they are durable (from the thread that commits their group, often this
+        one, or at once when nothing needs storing), or ``done(None, error)`` if storage failed.
         Raises (before queueing anything) what refuses the whole batch."""
         results, entries, slots = self._check_writes(payloads, cluster_id)
         if not entries:

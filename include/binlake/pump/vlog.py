@@ -60,7 +60,7 @@ def encode_record(payload: bytes) -> bytes:
 
 
 class ValueLog:
-    """Segmented append-only log. Appends come from one writer thread; reads
+    """Segmented append-only log. Appends come from one thread at a time; reads
     (``read``) may come from any thread."""
 
     def __init__(self, directory: str | os.PathLike[str], *, segment_bytes: int, fsync: bool = True) -> None:
