@@ -468,7 +468,7 @@ class Storage:
                     accepted.append(entry)
             results.append(res)
         # 2. Append and fsync once; then the outcome is final: remember it,
-        #    acknowledge, and queue the records for indexing.
+        #    queue the records for indexing, and acknowledge.
         if accepted:
             pointers = self.vlog.append([e.payload for e in accepted])
             fsyncs = self.vlog.sync()
@@ -487,11 +487,6 @@ class Storage:
             self.stats.groups += 1
         for req in group:
             req.seq = self._seq
-        for req, res in zip(group, results, strict=True):
-            try:
-                req.callback(res, None)
-            except Exception:  # a caller's bug must not stop the Pump's writes
-                log.exception("pump storage: a write callback failed")
         if accepted:
             work = _IndexWork(accepted, pointers, self._seq, self.vlog.head)
             with self._index_cv:
@@ -503,6 +498,13 @@ class Storage:
                 if self._backlog_records >= INDEX_BATCH_RECORDS:
                     self._index_now = True
                     self._index_cv.notify()
+        # Acknowledge last: once the callbacks have woken the answering threads,
+        # this thread has nothing left to do here that would keep them off the GIL.
+        for req, res in zip(group, results, strict=True):
+            try:
+                req.callback(res, None)
+            except Exception:  # a caller's bug must not stop the Pump's writes
+                log.exception("pump storage: a write callback failed")
 
     def _forget_done(self) -> None:
         # Drop the oldest outcomes once the index holds them; raise the floor
