@@ -93,6 +93,8 @@ FAILPOINT_BEFORE_INDEX = "pump-before-index-batch"
 # at the latest, at once when it holds this many records or a reader waits.
 INDEX_BATCH_RECORDS = 4096
 INDEX_MAX_LAG_S = 0.05
+# The indexer gives up the GIL after this many records of a batch.
+INDEX_YIELD_EVERY = 64
 
 # How many finished transactions the leaders remember (see the module docstring).
 DONE_MEMORY = 200_000
@@ -622,9 +624,15 @@ class Storage:
     def _index_batch(self, batch: list[_IndexWork]) -> None:
         wb = self.index.db.write_batch()
         with self._state_lock:
+            n = 0
             for work in batch:
                 for entry, ptr in zip(work.entries, work.pointers, strict=True):
                     self._apply(wb, entry.binlog, ptr)
+                    n += 1
+                    if n % INDEX_YIELD_EVERY == 0:
+                        # Let the committing and answering threads have the GIL: a batch
+                        # of thousands of records would otherwise hold it for milliseconds.
+                        time.sleep(0)
             self._head = batch[-1].head
             self._put_meta(wb)
             failpoint.hit(FAILPOINT_BEFORE_INDEX)
