@@ -222,6 +222,12 @@ class PumpService:
             raise errors.InvalidArgument("batch limits must be >= 0 (0 = server default)")
         safe, gc_ts = self.storage.safe_ts, self.storage.gc_ts
         state = readiness(window, safe, gc_ts)
+        if state is Readiness.WAITING and not wait:
+            # Writes acknowledged before this call may still be on their way into the
+            # index (milliseconds): a window they close is served, not refused.
+            self.storage.wait_indexed(timeout=1.0)
+            safe, gc_ts = self.storage.safe_ts, self.storage.gc_ts
+            state = readiness(window, safe, gc_ts)
         if state is Readiness.GONE:
             raise gone_error(window, self.node_id, gc_ts)
         if state is Readiness.WAITING:
