@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping, Sequence
 
 from binlake import errors, tso
 
@@ -75,13 +76,23 @@ def waiting_error(window: Window, pump: str, safe_ts: int) -> errors.FailedPreco
 @dataclasses.dataclass(frozen=True)
 class PumpView:
     """What a reader knows of one Pump that may hold a window's transactions:
-    its safe ts and GC ts, or ``reachable=False`` when it did not answer (or its
-    heartbeat is stale)."""
+    its safe ts and GC ts, or ``reachable=False`` when it did not answer."""
 
     node_id: str
     reachable: bool
     safe_ts: int = 0
     gc_ts: int = 0
+
+
+def pump_views(pumps: Sequence[str], answers: Mapping[str, tuple[int, int]]) -> list[PumpView]:
+    """The reachability rule of every reader (the read plan, the ingest trigger,
+    ``ctl dump``): a Pump is reachable when it answered its own Status just now
+    (``answers``: node id -> (safe ts, GC ts)), and unreachable when it did not,
+    whatever the registry's last heartbeat of it says. A killed Pump's last
+    heartbeat stays fresh for seconds; its Status call fails at once."""
+    if isinstance(pumps, str):
+        raise TypeError("pumps must be a sequence of node ids, not one string")
+    return [PumpView(p, True, *answers[p]) if p in answers else PumpView(p, False) for p in pumps]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,10 @@ A window ``[start_ts, end_ts)`` can be read completely only once every Pump
 that may hold part of it has a safe ts >= ``end_ts`` (nothing of the window
 can still arrive there) and none has collected garbage above ``start_ts``.
 The registry knows both from the Pumps' heartbeats, so the trigger polls the
-registry, not the Pumps; the rule is ``binlake.window.readiness``, the one the
-planner and the Pumps apply.
+registry; the rule is ``binlake.window.readiness``, the one the planner and the
+Pumps apply. With replicated Pumps (min_acks > 1) it also asks each Pump of the
+window its Status, as the read plan does, so a Pump that is down is skipped at
+once (``window.pump_views``).
 
 The trigger runs in the triggerer's asyncio loop, so the blocking gRPC call
 goes to a thread (``asyncio.to_thread``); a waiting window costs one coroutine
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -35,9 +37,8 @@ MISSING = "missing"
 
 # While waiting, say which Pumps hold the window back at most this often.
 _PROGRESS_LOG_EVERY_S = 60.0
-# A Pump silent for this long counts as unreachable for replicated reads (5 missed
-# heartbeats at the default 2 s interval).
-STALE_HEARTBEAT_S = 10.0
+# Asks Pumps their Status: (safe ts, GC ts) of those that answered (``window.pump_views``).
+Ask = Callable[[list["NodeRecord"], int, int], Mapping[str, tuple[int, int]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +66,7 @@ class SafeTsCheck:
 
 
 def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts: int, end_ts: int,
-                  min_acks: int | None = None, stale_after_s: float = STALE_HEARTBEAT_S) -> SafeTsCheck:
+                  min_acks: int | None = None, ask: Ask | None = None) -> SafeTsCheck:
     """Is window ``[start_ts, end_ts)`` closed on every Pump that may hold part of it?
 
     ``planned`` are the Pumps chosen when the window was planned. A planned Pump
@@ -74,13 +75,15 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
     planner's rule) is waited for too, so a Pump joining late is never skipped.
 
     Replicated Pumps (``min_acks`` W > 1, None: the configured one; callers pass the
-    registry's, ``replication.cluster_min_acks``): a Pump whose last
-    heartbeat is older than ``stale_after_s`` counts as unreachable, and up to
-    W - 1 of those are skipped (``window.cluster_readiness``).
+    registry's, ``replication.cluster_min_acks``): each Pump of the window is
+    asked its own Status (``ask``; None: over gRPC, as the read plan does), one
+    that does not answer counts as unreachable (``window.pump_views``, the read
+    plan's rule: a killed Pump is seen at once, not when its heartbeat goes
+    stale), and up to W - 1 of those are skipped (``window.cluster_readiness``).
     """
     from binlake import tso
     from binlake.lake.planner import pumps_for_window
-    from binlake.window import PumpView, Readiness, Window, cluster_readiness, readiness
+    from binlake.window import Readiness, Window, cluster_readiness, pump_views, readiness
 
     window_ts = Window(start_ts, end_ts)
     nodes = list(nodes)
@@ -112,11 +115,22 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
 
         min_acks = cluster_min_acks(None)
     if min_acks > 1:
-        now_ms = time.time_ns() // 1_000_000
-        views = [PumpView(node_id, now_ms - by_id[node_id].updated_at_ms <= stale_after_s * 1000,
-                          by_id[node_id].safe_ts, by_id[node_id].gc_ts) for node_id in chosen]
-        verdict = cluster_readiness(window_ts, views, min_acks)
-        served = {p: safe[p] for p in verdict.serve_from} if verdict.state is Readiness.READY else safe
+        if ask is None:
+            from binlake.lake.pump_check import reachable_answers
+
+            ask = reachable_answers
+        answered = ask([by_id[node_id] for node_id in chosen], start_ts, end_ts)
+        verdict = cluster_readiness(window_ts, pump_views(chosen, answered), min_acks)
+        if verdict.state is Readiness.GONE:
+            gc_ts = answered[verdict.gone][1]
+            return SafeTsCheck(
+                ready=False, safe_ts={}, waiting=[], error_kind=GC_PASSED,
+                error=(f"window {window} starts below pump {verdict.gone}'s GC ts {tso.format_ts(gc_ts)}: "
+                       "its binlogs before that were removed after their retention, so the window can no "
+                       "longer be ingested completely"),
+            )
+        served = ({p: answered[p][0] for p in verdict.serve_from} if verdict.state is Readiness.READY
+                  else safe)
         return SafeTsCheck(ready=verdict.state is Readiness.READY, safe_ts=served, waiting=list(verdict.waiting),
                            joined=joined)
     waiting = [node_id for node_id in chosen if states[node_id] is Readiness.WAITING]
@@ -197,7 +211,9 @@ class SafeTsTrigger(BaseTrigger):
                     # their data and the window will close once it is back.
                     self.log.warning("registry %s: %s; retrying in %.1fs", self.registry, exc, self.poll_interval)
                 else:
-                    check = check_safe_ts(nodes, self.pumps, self.start_ts, self.end_ts, acks)
+                    # In a thread: with min_acks > 1 it asks the Pumps their Status.
+                    check = await asyncio.to_thread(check_safe_ts, nodes, self.pumps, self.start_ts,
+                                                    self.end_ts, acks)
                     if check.error is not None or check.ready:
                         if check.joined:
                             self.log.info("pump(s) %s joined the window after it was planned; waited for them too",

@@ -133,7 +133,7 @@ def test_ingest_dag_keeps_producing_windows_without_a_dead_pump(
     longest = max(waited)
     print(f"windows after the loss: {len(waited)}; longest wait of a closed window in its wait step: "
           f"{longest:.1f}s ({', '.join(f'{w:.1f}' for w in waited)})")
-    # Waiting for the dead Pump would never end. A window closing within 10 s of the kill
-    # waits until its last heartbeat turns stale (triggers.STALE_HEARTBEAT_S), then the
-    # trigger's polls (0.2 s) and dag.test's handling of the deferral on a loaded machine.
-    assert longest < 10 + 20, waited
+    # Waiting for the dead Pump would never end. The trigger skips it as soon as its Status
+    # call fails (window.pump_views, as the read plan); the margin is the trigger's polls
+    # (0.2 s) and dag.test's handling of the deferral on a loaded machine.
+    assert longest < 30, waited

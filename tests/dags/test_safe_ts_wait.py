@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from binlake_airflow.operators import WaitForSafeTsOperator
 from binlake_airflow.triggers import SafeTsTrigger, check_safe_ts
-from pumpkit import now_ts
+from pumpkit import PumpFactory, now_ts
 
 from binlake import tso
 from binlake.registry.client import RegistryClient
@@ -139,22 +139,44 @@ def test_check_is_pure_and_uses_the_planner_rule() -> None:
     assert check.ready and check.safe_ts == {"pump1": end} and check.error is None
 
 
-def test_replicated_window_skips_up_to_w_minus_one_silent_pumps() -> None:
-    """With min_acks W = 2 a Pump whose heartbeat went stale is skipped (its
-    transactions are on another Pump too); two silent Pumps make the window wait,
-    naming them; W = 1 waits for the one."""
+def test_replicated_window_skips_up_to_w_minus_one_pumps_that_do_not_answer() -> None:
+    """With min_acks W = 2 a Pump that does not answer its own Status is skipped (its
+    transactions are on another Pump too) even while its heartbeat is fresh - the
+    read plan's rule, ``window.pump_views``; two that do not answer make the window
+    wait, naming them; W = 1 waits for the one by the registry's view."""
     start, end = 50 << 18, 100 << 18
     fresh = time.time_ns() // 1_000_000
-    nodes = [NodeRecord("p1", "pump", "127.0.0.1:9", safe_ts=end, updated_at_ms=fresh),
-             NodeRecord("p2", "pump", "127.0.0.1:9", safe_ts=end - 1, updated_at_ms=fresh - 60_000),
-             NodeRecord("p3", "pump", "127.0.0.1:9", safe_ts=end, updated_at_ms=fresh)]
-    check = check_safe_ts(nodes, ["p1", "p2", "p3"], start, end, min_acks=2)
-    assert check.ready and sorted(check.safe_ts) == ["p1", "p3"]
-    check = check_safe_ts(nodes, ["p1", "p2", "p3"], start, end, min_acks=1)
+    nodes = [NodeRecord(p, "pump", "127.0.0.1:9", safe_ts=end - (p == "p2"), updated_at_ms=fresh)
+             for p in ("p1", "p2", "p3")]
+    answers = {"p1": (end, 0), "p3": (end + 5, 0)}
+
+    def ask(asked: list[NodeRecord], s: int, e: int) -> dict[str, tuple[int, int]]:
+        assert [n.node_id for n in asked] == ["p1", "p2", "p3"] and (s, e) == (start, end)
+        return answers
+
+    check = check_safe_ts(nodes, ["p1", "p2", "p3"], start, end, min_acks=2, ask=ask)
+    assert check.ready and check.safe_ts == {"p1": end, "p3": end + 5}
+    check = check_safe_ts(nodes, ["p1", "p2", "p3"], start, end, min_acks=1, ask=ask)
     assert not check.ready and check.waiting == ["p2"]
-    nodes[2].updated_at_ms = fresh - 60_000
-    check = check_safe_ts(nodes, ["p1", "p2", "p3"], start, end, min_acks=2)
+    del answers["p3"]
+    check = check_safe_ts(nodes, ["p1", "p2", "p3"], start, end, min_acks=2, ask=ask)
     assert not check.ready and check.waiting == ["p2", "p3"]
+
+
+def test_trigger_skips_a_killed_pump_at_once(reg: RegistryClient, registry: RegistryServer,
+                                             pump_factory: PumpFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real Pumps p1 and p3 and a Pump p2 that is gone while its last heartbeat is
+    fresh (its port answers nothing): with min_acks = 2 the trigger fires from p1
+    and p3 without waiting for p2's heartbeat to go stale, as ``plan_read`` would."""
+    monkeypatch.setenv("BINLAKE_CLIENT_REPLICAS", "2")
+    monkeypatch.setenv("BINLAKE_CLIENT_MIN_ACKS", "2")
+    start, end = now_ts(-60_000), now_ts(-500)
+    pump_factory.start("p1")
+    pump_factory.start("p3")
+    add_pump(reg, "p2", safe_ts=end - 1)  # heartbeat just now; nothing listens at its address
+    event, took = run_trigger(SafeTsTrigger(registry.addr, start, end, ["p1", "p2", "p3"], poll_interval=POLL))
+    assert event["status"] == "ready" and event["pumps"] == ["p1", "p3"], event
+    assert took < 5, took  # the heartbeat rule waited 10 s
 
 
 # ------------------------------------------------------------------------------ operator

@@ -147,6 +147,38 @@ def test_torn_tail_is_cut_and_appends_continue(vdir: pathlib.Path, damage: str) 
     log.close()
 
 
+def test_zeros_written_ahead_end_the_records_after_a_crash(vdir: pathlib.Path) -> None:
+    """The newest segment is zero-filled ahead of its records. After a crash (no
+    close) the zeros mark the end; a record of the unacknowledged last group that
+    reached the disk past a lost header is cut off on open, so the appends that
+    follow never make it readable again (here the next record ends exactly where
+    it starts)."""
+    log = ValueLog(vdir, segment_bytes=1 << 20)
+    items = [payload(i, 300) for i in range(3)]
+    ptrs = log.append(items)
+    log.sync()
+    path = seg_path(vdir, 1)
+    assert path.stat().st_size > ptrs[-1].end  # written ahead
+    stale_at = ptrs[-1].end + HEADER.size + 100
+    with path.open("r+b") as fh:
+        fh.seek(stale_at)
+        fh.write(encode_record(b"never acknowledged"))
+    os.close(log._fd)  # the process dies: no close()
+
+    log = ValueLog(vdir, segment_bytes=1 << 20)
+    assert path.stat().st_size == ptrs[-1].end and log.head == (1, ptrs[-1].end)
+    assert [d for _, d in log.scan(1, 0)] == items
+    (new,) = log.append([b"x" * 100])
+    log.sync()
+    assert new.end == stale_at
+    os.close(log._fd)  # crashes again
+
+    log = ValueLog(vdir, segment_bytes=1 << 20)
+    assert [d for _, d in log.scan(1, 0)] == [*items, b"x" * 100]
+    log.close()
+    assert path.stat().st_size == new.end  # a clean close leaves no zeros behind
+
+
 def test_torn_tail_only_in_the_scanned_part(vdir: pathlib.Path) -> None:
     """A scan that starts past the good records still cuts the torn tail."""
     log = ValueLog(vdir, segment_bytes=SEG)

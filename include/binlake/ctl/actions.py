@@ -238,7 +238,7 @@ def _readable(reg: RegistryClient, nodes: list[NodeRecord], start: int, end: int
     from binlake.lake.planner import WindowPlan, pumps_for_window
     from binlake.lake.pump_check import pump_statuses
     from binlake.replication import cluster_min_acks
-    from binlake.window import PumpView, Readiness, Window, cluster_readiness
+    from binlake.window import Readiness, Window, cluster_readiness, pump_views
 
     chosen = pumps_for_window(nodes, start, end)
     acks = cluster_min_acks(reg, start, end)
@@ -247,9 +247,8 @@ def _readable(reg: RegistryClient, nodes: list[NodeRecord], start: int, end: int
     down: dict[str, str] = {}
     statuses = pump_statuses(WindowPlan(start, end, tuple(chosen)), unreachable=down)
     # With --wait each reachable Pump waits for its own safe ts: only reachability counts here.
-    views = [PumpView(n.node_id, n.node_id in statuses, end if wait else statuses[n.node_id].safe_ts,
-                      statuses[n.node_id].gc_ts) if n.node_id in statuses else PumpView(n.node_id, False)
-             for n in chosen]
+    views = pump_views([n.node_id for n in chosen],
+                       {p: (end if wait else st.safe_ts, st.gc_ts) for p, st in statuses.items()})
     window = Window(start, end)
     verdict = cluster_readiness(window, views, acks)
     if verdict.state is Readiness.READY:

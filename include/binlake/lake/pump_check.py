@@ -20,7 +20,7 @@ from binlake import errors, rpc
 from binlake.lake.planner import WindowPlan, plan_window
 from binlake.proto import pump_pb2, pump_pb2_grpc
 from binlake.registry.model import NodeRecord
-from binlake.window import PumpView, Readiness, cluster_readiness, gone_error, readiness, waiting_error
+from binlake.window import Readiness, cluster_readiness, gone_error, pump_views, readiness, waiting_error
 
 # How long one Pump's Status call may take before it counts as unreachable.
 STATUS_TIMEOUT_S = 5.0
@@ -58,6 +58,17 @@ def pump_statuses(plan: WindowPlan, timeout_s: float = STATUS_TIMEOUT_S,
     return out
 
 
+def answers(statuses: dict[str, pump_pb2.StatusResp]) -> dict[str, tuple[int, int]]:
+    """(safe ts, GC ts) of every Pump that answered (``window.pump_views``'s input)."""
+    return {node_id: (st.safe_ts, st.gc_ts) for node_id, st in statuses.items()}
+
+
+def reachable_answers(nodes: list[NodeRecord], start_ts: int, end_ts: int,
+                      timeout_s: float = STATUS_TIMEOUT_S) -> dict[str, tuple[int, int]]:
+    """Ask each of ``nodes`` its Status at once: (safe ts, GC ts) of those that answered."""
+    return answers(pump_statuses(WindowPlan(start_ts, end_ts, tuple(nodes)), timeout_s, unreachable={}))
+
+
 def check_pumps(plan: WindowPlan, timeout_s: float = STATUS_TIMEOUT_S) -> dict[str, pump_pb2.StatusResp]:
     """Ask every planned Pump itself (not the registry's last heartbeat) whether it
     can serve the window; raise naming the Pump and the ts when one cannot."""
@@ -74,8 +85,7 @@ def check_replicated(plan: WindowPlan, min_acks: int,
     else:
         down: dict[str, str] = {}
         out = pump_statuses(plan, timeout_s, down)
-        views = [PumpView(n.node_id, n.node_id in out, out[n.node_id].safe_ts if n.node_id in out else 0,
-                          out[n.node_id].gc_ts if n.node_id in out else 0) for n in plan.pumps]
+        views = pump_views([n.node_id for n in plan.pumps], answers(out))
         verdict = cluster_readiness(plan.window, views, min_acks)
         if verdict.state is Readiness.READY:
             keep = set(verdict.serve_from)

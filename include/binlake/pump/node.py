@@ -214,6 +214,8 @@ class PumpNode:
     # ------------------------------------------------------------------ duties
     def _snapshot(self) -> dict[str, float]:
         st = self.storage
+        # As Status: a scrape reflects every write acknowledged before it (the index lags by milliseconds).
+        st.wait_indexed(timeout=1.0)
         return {
             "binlogs": st.stats.binlogs, "bytes": st.stats.bytes, "fsyncs": st.stats.fsyncs,
             "groups": st.stats.groups, "safe_ts": st.safe_ts, "safe_ts_lag_s": lag_seconds(st.safe_ts),

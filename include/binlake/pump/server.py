@@ -1,11 +1,12 @@
 """The Pump's gRPC server: protobuf in, ``PumpService`` call, protobuf out.
 
 One servicer on a thread-pool gRPC server. A write stream's batches are read
-by a thread of its own and queued for the storage's group commit as soon as
+by a thread of its own and handed to the storage's group commit as soon as
 they arrive, then answered in order by the handler's thread once durable, so a
-client may keep several batches in flight. The only other threads a write
-touches are the storage's writer (validate, append, fsync: the GIL is free
-while it waits on the disk) and, after the acknowledgement, its indexer.
+client may keep several batches in flight. The reading thread usually commits
+the group itself (validate, append, fsync: the GIL is free while it waits on
+the disk; see ``pump.storage``), so the one hand-off of an acknowledgement is
+to the handler's thread; the storage's indexer follows behind.
 
 There is one servicer, not one per concurrency model: an asyncio servicer
 (``grpc.aio`` on uvloop) was measured against this one on the same storage and
@@ -61,7 +62,7 @@ class _Slot:
         self._wake = wake
 
     def done(self, results: Results | None, exc: BaseException | None) -> None:
-        # Runs on the storage's writer thread (or the reader's, for a refusal): quick.
+        # Runs on the thread that committed the batch's group (or the reader's, for a refusal): quick.
         self.results = results if results is not None else (exc or errors.Unavailable("pump storage write failed"))
         self._wake.put(False)
 
@@ -110,8 +111,8 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
         """Batches arrive on one stream; each is queued for group commit as soon as
         it is read (a reader thread), and answered in order once durable.
 
-        Each batch gets a slot in arrival order before it is queued; the storage's
-        writer thread fills it (``PumpService.write_cb``) and wakes this thread
+        Each batch gets a slot in arrival order before it is queued; the thread
+        that commits its group fills it (``PumpService.write_cb``) and wakes this thread
         through a SimpleQueue, which answers every filled slot at the head. No
         future or condition per batch: one C-level queue hand-off is all the
         acknowledgement costs this thread."""
@@ -183,6 +184,9 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
     def Status(self, request: pump_pb2.StatusReq, context: grpc.ServicerContext) -> pump_pb2.StatusResp:
         s = self.service
         st = s.storage
+        # The index lags the acknowledgements by a few milliseconds: a Status
+        # reflects every write acknowledged before it was asked for.
+        st.wait_indexed(timeout=1.0)
         return pump_pb2.StatusResp(
             node_id=s.node_id, state=s.state.value, safe_ts=st.safe_ts, max_commit_ts=st.max_commit_ts,
             gc_ts=st.gc_ts, pending_txns=st.pending_count, storage_bytes=st.storage_bytes(),

@@ -161,8 +161,8 @@ class PumpService:
 
     def write_cb(self, payloads: list[bytes], cluster_id: int, done: WriteDone) -> None:
         """Check the binlogs, queue the good ones, and call ``done(results, None)``
-        once they are durable (from the storage's writer thread, or at once when
-        nothing needs storing), or ``done(None, error)`` if storage failed.
+        once they are durable (from the thread that commits their group, often this
+        one, or at once when nothing needs storing), or ``done(None, error)`` if storage failed.
         Raises (before queueing anything) what refuses the whole batch."""
         results, entries, slots = self._check_writes(payloads, cluster_id)
         if not entries:
@@ -222,6 +222,12 @@ class PumpService:
             raise errors.InvalidArgument("batch limits must be >= 0 (0 = server default)")
         safe, gc_ts = self.storage.safe_ts, self.storage.gc_ts
         state = readiness(window, safe, gc_ts)
+        if state is Readiness.WAITING and not wait:
+            # Writes acknowledged before this call may still be on their way into the
+            # index (milliseconds): a window they close is served, not refused.
+            self.storage.wait_indexed(timeout=1.0)
+            safe, gc_ts = self.storage.safe_ts, self.storage.gc_ts
+            state = readiness(window, safe, gc_ts)
         if state is Readiness.GONE:
             raise gone_error(window, self.node_id, gc_ts)
         if state is Readiness.WAITING:

@@ -19,7 +19,8 @@ ts from moving backwards when a prewrite with an old start_ts arrives late.
 The storage keeps each pending prewrite's floor in the index beside it, so a
 restart restores the same floors and the safe ts never moves back across a
 crash (a prewrite stored without one gets start_ts: conservative). This module is pure bookkeeping (no I/O), driven by the
-storage's writer thread.
+storage's indexer in value-log order (so ``bound`` at a prewrite is what the log
+held before it, whenever the indexer gets to it).
 """
 
 from __future__ import annotations

@@ -1,26 +1,39 @@
-"""Pump storage: value log + index + sorter behind one group-committing writer.
+"""Pump storage: value log + index + sorter, with group commit done by the
+writing threads themselves.
 
-Write path, in two stages of one writer thread:
+Write path:
 
-1. *Group commit*: the writer drains every request queued (``submit``),
-   validates each binlog in arrival order against the transaction states it
-   keeps in memory (no index reads on this path), appends the accepted records
-   to the value log, issues one fsync for the whole group, and
-   **acknowledges** each request right there: a binlog is acknowledged only
-   after its fsync, and as soon as it.
-2. *Indexing* follows behind in batches: when no request is waiting (or the
-   backlog reached ``INDEX_BATCH_RECORDS`` records or ``INDEX_MAX_LAG_S``), the
-   writer applies the acknowledged records, in value-log order, to the LevelDB
-   index (one batch that also moves ``Mhead``) and to the sorter, and only then
-   publishes the new safe ts and max commit ts. Readers see a window only once
-   the index covers it, so a window at or below the safe ts is always complete.
+1. *Group commit, by the submitting threads (leader/follower)*: a submission
+   (``submit_cb``/``submit``/``write``) is appended to the pending list. If no
+   commit is running, the submitting thread becomes the *leader*: it takes
+   everything pending, validates each binlog in arrival order against the
+   transaction states kept in memory (no index reads on this path), appends the
+   accepted records to the value log, issues one fsync for the whole group, and
+   **acknowledges** each request right there (its callback runs on the
+   leader's thread). A binlog is acknowledged only after its fsync, and as
+   soon as it. Submissions that find a leader at work just append themselves:
+   the leader's next group carries them. A leader commits the group holding its
+   own request; if more piled up meanwhile it hands the leadership to the
+   storage's committer thread (so no caller is kept leading other callers'
+   groups for long) and returns.
+2. *Indexing* follows behind, on an indexer thread of its own: every
+   ``INDEX_MAX_LAG_S`` (at once when the backlog reaches
+   ``INDEX_BATCH_RECORDS`` records or a reader waits for it) it applies the
+   acknowledged records, in value-log order, to the LevelDB index (one batch
+   that also moves ``Mhead``) and to the sorter, and only then publishes the new
+   safe ts and max commit ts. Readers see a window only once the index covers
+   it, so a window at or below the safe ts is always complete.
 
-Why one thread and not an indexer thread of its own: a second busy Python
-thread competes for the GIL with the writer and the RPC threads on every batch
-(a first version had one; profiled at 64 writers it spent a quarter of the
-Pump's samples, mostly getting the GIL back). Done when the writer would
-otherwise sleep, the index work is off every acknowledgement's path without
-another hand-off.
+Why the submitting thread commits and not a writer thread of its own: with one
+writer thread every acknowledgement cost two thread hand-offs under one GIL
+(request thread to writer, writer to the answering thread), and the writer,
+indexing whenever it found no request waiting, held the GIL just when the
+answering thread needed it to send the acknowledgement. With one client stream
+per Pump (the PumpClient's default) the gRPC thread that read the batch now
+fsyncs it itself; the only hand-off left is the one to the thread that answers,
+as with a Pump that stores nothing. The indexer runs on a timer, in batches,
+not after every group: it takes the GIL at most 20 times a second instead of after
+every acknowledgement.
 
 Why acknowledging before indexing is safe: the value log is the source of
 truth and the index lags it by design (its batch is written without a sync of
@@ -29,8 +42,10 @@ is replayed, idempotently, so whatever the index had not caught up with
 when the process died is rebuilt before the first new write is taken. The
 sorter is driven in log order by the indexing stage alone, so the safe ts computed
 from the index always describes a prefix of the log (see ``pump.sorter``).
+Leaders are one at a time (``_leading``), so value-log order, the order of the
+transaction-state memory and the order of the index backlog are one order.
 
-The writer's memory of transaction states: ``_open`` holds every pending
+The leader's memory of transaction states: ``_open`` holds every pending
 start_ts (prewrite durable, no outcome yet); ``_done`` the outcomes of recently
 finished transactions; every finished transaction with start_ts above
 ``_done_floor`` is in ``_done`` (or was collected by GC), so only a binlog for
@@ -51,7 +66,6 @@ import dataclasses
 import logging
 import os
 import pathlib
-import queue
 import shutil
 import threading
 import time
@@ -75,21 +89,23 @@ ROLLBACK = binlog_pb2.ROLLBACK
 # and before the index batch covering it: a crash there must lose nothing acknowledged.
 FAILPOINT_BEFORE_INDEX = "pump-before-index-batch"
 
-# The writer indexes its backlog whenever it finds no request waiting, and under
-# steady load at the latest after this many records or this much time.
+# The indexer indexes the acknowledged backlog this long after its first record
+# at the latest, at once when it holds this many records or a reader waits.
 INDEX_BATCH_RECORDS = 4096
 INDEX_MAX_LAG_S = 0.05
+# The indexer gives up the GIL after this many records of a batch.
+INDEX_YIELD_EVERY = 64
 
-# How many finished transactions the writer remembers (see the module docstring).
+# How many finished transactions the leaders remember (see the module docstring).
 DONE_MEMORY = 200_000
-# Transaction states in the writer's memory: (kind, value) with value the
+# Transaction states in the leaders' memory: (kind, value) with value the
 # commit_ts for _C, _ROLLED_BACK for _R, _PENDING for _P.
 _P, _C, _R = 0, 1, 2
 _PENDING = 0
 _ROLLED_BACK = -1
 
 Results = list[errors.BinlakeError | None]
-# Called from the writer thread once the request's binlogs are durable (or
+# Called from the committing thread once the request's binlogs are durable (or
 # refused): (one result per entry, None) or (None, the fatal error).
 Callback = Callable[[Results | None, BaseException | None], None]
 
@@ -121,7 +137,7 @@ class _Request:
         self.callback = callback
         self.nbytes = sum(len(e.payload) for e in entries)
         # Sequence number of the last record written up to and including this
-        # request (set by the writer): indexed once _indexed_seq reaches it.
+        # request (set by its leader): indexed once _indexed_seq reaches it.
         self.seq = 0
 
 
@@ -194,18 +210,29 @@ class Storage:
         # notified whenever an index batch was published.
         self._state_lock = threading.Condition()
         self._gate = _ReadersGate()
-        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        # Durable, acknowledged records the index does not reflect yet (writer-owned).
+        # Guards the pending submissions, the leadership and _closed; notified
+        # when the leadership is handed to the committer thread or given up.
+        self._lead_cv = threading.Condition()
+        self._pending: collections.deque[_Request] = collections.deque()
+        # True while a thread commits (only one at a time: see the module docstring).
+        self._leading = False
+        # The leadership was handed to the committer thread, which has not taken it yet.
+        self._handed = False
+        # Guards the index backlog; notified when it should be indexed now.
+        self._index_cv = threading.Condition()
+        # Durable, acknowledged records the index does not reflect yet, in log order.
         self._backlog: list[_IndexWork] = []
         self._backlog_records = 0
         self._backlog_since = 0.0
+        self._index_now = False
         self._closed = False
+        self._stopping = False
         self._fatal: BaseException | None = None
-        # Writer-owned transaction memory (see the module docstring).
+        # The leaders' transaction memory (see the module docstring).
         self._open: set[int] = set()
         self._done: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
         self._done_floor = 0
-        # Records written by the writer / reflected in the index, counted since open.
+        # Records written by the leaders / reflected in the index, counted since open.
         self._seq = 0
         self._indexed_seq = 0
         self._head: tuple[int, int] | None = None
@@ -217,8 +244,10 @@ class Storage:
             raise
         self._safe_ts = self.sorter.safe_ts
         self._max_commit_ts = self.sorter.max_commit_ts
-        self._writer = threading.Thread(target=self._run, name="pump-writer", daemon=True)
-        self._writer.start()
+        self._committer = threading.Thread(target=self._commit_loop, name="pump-committer", daemon=True)
+        self._indexer = threading.Thread(target=self._index_loop, name="pump-indexer", daemon=True)
+        self._committer.start()
+        self._indexer.start()
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
@@ -280,6 +309,8 @@ class Storage:
 
     def wait_safe(self, ts: int, timeout: float) -> bool:
         """Block until safe_ts >= ts or the timeout passes."""
+        if self._safe_ts < ts:
+            self._request_index()
         with self._state_lock:
             return self._state_lock.wait_for(lambda: self._safe_ts >= ts or self._closed, timeout) and (
                 self._safe_ts >= ts
@@ -288,6 +319,7 @@ class Storage:
     def wait_indexed(self, timeout: float | None = None) -> bool:
         """Block until every record written so far is in the index and the sorter."""
         target = self._seq
+        self._request_index()
         with self._state_lock:
             return self._state_lock.wait_for(
                 lambda: self._indexed_seq >= target or self._fatal is not None or self._closed, timeout
@@ -301,12 +333,20 @@ class Storage:
             raise errors.Unavailable("pump storage is closed")
 
     def submit_cb(self, entries: list[Entry], callback: Callback) -> None:
-        """Queue binlogs for the next group commit; ``callback`` runs on the writer
-        thread once they are durable (one result per entry: None = stored, or
-        the error that refused it), or with the fatal error that stopped writes.
-        It must be quick and must not block (hand the result to its owner)."""
-        self._check_open()
-        self._queue.put(_Request(entries, callback))
+        """Store binlogs in the next group commit; ``callback`` runs once they are
+        durable (one result per entry: None = stored, or the error that refused
+        it), or with the fatal error that stopped writes. It runs on the thread
+        that commits the group: this one, when no commit was running (it leads,
+        and returns after the fsync), or the leader at work. It must be quick and
+        must not block (hand the result to its owner)."""
+        req = _Request(entries, callback)
+        with self._lead_cv:
+            self._check_open()
+            self._pending.append(req)
+            if self._leading:
+                return  # the leader at work commits it in its next group
+            self._leading = True
+        self._lead(handed=False)
 
     def submit(self, entries: list[Entry]) -> concurrent.futures.Future[Results]:
         """As ``submit_cb``, with a future for the results."""
@@ -323,84 +363,90 @@ class Storage:
 
     def write(self, entries: list[Entry], timeout: float | None = None) -> Results:
         """Store binlogs and wait until they are durable and indexed."""
-        self._check_open()
         future: concurrent.futures.Future[Results] = concurrent.futures.Future()
-        req: _Request
+        req_seq = [0]
 
         def done(results: Results | None, exc: BaseException | None) -> None:
             if results is not None:
+                req_seq[0] = self._seq  # the leader's, right after this group
                 future.set_result(results)
             else:
                 future.set_exception(exc or errors.Unavailable("pump storage write failed"))
 
-        req = _Request(entries, done)
-        self._queue.put(req)
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.submit_cb(entries, done)
         results = future.result(timeout)
+        self._request_index()
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         with self._state_lock:
             if not self._state_lock.wait_for(
-                lambda: self._indexed_seq >= req.seq or self._fatal is not None or self._closed, remaining
+                lambda: self._indexed_seq >= req_seq[0] or self._fatal is not None or self._closed, remaining
             ):
                 raise errors.DeadlineExceeded(f"pump index did not catch up within {timeout}s")
-            if self._indexed_seq < req.seq:
+            if self._indexed_seq < req_seq[0]:
                 raise errors.Unavailable(f"pump storage stopped before indexing the write: {self._fatal}")
         return results
 
-    def _run(self) -> None:
+    def _take_group(self) -> list[_Request]:
+        """Pending requests up to ``max_group_bytes`` (at least one); under _lead_cv."""
+        pending = self._pending
+        group = [pending.popleft()]
+        size = group[0].nbytes
+        while pending and size < self.max_group_bytes:
+            req = pending.popleft()
+            group.append(req)
+            size += req.nbytes
+        return group
+
+    def _lead(self, *, handed: bool) -> None:
+        """Commit pending groups as the leader (``_leading`` is set for this thread).
+
+        A caller's thread commits one group (the one with its own request) and
+        hands the leadership to the committer thread if more is pending; the
+        committer (``handed``) commits until nothing is."""
+        first = True
         while True:
-            if self._backlog:
-                try:
-                    req = self._queue.get_nowait()
-                except queue.Empty:
-                    # Idle: bring the index up to date before waiting.
-                    if not self._index_backlog():
-                        return
-                    continue
-            else:
-                req = self._queue.get()
-            if req is None:
-                self._index_backlog()
-                return
-            group = [req]
-            size = req.nbytes
-            stop = False
-            while size < self.max_group_bytes:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
+            with self._lead_cv:
+                if self._fatal is not None:
+                    failed = list(self._pending)
+                    self._pending.clear()
+                    self._leading = False
+                    self._lead_cv.notify_all()
                     break
-                if more is None:
-                    stop = True
-                    break
-                group.append(more)
-                size += more.nbytes
+                if not self._pending:
+                    self._leading = False
+                    self._lead_cv.notify_all()
+                    return
+                if not first and not handed:
+                    self._handed = True
+                    self._lead_cv.notify_all()
+                    return
+                group = self._take_group()
+            first = False
             try:
                 self._commit_group(group)
             except BaseException as exc:
                 log.critical("pump storage write failed; refusing further writes: %s", exc, exc_info=True)
-                self._fatal = exc
                 err = errors.Unavailable(f"pump storage write failed: {exc}")
+                with self._lead_cv:
+                    self._fatal = exc
                 for r in group:
                     self._fail(r, err)
-                self._drain_after_fatal()
-                return
-            # Under steady load the queue is never empty: index anyway once the
-            # backlog is large or old enough (it bounds replay work and read lag).
-            if stop or self._backlog_records >= INDEX_BATCH_RECORDS or (
-                self._backlog and time.monotonic() - self._backlog_since >= INDEX_MAX_LAG_S
-            ):
-                if not self._index_backlog() or stop:
-                    return
+                with self._state_lock:
+                    self._state_lock.notify_all()
+        err = errors.Unavailable(f"pump storage write failed: {self._fatal}")
+        for r in failed:
+            self._fail(r, err)
 
-    def _drain_after_fatal(self) -> None:
+    def _commit_loop(self) -> None:
+        """The committer thread: leads whenever a caller's thread hands it the leadership."""
         while True:
-            try:
-                r = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if r is not None:
-                self._fail(r, errors.Unavailable(f"pump storage write failed: {self._fatal}"))
+            with self._lead_cv:
+                self._lead_cv.wait_for(lambda: self._handed or self._stopping)
+                if not self._handed:
+                    return
+                self._handed = False
+            self._lead(handed=True)
 
     @staticmethod
     def _fail(req: _Request, exc: BaseException) -> None:
@@ -424,7 +470,7 @@ class Storage:
                     accepted.append(entry)
             results.append(res)
         # 2. Append and fsync once; then the outcome is final: remember it,
-        #    acknowledge, and queue the records for indexing.
+        #    queue the records for indexing, and acknowledge.
         if accepted:
             pointers = self.vlog.append([e.payload for e in accepted])
             fsyncs = self.vlog.sync()
@@ -443,16 +489,24 @@ class Storage:
             self.stats.groups += 1
         for req in group:
             req.seq = self._seq
+        if accepted:
+            work = _IndexWork(accepted, pointers, self._seq, self.vlog.head)
+            with self._index_cv:
+                if not self._backlog:
+                    self._backlog_since = time.monotonic()
+                    self._index_cv.notify()  # the indexer's timer starts now
+                self._backlog.append(work)
+                self._backlog_records += len(accepted)
+                if self._backlog_records >= INDEX_BATCH_RECORDS:
+                    self._index_now = True
+                    self._index_cv.notify()
+        # Acknowledge last: once the callbacks have woken the answering threads,
+        # this thread has nothing left to do here that would keep them off the GIL.
         for req, res in zip(group, results, strict=True):
             try:
                 req.callback(res, None)
             except Exception:  # a caller's bug must not stop the Pump's writes
                 log.exception("pump storage: a write callback failed")
-        if accepted:
-            if not self._backlog:
-                self._backlog_since = time.monotonic()
-            self._backlog.append(_IndexWork(accepted, pointers, self._seq, self.vlog.head))
-            self._backlog_records += len(accepted)
 
     def _forget_done(self) -> None:
         # Drop the oldest outcomes once the index holds them; raise the floor
@@ -526,28 +580,59 @@ class Storage:
         return None
 
     # ------------------------------------------------------------------ indexing
-    def _index_backlog(self) -> bool:
-        """Index every acknowledged record not yet indexed; False after a fatal error."""
-        if not self._backlog:
-            return True
-        batch, self._backlog, self._backlog_records = self._backlog, [], 0
-        try:
-            self._index_batch(batch)
-        except BaseException as exc:
-            log.critical("pump index write failed; refusing further writes: %s", exc, exc_info=True)
-            self._fatal = exc
-            with self._state_lock:
-                self._state_lock.notify_all()
-            self._drain_after_fatal()
-            return False
-        return True
+    def _request_index(self) -> None:
+        """Have the indexer index its backlog now (a reader or ``write`` waits for it).
+
+        Set even when the backlog is empty: the records a waiter wants may be
+        acknowledged and not yet in the backlog (the leader queues them for the
+        index after the callbacks); the indexer takes them as soon as they are."""
+        with self._index_cv:
+            if not self._index_now:
+                self._index_now = True
+                self._index_cv.notify()
+
+    def _index_loop(self) -> None:
+        """The indexer thread: index the backlog when it is old or large enough,
+        when asked to, and once more when the storage closes."""
+        while True:
+            with self._index_cv:
+                while True:
+                    if self._backlog and (
+                        self._index_now or self._stopping
+                        or time.monotonic() - self._backlog_since >= INDEX_MAX_LAG_S
+                    ):
+                        break
+                    if self._stopping:
+                        return
+                    timeout = (
+                        None if not self._backlog
+                        else self._backlog_since + INDEX_MAX_LAG_S - time.monotonic()
+                    )
+                    self._index_cv.wait(timeout)
+                batch, self._backlog, self._backlog_records = self._backlog, [], 0
+                self._index_now = False
+            try:
+                self._index_batch(batch)
+            except BaseException as exc:
+                log.critical("pump index write failed; refusing further writes: %s", exc, exc_info=True)
+                with self._lead_cv:
+                    self._fatal = exc
+                with self._state_lock:
+                    self._state_lock.notify_all()
+                return
 
     def _index_batch(self, batch: list[_IndexWork]) -> None:
         wb = self.index.db.write_batch()
         with self._state_lock:
+            n = 0
             for work in batch:
                 for entry, ptr in zip(work.entries, work.pointers, strict=True):
                     self._apply(wb, entry.binlog, ptr)
+                    n += 1
+                    if n % INDEX_YIELD_EVERY == 0:
+                        # Let the committing and answering threads have the GIL: a batch
+                        # of thousands of records would otherwise hold it for milliseconds.
+                        time.sleep(0)
             self._head = batch[-1].head
             self._put_meta(wb)
             failpoint.hit(FAILPOINT_BEFORE_INDEX)
@@ -661,12 +746,20 @@ class Storage:
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
-        """Finish queued writes and their indexing, then close the files."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
-        self._writer.join(timeout=30)
+        """Finish the writes under way and their indexing, then close the files."""
+        with self._lead_cv:
+            if self._closed:
+                return
+            self._closed = True  # no new submission from here on
+            # A leader at work commits (or hands on) what is pending before it stops leading.
+            self._lead_cv.wait_for(lambda: not self._leading, timeout=30)
+            self._stopping = True
+            self._lead_cv.notify_all()
+        self._committer.join(timeout=30)
+        with self._index_cv:
+            self._stopping = True
+            self._index_cv.notify_all()
+        self._indexer.join(timeout=30)
         with self._state_lock:
             self._state_lock.notify_all()
         self.vlog.close()
