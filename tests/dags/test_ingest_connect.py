@@ -10,6 +10,7 @@ message naming the server, and the retry against the restarted server leaves
 the window ingested exactly once. Windows of one day ingested at once take
 turns for their Delta writes (``lake.writelock``): none loses a commit race;
 the same windows in one Spark job (``ingest_windows``) leave the same ledger rows.
+The maintenance snapshot and a restore into a database run over Connect too.
 """
 
 from __future__ import annotations
@@ -69,8 +70,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
 
 
 @pytest.fixture(scope="module")
-def windows(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, int]]:
-    url = f"sqlite:///{tmp_path_factory.mktemp('upstream') / 'up.db'}"
+def upstream_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('upstream') / 'up.db'}"
+
+
+@pytest.fixture(scope="module")
+def windows(cluster: DevCluster, upstream_url: str) -> list[tuple[int, int]]:
+    url = upstream_url
     plan = wl.plan("ddl", 2, 60, 3, large_txn_rows=50, large_txn_every=30, ddl_every=15, table_rows=30)
     with TxnWriter(url, registry=cluster.registry_addr) as writer:
         summary = wl.run(writer, plan, clients=2, progress=False)
@@ -94,7 +100,7 @@ def _count(spark: Any, lake: str, table: str, start_ts: int, end_ts: int, column
 
 
 def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows: list[tuple[int, int]],
-                             tmp_path: pathlib.Path) -> None:
+                             upstream_url: str, tmp_path: pathlib.Path) -> None:
     lake = str(tmp_path / "lake")
     spark = connect.connect(server.url, "binlake-test")
     try:
@@ -146,6 +152,15 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         assert {ingest.table_path(lake, t) for t in (ingest.CHANGES, ingest.WINDOWS)} <= set(done)
         for r in results:
             assert _count(spark, lake, ingest.CHANGES, r.start_ts, r.end_ts) == r.rows
+        # The maintenance snapshot and the restore (rebuild, load) are DataFrame and SQL
+        # jobs: over Connect the restored target equals the upstream at the window end.
+        from binlake.restore import restore, snapshot
+
+        ts = windows[-1][1] - 1
+        taken = snapshot.take(spark, lake, ts)
+        assert taken.tables and {e.snapshot_ts for e in snapshot.catalog(spark, lake)} == {ts}
+        restored = restore.run(spark, lake, ts, target=f"sqlite:///{tmp_path / 'target.db'}", verify_url=upstream_url)
+        assert restored.verified is not None and restored.verified.startswith("clean")
     finally:
         spark.stop()
 
