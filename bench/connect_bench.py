@@ -2,11 +2,13 @@
 (spark-submit) against the always-on Spark (a Spark Connect server).
 
 Setup: a registry and two Pumps as processes, ROWS row changes written to them
-with the Pump API (``ingest_bench.produce``), an empty window of EMPTY_S
-seconds after them, and one Spark Connect server started as ``binlake up``
-starts it (``binlake.lake.connect_server``). Then, RUNS times, alternating, for
-the empty window and the ROWS window, each re-ingested into the same lake (the
-steady state: the lake exists, the window replaces itself):
+with the Pump API (``ingest_bench.produce``) for each window the runs need, an
+empty window of EMPTY_S seconds after them, and one Spark Connect server
+started as ``binlake up`` starts it (``binlake.lake.connect_server``). Then,
+RUNS times, alternating, for the empty window, the first ROWS window (which
+holds the table's DDL) re-ingested into the same lake (the lake exists, the
+window replaces itself) and a ROWS window new to the lake each time (what a
+scheduled or backfill run ingests):
 
 * ``spark-submit``: the command the ingest DAG's ``ingest`` task runs
   (``spark-submit jobs/ingest.py`` with the Delta jars), a process per window;
@@ -106,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     env[connect.REMOTE_ENV] = server.url
     try:
         cluster.start()
-        made = produce(cluster, args.rows, args.rows_per_txn)
+        # A window for the re-ingest case, one new window per case and run, and a
+        # spare (the last window cut holds what is left over).
+        fresh = args.runs * (2 if args.skip_spark_submit else 3)
+        made = produce(cluster, args.rows * (2 + fresh), args.rows_per_txn)
         empty_start = tso.compose(int(time.time() * 1000) + 1000, 0)
         empty_end = tso.compose(int((time.time() + 1 + args.empty_s) * 1000), 0)
         _wait_safe(cluster, max(made["end_ts"], empty_end), timeout=120)
@@ -114,13 +119,18 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         print(f"  Spark Connect server up in {time.perf_counter() - t0:.1f}s", flush=True)
         lake = str(root / "lake")
+        cuts = _cuts(cluster, made, args.rows)
+        first = {"start_ts": cuts[0], "end_ts": cuts[1]}
+        new_windows = [{"start_ts": a, "end_ts": b} for a, b in zip(cuts[1:], cuts[2:], strict=False)][:fresh]
         windows = {"empty": {"start_ts": empty_start, "end_ts": empty_end},
-                   f"{args.rows} rows": {"start_ts": made["start_ts"], "end_ts": made["end_ts"]}}
-        for w in windows.values():
+                   f"{args.rows} rows": first}
+        for w in [*windows.values(), *new_windows]:
             w.update(lake=lake, registry=cluster.registry_addr, mode="connect")
         warm = connect.connect(server.url, "binlake-bench-floor")
         for w in windows.values():  # the lake exists and every window was ingested once
             ingest_window(warm, lake, cluster.registry_addr, w["start_ts"], w["end_ts"])
+        new_name = f"{args.rows} rows, new"
+        windows[new_name] = new_windows[0]
         times: dict[tuple[str, str], list[float]] = {}
         task = [sys.executable, "-c", _TASK.format(plugins=str(ROOT / "plugins"))]
         for run in range(args.runs):
@@ -129,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.skip_spark_submit:
                     cases.append(("spark-submit per window", _spark_submit_args(w)))
                 for case, command in cases:
+                    if name == new_name:  # a window the lake does not hold yet, each time
+                        w = new_windows.pop(0)
+                        command = None if command is None else (
+                            _spark_submit_args(w) if case.startswith("spark-submit") else task + [json.dumps(w)])
                     if command is None:
                         t0 = time.perf_counter()
                         ingest_window(warm, lake, cluster.registry_addr, w["start_ts"], w["end_ts"])
@@ -146,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"| {name} | {case} | {min(values):.2f} | {statistics.median(values):.2f} | "
                           f"{min(values) / floor:.1f} |")
         if args.backfill:
-            _backfill(args, made, cluster.registry_addr, root, task, env)
+            _backfill(args, first, cluster.registry_addr, root, task, env)
         warm.stop()
     finally:
         try:
@@ -155,6 +169,25 @@ def main(argv: list[str] | None = None) -> int:
             cluster.stop()
             shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def _cuts(cluster: Any, made: dict[str, Any], rows: int) -> list[int]:
+    """Window bounds over the produced transactions, a window every ``rows`` row
+    changes (cut at transaction bounds: the planning scan's per-mutation counts)."""
+    from binlake.lake.window_index import index_window
+
+    index = index_window(cluster.pump_addrs, made["start_ts"], made["end_ts"])
+    per_ts: dict[int, int] = {}
+    for commit_ts, _table, ins, upd, dele in index.mutations:
+        per_ts[commit_ts] = per_ts.get(commit_ts, 0) + ins + upd + dele
+    cuts, seen = [made["start_ts"]], 0
+    for commit_ts in sorted(per_ts):
+        if seen >= rows:
+            cuts.append(commit_ts)
+            seen = 0
+        seen += per_ts[commit_ts]
+    cuts.append(made["end_ts"])
+    return cuts
 
 
 def _backfill(args: argparse.Namespace, made: dict[str, Any], registry: str, root: pathlib.Path,

@@ -67,8 +67,8 @@ def _spark(name: str) -> Iterator[Any]:
 def _spark_or_connect(name: str) -> Iterator[Any]:
     """A Spark Connect session to the always-on Spark when one is set
     (``binlake_spark_remote``, as ``binlake up`` does), else ``_spark``'s: for
-    the tasks whose jobs are DataFrame and SQL only (OPTIMIZE/VACUUM, the GC
-    report)."""
+    the tasks whose jobs are DataFrame and SQL only (the restore, its check and
+    load, the maintenance snapshot, OPTIMIZE/VACUUM, the GC report)."""
     from binlake.lake import connect
 
     try:
@@ -187,7 +187,7 @@ def check_coverage(resolved: Mapping[str, Any]) -> dict[str, Any]:
         except errors.BinlakeError as exc:
             raise _fail(exc) from None
     try:
-        with _spark(f"binlake-restore-check-{resolved['ts']}") as spark:
+        with _spark_or_connect(f"binlake-restore-check-{resolved['ts']}") as spark:
             try:
                 p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
                 restore.check_out(spark, resolved["out"], p, bool(resolved["replace"]))
@@ -209,7 +209,7 @@ def rebuild(resolved: Mapping[str, Any]) -> dict[str, Any]:
     from binlake import errors
     from binlake.restore import restore
 
-    with _spark(f"binlake-restore-{resolved['ts']}") as spark:
+    with _spark_or_connect(f"binlake-restore-{resolved['ts']}") as spark:
         try:
             p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
             # A retry replaces what an earlier try of this run wrote.
@@ -231,7 +231,7 @@ def load(resolved: Mapping[str, Any]) -> dict[str, Any]:
     if not resolved.get("target"):
         raise AirflowSkipException("no target: the restore is the Delta tables in out")
     run_id, replace = str(resolved["run_id"]), bool(resolved.get("replace_target"))
-    with _spark(f"binlake-restore-load-{resolved['ts']}") as spark:
+    with _spark_or_connect(f"binlake-restore-load-{resolved['ts']}") as spark:
         try:
             p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
             target = restore.open_target(str(resolved["target"]))
@@ -279,7 +279,7 @@ def snapshot_latest() -> dict[str, Any]:
     from binlake.restore import coverage, snapshot
 
     lake = maintenance_settings()["lake"]
-    with _spark("binlake-maintenance-snapshot") as spark:
+    with _spark_or_connect("binlake-maintenance-snapshot") as spark:
         try:
             ts = coverage.last_restorable(read_windows(spark, lake))
             if any(e.snapshot_ts == ts for e in snapshot.catalog(spark, lake)):

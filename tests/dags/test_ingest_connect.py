@@ -2,13 +2,15 @@
 
 One Spark Connect server (started as ``binlake up`` starts it) and one small
 cluster for the module. The ingest over Connect must write exactly the window's
-rows (the data source runs in the server's Python workers), its DDLs and its
-ledger row; a re-run replaces the window. A server killed -9 mid-ingest (after
+rows (through the data source in the server's Python workers, or decoded in
+the client and appended under a Delta idempotent-write id), its DDLs and its
+ledger row; a re-run replaces the window with the same rows. A server killed -9 mid-ingest (after
 the window's rows, before its ledger row) fails the Airflow task body with a
 message naming the server, and the retry against the restarted server leaves
 the window ingested exactly once. Windows of one day ingested at once take
 turns for their Delta writes (``lake.writelock``): none loses a commit race;
 the same windows in one Spark job (``ingest_windows``) leave the same ledger rows.
+The maintenance snapshot and a restore into a database run over Connect too.
 """
 
 from __future__ import annotations
@@ -68,8 +70,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
 
 
 @pytest.fixture(scope="module")
-def windows(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, int]]:
-    url = f"sqlite:///{tmp_path_factory.mktemp('upstream') / 'up.db'}"
+def upstream_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('upstream') / 'up.db'}"
+
+
+@pytest.fixture(scope="module")
+def windows(cluster: DevCluster, upstream_url: str) -> list[tuple[int, int]]:
+    url = upstream_url
     plan = wl.plan("ddl", 2, 60, 3, large_txn_rows=50, large_txn_every=30, ddl_every=15, table_rows=30)
     with TxnWriter(url, registry=cluster.registry_addr) as writer:
         summary = wl.run(writer, plan, clients=2, progress=False)
@@ -93,12 +100,15 @@ def _count(spark: Any, lake: str, table: str, start_ts: int, end_ts: int, column
 
 
 def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows: list[tuple[int, int]],
-                             tmp_path: pathlib.Path) -> None:
+                             upstream_url: str, tmp_path: pathlib.Path) -> None:
     lake = str(tmp_path / "lake")
     spark = connect.connect(server.url, "binlake-test")
     try:
         assert connect.is_remote(spark)
-        results = [ingest.ingest_window(spark, lake, cluster.registry_addr, a, b) for a, b in windows]
+        # The first window through the data source in the server's Python workers, the
+        # second decoded in this process (the default for small windows) and appended.
+        results = [ingest.ingest_window(spark, lake, cluster.registry_addr, *windows[0], decode_here=0),
+                   ingest.ingest_window(spark, lake, cluster.registry_addr, *windows[1])]
         assert sum(r.rows for r in results) > 0 and sum(r.ddls for r in results) > 0
         for r in results:
             assert _count(spark, lake, ingest.CHANGES, r.start_ts, r.end_ts) == r.rows
@@ -106,10 +116,26 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         ledger = ingest.read_windows(spark, lake)
         assert [(w["start_ts"], w["end_ts"], w["rows"]) for w in ledger] == [
             (r.start_ts, r.end_ts, r.rows) for r in results]
-        # A re-run replaces the window: same rows, one ledger row.
+        # A re-run replaces the window: same rows, one ledger row; decoded here, the
+        # rows are exactly those the data source wrote.
+        first = _rows(spark, lake, *windows[0])
         again = ingest.ingest_window(spark, lake, cluster.registry_addr, *windows[0])
         assert again.replaced and again.rows == results[0].rows
-        assert _count(spark, lake, ingest.CHANGES, *windows[0]) == results[0].rows
+        assert _rows(spark, lake, *windows[0]) == first
+        # An append is one write per version of the window's id, however often it is
+        # made (a lost attempt's and its retry's); rows removed later take the next version.
+        w = ingest._Window(*windows[1])
+        appended = str(tmp_path / "appended")
+        assert ingest._append_token(appended, w) is None  # no table yet: no id to read
+        rows = spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES)).where(
+            f"commit_ts >= {w.start_ts} AND commit_ts < {w.end_ts}")
+        token = (f"binlake-ingest-{w.start_ts}-{w.end_ts}", 1)
+        for _ in range(2):
+            ingest._write_rows(rows, appended, w, token)
+        assert spark.read.format("delta").load(appended).count() == results[1].rows
+        assert ingest._append_token(appended, w) is None  # the window has rows: replace them
+        spark.sql(f"DELETE FROM delta.`{appended}` WHERE commit_ts >= {w.start_ts}").collect()
+        assert ingest._append_token(appended, w) == (token[0], 2)
         assert len(ingest.read_windows(spark, lake)) == 2
         # The ddl_history merge (SQL MERGE: Delta's Python API needs a server plugin)
         # adds each DDL once, however often it is given.
@@ -126,6 +152,15 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         assert {ingest.table_path(lake, t) for t in (ingest.CHANGES, ingest.WINDOWS)} <= set(done)
         for r in results:
             assert _count(spark, lake, ingest.CHANGES, r.start_ts, r.end_ts) == r.rows
+        # The maintenance snapshot and the restore (rebuild, load) are DataFrame and SQL
+        # jobs: over Connect the restored target equals the upstream at the window end.
+        from binlake.restore import restore, snapshot
+
+        ts = windows[-1][1] - 1
+        taken = snapshot.take(spark, lake, ts)
+        assert taken.tables and {e.snapshot_ts for e in snapshot.catalog(spark, lake)} == {ts}
+        restored = restore.run(spark, lake, ts, target=f"sqlite:///{tmp_path / 'target.db'}", verify_url=upstream_url)
+        assert restored.verified is not None and restored.verified.startswith("clean")
     finally:
         spark.stop()
 
@@ -212,6 +247,11 @@ def test_server_killed_mid_ingest_then_retry_exactly_once(
         assert [(w["start_ts"], w["end_ts"]) for w in ledger] == [(start_ts, end_ts)]
     finally:
         spark.stop()
+
+
+def _rows(spark: Any, lake: str, start_ts: int, end_ts: int) -> list[tuple[Any, ...]]:
+    frame = spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES))
+    return sorted(tuple(r) for r in frame.where(f"commit_ts >= {start_ts} AND commit_ts < {end_ts}").collect())
 
 
 def _ledger_has(lake: str, start_ts: int) -> bool:

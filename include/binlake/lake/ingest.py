@@ -39,6 +39,7 @@ window), the ingest fails naming the table id and why.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime as dt
 import logging
@@ -82,6 +83,11 @@ MIN_ROWS_PER_PARTITION = 20_000
 # append there, so with N windows running at once (a backfill) a write may lose
 # up to N-1 races: enough attempts for the runs-at-once settings binlake suggests.
 _CONCURRENT_RETRIES = 8
+# Windows of up to this many row changes are decoded in the ingest's own process
+# and sent to Spark as Arrow (about 0.4 KB a row change: 40 MB here); larger ones
+# are read by the data source in Spark's Python workers, in parallel and never
+# whole in one process. Why: ``_decoded_here``.
+DECODE_HERE_ROWS = 100_000
 
 Progress = Callable[[str], None]
 
@@ -172,21 +178,34 @@ def load_history(spark: SparkSession, lake: str, before_ts: int) -> SchemaHistor
     return _load_ddl_history(spark, lake, before_ts, before_ts)[0]
 
 
-def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int, end_ts: int) -> tuple[SchemaHistory, int]:
-    """(definitions from DDLs before ``start_ts``, DDL rows already in ``[start_ts, end_ts)``)."""
+def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int,
+                      end_ts: int) -> tuple[SchemaHistory, list[dict[str, Any]]]:
+    """(definitions from DDLs before ``start_ts``, the DDL rows already in ``[start_ts, end_ts)``)."""
     import pyarrow.dataset as pads
 
     path = table_path(lake, DDL_HISTORY)
     if not is_delta(spark, path):
-        return SchemaHistory(), 0
+        return SchemaHistory(), []
+    columns = [name for name, _ in DDL_COLUMNS]
     # In this process for a local lake (milliseconds), else a Spark job.
-    rows: Sequence[Any] | None = _small_table_rows(path, ("commit_ts", "table_info"),
-                                               pads.field("commit_ts") < int(end_ts))
+    rows: Sequence[Any] | None = _small_table_rows(path, columns, pads.field("commit_ts") < int(end_ts))
     if rows is None:
-        rows = (spark.read.format("delta").load(path).where(f"commit_ts < {int(end_ts)}")
-                .select("commit_ts", "table_info").collect())
+        rows = [r.asDict() for r in spark.read.format("delta").load(path).where(f"commit_ts < {int(end_ts)}")
+                .select(*columns).collect()]
     before = [r for r in rows if r["commit_ts"] < start_ts]
-    return SchemaHistory.from_rows(before), len(rows) - len(before)
+    return SchemaHistory.from_rows(before), [dict(r) for r in rows if r["commit_ts"] >= start_ts]
+
+
+def _same_ddl_rows(held: Sequence[Mapping[str, Any]], txns: Sequence[Any]) -> bool:
+    """Whether ``ddl_history``'s rows of a window (``held``) are exactly the rows its
+    DDL transactions ``txns`` make: then the window's DDL write would change nothing."""
+    names = [name for name, _ in DDL_COLUMNS]
+
+    def key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+        # Binary comes back as bytes or bytearray depending on the reader.
+        return tuple(bytes(v) if isinstance(v, (bytes, bytearray)) else v for v in (row[n] for n in names))
+
+    return sorted(map(key, held), key=repr) == sorted((key(ddl_row(t)) for t in txns), key=repr)
 
 
 def _history_from_pumps(registry: str, gaps: list[tuple[int, int]]) -> tuple[list[Any], list[str]]:
@@ -310,17 +329,22 @@ def ingest_window(
     progress: Progress | None = None,
     *,
     partitions: int | None = None,
+    decode_here: int | None = None,
 ) -> IngestResult:
     """Read ``[start_ts, end_ts)`` from every Pump (or ``pumps``) and write it to the lake.
 
     ``progress`` receives a short message at every step. ``partitions`` is the
     number of input partitions to aim for (default: twice Spark's default
-    parallelism, but never under ``MIN_ROWS_PER_PARTITION`` rows each).
+    parallelism, but never under ``MIN_ROWS_PER_PARTITION`` rows each). A window of
+    up to ``decode_here`` row changes (default ``DECODE_HERE_ROWS``) is decoded in
+    this process and handed to Spark as Arrow; a larger one is read by the
+    ``binlake`` data source in Spark's Python workers (0: always).
     Raises binlake errors with a message naming the window (and the Pump, for
     unreachable Pumps, windows above a safe ts or below a GC ts).
     """
     _validate(spark, lake, registry, start_ts, end_ts, pumps)
-    return ingest_windows(spark, lake, registry, [(start_ts, end_ts)], pumps, progress, partitions=partitions)[0]
+    return ingest_windows(spark, lake, registry, [(start_ts, end_ts)], pumps, progress, partitions=partitions,
+                          decode_here=decode_here)[0]
 
 
 def ingest_windows(
@@ -334,6 +358,7 @@ def ingest_windows(
     partitions: int | None = None,
     max_rows: int | None = None,
     done_since: dt.datetime | None = None,
+    decode_here: int | None = None,
 ) -> list[IngestResult]:
     """Ingest consecutive windows (each one's end the next one's start) in one
     Spark job: one read of ``[first start, last end)``, one commit to ``changes``,
@@ -356,8 +381,9 @@ def ingest_windows(
             raise errors.InvalidArgument(f"windows must be consecutive: one ends at {b}, the next starts at {c}")
     if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
         raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
-    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0):
-        raise ValueError(f"max_rows must be a non-negative integer, got {max_rows!r}")
+    for name, value in (("max_rows", max_rows), ("decode_here", decode_here)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     say = progress or (lambda _msg: None)
     started = time.monotonic()
     ws = [_Window(a, b) for a, b in bounds]
@@ -408,7 +434,8 @@ def ingest_windows(
             ledger_rows.append((w.start_ts, w.end_ts, list(pump_ids), per_pump,
                                 _table_op_counts(index, known.history), index.total_txns, index.total_rows,
                                 len(index.ddls), "done"))
-        _write_window(spark, lake, registry, pump_ids, known, merged, whole, say)
+        _write_window(spark, lake, registry, pump_ids, known, merged, whole, say,
+                      DECODE_HERE_ROWS if decode_here is None else decode_here)
         failpoint.hit("ingest-before-ledger")
         say("recording the window" + (f"s {', '.join(map(str, ws))}" if len(ws) > 1 else ""))
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
@@ -439,8 +466,8 @@ class _KnownSchema:
     """The table definitions an ingest decodes with, and what ``ddl_history`` needs."""
 
     history: SchemaHistory
-    # ``ddl_history`` already holds DDLs inside the window (a re-ingest replaces them).
-    ddls_already: int
+    # ``ddl_history``'s rows inside the window (a re-ingest replaces them).
+    ddls_already: list[dict[str, Any]]
     # DDLs below the lake's first window, read from the Pumps by the first ingest.
     base: list[Any]
     # Why the Pumps could not give some ranges' DDLs (named when a table is unknown).
@@ -501,31 +528,42 @@ def _scan(addrs: Mapping[str, str], known: _KnownSchema, w: _Window, partitions:
 
 
 def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple[str, ...], known: _KnownSchema,
-                  index: WindowIndex, w: _Window, say: Progress) -> int:
+                  index: WindowIndex, w: _Window, say: Progress, decode_here: int) -> int:
     """The window's row changes into ``changes`` and its DDLs into
     ``ddl_history`` (each replacing what the window held); the rows written,
-    which must be the scan's count."""
+    which must be the scan's count. Up to ``decode_here`` row changes are decoded
+    in this process (``_decoded_here``); more are read by the data source in Spark."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     start_ts, end_ts = w.start_ts, w.end_ts
     changes_path = table_path(lake, CHANGES)
-    reader = (spark.read.format(lake_source.FORMAT)
-              .option("registry", registry).option("start_ts", str(start_ts)).option("end_ts", str(end_ts))
-              .option("pumps", ",".join(pump_ids))
-              .option("schema_history", known.history.snapshot(start_ts).to_json())
-              .option("window_index", index.to_json()))
+    options = {"registry": registry, "start_ts": str(start_ts), "end_ts": str(end_ts), "pumps": ",".join(pump_ids),
+               "schema_history": known.history.snapshot(start_ts).to_json(), "window_index": index.to_json()}
     observed: list[Any] = []
+    here = 0 < index.total_rows <= decode_here
 
     def write_changes() -> None:
         # Counted while written (no second pass): checked against the scan below.
         observed[:] = [Observation(f"binlake-ingest-{start_ts}-{end_ts}")]
-        df = reader.load().observe(observed[0], F.count(F.lit(1)).alias("rows"))
+        df = spark.read.format(lake_source.FORMAT).options(**options).load()
+        df = df.observe(observed[0], F.count(F.lit(1)).alias("rows"))
         _replace(df, changes_path, _window_predicate(start_ts, end_ts), ["commit_date"])
 
+    rows = 0
     try:
         with connect.job_description(spark, f"binlake ingest {w}"):
-            if index.total_rows:
+            if here:
+                say(f"decoding {index.total_rows} row changes of {index.total_txns} transactions here, then writing")
+                import pyarrow as pa
+
+                batches = _decoded_here(options, w)
+                rows = sum(b.num_rows for b in batches)
+                if rows == index.total_rows:  # else nothing is written (checked below)
+                    df = spark.createDataFrame(pa.Table.from_batches(batches))
+                    token = _append_token(changes_path, w)
+                    _retry_concurrent(CHANGES, lambda: _write_rows(df, changes_path, w, token))
+            elif index.total_rows:
                 say(f"reading and writing {index.total_rows} row changes of {index.total_txns} transactions")
                 lake_source.register(spark)
                 _retry_concurrent(CHANGES, write_changes)
@@ -535,26 +573,105 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
                 # below their safe ts and above their GC ts (checked before this), so every
                 # earlier attempt at it found no rows either.
                 say("no row changes in the window: the change table is left as it is")
-            ddl_path = table_path(lake, DDL_HISTORY)
-            if known.base:
-                say(f"adding the {len(known.base)} DDL(s) below the lake's first window to ddl_history")
-                _retry_concurrent(DDL_HISTORY, lambda: _merge_ddls(spark, ddl_path, known.base))
-            if index.ddls or known.ddls_already:  # nothing to replace and nothing new: skip a Delta commit
-                say(f"writing {len(index.ddls)} DDL(s) to ddl_history")
-                ddl_df = _ddl_frame(spark, [t for _pump, t in index.ddls])
-                _retry_concurrent(DDL_HISTORY, lambda: _replace(
-                    ddl_df, ddl_path, f"commit_ts >= {start_ts} AND commit_ts < {end_ts}"))
+            if not here or rows == index.total_rows:  # decoded here: nothing is written on a miscount
+                _write_ddls(spark, lake, known, index, w, say)
     except Exception as exc:
         err = binlake_error(exc)
         if err is not None:
             raise type(err)(f"ingest {w}: {err}") from None
         raise
-    rows = int(observed[0].get["rows"]) if observed else 0
+    if observed:
+        rows = int(observed[0].get["rows"])
     if rows != index.total_rows:
         raise errors.FailedPrecondition(
-            f"ingest {w}: wrote {rows} row changes but the pumps' scan counted {index.total_rows}; "
-            "the window is not recorded as done - run it again")
+            f"ingest {w}: {'decoded' if here else 'wrote'} {rows} row changes but the pumps' scan counted "
+            f"{index.total_rows}; the window is not recorded as done - run it again")
     return rows
+
+
+def _append_token(path: str, w: _Window) -> tuple[str, int] | None:
+    """The Delta idempotent-write id (``txnAppId``, ``txnVersion``) with which the
+    window's rows may be appended to ``changes`` rather than replace the window;
+    None when they must replace it.
+
+    Called under the lake's write lock. A ``replaceWhere`` must find and remove
+    the rows it replaces, which made it 2-3 times an append's cost. An append is
+    the same write when no file of the table may hold a row of the window (delta-rs
+    reads the file statistics here: a local lake only). What could still add the
+    window's rows meanwhile is an earlier attempt whose client died while its
+    Spark Connect server went on writing; the id makes the two one write:
+
+    * the id is the window's, with the version after the last one committed for
+      it: a lost attempt that found the same table state took the same version;
+    * Delta writes a version of an id at most once: a write that finds it
+      committed does nothing, and of two at once the second fails with a
+      conflict, is retried (``_retry_concurrent``) and then does nothing;
+    * a lost attempt that committed before this check left rows of the window
+      in the table, so this ingest replaces them (None).
+
+    A window whose rows were removed after an ingest (its ledger row too) gets
+    the next version, so it is written again."""
+    from binlake.lake import arrowread
+
+    app_id = f"binlake-ingest-{w.start_ts}-{w.end_ts}"
+    state = arrowread.append_state(path, _prune_predicate(w.start_ts, w.end_ts), app_id)
+    if state is None or state[0]:
+        return None
+    return app_id, (state[1] or 0) + 1
+
+
+def _write_rows(df: Any, path: str, w: _Window, token: tuple[str, int] | None) -> None:
+    """The window's change rows into ``changes``: appended under ``token`` (see
+    ``_append_token``), else replacing what the window holds."""
+    if token is None:
+        _replace(df, path, _window_predicate(w.start_ts, w.end_ts), ["commit_date"])
+        return
+    (df.write.format("delta").mode("append").partitionBy("commit_date")
+     .option("txnAppId", token[0]).option("txnVersion", str(token[1])).save(path))
+
+
+def _decoded_here(options: dict[str, str], w: _Window) -> list[Any]:
+    """The window's change rows as pyarrow RecordBatches, read and decoded in this
+    process by the data source's own reader (the same Pump checks, partitions and
+    decoder), a thread per partition.
+
+    Why for small windows: a Spark Python worker that reads the data source is a
+    new interpreter importing binlake, pyarrow and grpc, and a Spark Connect server
+    keeps its workers per session, so every ingest task (a new session) paid for
+    new ones: about 5 s of a 30,000-row window's 8 s. Decoding such a window here
+    takes 0.1-0.2 s, and its Arrow table (about 0.4 KB a row change) goes to Spark
+    with the write."""
+    try:
+        reader = lake_source.BinlakeReader(lake_source.ReadOptions.parse(options))
+        parts = reader.partitions()
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(4, len(parts)))) as pool:
+            batches = [b for part in pool.map(lambda p: list(reader.read(p)), parts) for b in part]
+    except errors.BinlakeError as exc:  # the same message a worker's failure gives, naming the window
+        try:
+            raised: errors.BinlakeError = type(exc)(f"ingest {w}: {exc}")
+        except TypeError:  # a class whose constructor takes more (UnknownTableError)
+            raised = errors.FailedPrecondition(f"ingest {w}: {exc}")
+        raise raised from None
+    return batches
+
+
+def _write_ddls(spark: SparkSession, lake: str, known: _KnownSchema, index: WindowIndex, w: _Window,
+                say: Progress) -> None:
+    """The DDLs below the lake's first window (a first ingest) and the window's own
+    into ``ddl_history``."""
+    ddl_path = table_path(lake, DDL_HISTORY)
+    if known.base:
+        say(f"adding the {len(known.base)} DDL(s) below the lake's first window to ddl_history")
+        _retry_concurrent(DDL_HISTORY, lambda: _merge_ddls(spark, ddl_path, known.base))
+    txns = [t for _pump, t in index.ddls]
+    # No Delta commit when nothing is new and nothing to replace (no DDL, or a
+    # re-ingest finding the same DDL rows). Rows are compared whole, so one
+    # written differently before is still replaced.
+    if not _same_ddl_rows(known.ddls_already, txns):
+        say(f"writing {len(index.ddls)} DDL(s) to ddl_history")
+        ddl_df = _ddl_frame(spark, txns)
+        _retry_concurrent(DDL_HISTORY, lambda: _replace(
+            ddl_df, ddl_path, f"commit_ts >= {w.start_ts} AND commit_ts < {w.end_ts}"))
 
 
 def _record(spark: SparkSession, lake: str, rows: list[tuple[Any, ...]]) -> None:
@@ -616,6 +733,14 @@ def _merge_ddls(spark: SparkSession, path: str, txns: list[Any]) -> None:
                   "WHEN NOT MATCHED THEN INSERT *").collect()
     finally:
         spark.catalog.dropTempView(view)
+
+
+def _prune_predicate(start_ts: int, end_ts: int) -> str:
+    """``_window_predicate`` as delta-rs's file pruning takes it (dates as strings)."""
+    first = commit_date(start_ts).isoformat()
+    last = commit_date(end_ts - 1).isoformat()
+    return (f"commit_date >= '{first}' AND commit_date <= '{last}' "
+            f"AND commit_ts >= {start_ts} AND commit_ts < {end_ts}")
 
 
 def _window_predicate(start_ts: int, end_ts: int) -> str:

@@ -137,7 +137,10 @@ def materialize(spark: Any, frame: Any) -> Any:
     """``frame`` computed once (one pass over what it reads) and kept, partitioned by
     table_id, for the per-table jobs that follow (a local checkpoint: lineage cut, so
     no later job plans or reads the lake again)."""
-    parts = max(2, 2 * int(spark.sparkContext.defaultParallelism))
+    from binlake.lake import connect
+
+    # The server's parallelism on a Spark Connect session (which has no sparkContext).
+    parts = max(2, 2 * connect.default_parallelism(spark))
     return frame.repartition(parts, "table_id").sortWithinPartitions("table_id").localCheckpoint(eager=True)
 
 
