@@ -327,3 +327,138 @@ def test_freshness_reads_the_ledger_of_an_s3_lake(s3: s3server.LocalS3) -> None:
     write_deltalake("s3://lake/fresh/windows", pa.table({"start_ts": [5, 1], "end_ts": [9, 5]}),
                     storage_options={**location.storage_options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
     assert freshness.ledger("s3://lake/fresh") == [(1, 5), (5, 9)]
+
+
+# ---- the lake's writer lease (one writer across hosts) ----------------------------
+
+LEASE_TTL_S = 2.0
+# A writer in its own process, with its own temp directory (so its own host lock
+# file: another "host" as far as the lake's write turn knows); it takes the turn,
+# says so, and holds it until a line arrives on stdin.
+_HOLDER = """
+import sys, time
+from binlake.lake import writelock
+with writelock.lake_writes(sys.argv[1], what=sys.argv[2], progress=lambda m: print("progress", m, flush=True)):
+    print("held", time.time(), flush=True)
+    sys.stdin.readline()
+print("released", time.time(), flush=True)
+"""
+
+
+def _holder(s3: s3server.LocalS3, lake: str, name: str, tmp_path: pathlib.Path) -> subprocess.Popen[str]:
+    tmp = tmp_path / f"host-{name}"
+    tmp.mkdir()
+    env = {**os.environ, **s3.env(), "TMPDIR": str(tmp), "BINLAKE_LAKE_S3_WRITER_LEASE_TTL_S": str(LEASE_TTL_S)}
+    return subprocess.Popen([sys.executable, "-c", _HOLDER, lake, name], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _line(proc: subprocess.Popen[str], prefix: str, timeout: float = 60) -> tuple[float, list[str]]:
+    """The time stamp of ``proc``'s first output line starting with ``prefix``, and the lines before it."""
+    import selectors
+
+    seen: list[str] = []
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sel.select(timeout=0.2):
+            line = proc.stdout.readline()
+            assert line, f"the writer exited: {proc.stderr.read() if proc.stderr else ''}"
+            if line.startswith(prefix):
+                return float(line.split()[-1]) if prefix != "progress" else time.time(), seen
+            seen.append(line)
+    raise AssertionError(f"no {prefix!r} line within {timeout}s; got {seen}")
+
+
+def _silent_for(proc: subprocess.Popen[str], seconds: float) -> None:
+    import selectors
+
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if sel.select(timeout=left):
+            line = proc.stdout.readline()
+            assert not line.startswith("held"), "two writers held the lake at once"
+
+
+def test_writers_on_two_hosts_take_turns_through_the_lease(s3: s3server.LocalS3, tmp_path: pathlib.Path) -> None:
+    lake = "s3://lake/lease-turns"
+    a = _holder(s3, lake, "a", tmp_path)
+    b = None
+    try:
+        _line(a, "held")
+        b = _holder(s3, lake, "b", tmp_path)
+        _line(b, "progress")  # b reads the lease held by a and waits
+        # a keeps renewing it: b stays out for longer than the TTL.
+        _silent_for(b, 2 * LEASE_TTL_S)
+        assert a.stdin is not None
+        a.stdin.write("\n")
+        a.stdin.flush()
+        released, _ = _line(a, "released")
+        got, _ = _line(b, "held", timeout=10)
+        # b takes it as soon as a marks it free (well before a TTL would free it).
+        assert released - 0.5 <= got < released + LEASE_TTL_S
+    finally:
+        for p in (a, b):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_a_writer_killed_with_9_frees_the_lease_after_its_ttl(s3: s3server.LocalS3, tmp_path: pathlib.Path) -> None:
+    lake = "s3://lake/lease-kill"
+    a = _holder(s3, lake, "a", tmp_path)
+    b = None
+    try:
+        _line(a, "held")
+        b = _holder(s3, lake, "b", tmp_path)
+        _line(b, "progress")
+        a.kill()  # SIGKILL: no release, no more renewals
+        a.wait()
+        killed = time.time()
+        got, _ = _line(b, "held", timeout=30)
+        # Not before a's last renewal is a TTL old (it renews every TTL/3), and soon after.
+        assert killed + LEASE_TTL_S * 2 / 3 - 0.3 <= got <= killed + LEASE_TTL_S + 5
+    finally:
+        for p in (a, b):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_a_holder_that_lost_its_lease_commits_nothing_more(s3: s3server.LocalS3) -> None:
+    from binlake import errors
+    from binlake.lake import lease, s3object
+
+    lost: list[str] = []
+    held = lease.WriterLease("s3://lake/lease-lost", ttl_s=LEASE_TTL_S, on_lost=lost.append)
+    held.acquire()
+    try:
+        held.check()  # held: a commit may start
+        # Another writer takes it over (as one would after the TTL): the holder's next
+        # renewal finds another ETag, it calls on_lost (the lock cancels its Spark jobs),
+        # and its check before any further commit refuses.
+        bucket, key = lease.lease_where("s3://lake/lease-lost")
+        other = s3object.ObjectClient(location.s3_settings(), bucket, key)
+        put = other.put(b'{"state": "held", "owner": "other", "ttl_s": 60, "seq": 99}', if_match=str(other.get().etag))
+        assert put.status == 200
+        deadline = time.monotonic() + 3 * LEASE_TTL_S
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lost and "another writer" in lost[0]
+        with pytest.raises(lease.LeaseLost, match="nothing more is committed"):
+            held.check()
+    finally:
+        held.release()
+    # The release left the other writer's lease alone.
+    assert b'"owner": "other"' in other.get().body
+    # Bad credentials: one clear line before anything is written.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        with pytest.raises(errors.InvalidArgument, match="refused the credentials"):
+            lease.WriterLease("s3://lake/lease-bad", ttl_s=LEASE_TTL_S).acquire()
+    assert _store(s3).get_file_info("lake/lease-bad/_binlake/writer.lease").type.name == "NotFound"
