@@ -9,7 +9,11 @@ holds the lake, and the DAGs and commands work on ``s3://lake/...`` as on a dire
   on S3; the catalogs name tables relative to the lake;
 - the lake copied to another prefix (a moved lake) restores and applies from there;
 - SeaweedFS killed (SIGKILL) in the middle of an ingest: the ledger still says what
-  the lake holds, and the rerun finishes the window exactly once;
+  the lake holds, and the rerun finishes the window exactly once; killed in the
+  middle of a restore: one line, no table in the target, and the rerun equals the
+  upstream;
+- the lake's writer lease: writers on two "hosts" take turns, a holder killed with
+  -9 frees it after its TTL, a holder that lost it commits nothing more;
 - bad S3 settings and URIs: one line, exit 2, before anything is written.
 """
 
@@ -245,9 +249,13 @@ def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
     assert _rows(f"sqlite:///{tmp_path / 'replica2.db'}") == _rows(final_copy)
 
 
-def test_s3_killed_mid_ingest_leaves_the_ledger_true_and_the_rerun_finishes(
-        s3: s3server.LocalS3, cluster: Any, spark: SparkSession, tmp_path: pathlib.Path) -> None:
+def test_s3_killed_mid_ingest_or_restore_leaves_nothing_half_done_and_the_rerun_finishes(
+        s3: s3server.LocalS3, cluster: Any, spark: SparkSession, tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     location.configure_spark(spark)
+    # The killed ingest cannot release the lake's writer lease (S3 is down then): the
+    # rerun takes it over once it has been silent for its TTL, kept short here.
+    monkeypatch.setenv("BINLAKE_LAKE_S3_WRITER_LEASE_TTL_S", "3")
     lake = "s3://lake/crash"
     start = tso.from_datetime(dt.datetime.now(dt.UTC))  # the window holds the table's CREATE too
     up = Upstream(tmp_path, cluster.registry_addr)
@@ -276,6 +284,10 @@ def test_s3_killed_mid_ingest_leaves_the_ledger_true_and_the_rerun_finishes(
     s3.kill()
     out = proc.communicate(timeout=300)[0]
     assert proc.returncode != 0, out[-2000:]
+    # One line: the writer lease, which could not be renewed with S3 down, stopped the
+    # writes (its loss cancels them), or S3's own failure if that came first.
+    (line,) = [x for x in out.splitlines() if x.startswith("binlake ingest: error:")]
+    assert "lost the writer lease" in line or "S3 store stopped answering" in line, line
     s3.start()
     # The ledger holds no row claiming the window (readers go by the ledger: whatever
     # files reached the bucket are not the lake's until a ledger row says so).
@@ -286,9 +298,32 @@ def test_s3_killed_mid_ingest_leaves_the_ledger_true_and_the_rerun_finishes(
     # Exactly once: the change table holds the window's rows, none twice.
     changes = spark.read.format("delta").load(location.table_path(lake, location.CHANGES))
     assert changes.count() == w["rows"] == changes.select("commit_ts", "seq").distinct().count() == 30 * 2 - 1
-    restored = f"sqlite:///{tmp_path / 'restored.db'}"
-    assert _in_process("restore", "--lake", lake, "--ts", str(end - 1), "--target", restored) == 0
-    assert _rows(restored) == _rows(final_copy)
+
+    # S3 killed in the middle of a restore into a target, as the restore reads the
+    # lake's rows: one line saying what failed, no table in the target (each table is
+    # created and loaded in one transaction), and the rerun (S3 back) equals the upstream.
+    restored = tmp_path / "restored.db"
+    restore = ("restore", "--lake", lake, "--ts", str(end - 1), "--target", f"sqlite:///{restored}")
+    proc = subprocess.Popen([sys.executable, "-m", "binlake.cli", *restore], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    err: list[str] = []
+    for line in proc.stderr:
+        err.append(line)
+        if "reading the lake once" in line:
+            s3.kill()
+            break
+    else:
+        raise AssertionError("".join(err)[-2000:])
+    err.append(proc.communicate(timeout=300)[1])
+    s3.start()
+    errors = [line for line in "".join(err).splitlines() if line.startswith("binlake restore: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in "".join(err), "".join(err)[-3000:]
+    assert "the lake's S3 store stopped answering" in errors[0], errors[0]
+    with sqlite3.connect(restored) as db:
+        assert db.execute("SELECT name FROM sqlite_master WHERE name = 'items'").fetchall() == []
+    assert _in_process(*restore) == 0
+    assert _rows(f"sqlite:///{restored}") == _rows(final_copy)
 
 
 def pafs_selector(path: str) -> Any:

@@ -187,10 +187,11 @@ class WriterLease:
             if not due:
                 continue
             sent = time.monotonic()
+            failure = ""
             try:
                 put = self.client.put(self._body(HELD, seq), if_match=str(etag))
             except errors.BinlakeError as exc:
-                put = None
+                put, failure = None, str(exc)
                 log.warning("renewing the writer lease of %s failed: %s", self.lake, exc)
             with self._state:
                 if put is not None and put.status == 200 and put.etag:
@@ -199,7 +200,7 @@ class WriterLease:
                 if put is not None:
                     self._lost = f"another writer took the lease over (renewal answered {put.status})"
                 elif time.monotonic() >= self._sent_at + SAFETY * self.ttl_s:
-                    self._lost = f"it could not be renewed for {SAFETY * self.ttl_s:g}s"
+                    self._lost = f"it could not be renewed for {SAFETY * self.ttl_s:g}s: {failure}"
                 lost = self._lost
             if lost is not None:
                 log.error("lost the writer lease of %s: %s; stopping its writes", self.lake, lost)

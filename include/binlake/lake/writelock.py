@@ -110,6 +110,12 @@ def lake_writes(lake: str, *, what: str = "", spark: Any = None,
             _held[path] = (turn, 1)
             try:
                 yield turn
+            except Exception:
+                if lease is not None:
+                    # When the lease was lost, that is what stopped the writes (its loss
+                    # cancelled the Spark jobs): say so rather than "job cancelled".
+                    lease.check()
+                raise
             finally:
                 del _held[path]
                 if lease is not None:
