@@ -164,7 +164,8 @@ def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
         tis = {t["task_id"]: t["state"] for t in get("/dags/binlake_ingest/dagRuns/probe/taskInstances")[
             "task_instances"]}
         assert tis["ingest"] == "success" and tis["ingest_inprocess"] == "skipped", tis
-        assert [a["name"] for a in master_apps()] == ["binlake-ingest"]
+        # (the maintenance DAG's jobs, scheduled at the start, run on it too)
+        assert "binlake-ingest" in [a["name"] for a in master_apps()]
 
         assert up.ctrl_c(timeout=120) == 0
     assert not port_open(f"127.0.0.1:{port}")
