@@ -231,6 +231,15 @@ def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
     for catalog in (layout.history_catalog(LAKE), layout.snapshot_catalog(LAKE)):
         stored = [r["path"] for r in spark.read.format("delta").load(catalog).collect() if r["path"]]
         assert stored and all(not p.startswith("/") and "://" not in p for p in stored), stored
+    # Every writer above (two ingests, the snapshot, the history tables, each table's
+    # OPTIMIZE/VACUUM) took the lake's writer lease in turn and released it.
+    import json
+
+    from binlake.lake import lease, s3object
+
+    held = s3object.ObjectClient(location.s3_settings(), *lease.lease_where(LAKE)).get()
+    body = json.loads(held.body)
+    assert held.status == 200 and body["state"] == lease.FREE and body["seq"] >= 2 * (2 + 2 + 5), body
 
     # Move the lake (copy every object to another prefix, drop the old one): history,
     # restore and apply work from the new place.

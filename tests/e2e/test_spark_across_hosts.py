@@ -108,8 +108,11 @@ def test_ingest_on_a_cluster_across_hosts_survives_a_lost_worker(
             for line in proc.stdout:
                 out.append(line)
                 if "reading and writing" in line:
-                    apps = (sc._status() or {}).get("activeapps", [])
-                    assert apps, "no application at the master"
+                    # The application has an executor on each worker host (a core used on both).
+                    status = sc._status() or {}
+                    assert [a["name"] for a in status.get("activeapps", [])] == ["binlake-cli"], status
+                    assert sorted((w["host"], w["coresused"]) for w in status["workers"]) == sorted(
+                        [(worker1.addr, 1), (worker2.addr, 1)]), status["workers"]
                     sc.kill_worker(1)  # the host's worker and its executor: a worker host lost
                     break
             else:

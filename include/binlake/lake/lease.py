@@ -144,11 +144,14 @@ class WriterLease:
                     self._took(put.etag, 1, sent)
                     return time.monotonic() - began
                 continue  # another writer created it first: read who
+            if not ans.etag:
+                raise errors.FailedPrecondition(
+                    f"{self.client.where}: the S3 server gave no ETag, which the writer lease needs")
             cur = LeaseBody.decode(ans.body, self.ttl_s)
             expired = (cur.state != FREE and seen is not None and seen[0] == ans.etag
                        and sent - seen[1] >= cur.ttl_s)
             if cur.state == FREE or expired:
-                put = self.client.put(self._body(HELD, cur.seq + 1), if_match=str(ans.etag))
+                put = self.client.put(self._body(HELD, cur.seq + 1), if_match=ans.etag)
                 if put.status == 200:
                     if expired:
                         log.warning("took over the writer lease of %s from %s, silent for %.1fs (its TTL)",
