@@ -222,6 +222,9 @@ class S3Settings(BaseSettings):
     session_token: str | None = Field(None, description="Session token of temporary credentials.", repr=False)
     path_style: bool = Field(True, description=(
         "Address buckets as ENDPOINT/BUCKET (what S3-compatible servers need) rather than BUCKET.ENDPOINT."))
+    writer_lease_ttl_s: float = Field(60.0, ge=1, le=3600, description=(
+        "Seconds a writer's lease on the lake (_binlake/writer.lease) lasts without renewal: a writer killed "
+        "while holding it holds the lake's writes up for this long. The holder renews it every third of it."))
 
     @field_validator("endpoint_url")
     @classmethod

@@ -407,18 +407,6 @@ def ingest_start_date(text: str | None = None) -> dt.datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
 
 
-def s3_needs_one_writer(lake: str, mode: str | None) -> bool:
-    """Whether ingest runs into ``lake`` must run one at a time: an S3 lake written by
-    a driver per run (``spark-submit``/``inprocess``; with ``mode`` None, by the
-    environment: no ``BINLAKE_SPARK_REMOTE``). Through the one Spark Connect server
-    every commit comes from one JVM, whose S3 LogStore serializes them."""
-    if not lake.strip().lower().startswith(("s3://", "s3a://")):
-        return False
-    if mode is None:
-        return not os.environ.get("BINLAKE_SPARK_REMOTE", "").strip()
-    return mode != CONNECT
-
-
 def ingest_max_active_runs(text: str | None = None) -> int:
     """How many ingest runs (windows) may run at once, catching up or backfilling:
     ``BINLAKE_INGEST_MAX_ACTIVE_RUNS`` (default 4). Windows are independent and
@@ -426,13 +414,11 @@ def ingest_max_active_runs(text: str | None = None) -> int:
     a run costs its work, so more runs at once shorten a backfill until Spark's
     cores are busy. ``airflow backfill create --max-active-runs`` overrides it per backfill.
 
-    Except on S3 without the always-on Spark: there each run is its own Spark driver,
-    and two drivers committing to one Delta table on S3 can overwrite each other's
-    commit (delta-spark's default S3 LogStore excludes writers within one JVM only),
-    so the default is then 1 and ``plan`` refuses more (``s3_needs_one_writer``)."""
+    On S3 too, in every ingest mode: the runs' Delta writes take turns through the
+    lake's writer lease (``binlake.lake.writelock``), whichever driver makes them."""
     raw = (text if text is not None else os.environ.get(MAX_ACTIVE_RUNS_ENV, "")).strip()
     if not raw:
-        return 1 if s3_needs_one_writer(os.environ.get("BINLAKE_LAKE_DIR", ""), None) else DEFAULT_MAX_ACTIVE_RUNS
+        return DEFAULT_MAX_ACTIVE_RUNS
     try:
         value = int(raw)
     except ValueError:

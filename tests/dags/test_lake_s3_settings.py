@@ -1,5 +1,5 @@
-"""The DAGs' S3 settings: the ``binlake_lake_s3`` aws Connection, and one active
-ingest per S3 lake unless every commit goes through the one Spark Connect driver."""
+"""The DAGs' S3 settings: the ``binlake_lake_s3`` aws Connection, and several ingest
+runs at once on an S3 lake (their writes take turns through the lake's writer lease)."""
 
 from __future__ import annotations
 
@@ -18,17 +18,9 @@ def test_an_aws_connection_gives_the_aws_variables() -> None:
         config.s3_from_connection("AK", "SK", {"endpoint_url": "s3:8333"})
 
 
-def test_one_ingest_at_a_time_on_s3_without_the_connect_server(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_s3_lake_allows_several_ingest_runs_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Their writes take turns through the lake's writer lease (tests/dags/test_s3_lake.py).
     monkeypatch.delenv(config.MAX_ACTIVE_RUNS_ENV, raising=False)
     monkeypatch.delenv("BINLAKE_SPARK_REMOTE", raising=False)
     monkeypatch.setenv("BINLAKE_LAKE_DIR", "s3://lake/x")
-    assert config.ingest_max_active_runs() == 1
-    monkeypatch.setenv("BINLAKE_SPARK_REMOTE", "sc://spark:15002")
     assert config.ingest_max_active_runs() == config.DEFAULT_MAX_ACTIVE_RUNS
-    monkeypatch.setenv("BINLAKE_LAKE_DIR", "/data/lake")
-    monkeypatch.delenv("BINLAKE_SPARK_REMOTE")
-    assert config.ingest_max_active_runs() == config.DEFAULT_MAX_ACTIVE_RUNS
-    assert config.s3_needs_one_writer("s3://lake/x", config.SPARK_SUBMIT)
-    assert config.s3_needs_one_writer("s3://lake/x", config.INPROCESS)
-    assert not config.s3_needs_one_writer("s3://lake/x", config.CONNECT)
-    assert not config.s3_needs_one_writer("/data/lake", config.SPARK_SUBMIT)

@@ -9,7 +9,11 @@ holds the lake, and the DAGs and commands work on ``s3://lake/...`` as on a dire
   on S3; the catalogs name tables relative to the lake;
 - the lake copied to another prefix (a moved lake) restores and applies from there;
 - SeaweedFS killed (SIGKILL) in the middle of an ingest: the ledger still says what
-  the lake holds, and the rerun finishes the window exactly once;
+  the lake holds, and the rerun finishes the window exactly once; killed in the
+  middle of a restore: one line, no table in the target, and the rerun equals the
+  upstream;
+- the lake's writer lease: writers on two "hosts" take turns, a holder killed with
+  -9 frees it after its TTL, a holder that lost it commits nothing more;
 - bad S3 settings and URIs: one line, exit 2, before anything is written.
 """
 
@@ -227,6 +231,15 @@ def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
     for catalog in (layout.history_catalog(LAKE), layout.snapshot_catalog(LAKE)):
         stored = [r["path"] for r in spark.read.format("delta").load(catalog).collect() if r["path"]]
         assert stored and all(not p.startswith("/") and "://" not in p for p in stored), stored
+    # Every writer above (two ingests, the snapshot, the history tables, each table's
+    # OPTIMIZE/VACUUM) took the lake's writer lease in turn and released it.
+    import json
+
+    from binlake.lake import lease, s3object
+
+    held = s3object.ObjectClient(location.s3_settings(), *lease.lease_where(LAKE)).get()
+    body = json.loads(held.body)
+    assert held.status == 200 and body["state"] == lease.FREE and body["seq"] >= 2 * (2 + 2 + 5), body
 
     # Move the lake (copy every object to another prefix, drop the old one): history,
     # restore and apply work from the new place.
@@ -245,9 +258,13 @@ def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
     assert _rows(f"sqlite:///{tmp_path / 'replica2.db'}") == _rows(final_copy)
 
 
-def test_s3_killed_mid_ingest_leaves_the_ledger_true_and_the_rerun_finishes(
-        s3: s3server.LocalS3, cluster: Any, spark: SparkSession, tmp_path: pathlib.Path) -> None:
+def test_s3_killed_mid_ingest_or_restore_leaves_nothing_half_done_and_the_rerun_finishes(
+        s3: s3server.LocalS3, cluster: Any, spark: SparkSession, tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     location.configure_spark(spark)
+    # The killed ingest cannot release the lake's writer lease (S3 is down then): the
+    # rerun takes it over once it has been silent for its TTL, kept short here.
+    monkeypatch.setenv("BINLAKE_LAKE_S3_WRITER_LEASE_TTL_S", "3")
     lake = "s3://lake/crash"
     start = tso.from_datetime(dt.datetime.now(dt.UTC))  # the window holds the table's CREATE too
     up = Upstream(tmp_path, cluster.registry_addr)
@@ -276,6 +293,10 @@ def test_s3_killed_mid_ingest_leaves_the_ledger_true_and_the_rerun_finishes(
     s3.kill()
     out = proc.communicate(timeout=300)[0]
     assert proc.returncode != 0, out[-2000:]
+    # One line: the writer lease, which could not be renewed with S3 down, stopped the
+    # writes (its loss cancels them), or S3's own failure if that came first.
+    (line,) = [x for x in out.splitlines() if x.startswith("binlake ingest: error:")]
+    assert "lost the writer lease" in line or "S3 store stopped answering" in line, line
     s3.start()
     # The ledger holds no row claiming the window (readers go by the ledger: whatever
     # files reached the bucket are not the lake's until a ledger row says so).
@@ -286,9 +307,32 @@ def test_s3_killed_mid_ingest_leaves_the_ledger_true_and_the_rerun_finishes(
     # Exactly once: the change table holds the window's rows, none twice.
     changes = spark.read.format("delta").load(location.table_path(lake, location.CHANGES))
     assert changes.count() == w["rows"] == changes.select("commit_ts", "seq").distinct().count() == 30 * 2 - 1
-    restored = f"sqlite:///{tmp_path / 'restored.db'}"
-    assert _in_process("restore", "--lake", lake, "--ts", str(end - 1), "--target", restored) == 0
-    assert _rows(restored) == _rows(final_copy)
+
+    # S3 killed in the middle of a restore into a target, as the restore reads the
+    # lake's rows: one line saying what failed, no table in the target (each table is
+    # created and loaded in one transaction), and the rerun (S3 back) equals the upstream.
+    restored = tmp_path / "restored.db"
+    restore = ("restore", "--lake", lake, "--ts", str(end - 1), "--target", f"sqlite:///{restored}")
+    proc = subprocess.Popen([sys.executable, "-m", "binlake.cli", *restore], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    err: list[str] = []
+    for line in proc.stderr:
+        err.append(line)
+        if "reading the lake once" in line:
+            s3.kill()
+            break
+    else:
+        raise AssertionError("".join(err)[-2000:])
+    err.append(proc.communicate(timeout=300)[1])
+    s3.start()
+    errors = [line for line in "".join(err).splitlines() if line.startswith("binlake restore: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in "".join(err), "".join(err)[-3000:]
+    assert "the lake's S3 store stopped answering" in errors[0], errors[0]
+    with sqlite3.connect(restored) as db:
+        assert db.execute("SELECT name FROM sqlite_master WHERE name = 'items'").fetchall() == []
+    assert _in_process(*restore) == 0
+    assert _rows(f"sqlite:///{restored}") == _rows(final_copy)
 
 
 def pafs_selector(path: str) -> Any:
@@ -327,3 +371,138 @@ def test_freshness_reads_the_ledger_of_an_s3_lake(s3: s3server.LocalS3) -> None:
     write_deltalake("s3://lake/fresh/windows", pa.table({"start_ts": [5, 1], "end_ts": [9, 5]}),
                     storage_options={**location.storage_options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
     assert freshness.ledger("s3://lake/fresh") == [(1, 5), (5, 9)]
+
+
+# ---- the lake's writer lease (one writer across hosts) ----------------------------
+
+LEASE_TTL_S = 2.0
+# A writer in its own process, with its own temp directory (so its own host lock
+# file: another "host" as far as the lake's write turn knows); it takes the turn,
+# says so, and holds it until a line arrives on stdin.
+_HOLDER = """
+import sys, time
+from binlake.lake import writelock
+with writelock.lake_writes(sys.argv[1], what=sys.argv[2], progress=lambda m: print("progress", m, flush=True)):
+    print("held", time.time(), flush=True)
+    sys.stdin.readline()
+print("released", time.time(), flush=True)
+"""
+
+
+def _holder(s3: s3server.LocalS3, lake: str, name: str, tmp_path: pathlib.Path) -> subprocess.Popen[str]:
+    tmp = tmp_path / f"host-{name}"
+    tmp.mkdir()
+    env = {**os.environ, **s3.env(), "TMPDIR": str(tmp), "BINLAKE_LAKE_S3_WRITER_LEASE_TTL_S": str(LEASE_TTL_S)}
+    return subprocess.Popen([sys.executable, "-c", _HOLDER, lake, name], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _line(proc: subprocess.Popen[str], prefix: str, timeout: float = 60) -> tuple[float, list[str]]:
+    """The time stamp of ``proc``'s first output line starting with ``prefix``, and the lines before it."""
+    import selectors
+
+    seen: list[str] = []
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sel.select(timeout=0.2):
+            line = proc.stdout.readline()
+            assert line, f"the writer exited: {proc.stderr.read() if proc.stderr else ''}"
+            if line.startswith(prefix):
+                return float(line.split()[-1]) if prefix != "progress" else time.time(), seen
+            seen.append(line)
+    raise AssertionError(f"no {prefix!r} line within {timeout}s; got {seen}")
+
+
+def _silent_for(proc: subprocess.Popen[str], seconds: float) -> None:
+    import selectors
+
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if sel.select(timeout=left):
+            line = proc.stdout.readline()
+            assert not line.startswith("held"), "two writers held the lake at once"
+
+
+def test_writers_on_two_hosts_take_turns_through_the_lease(s3: s3server.LocalS3, tmp_path: pathlib.Path) -> None:
+    lake = "s3://lake/lease-turns"
+    a = _holder(s3, lake, "a", tmp_path)
+    b = None
+    try:
+        _line(a, "held")
+        b = _holder(s3, lake, "b", tmp_path)
+        _line(b, "progress")  # b reads the lease held by a and waits
+        # a keeps renewing it: b stays out for longer than the TTL.
+        _silent_for(b, 2 * LEASE_TTL_S)
+        assert a.stdin is not None
+        a.stdin.write("\n")
+        a.stdin.flush()
+        released, _ = _line(a, "released")
+        got, _ = _line(b, "held", timeout=10)
+        # b takes it as soon as a marks it free (well before a TTL would free it).
+        assert released - 0.5 <= got < released + LEASE_TTL_S
+    finally:
+        for p in (a, b):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_a_writer_killed_with_9_frees_the_lease_after_its_ttl(s3: s3server.LocalS3, tmp_path: pathlib.Path) -> None:
+    lake = "s3://lake/lease-kill"
+    a = _holder(s3, lake, "a", tmp_path)
+    b = None
+    try:
+        _line(a, "held")
+        b = _holder(s3, lake, "b", tmp_path)
+        _line(b, "progress")
+        a.kill()  # SIGKILL: no release, no more renewals
+        a.wait()
+        killed = time.time()
+        got, _ = _line(b, "held", timeout=30)
+        # Not before a's last renewal is a TTL old (it renews every TTL/3), and soon after.
+        assert killed + LEASE_TTL_S * 2 / 3 - 0.3 <= got <= killed + LEASE_TTL_S + 5
+    finally:
+        for p in (a, b):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_a_holder_that_lost_its_lease_commits_nothing_more(s3: s3server.LocalS3) -> None:
+    from binlake import errors
+    from binlake.lake import lease, s3object
+
+    lost: list[str] = []
+    held = lease.WriterLease("s3://lake/lease-lost", ttl_s=LEASE_TTL_S, on_lost=lost.append)
+    held.acquire()
+    try:
+        held.check()  # held: a commit may start
+        # Another writer takes it over (as one would after the TTL): the holder's next
+        # renewal finds another ETag, it calls on_lost (the lock cancels its Spark jobs),
+        # and its check before any further commit refuses.
+        bucket, key = lease.lease_where("s3://lake/lease-lost")
+        other = s3object.ObjectClient(location.s3_settings(), bucket, key)
+        put = other.put(b'{"state": "held", "owner": "other", "ttl_s": 60, "seq": 99}', if_match=str(other.get().etag))
+        assert put.status == 200
+        deadline = time.monotonic() + 3 * LEASE_TTL_S
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lost and "another writer" in lost[0]
+        with pytest.raises(lease.LeaseLost, match="nothing more is committed"):
+            held.check()
+    finally:
+        held.release()
+    # The release left the other writer's lease alone.
+    assert b'"owner": "other"' in other.get().body
+    # Bad credentials: one clear line before anything is written.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        with pytest.raises(errors.InvalidArgument, match="refused the credentials"):
+            lease.WriterLease("s3://lake/lease-bad", ttl_s=LEASE_TTL_S).acquire()
+    assert _store(s3).get_file_info("lake/lease-bad/_binlake/writer.lease").type.name == "NotFound"

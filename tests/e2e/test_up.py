@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -93,15 +94,28 @@ def _wait_states(get: Any, until: str, timeout: float) -> list[str]:
 
 @pytest.mark.slow
 def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
-    """The whole stack: Airflow comes up healthy with binlake_ingest parsed and
-    unpaused, the spark_default connection points at local[*], a run's wait step
-    defers to the real triggerer and resumes, and Ctrl-C stops it all."""
+    """The whole stack with ``--spark-cluster``: Airflow comes up healthy with
+    binlake_ingest parsed and unpaused, a Spark standalone master and worker run,
+    a run's wait step defers to the real triggerer and resumes, its ingest is a
+    spark-submit application of that cluster, and Ctrl-C stops it all."""
     port = free_port()
+    master_port = free_port()
     api = f"http://127.0.0.1:{port}/api/v2"
     with binlake_up(["--data-dir", "state", "--registry-addr", f"127.0.0.1:{free_port()}", "--pumps", "2",
-                     "--pump-port-base", "0", "--airflow-port", str(port), PUMP_ARGS], tmp_path) as up:
+                     "--pump-port-base", "0", "--airflow-port", str(port), "--spark-cluster",
+                     "--spark-master-port", str(master_port), PUMP_ARGS], tmp_path) as up:
         up.wait_for("Press Ctrl-C", timeout=240)
         assert f"Airflow UI   http://127.0.0.1:{port}" in up.output
+        found_ui = re.search(rf"Spark standalone cluster spark://127.0.0.1:{master_port} "
+                             r"\(master UI (http://127.0.0.1:\d+)", up.output)
+        assert found_ui, up.output
+
+        def master_apps() -> list[dict[str, Any]]:
+            assert found_ui is not None
+            with urllib.request.urlopen(f"{found_ui.group(1)}/json/", timeout=10) as resp:
+                status = json.loads(resp.read())
+            assert [w["state"] for w in status["workers"]] == ["ALIVE"], status["workers"]
+            return list(status.get("completedapps", [])) + list(status.get("activeapps", []))
 
         def get(path: str) -> dict:
             with urllib.request.urlopen(f"{api}{path}", timeout=10) as resp:
@@ -122,7 +136,7 @@ def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
         assert get("/importErrors")["total_entries"] == 0
         assert dags["binlake_ingest"]["is_paused"] is False
         conn = get("/connections/spark_default")
-        assert (conn["conn_type"], conn["host"]) == ("spark", "local[*]")
+        assert (conn["conn_type"], conn["host"]) == ("spark", "local[*]")  # binlake_spark_master wins over it
         env_sh = (tmp_path / "state" / "airflow" / "env.sh").read_text()
         assert "export AIRFLOW_HOME=" in env_sh and "BINLAKE_REGISTRY" in env_sh
 
@@ -141,6 +155,17 @@ def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
             os.kill(pump2, signal.SIGCONT)
         seen += _wait_states(get, "success", timeout=60)
         assert seen[-1] == "success" and "deferred" in seen, seen
+        # The ingest is a spark-submit application of the stack's cluster (a driver and
+        # an executor JVM to start: longer than through a running Connect server).
+        deadline = time.monotonic() + 300
+        while get("/dags/binlake_ingest/dagRuns/probe")["state"] not in ("success", "failed"):
+            assert time.monotonic() < deadline, "the probe run did not finish"
+            time.sleep(1)
+        tis = {t["task_id"]: t["state"] for t in get("/dags/binlake_ingest/dagRuns/probe/taskInstances")[
+            "task_instances"]}
+        assert tis["ingest"] == "success" and tis["ingest_inprocess"] == "skipped", tis
+        # (the maintenance DAG's jobs, scheduled at the start, run on it too)
+        assert "binlake-ingest" in [a["name"] for a in master_apps()]
 
         assert up.ctrl_c(timeout=120) == 0
     assert not port_open(f"127.0.0.1:{port}")

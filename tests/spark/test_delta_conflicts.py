@@ -23,7 +23,7 @@ def test_concurrent_first_writes_conflict_typed_and_are_retried(spark: SparkSess
     # Two writers creating one table at once: Delta lets one win and the other
     # fail with a typed conflict (ProtocolChangedException), which the retry absorbs.
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        done = [pool.submit(ingest._retry_concurrent, "t", lambda i=i: write(i)) for i in range(2)]
+        done = [pool.submit(ingest._retry_concurrent, "t", lambda i=i: write(i), lambda: None) for i in range(2)]
         for f in done:
             f.result()
     rows = spark.read.format("delta").load(path).groupBy("k").count().orderBy("k").collect()
@@ -37,7 +37,7 @@ def test_concurrent_first_writes_conflict_typed_and_are_retried(spark: SparkSess
         spark.sql("SELECT * FROM no_such_table_anywhere").collect()
 
     try:
-        ingest._retry_concurrent("t", bad)
+        ingest._retry_concurrent("t", bad, lambda: None)
     except Exception as exc:
         assert not isinstance(exc, ingest.delta_conflicts())
     assert calls == [1]

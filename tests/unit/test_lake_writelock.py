@@ -27,8 +27,8 @@ def test_one_holder_at_a_time(tmp_path: pathlib.Path) -> None:
     waits: list[float] = []
 
     def writer() -> None:
-        with writelock.lake_writes(lake) as waited:
-            waits.append(waited)
+        with writelock.lake_writes(lake) as turn:
+            waits.append(turn.waited)
             inside.append(1)
             most[0] = max(most[0], len(inside))
             time.sleep(0.05)
@@ -42,3 +42,21 @@ def test_one_holder_at_a_time(tmp_path: pathlib.Path) -> None:
     assert most[0] == 1 and len(waits) == 4
     assert max(waits) >= 0.1  # the last one waited for at least two others
     assert (tmp_path / "lake" / writelock.LOCK_NAME).exists()
+
+
+def test_a_thread_inside_takes_it_again_without_waiting(tmp_path: pathlib.Path) -> None:
+    lake = str(tmp_path / "lake")
+    with writelock.lake_writes(lake) as outer, writelock.lake_writes(lake) as inner:
+        assert inner is outer
+        inner.check()  # a local lake's turn cannot be lost
+    # And it is free again for another thread afterwards.
+    done = threading.Event()
+
+    def other() -> None:
+        with writelock.lake_writes(lake):
+            done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(5)
+    assert done.is_set()

@@ -61,9 +61,9 @@ def session(master: str | None = None, quiet: bool = True) -> SparkSession:
 
 
 def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
-    from binlake.lake.spark_errors import binlake_error
+    from binlake.lake.spark_errors import binlake_error, s3_unreachable
 
-    err = binlake_error(exc)
+    err = binlake_error(exc) or s3_unreachable(exc, what)
     if err is not None:
         return err
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

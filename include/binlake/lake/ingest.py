@@ -285,10 +285,12 @@ def is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, delta_conflicts()) or any(name in str(exc) for name in _CONFLICT_CLASSES)
 
 
-def _retry_concurrent(what: str, fn: Callable[[], Any]) -> Any:
+def _retry_concurrent(what: str, fn: Callable[[], Any], check: Callable[[], None]) -> Any:
     """Run a Delta write again when a concurrent writer committed first (another
-    window's ingest touching the same table): the write is idempotent."""
+    window's ingest touching the same table): the write is idempotent. ``check``
+    (the lake's write turn's) runs before each attempt: no commit once the turn is lost."""
     for attempt in range(1, _CONCURRENT_RETRIES + 1):
+        check()
         try:
             return fn()
         except Exception as exc:
@@ -406,9 +408,9 @@ def ingest_windows(
         indexes.append(index)
     # The lake's writers take turns from the first Delta write to the ledger rows
     # (lake.writelock): windows of one day would fail each other's commits.
-    with writelock.lake_writes(lake) as waited:
-        if waited >= 0.5:
-            say(f"waited {waited:.1f}s for other windows' writes to this lake")
+    with writelock.lake_writes(lake, what=f"ingest {whole}", spark=spark, progress=say) as turn:
+        if turn.waited >= 0.5:
+            say(f"waited {turn.waited:.1f}s for other writes to this lake")
         if len(indexes) > 1 or done_since is not None:
             # A run at once with this one may have taken some of these windows
             # meanwhile: the batch stops before the first one the ledger holds now,
@@ -435,11 +437,11 @@ def ingest_windows(
                                 _table_op_counts(index, known.history), index.total_txns, index.total_rows,
                                 len(index.ddls), "done"))
         _write_window(spark, lake, registry, pump_ids, known, merged, whole, say,
-                      DECODE_HERE_ROWS if decode_here is None else decode_here)
+                      DECODE_HERE_ROWS if decode_here is None else decode_here, turn.check)
         failpoint.hit("ingest-before-ledger")
         say("recording the window" + (f"s {', '.join(map(str, ws))}" if len(ws) > 1 else ""))
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
-        _record(spark, lake, [(*row, now) for row in ledger_rows])
+        _record(spark, lake, [(*row, now) for row in ledger_rows], turn.check)
     failpoint.hit("ingest-before-checkpoint")
     _move_checkpoint(spark, lake, registry, whole, say)
     elapsed = time.monotonic() - started
@@ -528,11 +530,13 @@ def _scan(addrs: Mapping[str, str], known: _KnownSchema, w: _Window, partitions:
 
 
 def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple[str, ...], known: _KnownSchema,
-                  index: WindowIndex, w: _Window, say: Progress, decode_here: int) -> int:
+                  index: WindowIndex, w: _Window, say: Progress, decode_here: int,
+                  check: Callable[[], None]) -> int:
     """The window's row changes into ``changes`` and its DDLs into
     ``ddl_history`` (each replacing what the window held); the rows written,
     which must be the scan's count. Up to ``decode_here`` row changes are decoded
-    in this process (``_decoded_here``); more are read by the data source in Spark."""
+    in this process (``_decoded_here``); more are read by the data source in Spark.
+    ``check`` runs before each commit."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
@@ -562,11 +566,11 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
                 if rows == index.total_rows:  # else nothing is written (checked below)
                     df = spark.createDataFrame(pa.Table.from_batches(batches))
                     token = _append_token(changes_path, w)
-                    _retry_concurrent(CHANGES, lambda: _write_rows(df, changes_path, w, token))
+                    _retry_concurrent(CHANGES, lambda: _write_rows(df, changes_path, w, token), check)
             elif index.total_rows:
                 say(f"reading and writing {index.total_rows} row changes of {index.total_txns} transactions")
                 lake_source.register(spark)
-                _retry_concurrent(CHANGES, write_changes)
+                _retry_concurrent(CHANGES, write_changes, check)
             else:
                 # No Delta commit for a window without row changes. Nothing of it can be in
                 # ``changes`` to replace: what the Pumps hold of a window is fixed once it is
@@ -574,7 +578,7 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
                 # earlier attempt at it found no rows either.
                 say("no row changes in the window: the change table is left as it is")
             if not here or rows == index.total_rows:  # decoded here: nothing is written on a miscount
-                _write_ddls(spark, lake, known, index, w, say)
+                _write_ddls(spark, lake, known, index, w, say, check)
     except Exception as exc:
         err = binlake_error(exc)
         if err is not None:
@@ -656,13 +660,13 @@ def _decoded_here(options: dict[str, str], w: _Window) -> list[Any]:
 
 
 def _write_ddls(spark: SparkSession, lake: str, known: _KnownSchema, index: WindowIndex, w: _Window,
-                say: Progress) -> None:
+                say: Progress, check: Callable[[], None]) -> None:
     """The DDLs below the lake's first window (a first ingest) and the window's own
     into ``ddl_history``."""
     ddl_path = table_path(lake, DDL_HISTORY)
     if known.base:
         say(f"adding the {len(known.base)} DDL(s) below the lake's first window to ddl_history")
-        _retry_concurrent(DDL_HISTORY, lambda: _merge_ddls(spark, ddl_path, known.base))
+        _retry_concurrent(DDL_HISTORY, lambda: _merge_ddls(spark, ddl_path, known.base), check)
     txns = [t for _pump, t in index.ddls]
     # No Delta commit when nothing is new and nothing to replace (no DDL, or a
     # re-ingest finding the same DDL rows). Rows are compared whole, so one
@@ -671,26 +675,25 @@ def _write_ddls(spark: SparkSession, lake: str, known: _KnownSchema, index: Wind
         say(f"writing {len(index.ddls)} DDL(s) to ddl_history")
         ddl_df = _ddl_frame(spark, txns)
         _retry_concurrent(DDL_HISTORY, lambda: _replace(
-            ddl_df, ddl_path, f"commit_ts >= {w.start_ts} AND commit_ts < {w.end_ts}"))
+            ddl_df, ddl_path, f"commit_ts >= {w.start_ts} AND commit_ts < {w.end_ts}"), check)
 
 
-def _record(spark: SparkSession, lake: str, rows: list[tuple[Any, ...]]) -> None:
+def _record(spark: SparkSession, lake: str, rows: list[tuple[Any, ...]], check: Callable[[], None]) -> None:
     """The windows' ``windows`` rows (``WINDOWS_DDL``), each replacing one with the
     same bounds, in one commit; written last, so a failed ingest leaves no row
-    claiming a window is done."""
+    claiming a window is done. ``check`` runs before the commit."""
     path = table_path(lake, WINDOWS)
     windows_df = spark.createDataFrame(rows, WINDOWS_DDL)
     bounds = {(int(r[0]), int(r[1])) for r in rows}
-    # Called under the lake's write lock. In a local lake every binlake writer takes
-    # that lock, so windows the ledger does not hold yet (read now, inside it) are
-    # appended: a blind append costs a fifth of a replaceWhere, which must find the
+    # Called under the lake's write turn, which every binlake writer takes, so
+    # windows the ledger does not hold yet (read now, inside it) are appended: a blind append costs a fifth of a replaceWhere, which must find the
     # rows to replace. Any other case replaces the rows with the same bounds.
     ledger = _small_table_rows(path, ("start_ts", "end_ts")) if is_delta(spark, path) else None
     if ledger is not None and not bounds & {(int(r["start_ts"]), int(r["end_ts"])) for r in ledger}:
-        _retry_concurrent(WINDOWS, lambda: windows_df.write.format("delta").mode("append").save(path))
+        _retry_concurrent(WINDOWS, lambda: windows_df.write.format("delta").mode("append").save(path), check)
         return
     where = " OR ".join(f"(start_ts = {a} AND end_ts = {b})" for a, b in sorted(bounds))
-    _retry_concurrent(WINDOWS, lambda: _replace(windows_df, path, where))
+    _retry_concurrent(WINDOWS, lambda: _replace(windows_df, path, where), check)
 
 
 def _move_checkpoint(spark: SparkSession, lake: str, registry: str, w: _Window, say: Progress) -> None:

@@ -21,8 +21,9 @@ never taken from a command line and never logged (``S3Settings.__repr__`` hides
 the secret; Spark redacts ``fs.s3a.*key`` confs).
 
 Writers: Spark writes every lake table (through s3a, with delta-spark's default
-S3 LogStore, safe for one driver at a time); delta-rs only reads, so it needs no
-locking provider or conditional-put setting.
+S3 LogStore, safe for one driver at a time: the writers of a lake take turns
+through ``lake.writelock``, on S3 its writer lease); delta-rs only reads, so it
+needs no locking provider or conditional-put setting.
 """
 
 from __future__ import annotations

@@ -28,3 +28,25 @@ def binlake_error(exc: BaseException) -> errors.BinlakeError | None:
         return cls(message.strip())
     except TypeError:  # an error class whose constructor takes more (UnknownTableError)
         return errors.FailedPrecondition(message.strip())
+
+
+# What the AWS SDK / s3a say when the store does not answer (down, unreachable, timing out).
+_S3_DOWN = ("Unable to execute HTTP request", "Connection refused", "UnknownHostException", "connect timed out",
+            "SocketTimeoutException", "NoHttpResponseException", "Connection reset")
+_S3_OP = re.compile(r"(\w+ on s3a://[^\s:]+)")
+_CAUSE = re.compile(r"^Caused by: ([\w.$]+): (.*)$", re.MULTILINE)
+
+
+def s3_unreachable(exc: BaseException, what: str) -> errors.Unavailable | None:
+    """One line for a Spark job that lost the lake's S3 store mid-way (the store went
+    down or out of reach), naming the operation and the root cause instead of py4j's
+    "An error occurred while calling o94.load"; None for any other failure."""
+    text = str(exc)
+    if "s3a://" not in text or not any(marker in text for marker in _S3_DOWN):
+        return None
+    op = _S3_OP.search(text)
+    causes = _CAUSE.findall(text)
+    root = f"{causes[-1][0].rsplit('.', 1)[-1]}: {causes[-1][1].strip()}" if causes else "no answer"
+    return errors.Unavailable(
+        f"{what}: the lake's S3 store stopped answering ({op.group(1) + ': ' if op else ''}{root[:200]}); "
+        "check that the endpoint is up, then rerun")

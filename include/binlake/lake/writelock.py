@@ -1,4 +1,4 @@
-"""One writer at a time per lake on a host: the ingest's Delta commits in turn.
+"""One writer at a time per lake: every Spark writer of the lake takes its turn here.
 
 Windows are independent, but Delta sees two of them as a conflict: the
 ``changes`` table is partitioned by ``commit_date``, a window's
@@ -8,30 +8,45 @@ so any window of the same day committing meanwhile fails it with
 ``ConcurrentAppendException``; the unpartitioned ``windows`` ledger conflicts
 the same way on every commit. A backfill running N windows at once used to
 lose those races again and again (8 jittered attempts were not always enough
-for 4 writers).
+for 4 writers). On S3 it is worse: delta-spark's default LogStore excludes
+writers within one JVM only, so two drivers could each overwrite the other's
+commit.
 
-So the ingests of one lake take turns for their writes: an exclusive
-``flock`` on a lock file held from a window's first Delta write to its ledger
-row. Everything else (the task start, planning, the ledger and DDL reads, the
-Pumps' scan) still runs at once, and the Spark server, which would share its
-cores between concurrent jobs anyway, runs the writes back to back. The lock
-file is ``_binlake_writes.lock`` inside a local lake (Spark and delta-rs skip
-``_`` names; every process that mounts the lake shares it), and one per lake
-URI in the temp directory for a lake in an object store (the writers of one
-host; writers on other hosts still meet Delta's conflicts and the ingest's
-retries). The kernel drops the lock with its process, so a killed ingest never
-leaves it held.
+So every writer of a lake (the ingest in every mode, the snapshots, the history
+tables, OPTIMIZE/VACUUM, the synthetic lakes of the benchmarks) runs its Delta
+writes inside ``lake_writes``:
+
+* a local lake: an exclusive ``flock`` on ``_binlake_writes.lock`` inside it
+  (Spark and delta-rs skip ``_`` names; every process that mounts the lake
+  shares it). The kernel drops the lock with its process, so a killed writer
+  never leaves it held.
+* an S3 lake: first a ``flock`` on a lock file per lake URI in the temp directory
+  (the writers of this host queue there, so only one of them polls S3), then
+  the lake's writer lease (``lake.lease``), which excludes writers on every host;
+  a holder killed with -9 frees it after its TTL (``[lake.s3] writer_lease_ttl_s``).
+
+The turn is reentrant within a thread (a snapshot job that also writes a catalog
+takes it once), and other threads of the process wait for it as other processes
+do. Writers call ``Turn.check()`` right before each Delta commit they start: on
+S3 it refuses to commit once the lease is lost (see ``lake.lease`` for the
+invariant); on a local lake it never fails (the kernel's lock cannot be lost).
+Everything else (planning, reads, the Pumps' scan) runs outside the turn.
 """
-
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
+import logging
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = "_binlake_writes.lock"
 
@@ -49,18 +64,97 @@ def lock_path(lake: str) -> str:
     return os.path.join(tempfile.gettempdir(), f"binlake-lake-{digest}.lock")
 
 
+@dataclasses.dataclass
+class Turn:
+    """A writer's turn at the lake: how long it waited, and the commit check."""
+
+    lake: str
+    waited: float
+    lease: Any = None  # lake.lease.WriterLease on S3
+
+    def check(self) -> None:
+        """Before each Delta commit: raise ``lease.LeaseLost`` if this turn is over."""
+        if self.lease is not None:
+            self.lease.check()
+
+
+# Per lock path: the process's re-entrant lock (threads wait there), and the turn
+# held by the thread inside (so a nested ``lake_writes`` of that thread reuses it).
+_guard = threading.Lock()
+_locks: dict[str, threading.RLock] = {}
+_held: dict[str, tuple[Turn, int]] = {}
+
+
 @contextlib.contextmanager
-def lake_writes(lake: str) -> Iterator[float]:
-    """Hold the lake's write lock inside; yields the seconds spent waiting for it."""
+def lake_writes(lake: str, *, what: str = "", spark: Any = None,
+                progress: Callable[[str], None] | None = None) -> Iterator[Turn]:
+    """Hold the lake's write turn inside (see the module's docstring). ``what`` names
+    the writer in the S3 lease (shown to waiters); ``spark``, when given, has its
+    jobs cancelled if the lease is lost mid-write."""
     path = lock_path(lake)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with _guard:
+        mine = _locks.setdefault(path, threading.RLock())
     began = time.monotonic()
+    with mine:
+        if path in _held:  # this thread holds it already
+            turn, depth = _held[path]
+            _held[path] = (turn, depth + 1)
+            try:
+                yield turn
+            finally:
+                _held[path] = (turn, depth)
+            return
+        with _host_lock(path):
+            lease = _take_lease(lake, what, spark, progress)
+            turn = Turn(lake, time.monotonic() - began, lease)
+            _held[path] = (turn, 1)
+            try:
+                yield turn
+            except Exception:
+                if lease is not None:
+                    # When the lease was lost, that is what stopped the writes (its loss
+                    # cancelled the Spark jobs): say so rather than "job cancelled".
+                    lease.check()
+                raise
+            finally:
+                del _held[path]
+                if lease is not None:
+                    lease.release()
+
+
+@contextlib.contextmanager
+def _host_lock(path: str) -> Iterator[None]:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            yield time.monotonic() - began
+            yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _take_lease(lake: str, what: str, spark: Any, progress: Callable[[str], None] | None) -> Any:
+    """The lake's writer lease when it is on S3 (taken, renewing), else None."""
+    from binlake.lake import lease as lease_mod
+    from binlake.lake import location
+
+    if not location.parse(lake).is_s3:
+        return None
+    held = lease_mod.WriterLease(lake, what=what, on_lost=(lambda why: _cancel(spark, why)) if spark is not None
+                                 else None)
+    held.acquire(progress)
+    return held
+
+
+def _cancel(spark: Any, why: str) -> None:
+    """Stop the session's running jobs: a write still uploading files never commits."""
+    from binlake.lake import connect
+
+    log.error("cancelling the Spark jobs writing the lake: %s", why)
+    if connect.is_remote(spark):
+        spark.interruptAll()
+    else:
+        spark.sparkContext.cancelAllJobs()

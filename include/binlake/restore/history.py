@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode
+from binlake.lake import decode, writelock
 from binlake.lake.location import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
@@ -139,9 +139,16 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
            progress: Progress | None = None, parallelism: int = onepass.DEFAULT_PARALLELISM) -> HistoryResult:
     """Bring the history table of every table (or ``tables``, named as they are now)
     up to the end of the ledger's contiguous windows: one pass over the change table
-    for all of them, ``parallelism`` tables written at once."""
-
+    for all of them, ``parallelism`` tables written at once. The whole update, its
+    reading of the catalog included, is one turn at the lake's writes
+    (``lake.writelock``): two updates planned from one catalog would apply windows twice."""
     say = progress or (lambda _m: None)
+    with writelock.lake_writes(lake, what="history tables", spark=spark, progress=say) as turn:
+        return _update(spark, lake, tables, say, parallelism, turn.check)
+
+
+def _update(spark: Any, lake: str, tables: Sequence[str] | None, say: Progress, parallelism: int,
+            check: Callable[[], None]) -> HistoryResult:
     started = time.monotonic()
     windows = read_windows(spark, lake)
     first, _ = coverage.lake_span(windows)
@@ -196,6 +203,7 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
         shared = onepass.materialize(spark, scan)
 
     def one(t: _Todo) -> tuple[int, tuple[str, str, dict[str, Any]]]:
+        check()  # no commit once the lake's write turn is lost
         return t.table_id, _apply(spark, schema, shared, t, ledger, end, say)
 
     for table_id, res in onepass.each_table(todo, one, parallelism):
@@ -205,6 +213,7 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
     names = [n.split()[0] for n in layout.HISTORY_CATALOG_DDL.split(", ")]
     df = spark.createDataFrame([tuple(r[n] for n in names) for r in new_rows], layout.HISTORY_CATALOG_DDL)
     cpath = layout.history_catalog(lake)
+    check()
     if is_delta(spark, cpath) and tables is not None:
         ids_sql = ",".join(str(i) for i in ids) or "-1"
         df.write.format("delta").mode("overwrite").option("replaceWhere", f"table_id IN ({ids_sql})").save(cpath)

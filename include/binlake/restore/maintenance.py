@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from binlake import tso
+from binlake.lake import writelock
 from binlake.lake.location import CHANGES, DDL_HISTORY, WINDOWS, is_delta, read_windows, table_path
 from binlake.restore import coverage, history, layout, snapshot
 
@@ -58,8 +59,13 @@ def optimize_vacuum(spark: Any, lake: str, retention_hours: float,
             # SQL rather than Delta's Python DeltaTable API: the same commands, and
             # they run over Spark Connect too (DeltaTable needs a server plugin there).
             quoted = path.replace("`", "``")
-            spark.sql(f"OPTIMIZE delta.`{quoted}`").collect()
-            spark.sql(f"VACUUM delta.`{quoted}` RETAIN {float(retention_hours)} HOURS").collect()
+            # One table per turn at the lake's writes: an ingest waits for one
+            # table's OPTIMIZE/VACUUM, not for the whole lake's.
+            with writelock.lake_writes(lake, what=f"OPTIMIZE/VACUUM {path}", spark=spark, progress=say) as turn:
+                turn.check()
+                spark.sql(f"OPTIMIZE delta.`{quoted}`").collect()
+                turn.check()
+                spark.sql(f"VACUUM delta.`{quoted}` RETAIN {float(retention_hours)} HOURS").collect()
             say(f"optimized and vacuumed {path} (retention {retention_hours:g} h)")
             done.append(path)
     finally:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode
+from binlake.lake import decode, writelock
 from binlake.lake.location import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
@@ -114,8 +114,15 @@ class SnapshotResult:
 def take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None,
          progress: Progress | None = None, parallelism: int = onepass.DEFAULT_PARALLELISM) -> SnapshotResult:
     """Write a snapshot of every table (or ``tables``) at commit_ts ``ts``: one pass over
-    the change table for all of them, ``parallelism`` tables written at once."""
+    the change table for all of them, ``parallelism`` tables written at once; one turn
+    at the lake's writes (``lake.writelock``)."""
     say = progress or (lambda _m: None)
+    with writelock.lake_writes(lake, what=f"snapshot at {ts}", spark=spark, progress=say) as turn:
+        return _take(spark, lake, ts, tables, say, parallelism, turn.check)
+
+
+def _take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None, say: Progress, parallelism: int,
+          check: Callable[[], None]) -> SnapshotResult:
     started = time.monotonic()
     windows = read_windows(spark, lake)
     coverage.check(windows, ts)
@@ -132,6 +139,9 @@ def take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None,
         plans.append(restore.TablePlan(table_id, info, base))
     p = restore.Plan(lake, ts, schema, plans, "auto")
     # One pass over the lake for every table, then the tables written concurrently.
+    # They are not the lake's until the catalog's marker row names them (the commit
+    # point), which is checked against the write turn once more.
+    check()
     written = restore.write_tables(spark, p, lambda t: layout.snapshot_table(lake, ts, t.table_id), parallelism, say)
     failpoint.hit("snapshot-after-table")
     rows_out = []
@@ -145,6 +155,7 @@ def take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None,
     marker = (ts, layout.MARKER_TABLE_ID, None, None, None, sum(n for _a, n, _b in done), None, tables is None, _now())
     cat = layout.snapshot_catalog(lake)
     df = spark.createDataFrame([*rows_out, marker], layout.SNAPSHOT_CATALOG_DDL)
+    check()
     if is_delta(spark, cat):
         # Replaces an earlier (possibly partial) snapshot at the same ts in one commit.
         df.write.format("delta").mode("overwrite").option("replaceWhere", f"snapshot_ts = {int(ts)}").save(cat)

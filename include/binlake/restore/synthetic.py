@@ -39,9 +39,16 @@ def _table_info(index: int = 0, tables: int = 1) -> Any:
 
 def build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows: int = WINDOWS,
                tables: int = 1) -> int:
-    """Write the synthetic lake; returns the last commit_ts."""
+    """Write the synthetic lake (one turn at the lake's writes); returns the last commit_ts."""
     if not isinstance(tables, int) or not 1 <= tables <= rows:
         raise ValueError(f"tables must be an integer from 1 to rows ({rows}), got {tables!r}")
+    from binlake.lake import writelock
+
+    with writelock.lake_writes(lake, what="synthetic lake", spark=spark):
+        return _build_lake(spark, lake, rows, changes, t0, windows, tables)
+
+
+def _build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows: int, tables: int) -> int:
     import datetime as dt
 
     from pyspark.sql import functions as F

@@ -59,10 +59,13 @@ class Service:
 class DevCluster:
     """Registry + Pumps as subprocesses under ``root``."""
 
-    def __init__(self, root: str | os.PathLike[str], pumps: int = 3, *, pump_args: list[str] | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], pumps: int = 3, *, pump_args: list[str] | None = None,
+                 host: str = "127.0.0.1") -> None:
+        """``host``: the address the registry and Pumps listen on and advertise (another
+        than loopback when processes on other hosts of a test bed must reach them)."""
         self.root = pathlib.Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.registry_addr = f"127.0.0.1:{free_port()}"
+        self.registry_addr = f"{host}:{free_port(host)}"
         self.registry = Service(
             "registry",
             [*_binlake(), "registry", "--data-dir", str(self.root / "registry"), "--addr", self.registry_addr],
@@ -72,7 +75,7 @@ class DevCluster:
         self.pump_addrs: dict[str, str] = {}
         for i in range(1, pumps + 1):
             node_id = f"pump{i}"
-            addr = f"127.0.0.1:{free_port()}"
+            addr = f"{host}:{free_port(host)}"
             self.pump_addrs[node_id] = addr
             self.pumps[node_id] = Service(
                 node_id,

@@ -61,7 +61,9 @@ class LocalS3:
     kind = "SeaweedFS"
 
     def __init__(self, root_dir: str | os.PathLike[str], *, buckets: tuple[str, ...] = ("lake",),
-                 region: str = "us-east-1") -> None:
+                 region: str = "us-east-1", host: str = "127.0.0.1", wrap: tuple[str, ...] = ()) -> None:
+        """``host`` and ``wrap`` place the server on a host of a multi-host test bed
+        (``testing.netbed``: its address, and the prefix that runs a program there)."""
         if not buckets or not all(isinstance(b, str) and _BUCKET.match(b) for b in buckets):
             raise ValueError(f"buckets must be S3 bucket names (3-63 of a-z 0-9 . -), got {buckets!r}")
         self.root_dir = pathlib.Path(root_dir).absolute()
@@ -72,10 +74,12 @@ class LocalS3:
         self.secret_key = secrets.token_hex(20)
         self.ports: dict[str, int] = {}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.host = host
+        self.wrap = tuple(wrap)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.ports['s3.port']}"
+        return f"http://{self.host}:{self.ports['s3.port']}"
 
     @property
     def running(self) -> bool:
@@ -96,7 +100,8 @@ class LocalS3:
         return path
 
     def _command(self, binary: str, identities: pathlib.Path) -> list[str]:
-        cmd = [binary, "mini", f"-dir={self.root_dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        cmd = [*self.wrap, binary, "mini", f"-dir={self.root_dir / 'data'}", f"-ip={self.host}",
+               f"-ip.bind={self.host}",
                f"-s3.config={identities}", f"-bucket={','.join(self.buckets)}", "-webdav=false",
                "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0"]
         cmd += [f"-{flag}={port}" for flag, port in self.ports.items()]
@@ -113,7 +118,8 @@ class LocalS3:
         (self.root_dir / "data").mkdir(parents=True, exist_ok=True)
         identities = self._write_identities()
         if not self.ports:
-            self.ports = {flag: free_port() for flag in _PORT_FLAGS}
+            # (on a test bed's host, any port free here is free there too)
+            self.ports = {flag: free_port("127.0.0.1" if self.wrap else self.host) for flag in _PORT_FLAGS}
         with self.log_path.open("ab") as log:
             log.write(f"\n--- binlake.testing.s3server: starting on {self.endpoint}\n".encode())
             log.flush()

@@ -28,7 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 from binlake import errors
@@ -106,7 +106,12 @@ class SparkCluster:
 
     def __init__(self, root_dir: str | os.PathLike[str], *, workers: int = 1, cores: int = 1,
                  memory: str = "1g", host: str = "127.0.0.1", master_port: int = 0,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, master_wrap: Sequence[str] = (),
+                 worker_hosts: Sequence[tuple[str, Sequence[str]]] | None = None) -> None:
+        """``master_wrap`` and ``worker_hosts`` place the JVMs on the hosts of a multi-host
+        test bed (``testing.netbed``): a command prefix that runs a program on a host
+        (``ip netns exec NS``) for the master, and (address, prefix) per worker; by
+        default every process runs here and binds ``host``."""
         if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 16:
             raise ValueError(f"workers must be an integer in 1..16, got {workers!r}")
         if not isinstance(cores, int) or isinstance(cores, bool) or not 1 <= cores <= 256:
@@ -121,6 +126,10 @@ class SparkCluster:
         self.master_port = master_port
         self.ui_port = 0
         self._env = dict(os.environ if env is None else env)
+        self.master_wrap = list(master_wrap)
+        if worker_hosts is not None and len(worker_hosts) != workers:
+            raise ValueError(f"worker_hosts names {len(worker_hosts)} hosts for {workers} workers")
+        self.worker_hosts = [(addr, list(wrap)) for addr, wrap in worker_hosts or [(host, [])] * workers]
         self.procs: list[_Proc] = []
 
     @property
@@ -128,8 +137,10 @@ class SparkCluster:
         """``spark://HOST:PORT``, what ``--master`` and ``binlake_spark_master`` take."""
         return f"spark://{self.host}:{self.master_port}"
 
-    def _env_for(self, name: str) -> dict[str, str]:
+    def _env_for(self, name: str, addr: str) -> dict[str, str]:
         env = dict(self._env)
+        # The address the JVM (and a worker's executors) bind and advertise.
+        env["SPARK_LOCAL_IP"] = addr
         env["SPARK_HOME"] = str(spark_home())
         # Executors start Python workers with the application's spark.pyspark.python;
         # this is only the fallback for a job that names none.
@@ -145,22 +156,24 @@ class SparkCluster:
     def start(self, timeout_s: float = START_TIMEOUT_S) -> Self:
         """Start the master, then the workers; return once every worker is ALIVE at the master."""
         self.root_dir.mkdir(parents=True, exist_ok=True)
-        self.master_port = self._fixed_port or free_port(self.host)
-        self.ui_port = free_port(self.host)
-        master = _Proc("master", [spark_class(), MASTER_CLASS, "--host", self.host, "--port", str(self.master_port),
-                                  "--webui-port", str(self.ui_port)],
-                       self.root_dir / "master.log", self._env_for("master"))
+        # A host of a test bed has its own ports: any number free here is free there.
+        port_host = "127.0.0.1" if self.master_wrap else self.host
+        self.master_port = self._fixed_port or free_port(port_host)
+        self.ui_port = free_port(port_host)
+        master = _Proc("master", [*self.master_wrap, spark_class(), MASTER_CLASS, "--host", self.host,
+                                  "--port", str(self.master_port), "--webui-port", str(self.ui_port)],
+                       self.root_dir / "master.log", self._env_for("master", self.host))
         self.procs = [master]
         try:
             master.start()
             self._wait(lambda: self._status() is not None, "the Spark master", timeout_s)
-            for i in range(1, self.workers + 1):
+            for i, (addr, wrap) in enumerate(self.worker_hosts, start=1):
                 name = f"worker{i}"
-                worker = _Proc(name, [spark_class(), WORKER_CLASS, self.master_url, "--host", self.host,
-                                      "--webui-port", str(free_port(self.host)), "--cores", str(self.cores),
-                                      "--memory", self.memory,
+                worker = _Proc(name, [*wrap, spark_class(), WORKER_CLASS, self.master_url, "--host", addr,
+                                      "--webui-port", str(free_port("127.0.0.1" if wrap else addr)),
+                                      "--cores", str(self.cores), "--memory", self.memory,
                                       "--work-dir", str(self.root_dir / name / "work")],
-                               self.root_dir / f"{name}.log", self._env_for(name))
+                               self.root_dir / f"{name}.log", self._env_for(name, addr))
                 self.procs.append(worker)
                 worker.start()
             self._wait(lambda: len(self.alive_workers()) >= self.workers,
@@ -196,6 +209,18 @@ class SparkCluster:
                 logs = ", ".join(str(p.log_path) for p in self.procs)
                 raise errors.DeadlineExceeded(f"timed out after {timeout_s:g}s waiting for {what}; see {logs}")
             time.sleep(0.3)
+
+    def kill_worker(self, i: int) -> None:
+        """SIGKILL worker ``i`` (1-based) and everything it started, its executors
+        included (a worker host lost)."""
+        if not 1 <= i <= self.workers:
+            raise ValueError(f"no worker {i} (1..{self.workers})")
+        proc = self.procs[i].proc
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
 
     @property
     def running(self) -> bool:
