@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from binlake import argcheck, errors, tso
 from binlake.net import DEFAULT_REGISTRY_ADDR, parse_addr_list
@@ -47,6 +48,24 @@ def positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
+
+
+def number_in(cast: Callable[[str], float], lo: float, hi: float, what: str) -> Callable[[str], Any]:
+    """An argparse type: ``cast`` of the text, refused unless ``lo <= value <= hi``;
+    both refusals say "expected {what} in lo..hi"."""
+    if lo > hi:
+        raise ValueError(f"number_in: empty range {lo}..{hi}")
+
+    def parse(text: str) -> Any:
+        try:
+            v = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} in {lo}..{hi}, got {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected {what} in {lo}..{hi}, got {text}")
+        return v
+
+    return parse
 
 
 def non_negative_int(text: str) -> int:

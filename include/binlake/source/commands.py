@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from binlake import errors
-from binlake.cli.args import positive_float, positive_int, scratch_dir
+from binlake.cli.args import number_in, positive_float, positive_int, scratch_dir
 from binlake.net import DEFAULT_REGISTRY_ADDR
 
 log = logging.getLogger(__name__)
@@ -27,14 +27,7 @@ def _server_id(text: str) -> int:
     return v
 
 
-def _step_ms(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds in 0..1000, got {text!r}") from None
-    if not 0 <= v <= 1000:
-        raise argparse.ArgumentTypeError(f"expected milliseconds in 0..1000, got {text}")
-    return v
+_step_ms = number_in(float, 0, 1000, "milliseconds")
 
 
 _STEP_HELP = ("least time between two steps of the Pump pipeline, in ms (default 10; 0: as fast as round trips "
@@ -131,14 +124,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.set_defaults(handler=_bench)
 
 
-def _niceness(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a niceness 0..19, got {text!r}") from None
-    if not 0 <= v <= 19:
-        raise argparse.ArgumentTypeError(f"expected a niceness 0..19, got {v}")
-    return v
+_niceness = number_in(int, 0, 19, "a niceness")
 
 
 def _bench(args: argparse.Namespace) -> int:
