@@ -304,7 +304,10 @@ class _KillPumpWhenReading(logging.Handler):
         self.back = threading.Event()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.killed.is_set() or "ingest: reading and writing" not in record.getMessage():
+        # A window's rows are read from the Pumps right after either line: in
+        # the task's process (small windows) or by Spark's tasks.
+        message = record.getMessage()
+        if self.killed.is_set() or not message.startswith(("ingest: reading and writing", "ingest: decoding")):
             return
         self.cluster.kill9(self.pump)
         self.killed.set()

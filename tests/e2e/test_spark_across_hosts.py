@@ -101,7 +101,9 @@ def test_ingest_on_a_cluster_across_hosts_survives_a_lost_worker(
             env = {**os.environ, **s3.env(), "SPARK_LOCAL_IP": bed.gateway, "SPARK_LOCAL_HOSTNAME": bed.gateway}
             proc = subprocess.Popen(
                 [sys.executable, "-m", "binlake.cli", "ingest", "--lake", lake, "--registry", cluster.registry_addr,
-                 "--start-ts", str(start), "--end-ts", str(end), "--master", sc.master_url],
+                 "--start-ts", str(start), "--end-ts", str(end), "--master", sc.master_url,
+                 # The executors on both worker hosts read the Pump (not this process).
+                 "--decode-here-rows", "0"],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
             assert proc.stdout is not None
             out: list[str] = []

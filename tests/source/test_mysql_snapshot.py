@@ -148,6 +148,11 @@ def test_kill9_during_snapshot_then_restart(mdb: LocalMariaDB, cluster: Cluster,
             dml(mdb, db, i)
         svc = procs._spawn("source", args, None)
         wait_until(lambda: at_end(mdb, data), timeout=90, what="restarted source caught up")
+        # The killed run's prewrites without a commit are resolved by the Pump
+        # asking the running source (TxnStatus: rolled back); a source stopped
+        # before that would leave them holding the Pump's safe ts until it is back.
+        wait_until(lambda: cluster.pump.storage.pending_count == 0, timeout=60,
+                   what="the Pump resolved the killed run's orphaned prewrites")
         assert svc.terminate() == 0
     finally:
         procs.cleanup()

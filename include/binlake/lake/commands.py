@@ -93,7 +93,8 @@ def ingest(args: argparse.Namespace, registry: str) -> int:
         status.update("starting Spark")
         spark = session(args.master, quiet=args.log_level != "DEBUG")
         try:
-            result = ingest_window(spark, args.lake, registry, start, end, pumps, progress)
+            result = ingest_window(spark, args.lake, registry, start, end, pumps, progress,
+                                   decode_here=args.decode_here_rows)
         except errors.BinlakeError:
             raise
         except (ValueError, TypeError) as exc:
@@ -253,6 +254,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         add_lake,
         add_registry,
         add_window,
+        number_in,
         positive_int,
         s3_lake_arg,
         scratch_dir,
@@ -281,6 +283,11 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     add_lake(p)
     p.add_argument("--pumps", help="comma-separated Pump ids to read (default: every Pump that may hold the window)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
+    p.add_argument("--decode-here-rows", type=number_in(int, 0, 10_000_000, "a row count"), metavar="N",
+                   default=None,
+                   help="a window of at most N row changes is decoded in this process and handed to Spark as "
+                        "Arrow; a larger one is read from the Pumps by Spark's tasks (default 100000; 0: always "
+                        "by Spark's tasks, e.g. on a cluster whose executors should share the reading)")
     p.set_defaults(handler=_ingest_command)
 
     lake = sub.add_parser("lake", help="inspect the Delta lake (windows, changes)", formatter_class=fmt,

@@ -296,6 +296,10 @@ class Storage:
 
     def pending_older_than(self, age_s: float) -> list[tuple[int, binlog_pb2.Binlog]]:
         """(start_ts, prewrite binlog) of transactions pending longer than ``age_s``."""
+        # ``pending_count`` counts a prewrite once it is durable; the sorter
+        # learns of it when the indexer thread has caught up (50 ms at most).
+        # Wait for that so both views agree on what is pending.
+        self.wait_indexed(timeout=5.0)
         with self._state_lock:
             old = self.sorter.pending.older_than(age_s, time.monotonic())
         return [(ts, binlog_pb2.Binlog.FromString(self.vlog.read(ptr))) for ts, ptr in old]
