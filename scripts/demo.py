@@ -34,6 +34,12 @@ Act 6 - an existing database: ``binlake source mysql`` follows a MariaDB's
 row binlog through a kill -9 of the source, and the binlogs in the Pumps
 rebuild the MariaDB exactly (``scripts/demo_sources.py``; skipped when
 MariaDB is not installed).
+
+Act 7 - replicated Pumps: every binlog on two Pumps; a Pump's host is lost for
+good in the middle of a workload, which finishes without a failed transaction;
+the window over the run is ready without the dead Pump, and ``binlake ingest``
+puts it into a Delta lake while that Pump is still dead
+(``scripts/demo_replicas.py``).
 """
 
 from __future__ import annotations
