@@ -183,6 +183,22 @@ def fsync_latency(directory: pathlib.Path, count: int = 300) -> float:
     return elapsed / count * 1000
 
 
+def settle_disk(directory: pathlib.Path, seconds: float = 2.0) -> None:
+    """Let the raw measurement's deleted files leave the disk before the cases run.
+
+    The raw cases write and delete hundreds of MB; their writeback and the
+    discard of their blocks (this disk is mounted with ``discard``) otherwise
+    land on the first variant's cases: with two identical trees as ``new`` and
+    ``--baseline``, the first had the higher p99 in 3 of 4 runs (bench/RESULTS.md)."""
+    os.sync()
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    time.sleep(seconds)
+
+
 def _storage_worker(include: str | None, directory: str, writers: int, size: int, seconds: float,
                     out: mp.Queue) -> None:
     """The storage layer alone (no gRPC): ``writers`` threads each store prewrite then
@@ -228,7 +244,7 @@ class _NullStorage:
         f.set_result([None] * len(entries))
         return f
 
-    def submit_cb(self, entries: list, done) -> None:
+    def submit_cb(self, entries: list, done, *, may_lead: bool = True) -> None:
         done([None] * len(entries), None)
 
     @staticmethod
@@ -420,6 +436,7 @@ def main(args: argparse.Namespace | None = None) -> int:
             raw[size] = (raw_rec_s, raw_mb_s, raw_single(root, size, min(args.seconds, 2.0)))
             print(f"raw, {size} B records: {raw_rec_s:,.0f} records/s ({raw_mb_s:.1f} MB/s) 64 per fdatasync, "
                   f"{raw[size][2]:,.0f} records/s one per fdatasync", flush=True)
+            settle_disk(root)
             if getattr(args, "echo", False):
                 from grpc_echo import echo_case
 

@@ -171,6 +171,24 @@ def test_concurrent_writers_share_groups(st: Storage) -> None:
     assert st.stats.groups <= 400
 
 
+def test_a_submitter_that_may_not_lead_hands_the_commit_to_the_committer(st: Storage) -> None:
+    """A write stream with another batch unanswered submits with may_lead=False: its
+    thread returns at once (to read the next batch) and the committer thread
+    commits; the acknowledgement still comes only after the fsync."""
+    acked: list[tuple[str, object, int]] = []
+    done = threading.Event()
+
+    def callback(results: object, exc: BaseException | None) -> None:
+        acked.append((threading.current_thread().name, results, st.stats.fsyncs))
+        done.set()
+
+    st.submit_cb([entry(prewrite(5000))], callback, may_lead=False)
+    assert done.wait(10)
+    assert acked == [("pump-committer", [None], 1)]
+    ok(st, commit(5000, 5001))
+    assert served(st) == [(5001, 5000)]
+
+
 # ---------------------------------------------------------------------------- reads
 
 

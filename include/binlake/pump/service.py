@@ -159,7 +159,7 @@ class PumpService:
         future = self.storage.submit(entries) if entries else None
         return PendingWrite(results, slots, future)
 
-    def write_cb(self, payloads: list[bytes], cluster_id: int, done: WriteDone) -> None:
+    def write_cb(self, payloads: list[bytes], cluster_id: int, done: WriteDone, *, may_lead: bool = True) -> None:
         """Check the binlogs, queue the good ones, and call ``done(results, None)``
         once they are durable (from the thread that commits their group, often this
         one, or at once when nothing needs storing), or ``done(None, error)`` if storage failed.
@@ -177,7 +177,7 @@ class PumpService:
                 results[slot] = r
             done(results, None)
 
-        self.storage.submit_cb(entries, stored)
+        self.storage.submit_cb(entries, stored, may_lead=may_lead)
 
     def _check_writes(self, payloads: list[bytes], cluster_id: int) -> tuple[Results, list[Entry], list[int]]:
         self._check_cluster(cluster_id)

@@ -15,7 +15,11 @@ Write path:
    the leader's next group carries them. A leader commits the group holding its
    own request; if more piled up meanwhile it hands the leadership to the
    storage's committer thread (so no caller is kept leading other callers'
-   groups for long) and returns.
+   groups for long) and returns. A submitter that must not wait in a commit
+   (``may_lead=False``: a write stream's reader whose client has another batch
+   on the wire) hands it to the committer thread at once, so the reader takes
+   the next batch while this one is fsynced: the disk and the network then work
+   side by side instead of in turn.
 2. *Indexing* follows behind, on an indexer thread of its own: every
    ``INDEX_MAX_LAG_S`` (at once when the backlog reaches
    ``INDEX_BATCH_RECORDS`` records or a reader waits for it) it applies the
@@ -336,13 +340,18 @@ class Storage:
         if self._closed:
             raise errors.Unavailable("pump storage is closed")
 
-    def submit_cb(self, entries: list[Entry], callback: Callback) -> None:
+    def submit_cb(self, entries: list[Entry], callback: Callback, *, may_lead: bool = True) -> None:
         """Store binlogs in the next group commit; ``callback`` runs once they are
         durable (one result per entry: None = stored, or the error that refused
         it), or with the fatal error that stopped writes. It runs on the thread
         that commits the group: this one, when no commit was running (it leads,
         and returns after the fsync), or the leader at work. It must be quick and
-        must not block (hand the result to its owner)."""
+        must not block (hand the result to its owner).
+
+        ``may_lead=False``: this thread must not be kept in the commit (a write
+        stream whose client has another batch on the wire: its reading thread
+        should go on reading while this one is fsynced); the committer thread
+        commits it, and the next batch read meanwhile joins the following group."""
         req = _Request(entries, callback)
         with self._lead_cv:
             self._check_open()
@@ -350,6 +359,10 @@ class Storage:
             if self._leading:
                 return  # the leader at work commits it in its next group
             self._leading = True
+            if not may_lead:
+                self._handed = True
+                self._lead_cv.notify_all()
+                return
         self._lead(handed=False)
 
     def submit(self, entries: list[Entry]) -> concurrent.futures.Future[Results]:
