@@ -149,7 +149,7 @@ class ClientSettings(BaseSettings):
     max_batch_binlogs: int = Field(512, ge=1, le=100_000, description="Binlogs coalesced into one write RPC.")
     max_batch_bytes: int = Field(8 * MiB, ge=1024, description="Bytes coalesced into one write RPC (soft).")
     max_binlog_bytes: int = Field(GiB, ge=1024, le=MAX_BINLOG_BYTES_CEILING, description="Largest binlog sent.")
-    max_inflight_batches: int = Field(2, ge=1, le=1024, description="Write batches on the wire per Pump at once.")
+    max_inflight_batches: int = Field(1, ge=1, le=1024, description="Write batches on the wire per Pump at once.")
     replicas: int = Field(1, ge=1, le=16, description="Pumps each prewrite is written to (R; a cluster setting).")
     min_acks: int | None = Field(None, ge=1, le=16, description="Pumps that must fsync before a write is "
                                  "acknowledged (W; default R). Readers skip up to W - 1 unreachable Pumps.")

@@ -7,12 +7,12 @@ client may keep several batches in flight. The reading thread usually commits
 the group itself (validate, append, fsync: the GIL is free while it waits on
 the disk; see ``pump.storage``), so the one hand-off of an acknowledgement is
 to the handler's thread; the storage's indexer follows behind. When a batch
-arrives while an earlier one of the stream is still unanswered (the client
-keeps ``max_inflight_batches`` on the wire, 2 by default), the reader hands its
-commit to the storage's committer thread and reads on, so one batch is fsynced
-while the next travels: at 16 writers that gave 1-30 % more transactions/s and a
-29-41 % lower p99 in four runs (bench/RESULTS.md). With one writer a batch never
-finds another unanswered and the reader commits it itself, as before.
+arrives while an earlier one of the stream is still unanswered (a client with
+``max_inflight_batches`` above 1), the reader hands its commit to the storage's
+committer thread and reads on, so one batch is fsynced while the next travels:
+with one Pump at 16 writers that gave 1-30 % more transactions/s and a 29-41 %
+lower p99 in four runs (bench/RESULTS.md). A batch that finds none unanswered
+(always, with one batch on the wire) is committed by the reader itself.
 
 There is one servicer, not one per concurrency model: an asyncio servicer
 (``grpc.aio`` on uvloop) was measured against this one on the same storage and
