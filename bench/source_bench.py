@@ -60,6 +60,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 _NICE = [0]
 # ``--step-ms``: the paced live cases' pace (None: the source's default).
 _STEP: list[str | None] = [None]
+# ``--also-step-ms``: one more paced live case per entry ("pace<MS>").
+_ALSO: list[str] = []
 # ``--pinned``: the upstream (server and the workload's client, this process) on CPU 0,
 # every follower (registry, Pump, source, the C replica) on CPU 1.
 _PIN = [False]
@@ -370,6 +372,7 @@ def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
                  ("unpaced (--step-ms 0)", _pace_args("unpaced"), "1")]
         if pgplan.available():
             cases.append((f"paced, Python tuple decoding ({pgplan.NATIVE_PGOUTPUT_ENV}=0)", _pace_args("paced"), "0"))
+        cases += [(f"paced, --step-ms {m[4:]}", _pace_args(m), "1") for m in _ALSO]
         for name, extra, native in cases:
             paced[name] = _pg_follow(dsn, reg_addr, base / f"src-pg-{len(paced)}", f"binlake{len(paced)}", extra,
                                      log, cluster, procs, seconds, {pgplan.NATIVE_PGOUTPUT_ENV: native})
@@ -528,7 +531,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     _PIN[0] = bool(getattr(args, "pinned", False))
     step = getattr(args, "step_ms", None)
     _STEP[0] = None if step is None else f"{step:g}"
-    also = [f"pace{ms:g}" for ms in getattr(args, "also_step_ms", None) or []]
+    also = _ALSO[:] = [f"pace{ms:g}" for ms in getattr(args, "also_step_ms", None) or []]
     if _PIN[0] and len(os.sched_getaffinity(0)) < 2:
         print("--pinned needs 2 CPUs this process may run on", file=sys.stderr)
         return 2

@@ -114,7 +114,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--step-ms", type=_step_ms, default=None,
                    help="the paced live case's --step-ms (default: the source's default)")
     b.add_argument("--also-step-ms", type=_step_ms, action="append", default=[], metavar="MS",
-                   help="one more paced live case (MySQL) at this --step-ms, in the same run; repeatable")
+                   help="one more paced live case at this --step-ms, in the same run; repeatable")
     b.add_argument("--postgres", action="store_true",
                    help="measure the PostgreSQL source instead (live case only, against pg_recvlogical)")
     b.add_argument("--pinned", action="store_true",
