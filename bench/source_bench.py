@@ -60,7 +60,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 _NICE = [0]
 # ``--step-ms``: the paced live cases' pace (None: the source's default).
 _STEP: list[str | None] = [None]
-# ``--also-step-ms``: one more paced live case per entry ("pace<MS>").
+# ``--also-step-ms``: one more paced live case per entry ("step<MS>").
 _ALSO: list[str] = []
 # ``--pinned``: the upstream (server and the workload's client, this process) on CPU 0,
 # every follower (registry, Pump, source, the C replica) on CPU 1.
@@ -89,11 +89,11 @@ def _niced() -> None:
 
 
 def _pace_args(mode: str) -> tuple[str, ...]:
-    """The source's --step-ms option for a live case: ``unpaced``, ``pace<MS>`` (an
+    """The source's --step-ms option for a live case: ``unpaced``, ``step<MS>`` (an
     ``--also-step-ms`` case) or paced at ``--step-ms`` (the source's default without it)."""
     if mode == "unpaced":
         return ("--step-ms", "0")
-    if mode.startswith("pace"):
+    if mode.startswith("step"):
         return ("--step-ms", mode[4:])
     return ("--step-ms", _STEP[0]) if _STEP[0] is not None else ()
 
@@ -531,7 +531,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     _PIN[0] = bool(getattr(args, "pinned", False))
     step = getattr(args, "step_ms", None)
     _STEP[0] = None if step is None else f"{step:g}"
-    also = _ALSO[:] = [f"pace{ms:g}" for ms in getattr(args, "also_step_ms", None) or []]
+    also = _ALSO[:] = [f"step{ms:g}" for ms in getattr(args, "also_step_ms", None) or []]
     if _PIN[0] and len(os.sched_getaffinity(0)) < 2:
         print("--pinned needs 2 CPUs this process may run on", file=sys.stderr)
         return 2
