@@ -30,7 +30,7 @@ def _server_id(text: str) -> int:
 _step_ms = number_in(float, 0, 1000, "milliseconds")
 
 
-_STEP_HELP = ("least time between two steps of the Pump pipeline, in ms (default 10; 0: as fast as round trips "
+_STEP_HELP = ("least time between two steps of the Pump pipeline, in ms (default 25; 0: as fast as round trips "
               "allow): larger groups, less CPU per transaction, acknowledgements up to this much later")
 
 

@@ -88,7 +88,12 @@ IDLE_S = 0.05
 # How long a group waiting for its commit waits for a next transaction to share the step.
 LINGER_S = 0.002
 # The least time between the starts of two steps (unless a full group waits): see "Pace".
-PACE_S = 0.010
+# 25 ms, not 10: measured (bench/RESULTS.md, Sources) the chain's CPU per small upstream
+# transaction falls by a third or more from 10 to 25 ms at a few hundred transactions/s,
+# little more beyond; each step costs about a millisecond of gRPC CPU on each side
+# whatever it carries (bench/grpc_pace.py), and 25 ms of acknowledgement delay is
+# invisible to the upstream and small against the lake's windows of seconds.
+PACE_S = 0.025
 
 
 class Item:
