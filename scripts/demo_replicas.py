@@ -4,9 +4,10 @@ SQLite upstream, and one Pump's host is lost for good mid-load: kill -9 and
 its data directory deleted. The workload finishes without a failed
 transaction, the window over the whole run is served by the two Pumps left
 without waiting for the dead one, every transaction is in it once, and the
-lake goes on: that window is ingested into a Delta lake (``binlake ingest``,
-Spark) while the Pump is still dead, and holds exactly the workload's row
-changes. The demo says how long the window waited to be ready.
+lake goes on: that window is ingested into a Delta lake (``ingest_window``,
+what ``binlake ingest`` runs, in a child process with one Spark session) while
+the Pump is still dead, and holds exactly the workload's row changes. The demo
+says how long the window waited to be ready and how long its ingest took.
 
 The lake's first window is ingested before the loss, while every Pump is up:
 a lake that starts later reads the DDLs of everything before its first window
@@ -44,21 +45,68 @@ def say(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def ingest(cluster: DevCluster, lake: pathlib.Path, start: int, end: int) -> tuple[dict[str, Any] | None, float]:
-    """``binlake ingest`` of ``[start, end)`` as a user runs it: (its JSON result or None, seconds)."""
-    began = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "binlake.cli", "--log-level", "WARNING", "ingest", "--registry",
-         cluster.registry_addr, "--start-ts", str(start), "--end-ts", str(end), "--lake", str(lake),
-         "--master", "local[2]", "--json"],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "BINLAKE_CLIENT_TXN_LOOKBACK_S": str(LOOKBACK_S)})
-    took = time.monotonic() - began
-    if done.returncode != 0:
-        print(done.stderr[-3000:])
-        say(f"FAILED: binlake ingest of [{start}, {end}) exited {done.returncode}")
-        return None, took
-    return json.loads(done.stdout.strip().splitlines()[-1]), took
+class Ingester:
+    """A child process with one Spark session that ingests windows on request (what
+    ``binlake ingest`` runs, ``lake.ingest.ingest_window``), so Spark starts once, while
+    the act sets up, not once per window. Spark's own output goes to ``log``."""
+
+    def __init__(self, registry: str, lake: pathlib.Path, log: pathlib.Path) -> None:
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--ingest", registry, str(lake)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._log, text=True,
+            env={**os.environ, "BINLAKE_CLIENT_TXN_LOOKBACK_S": str(LOOKBACK_S)})
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(_MARK):
+                answer: dict[str, Any] = json.loads(line[len(_MARK):])
+                return answer
+        return {"error": f"the ingest process ended (exit {self.proc.wait()}); see {self._log.name}"}
+
+    def ingest(self, start: int, end: int) -> tuple[dict[str, Any] | None, float]:
+        """Ingest ``[start, end)``: (the IngestResult as a dict, or None, seconds)."""
+        assert self.proc.stdin is not None
+        began = time.monotonic()
+        self.proc.stdin.write(f"{start} {end}\n")
+        self.proc.stdin.flush()
+        answer = self._answer()
+        took = time.monotonic() - began
+        if "error" in answer:
+            say(f"FAILED: the ingest of [{start}, {end}): {answer['error']}")
+            return None, took
+        return answer, took
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+_MARK = "ACT7 "
+
+
+def _ingest_child(registry: str, lake: str) -> int:
+    """The Ingester's process: one line ``START END`` in, one marked JSON line out."""
+    from binlake.lake import ingest
+    from binlake.lake.spark import LAKE_CONF, build_spark
+
+    spark = build_spark("binlake-demo-act7", "local[2]", shuffle_partitions=2, extra_conf=LAKE_CONF)
+    for line in sys.stdin:
+        start, end = (int(v) for v in line.split())
+        try:
+            out = ingest.ingest_window(spark, lake, registry, start, end).to_dict()
+        except Exception as exc:  # reported by the parent
+            out = {"error": f"{type(exc).__name__}: {exc}"}
+        print(_MARK + json.dumps(out), flush=True)
+    spark.stop()
+    return 0
 
 
 def act_replicas(cluster: DevCluster, root: pathlib.Path) -> int:
@@ -66,6 +114,7 @@ def act_replicas(cluster: DevCluster, root: pathlib.Path) -> int:
     from binlake.source.txn_writer import TxnWriter
 
     reg = RegistryClient(cluster.registry_addr)
+    ingester: Ingester | None = None
     try:
         history = reg.set_replication(2, 2, 500)
         from_ts = history[-1].from_ts
@@ -73,14 +122,15 @@ def act_replicas(cluster: DevCluster, root: pathlib.Path) -> int:
         while reg.get_ts() <= from_ts:
             time.sleep(0.05)
         lake = root / "lake7"
+        ingester = Ingester(cluster.registry_addr, lake, root / "act7-spark.log")
         first = reg.get_ts()
         time.sleep(LOOKBACK_S)
         start = reg.get_ts()
         say(f"the lake's first window [{first}, {start}), ingested while every Pump is up: {lake}")
-        result, took = ingest(cluster, lake, first, start)
+        result, took = ingester.ingest(first, start)
         if result is None:
             return 1
-        say(f"  ingested in {took:.0f}s (Spark start included)")
+        say(f"  ingested in {took:.0f}s (Spark's start included)")
 
         upstream = f"sqlite:///{root}/upstream7.db"
         txns = workload.plan("mixed", tables=2, txns=200, seed=7, large_txn_rows=50, large_txn_every=100,
@@ -127,11 +177,11 @@ def act_replicas(cluster: DevCluster, root: pathlib.Path) -> int:
         say(f"workload done: {summary.transactions} transactions, {summary.errors} failed; the window over the "
             f"run (W = {acks}) was ready {waited:.2f}s after it closed, from {', '.join(sorted(plan.addrs))}: "
             f"{len(served)} transactions served")
-        result, took = ingest(cluster, lake, start, end)
+        result, took = ingester.ingest(start, end)
         if result is None:
             return 1
         made = summary.inserts + summary.updates + summary.deletes
-        say(f"  binlake ingest with {VICTIM} dead: {took:.0f}s (Spark start included), read "
+        say(f"  ingested with {VICTIM} dead in {took:.1f}s, from "
             f"{', '.join(result['pumps'])}: {result['txns']} transactions, {result['rows']} row changes "
             f"({made} made by the workload), {result['ddls']} DDLs ({summary.ddls}), {result['duplicates']} "
             "second copies dropped")
@@ -145,4 +195,12 @@ def act_replicas(cluster: DevCluster, root: pathlib.Path) -> int:
               f"lake rows {result['rows']} of {made}")
         return 0 if ok else 1
     finally:
+        if ingester is not None:
+            ingester.close()
         reg.close()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--ingest":
+        sys.exit(_ingest_child(sys.argv[2], sys.argv[3]))
+    sys.exit(f"usage: {sys.argv[0]} --ingest REGISTRY LAKE (run by act 7 of scripts/demo.py)")
