@@ -19,6 +19,7 @@ holds the lake, and the DAGs and commands work on ``s3://lake/...`` as on a dire
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import os
@@ -429,14 +430,26 @@ def _silent_for(proc: subprocess.Popen[str], seconds: float) -> None:
             assert not line.startswith("held"), "two writers held the lake at once"
 
 
-def test_writers_on_two_hosts_take_turns_through_the_lease(s3: s3server.LocalS3, tmp_path: pathlib.Path) -> None:
-    lake = "s3://lake/lease-turns"
-    a = _holder(s3, lake, "a", tmp_path)
-    b = None
+@contextlib.contextmanager
+def _holder_and_waiter(s3: s3server.LocalS3, lake: str, tmp_path: pathlib.Path
+                       ) -> Iterator[tuple[subprocess.Popen[str], subprocess.Popen[str]]]:
+    """Writer ``a`` holding ``lake``'s lease and writer ``b`` (another "host") waiting
+    for it; both killed on the way out."""
+    procs: list[subprocess.Popen[str]] = []
     try:
-        _line(a, "held")
-        b = _holder(s3, lake, "b", tmp_path)
-        _line(b, "progress")  # b reads the lease held by a and waits
+        procs.append(_holder(s3, lake, "a", tmp_path))
+        _line(procs[0], "held")
+        procs.append(_holder(s3, lake, "b", tmp_path))
+        _line(procs[1], "progress")  # b reads the lease held by a and waits
+        yield procs[0], procs[1]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_writers_on_two_hosts_take_turns_through_the_lease(s3: s3server.LocalS3, tmp_path: pathlib.Path) -> None:
+    with _holder_and_waiter(s3, "s3://lake/lease-turns", tmp_path) as (a, b):
         # a keeps renewing it: b stays out for longer than the TTL.
         _silent_for(b, 2 * LEASE_TTL_S)
         assert a.stdin is not None
@@ -446,32 +459,16 @@ def test_writers_on_two_hosts_take_turns_through_the_lease(s3: s3server.LocalS3,
         got, _ = _line(b, "held", timeout=10)
         # b takes it as soon as a marks it free (well before a TTL would free it).
         assert released - 0.5 <= got < released + LEASE_TTL_S
-    finally:
-        for p in (a, b):
-            if p is not None:
-                p.kill()
-                p.wait()
 
 
 def test_a_writer_killed_with_9_frees_the_lease_after_its_ttl(s3: s3server.LocalS3, tmp_path: pathlib.Path) -> None:
-    lake = "s3://lake/lease-kill"
-    a = _holder(s3, lake, "a", tmp_path)
-    b = None
-    try:
-        _line(a, "held")
-        b = _holder(s3, lake, "b", tmp_path)
-        _line(b, "progress")
+    with _holder_and_waiter(s3, "s3://lake/lease-kill", tmp_path) as (a, b):
         a.kill()  # SIGKILL: no release, no more renewals
         a.wait()
         killed = time.time()
         got, _ = _line(b, "held", timeout=30)
         # Not before a's last renewal is a TTL old (it renews every TTL/3), and soon after.
         assert killed + LEASE_TTL_S * 2 / 3 - 0.3 <= got <= killed + LEASE_TTL_S + 5
-    finally:
-        for p in (a, b):
-            if p is not None:
-                p.kill()
-                p.wait()
 
 
 def test_a_holder_that_lost_its_lease_commits_nothing_more(s3: s3server.LocalS3) -> None:
