@@ -140,9 +140,9 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         with pytest.raises(RuntimeError), staging.arrow_frame(spark, other, batches, CHANGES_DDL,
                                                               ingest._stage_name(w)):
             raise RuntimeError("the write did not return")
-        assert len(staging.left_by_earlier(other, ingest._stage_name(w))) == 1
+        assert len(staging.left_over(other)) == 1
         ingest._fence_earlier(spark, other, w, lambda: None)
-        assert staging.left_by_earlier(other, ingest._stage_name(w)) == []
+        assert staging.left_over(other) == []
         props = {r[0]: r[1] for r in spark.sql(
             f"SHOW TBLPROPERTIES delta.`{ingest.table_path(other, ingest.CHANGES)}`").collect()}
         assert props[ingest.FENCE_PROPERTY].startswith(f"{w.start_ts}-{w.end_ts}-")

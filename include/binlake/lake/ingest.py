@@ -609,7 +609,9 @@ def _fence_earlier(spark: SparkSession, lake: str, w: _Window, check: Callable[[
     could add the window's rows after this attempt checked the table is an
     earlier attempt whose client died while its Spark Connect server went on
     writing. Every such attempt left its staged file (``lake.staging``: removed
-    only once its write returned), and when there is one:
+    only once its write returned), and when there is one, of any window (a lost
+    batch covered other bounds than its retry; under the write lock every staged
+    file is such a leftover):
 
     * its files are removed, so its job fails if it has not read them yet;
     * then a fence is committed: a table property change, which makes every Delta
@@ -624,7 +626,7 @@ def _fence_earlier(spark: SparkSession, lake: str, w: _Window, check: Callable[[
     ``replaceWhere`` of this attempt is safe the same way: the earlier attempt
     fails at commit or committed before it began."""
     path = table_path(lake, CHANGES)
-    earlier = staging.left_by_earlier(lake, _stage_name(w))
+    earlier = staging.left_over(lake)
     if not earlier:
         return
     staging.remove(earlier)

@@ -15,7 +15,7 @@ it at the same path, as it sees the lake's tables) the rows go through
 ``createDataFrame``. Spark and delta-rs skip ``_`` names, so the file is never
 part of a table; Spark stays the one writer of every lake table.
 
-A staged file is also its write's attempt marker (``ingest._may_append``
+A staged file is also its write's attempt marker (``ingest._fence_earlier``
 relies on it): it is made before the write starts and removed only after the
 write returned, i.e. committed. A write that failed, or whose process was
 killed, leaves it, so a later attempt at the same rows knows an earlier one
@@ -95,15 +95,16 @@ def arrow_frame(spark: SparkSession, lake: str, batches: Sequence[Any], schema_d
         os.unlink(local)
 
 
-def left_by_earlier(lake: str, name: str) -> list[str]:
-    """The staged files of writes named ``name`` that did not return (their
-    attempts failed or were killed): such a write may still commit."""
+def left_over(lake: str) -> list[str]:
+    """The staged files in ``lake`` whose writes did not return (their attempts
+    failed or were killed): such a write may still commit. Called under the
+    lake's write lock, so every staged file there is such a leftover: writers
+    take turns, and each removes its file before it lets go."""
     where = staging_dir(lake)
     if where is None:
         return []
-    prefix = f"{_safe(name)}{SEP}"
     try:
-        return sorted(os.path.join(where, e.name) for e in os.scandir(where) if e.name.startswith(prefix))
+        return sorted(os.path.join(where, e.name) for e in os.scandir(where) if e.is_file())
     except FileNotFoundError:
         return []
 
