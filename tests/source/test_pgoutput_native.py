@@ -118,7 +118,7 @@ def _python(t: Any, oids: list[int], info: Any, data: bytes, at: int, update: bo
             new = values.decode_row(t, oids, r.tuple_data())
             return codec.encode_update(old, new, info), r.i
         return codec.encode_row(old, info), r.i
-    except (ValueError, TypeError, decimal.InvalidOperation, errors.BinlakeError):
+    except (ValueError, TypeError, errors.BinlakeError):
         return None  # what the source reports as one line (values.convert, codec)
 
 

@@ -140,6 +140,14 @@ def test_steps_are_paced_unless_a_full_group_waits(cluster: Cluster, tmp_path: p
         assert burst.groups >= 10
         assert time.monotonic() - t0 < 4.0
         assert [p for p, _s, _c in acks.flat()] == list(range(i + 40))
+        # A drain (a DDL next) is not paced: the prewrite step of a lone transaction and
+        # its commit step follow each other at once, not 0.5 s apart.
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        burst.submit(Item(f"p:{i + 40}", value(i + 40), i + 40))
+        burst.drain()
+        assert time.monotonic() - t0 < 0.3, "the drain waited for the pace"
+        assert [p for p, _s, _c in acks.flat()] == list(range(i + 41))
     finally:
         burst.close()
         emitter.close()

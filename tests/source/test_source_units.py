@@ -3,8 +3,10 @@ checkpoint, and the CLI's one-line refusals (no servers needed)."""
 
 from __future__ import annotations
 
+import decimal
 import json
 import pathlib
+import struct
 
 import pytest
 
@@ -162,3 +164,25 @@ def test_cli_refuses_bad_input_in_one_line(argv: list[str], message: str, tmp_pa
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("text", ["abc", "", "1.5.5", "NaN", "-Infinity"])
+def test_pgoutput_numeric_text_it_cannot_read_is_one_clear_error(text: str) -> None:
+    """NUMERIC text the Python pgoutput path cannot carry (PostgreSQL never prints the first
+    three; binlake carries finite NUMERICs only) is a FailedPrecondition naming the column,
+    not decimal's raw InvalidOperation; the native decoder declines the same tuple, so the
+    source reports it the same way on either path."""
+    from binlake.source.postgres import pgplan, values
+    from binlake.source.postgres.source import _Reader
+
+    t = values.table("public", "t", values.columns("public", "t", [values.Attr("id", 23, -1),
+                                                                   values.Attr("n", 1700, -1)]), ["id"])
+    assign_ids(t, None, 100, 1)
+    data = (struct.pack(">h", 2) + b"t" + struct.pack(">i", 1) + b"1"
+            + b"t" + struct.pack(">i", len(text)) + text.encode())
+    with pytest.raises(errors.FailedPrecondition, match=r"^public\.t\.n: value .* cannot be carried: not a"):
+        values.decode_row(t, [23, 1700], _Reader(data).tuple_data())
+    assert values.decode_row(t, [23, 1700], [b"1", b"-12.50"]) == {"id": 1, "n": decimal.Decimal("-12.50")}
+    if pgplan.available():
+        plan = pgplan.build_plan(t, [23, 1700], t.to_info())
+        assert plan is not None and plan.row(data, 0) is None

@@ -30,7 +30,7 @@ def _server_id(text: str) -> int:
 _step_ms = number_in(float, 0, 1000, "milliseconds")
 
 
-_STEP_HELP = ("least time between two steps of the Pump pipeline, in ms (default 10; 0: as fast as round trips "
+_STEP_HELP = ("least time between two steps of the Pump pipeline, in ms (default 25; 0: as fast as round trips "
               "allow): larger groups, less CPU per transaction, acknowledgements up to this much later")
 
 
@@ -113,6 +113,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="run the registry, Pump and source at this niceness, 0..19 (default 0: as the benchmark)")
     b.add_argument("--step-ms", type=_step_ms, default=None,
                    help="the paced live case's --step-ms (default: the source's default)")
+    b.add_argument("--also-step-ms", type=_step_ms, action="append", default=[], metavar="MS",
+                   help="one more paced live case at this --step-ms, in the same run; repeatable")
     b.add_argument("--postgres", action="store_true",
                    help="measure the PostgreSQL source instead (live case only, against pg_recvlogical)")
     b.add_argument("--pinned", action="store_true",

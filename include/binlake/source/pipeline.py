@@ -40,7 +40,10 @@ stayed at a few transactions; paced, groups grow to what arrives in
 ``pace_s`` and the CPU per transaction falls (measured in bench/RESULTS.md).
 The price: an acknowledgement (and the checkpoint) up to ``pace_s`` later;
 the upstream never waits for it, and a lone transaction after a quiet spell
-still leaves at once.
+still leaves at once. A ``drain`` (the reader before a DDL, or stopping) is
+not paced: while one waits, the sender steps as soon as its last step is
+answered, so a DDL never waits for the pace (a DDL-heavy upstream would
+otherwise pay up to ``pace_s`` per statement).
 
 Back-pressure: ``submit`` blocks while a full group is already waiting, so
 memory holds at most the group in flight plus one more.
@@ -85,7 +88,12 @@ IDLE_S = 0.05
 # How long a group waiting for its commit waits for a next transaction to share the step.
 LINGER_S = 0.002
 # The least time between the starts of two steps (unless a full group waits): see "Pace".
-PACE_S = 0.010
+# 25 ms, not 10: measured (bench/RESULTS.md, Sources) the chain's CPU per small upstream
+# transaction falls by a third or more from 10 to 25 ms at a few hundred transactions/s,
+# little more beyond; each step costs about a millisecond of gRPC CPU on each side
+# whatever it carries (bench/grpc_pace.py), and 25 ms of acknowledgement delay is
+# invisible to the upstream and small against the lake's windows of seconds.
+PACE_S = 0.025
 
 
 class Item:
@@ -131,6 +139,8 @@ class GroupPipeline:
         # True while the sender waits for any item (idle or lingering): only then, or when
         # the queue fills, does a submit wake it (not once per transaction while it paces).
         self._wants_item = False
+        # Readers waiting in drain(): while any does, the sender skips the pace and the linger.
+        self._draining = 0
         self._emitter = emitter
         self._on_acked = on_acked
         self._on_idle = on_idle
@@ -175,8 +185,13 @@ class GroupPipeline:
     def drain(self) -> None:
         """Wait until everything submitted is acknowledged (before a DDL: its TSOs must follow)."""
         with self._cond:
-            while self._error is None and (self._queue or self._inflight):
-                self._cond.wait()
+            self._draining += 1
+            self._cond.notify_all()  # a sender waiting out the pace goes now
+            try:
+                while self._error is None and (self._queue or self._inflight):
+                    self._cond.wait()
+            finally:
+                self._draining -= 1
             self._raise()
 
     def close(self) -> None:
@@ -209,12 +224,12 @@ class GroupPipeline:
                 if (self._queue or carried) and self._pace_s:
                     # The pace: woken early only by a full group or close.
                     due = last_start + self._pace_s
-                    while not self._closed and not self._full():
+                    while not self._closed and not self._full() and not self._draining:
                         left = due - time.monotonic()
                         if left <= 0:
                             break
                         self._cond.wait(left)
-                if carried and not self._queue and not self._closed and self._linger_s:
+                if carried and not self._queue and not self._closed and self._linger_s and not self._draining:
                     # A commit-only step is due: let a transaction arriving meanwhile share it.
                     self._wants_item = True
                     self._cond.wait(self._linger_s)

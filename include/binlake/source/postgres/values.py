@@ -62,7 +62,15 @@ def convert(text: bytes | str, oid: int, col: str) -> Any:
         if oid in (700, 701):
             return float(s)
         if oid == 1700:
-            return decimal.Decimal(s)
+            # decimal signals text it cannot read with InvalidOperation, an ArithmeticError
+            # and no ValueError: turned into one here so the caller's line names the column.
+            try:
+                d = decimal.Decimal(s)
+            except decimal.InvalidOperation:
+                raise ValueError("not a decimal number") from None
+            if not d.is_finite():
+                raise ValueError("not a finite decimal (binlake carries finite NUMERICs only)")
+            return d
         if oid == 17:
             return bytes.fromhex(s[2:]) if s.startswith("\\x") else s.encode()
         if oid == 1082:
