@@ -125,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         windows = {"empty": {"start_ts": empty_start, "end_ts": empty_end},
                    f"{args.rows} rows": first}
         for w in [*windows.values(), *new_windows]:
-            w.update(lake=lake, registry=cluster.registry_addr, mode="connect")
+            # As the plan task gives them (its settings ride with the window).
+            w.update(lake=lake, registry=cluster.registry_addr, mode="connect", batch_windows=1,
+                     batch_max_rows=100_000)
         warm = connect.connect(server.url, "binlake-bench-floor")
         for w in windows.values():  # the lake exists and every window was ingested once
             ingest_window(warm, lake, cluster.registry_addr, w["start_ts"], w["end_ts"])
@@ -195,12 +197,13 @@ def _backfill(args: argparse.Namespace, made: dict[str, Any], registry: str, roo
     lake = str(root / "backfill-lake")
     step = (made["end_ts"] - made["start_ts"]) // args.backfill + 1
     bounds = [made["start_ts"] + i * step for i in range(args.backfill)] + [made["end_ts"]]
-    windows = [{"start_ts": a, "end_ts": b, "lake": lake, "registry": registry, "mode": "connect"}
-               for a, b in zip(bounds, bounds[1:], strict=False)]
+    windows = [{"start_ts": a, "end_ts": b, "lake": lake, "registry": registry, "mode": "connect",
+                "batch_max_rows": 100_000} for a, b in zip(bounds, bounds[1:], strict=False)]
     for batch in sorted({1, max(1, args.batch)}):
         lake = str(root / f"backfill-lake-{batch}")
         for i, w in enumerate(windows):
             w["lake"] = lake
+            w["batch_windows"] = batch
             # What the plan task gives a run: the closed windows after its own.
             w["following"] = [[x["start_ts"], x["end_ts"]] for x in windows[i + 1:i + batch]]
         t0 = time.perf_counter()

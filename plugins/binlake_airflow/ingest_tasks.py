@@ -88,7 +88,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         config.poll_interval_s()  # the wait step's; checked here so a bad one fails the first task
         master = config.spark_master() or ""
         batch = config.ingest_batch_windows() if mode == config.CONNECT else 1
-        config.ingest_batch_max_rows()
+        batch_max_rows = config.ingest_batch_max_rows()
         config.ingest_max_active_runs()  # the DAG's; checked here so a bad one fails the first task
     except config.ConfigError as exc:
         raise AirflowFailException(str(exc)) from None
@@ -123,6 +123,10 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         "python": "",
         "master": "",
         "following": following_windows(timetable, data_interval_start, data_interval_end, batch - 1),
+        # The ingest task reads these here rather than as Variables again (an API
+        # round trip each in a task process), as it reads the lake and registry.
+        "batch_windows": batch,
+        "batch_max_rows": batch_max_rows,
     }
     if mode == config.SPARK_SUBMIT:
         from binlake.lake.spark import delta_jars
@@ -196,7 +200,10 @@ def ingest_window_task(window: Mapping[str, Any], progress: Any = None,
     from binlake.lake.ingest import ingest_windows, read_windows
 
     start_ts, end_ts = int(window["start_ts"]), int(window["end_ts"])
-    if window.get("mode") != config.CONNECT or config.ingest_batch_windows() == 1:
+    # The plan task's settings (a run planned before they were passed reads them now).
+    batch = int(window["batch_windows"]) if "batch_windows" in window else config.ingest_batch_windows()
+    max_rows = int(window["batch_max_rows"]) if "batch_max_rows" in window else config.ingest_batch_max_rows()
+    if window.get("mode") != config.CONNECT or batch == 1:
         # No run batches windows (only the Connect mode does, when asked), so none can have taken this one: a window already in
         # the ledger is re-ingested (a rerun replaces it), whenever it was written.
         run_started = None
@@ -218,7 +225,7 @@ def ingest_window_task(window: Mapping[str, Any], progress: Any = None,
         since = _naive_utc(run_started)
         try:
             results = ingest_windows(spark, window["lake"], window["registry"], bounds, progress=say,
-                                     max_rows=config.ingest_batch_max_rows(), done_since=since)
+                                     max_rows=max_rows, done_since=since)
         except errors.BinlakeError as exc:
             if len(bounds) == 1 or errors.is_final(exc):
                 raise

@@ -3,8 +3,9 @@
 One Spark Connect server (started as ``binlake up`` starts it) and one small
 cluster for the module. The ingest over Connect must write exactly the window's
 rows (through the data source in the server's Python workers, or decoded in
-the client and appended under a Delta idempotent-write id), its DDLs and its
-ledger row; a re-run replaces the window with the same rows. A server killed -9 mid-ingest (after
+the client, staged as a Parquet file in the lake and appended; an earlier
+attempt's left staged file fences the table first), its DDLs and its ledger
+row; a re-run replaces the window with the same rows. A server killed -9 mid-ingest (after
 the window's rows, before its ledger row) fails the Airflow task body with a
 message naming the server, and the retry against the restarted server leaves
 the window ingested exactly once. Windows of one day ingested at once take
@@ -27,10 +28,11 @@ import pytest
 from pumpkit import free_port, wait_until
 
 from binlake import errors
-from binlake.lake import connect, ingest
+from binlake.lake import connect, ingest, staging
 from binlake.lake.connect_server import ConnectServer
 from binlake.lake.planner import plan_window
 from binlake.lake.pump_check import check_pumps
+from binlake.lake.rows import CHANGES_DDL
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster
@@ -122,20 +124,29 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         again = ingest.ingest_window(spark, lake, cluster.registry_addr, *windows[0])
         assert again.replaced and again.rows == results[0].rows
         assert _rows(spark, lake, *windows[0]) == first
-        # An append is one write per version of the window's id, however often it is
-        # made (a lost attempt's and its retry's); rows removed later take the next version.
-        w = ingest._Window(*windows[1])
-        appended = str(tmp_path / "appended")
-        assert ingest._append_token(appended, w) is None  # no table yet: no id to read
+        # Decoded rows reach Spark through a staged file in the lake, removed once written.
+        assert not any(pathlib.Path(staging.staging_dir(lake)).iterdir())
+        # A window's rows are appended only when the table holds none of them. An attempt
+        # whose write did not return leaves its staged file (it may still be writing on the
+        # server): the next attempt removes it and fences the table (a property change,
+        # which fails every Delta transaction begun before it) before it looks.
+        w, other = ingest._Window(*windows[1]), str(tmp_path / "other")
         rows = spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES)).where(
             f"commit_ts >= {w.start_ts} AND commit_ts < {w.end_ts}")
-        token = (f"binlake-ingest-{w.start_ts}-{w.end_ts}", 1)
-        for _ in range(2):
-            ingest._write_rows(rows, appended, w, token)
-        assert spark.read.format("delta").load(appended).count() == results[1].rows
-        assert ingest._append_token(appended, w) is None  # the window has rows: replace them
-        spark.sql(f"DELETE FROM delta.`{appended}` WHERE commit_ts >= {w.start_ts}").collect()
-        assert ingest._append_token(appended, w) == (token[0], 2)
+        assert not ingest._may_append(other, w)  # no table yet: replace (which creates it)
+        ingest._write_rows(rows, ingest.table_path(other, ingest.CHANGES), w, append=False)
+        assert not ingest._may_append(other, w) and ingest._may_append(other, ingest._Window(*windows[0]))
+        batches = rows.limit(5).toArrow().to_batches()
+        with pytest.raises(RuntimeError), staging.arrow_frame(spark, other, batches, CHANGES_DDL,
+                                                              ingest._stage_name(w)):
+            raise RuntimeError("the write did not return")
+        assert len(staging.left_over(other)) == 1
+        ingest._fence_earlier(spark, other, w, lambda: None)
+        assert staging.left_over(other) == []
+        props = {r[0]: r[1] for r in spark.sql(
+            f"SHOW TBLPROPERTIES delta.`{ingest.table_path(other, ingest.CHANGES)}`").collect()}
+        assert props[ingest.FENCE_PROPERTY].startswith(f"{w.start_ts}-{w.end_ts}-")
+        assert _count(spark, other, ingest.CHANGES, w.start_ts, w.end_ts) == results[1].rows
         assert len(ingest.read_windows(spark, lake)) == 2
         # The ddl_history merge (SQL MERGE: Delta's Python API needs a server plugin)
         # adds each DDL once, however often it is given.

@@ -50,12 +50,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
-from binlake.lake import checkpoint, connect, location, writelock
+from binlake.lake import checkpoint, connect, location, staging, writelock
 from binlake.lake import pump_source as lake_source
 from binlake.lake.ddl_rows import ddl_row
 from binlake.lake.planner import check_window, pumps_for_window
 from binlake.lake.pump_check import plan_read, pump_statuses
-from binlake.lake.rows import DDL_COLUMNS, DDL_HISTORY_DDL, commit_date
+from binlake.lake.rows import CHANGES_DDL, DDL_COLUMNS, DDL_HISTORY_DDL, commit_date
 from binlake.lake.schema_history import SchemaHistory, UnknownTableError
 from binlake.lake.spark_errors import binlake_error
 from binlake.lake.window_index import WindowIndex, index_window, merge_consecutive, scan_ddls
@@ -88,6 +88,9 @@ _CONCURRENT_RETRIES = 8
 # are read by the data source in Spark's Python workers, in parallel and never
 # whole in one process. Why: ``_decoded_here``.
 DECODE_HERE_ROWS = 100_000
+# The ``changes`` table property a retried ingest sets to fence off an earlier
+# attempt that may still be writing (``_may_append``).
+FENCE_PROPERTY = "binlake.ingest.fence"
 
 Progress = Callable[[str], None]
 
@@ -559,16 +562,16 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
         with connect.job_description(spark, f"binlake ingest {w}"):
             if here:
                 say(f"decoding {index.total_rows} row changes of {index.total_txns} transactions here, then writing")
-                import pyarrow as pa
-
                 batches = _decoded_here(options, w)
                 rows = sum(b.num_rows for b in batches)
                 if rows == index.total_rows:  # else nothing is written (checked below)
-                    df = spark.createDataFrame(pa.Table.from_batches(batches))
-                    token = _append_token(changes_path, w)
-                    _retry_concurrent(CHANGES, lambda: _write_rows(df, changes_path, w, token), check)
+                    _fence_earlier(spark, lake, w, check)
+                    append = _may_append(lake, w)
+                    with staging.arrow_frame(spark, lake, batches, CHANGES_DDL, _stage_name(w)) as df:
+                        _retry_concurrent(CHANGES, lambda: _write_rows(df, changes_path, w, append), check)
             elif index.total_rows:
                 say(f"reading and writing {index.total_rows} row changes of {index.total_txns} transactions")
+                _fence_earlier(spark, lake, w, check)  # an earlier attempt may have decoded here (blind append)
                 lake_source.register(spark)
                 _retry_concurrent(CHANGES, write_changes, check)
             else:
@@ -593,45 +596,71 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
     return rows
 
 
-def _append_token(path: str, w: _Window) -> tuple[str, int] | None:
-    """The Delta idempotent-write id (``txnAppId``, ``txnVersion``) with which the
-    window's rows may be appended to ``changes`` rather than replace the window;
-    None when they must replace it.
+def _stage_name(w: _Window) -> str:
+    """The name of the window's staged change rows (``lake.staging``)."""
+    return f"changes-{w.start_ts}-{w.end_ts}"
 
-    Called under the lake's write lock. A ``replaceWhere`` must find and remove
-    the rows it replaces, which made it 2-3 times an append's cost. An append is
-    the same write when no file of the table may hold a row of the window (delta-rs
-    reads the file statistics here: a local lake only). What could still add the
-    window's rows meanwhile is an earlier attempt whose client died while its
-    Spark Connect server went on writing; the id makes the two one write:
 
-    * the id is the window's, with the version after the last one committed for
-      it: a lost attempt that found the same table state took the same version;
-    * Delta writes a version of an id at most once: a write that finds it
-      committed does nothing, and of two at once the second fails with a
-      conflict, is retried (``_retry_concurrent``) and then does nothing;
-    * a lost attempt that committed before this check left rows of the window
-      in the table, so this ingest replaces them (None).
+def _fence_earlier(spark: SparkSession, lake: str, w: _Window, check: Callable[[], None]) -> None:
+    """Make sure no earlier attempt at the window can still append its rows to
+    ``changes``: called under the lake's write lock, before this attempt writes.
 
-    A window whose rows were removed after an ingest (its ledger row too) gets
-    the next version, so it is written again."""
+    Appends (``_may_append``) are blind: Delta checks them against nothing. What
+    could add the window's rows after this attempt checked the table is an
+    earlier attempt whose client died while its Spark Connect server went on
+    writing. Every such attempt left its staged file (``lake.staging``: removed
+    only once its write returned), and when there is one, of any window (a lost
+    batch covered other bounds than its retry; under the write lock every staged
+    file is such a leftover):
+
+    * its files are removed, so its job fails if it has not read them yet;
+    * then a fence is committed: a table property change, which makes every Delta
+      transaction on the table begun before it fail at commit (MetadataChanged);
+    * after it, ``_may_append`` reads the table: a write that committed before the
+      fence shows as rows of the window, which this attempt then replaces.
+
+    So an earlier attempt either committed before this one's check or never
+    commits. (Delta's idempotent-write id, ``txnAppId``, did the same on every
+    write, but Delta rebuilds the table's state in a Spark job to read it: 0.5-2 s
+    a window, measured, against a fence only after a failed attempt.) A
+    ``replaceWhere`` of this attempt is safe the same way: the earlier attempt
+    fails at commit or committed before it began."""
+    path = table_path(lake, CHANGES)
+    earlier = staging.left_over(lake)
+    if not earlier:
+        return
+    staging.remove(earlier)
+    if not is_delta(spark, path):
+        return  # no table to fence: this attempt replaces (``_may_append``), which conflicts with its creation
+    check()
+    fence = f"{w.start_ts}-{w.end_ts}-{uuid.uuid4().hex[:12]}"
+    quoted = path.replace("`", "``")
+    log.info("ingest %s: an earlier attempt may still be writing; fencing it off (%s)", w, fence)
+    _retry_concurrent(CHANGES, lambda: spark.sql(
+        f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('{FENCE_PROPERTY}' = '{fence}')").collect(), check)
+
+
+def _may_append(lake: str, w: _Window) -> bool:
+    """Whether the window's rows may be appended to ``changes`` rather than replace
+    what the table holds of the window: when no file of the table may hold a row
+    of it (delta-rs reads the file statistics here: a local lake only). A
+    ``replaceWhere`` must find and remove the rows it replaces, which made it 2-3
+    times an append's cost. Called under the lake's write lock, after
+    ``_fence_earlier``."""
     from binlake.lake import arrowread
 
-    app_id = f"binlake-ingest-{w.start_ts}-{w.end_ts}"
-    state = arrowread.append_state(path, _prune_predicate(w.start_ts, w.end_ts), app_id)
-    if state is None or state[0]:
-        return None
-    return app_id, (state[1] or 0) + 1
+    path = table_path(lake, CHANGES)
+    state = arrowread.append_state(path, _prune_predicate(w.start_ts, w.end_ts), f"binlake-ingest-{w.start_ts}")
+    return state is not None and not state[0]
 
 
-def _write_rows(df: Any, path: str, w: _Window, token: tuple[str, int] | None) -> None:
-    """The window's change rows into ``changes``: appended under ``token`` (see
-    ``_append_token``), else replacing what the window holds."""
-    if token is None:
+def _write_rows(df: Any, path: str, w: _Window, append: bool) -> None:
+    """The window's change rows into ``changes``: appended (see ``_may_append``),
+    else replacing what the table holds of the window."""
+    if not append:
         _replace(df, path, _window_predicate(w.start_ts, w.end_ts), ["commit_date"])
         return
-    (df.write.format("delta").mode("append").partitionBy("commit_date")
-     .option("txnAppId", token[0]).option("txnVersion", str(token[1])).save(path))
+    df.write.format("delta").mode("append").partitionBy("commit_date").save(path)
 
 
 def _decoded_here(options: dict[str, str], w: _Window) -> list[Any]:
