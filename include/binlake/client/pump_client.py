@@ -580,6 +580,33 @@ class PumpClient:
         with self._lock:
             return sorted(self._unavailable)
 
+    def broadcast(self, binlogs: list[binlog_pb2.Binlog], timeout_s: float = 10.0
+                  ) -> dict[str, list[errors.BinlakeError | None]]:
+        """Send ``binlogs`` (commits or rollbacks) to every available Pump in one group
+        each, and wait up to ``timeout_s`` for them: per Pump, each binlog's failure
+        (None: stored). For what a writer cannot route: a rollback whose prewrite's
+        Pump it never learned (a Pump without that prewrite answers FailedPrecondition)."""
+        if any(b.tp not in (binlog_pb2.COMMIT, binlog_pb2.ROLLBACK) for b in binlogs):
+            raise errors.InvalidArgument("broadcast takes COMMIT or ROLLBACK binlogs")
+        if not binlogs:
+            return {}
+        payloads = [b.SerializeToString() for b in binlogs]
+        groups: dict[str, SentGroup] = {}
+        out: dict[str, list[errors.BinlakeError | None]] = {}
+        for node_id in self.available():
+            try:
+                groups[node_id] = self._conn(node_id).send_group(payloads)
+            except errors.BinlakeError as exc:
+                out[node_id] = [exc] * len(payloads)
+        deadline = time.monotonic() + timeout_s
+        for node_id, group in groups.items():
+            try:
+                out[node_id] = group.future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                out[node_id] = [errors.DeadlineExceeded(f"pump {node_id} did not answer within {timeout_s:g}s")
+                                ] * len(payloads)
+        return out
+
     # ------------------------------------------------------------------ routing
     def _pick(self, start_ts: int, exclude: set[str]) -> str | None:
         candidates = [p for p in self.available() if p not in exclude]

@@ -78,6 +78,27 @@ class Emitter:
             raise
         self.sent = 0
         self.resent = 0
+        self._roll_back_orphans()
+
+    def _roll_back_orphans(self) -> None:
+        """Tell the Pumps that the transactions a killed run began and never decided are
+        rolled back. The journal does not say which Pump took each prewrite, so every
+        available Pump gets the rollbacks (one without the prewrite refuses it, which is
+        fine). Without this the Pump holding one learns it only by asking this source's
+        TxnStatus after its txn timeout, so a source stopped for good before that left
+        the prewrite holding the Pump's safe ts (and every window after it) until the
+        source came back. A Pump that cannot be told now still asks TxnStatus."""
+        orphaned = self.state.orphaned
+        if not orphaned:
+            return
+        results = self.client.broadcast([binlog_pb2.Binlog(tp=binlog_pb2.ROLLBACK, start_ts=s) for s in orphaned])
+        stored = sum(1 for errs in results.values() for e in errs if e is None)
+        unreachable = sorted(n for n, errs in results.items()
+                             if any(e is not None and not isinstance(e, errors.FailedPrecondition | errors.AlreadyExists)
+                                    for e in errs))
+        log.info("source: %d transaction(s) the previous run began and never decided are rolled back; "
+                 "%d rollback(s) stored on the Pumps%s", len(orphaned), stored,
+                 f"; pumps {', '.join(unreachable)} will ask this source instead" if unreachable else "")
 
     def emit(self, key: str, value: binlog_pb2.PrewriteValue,
              ddl: tuple[str, Sequence[binlog_pb2.TableInfo]] | None = None) -> tuple[int, int]:

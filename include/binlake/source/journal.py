@@ -128,6 +128,9 @@ class SourceState:
         self._by_key: dict[str, Decision] = {}
         self._by_start: dict[int, Decision] = {}
         self._rolled_back: set[int] = set()
+        # The start_ts this start found begun and never decided (a killed run's): rolled
+        # back in the journal below; the source also tells the Pumps (``Emitter``).
+        self.orphaned: list[int] = []
         self.state: dict[str, Any] = self._load_state()
         self._load_journal()
         self._journal = (self.dir / JOURNAL).open("a", encoding="utf-8")
@@ -190,6 +193,7 @@ class SourceState:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
             self._rolled_back |= {d.start_ts for d in orphans}
+            self.orphaned = sorted(d.start_ts for d in orphans)
             for d in orphans:
                 self._by_key = {k: v for k, v in self._by_key.items() if v is not d}
 
