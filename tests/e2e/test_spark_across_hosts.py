@@ -2,7 +2,7 @@
 host of their own (network namespaces, ``binlake.testing.netbed``), the registry,
 the Pumps and the driver on the test's host; nothing shared but the network.
 
-``binlake ingest --master spark://MASTER`` writes a window into ``s3://lake/...``
+``binlake ingest --master spark://MASTER`` writes a window into ``s3://across/...``
 on SeaweedFS while one of the two worker hosts is killed (every process on it,
 its executor included) as the window's rows are read: Spark runs the lost tasks
 again on the other worker, the ingest finishes, and its change and ledger rows
@@ -63,7 +63,9 @@ def test_ingest_on_a_cluster_across_hosts_survives_a_lost_worker(
     # worker hosts read the Pump there.
     cluster = DevCluster(tmp_path / "cluster", pumps=1, host=bed.gateway,
                          pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]).start()
-    s3 = s3server.LocalS3(tmp_path / "s3", buckets=("lake",), host=s3_host.addr, wrap=tuple(s3_host.wrap))
+    # A bucket no other test uses: the shared test Spark session caches an s3a file
+    # system per bucket, with the endpoint of the first S3 server it met.
+    s3 = s3server.LocalS3(tmp_path / "s3", buckets=("across",), host=s3_host.addr, wrap=tuple(s3_host.wrap))
     try:
         s3.start()
         for key, value in s3.env().items():
@@ -97,7 +99,7 @@ def test_ingest_on_a_cluster_across_hosts_survives_a_lost_worker(
         with SparkCluster(tmp_path / "spark", workers=2, cores=1, memory="1g", host=master_host.addr,
                           master_wrap=master_host.wrap,
                           worker_hosts=[(worker1.addr, worker1.wrap), (worker2.addr, worker2.wrap)]) as sc:
-            lake = "s3://lake/across"
+            lake = "s3://across/lake"
             env = {**os.environ, **s3.env(), "SPARK_LOCAL_IP": bed.gateway, "SPARK_LOCAL_HOSTNAME": bed.gateway}
             proc = subprocess.Popen(
                 [sys.executable, "-m", "binlake.cli", "ingest", "--lake", lake, "--registry", cluster.registry_addr,
