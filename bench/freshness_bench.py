@@ -114,15 +114,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"only {len(rows)} windows published in {args.timeout_s:g}s; see {root}", file=sys.stderr)
         return 1
     fresh, ingest = [], []
-    print("| window close (UTC) | ingest s | asset event after close s |")
-    print("|---|---:|---:|")
+    # The row changes each window holds, from the lake's own ledger (read here with delta-rs).
+    from binlake import tso
+    from binlake.lake import arrowread, location
+
+    ledger = arrowread.small_table_rows(location.table_path(str(root / "state" / "lake"), location.WINDOWS),
+                                        ["end_ts", "rows"]) or []
+    held = {tso.to_datetime(int(w["end_ts"])): int(w["rows"]) for w in ledger}
+    print("| window close (UTC) | row changes | ingest s | asset event after close s |")
+    print("|---|---:|---:|---:|")
     for end, ing_start, ing_end, event in rows[: args.windows]:
         close = _ts(end)
         f = (_ts(event) - close).total_seconds()
         i = (_ts(ing_end) - _ts(ing_start)).total_seconds()
         fresh.append(f)
         ingest.append(i)
-        print(f"| {close:%H:%M:%S} | {i:.1f} | {f:.1f} |")
+        print(f"| {close:%H:%M:%S} | {held.get(close, '?')} | {i:.1f} | {f:.1f} |")
     if args.rows_per_window:
         print(f"\n~{args.rows_per_window} row changes per window ({args.rows_per_txn} per transaction)", end="")
     print(f"\nmode {args.mode}, schedule {args.schedule}: freshness median {statistics.median(fresh):.1f}s, "
