@@ -59,8 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--windows must be >= 1")
     if args.rows_per_window < 0 or not 1 <= args.rows_per_txn <= 100_000:
         parser.error("--rows-per-window must be >= 0 and --rows-per-txn in 1..100000")
-    period_s = _seconds(args.schedule)
-    if period_s is None:
+    # The ingest DAG's own reading of a duration schedule (its Airflow plugin package).
+    sys.path.insert(0, str(ROOT / "plugins"))
+    from binlake_airflow.config import duration_seconds
+
+    period_s = duration_seconds(args.schedule)
+    if not period_s:
         parser.error(f"--schedule {args.schedule!r}: expected a duration such as 30s or 5m")
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="freshness-bench-"))
@@ -136,14 +140,6 @@ def main(argv: list[str] | None = None) -> int:
           f"max {max(fresh):.1f}s; ingest step median {statistics.median(ingest):.1f}s")
     shutil.rmtree(root, ignore_errors=True)
     return 0
-
-
-def _seconds(text: str) -> float | None:
-    units = {"s": 1, "m": 60, "h": 3600}
-    try:
-        return float(text[:-1]) * units[text[-1]] if text and float(text[:-1]) > 0 else None
-    except (KeyError, ValueError):
-        return None
 
 
 def _workload(registry: str, root: pathlib.Path, start: dt.datetime, rows_per_s: float, rows_per_txn: int,

@@ -362,6 +362,13 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)\s*$", re.IGNORE
 _UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
+def duration_seconds(text: str) -> float | None:
+    """The seconds of a duration in the settings' one spelling (``30s``, ``5 min``,
+    ``1.5h``, ``1d``), or None when ``text`` is not one."""
+    match = _DURATION.match(text)
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()] if match else None
+
+
 def ingest_timetable(text: str | None = None) -> Any:
     """The ingest DAG's timetable from ``BINLAKE_INGEST_SCHEDULE`` (default ``5m``).
 
@@ -376,9 +383,8 @@ def ingest_timetable(text: str | None = None) -> Any:
 
     raw = text if text is not None else os.environ.get(SCHEDULE_ENV, "")
     spec = raw.strip() or DEFAULT_SCHEDULE
-    match = _DURATION.match(spec)
-    if match:
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    seconds = duration_seconds(spec)
+    if seconds is not None:
         if seconds < 1:
             raise ConfigError(f"{SCHEDULE_ENV}={spec!r}: an ingest interval must be at least 1s")
         return DeltaDataIntervalTimetable(dt.timedelta(seconds=seconds))

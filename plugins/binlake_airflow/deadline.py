@@ -44,22 +44,20 @@ CALLBACK_ENV = "BINLAKE_INGEST_DEADLINE_CALLBACK"
 DEFAULT_GRACE = "15m"
 DEFAULT_CALLBACK = "binlake_airflow.deadline.window_late"
 _OFF = ("off", "none", "0", "false", "no")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)\s*$", re.IGNORECASE)
-_UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
 def grace(text: str | None = None) -> dt.timedelta | None:
     """``BINLAKE_INGEST_DEADLINE`` as a duration; None when the alert is off."""
-    from binlake_airflow.config import ConfigError
+    from binlake_airflow.config import ConfigError, duration_seconds
 
     raw = (text if text is not None else os.environ.get(DEADLINE_ENV, "")).strip() or DEFAULT_GRACE
     if raw.lower() in _OFF:
         return None
-    match = _DURATION.match(raw)
-    if not match:
+    seconds = duration_seconds(raw)
+    if seconds is None:
         raise ConfigError(f"{DEADLINE_ENV}={raw!r} is not a duration such as 30s, 15m or 1h (or off)")
-    return dt.timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()])
+    return dt.timedelta(seconds=seconds)
 
 
 def window_length(timetable: Any, start: dt.datetime) -> dt.timedelta:
