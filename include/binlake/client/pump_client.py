@@ -585,7 +585,9 @@ class PumpClient:
         """Send ``binlogs`` (commits or rollbacks) to every available Pump in one group
         each, and wait up to ``timeout_s`` for them: per Pump, each binlog's failure
         (None: stored). For what a writer cannot route: a rollback whose prewrite's
-        Pump it never learned (a Pump without that prewrite answers FailedPrecondition)."""
+        Pump it never learned (a Pump without that prewrite answers FailedPrecondition).
+        Not through ``_send_together``: that counts each Pump's refusals towards
+        marking it unavailable, and here a refusal is the expected answer."""
         if any(b.tp not in (binlog_pb2.COMMIT, binlog_pb2.ROLLBACK) for b in binlogs):
             raise errors.InvalidArgument("broadcast takes COMMIT or ROLLBACK binlogs")
         if not binlogs:
