@@ -143,22 +143,20 @@ def small_table_rows(path: str, columns: Sequence[str] | None, where: Any = None
     return rows
 
 
-def append_state(path: str, prune: str, app_id: str) -> tuple[bool, int | None] | None:
+def may_hold(path: str, prune: str) -> bool | None:
     """Of the local Delta table at ``path``: whether any of its files may hold a row
     matching ``prune`` (a SQL predicate over partition values and file statistics;
-    a file without statistics may), and the last idempotent-write version
-    (``txnVersion``) committed for ``app_id``. None when it cannot be read here (not
-    local, no table yet, a protocol delta-rs does not read)."""
-    if local_path(path) is None or not isinstance(app_id, str) or not app_id:
+    a file without statistics may). None when it cannot be read here (not local,
+    no table yet, a protocol delta-rs does not read)."""
+    if local_path(path) is None:
         return None
     try:
         reader = TableReader(path)
         reader._table.update_incremental()
         files = reader._table.to_pyarrow_dataset(file_pruning_predicate=prune).files
-        version = reader._table.transaction_version(app_id)
     except NotReadable:
         return None
     except Exception as exc:  # delta-rs's own errors for a log it will not read
         log.info("cannot read %s here: %s", path, errors.first_line(exc))
         return None
-    return bool(files), None if version is None else int(version)
+    return bool(files)

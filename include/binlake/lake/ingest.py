@@ -649,9 +649,7 @@ def _may_append(lake: str, w: _Window) -> bool:
     ``_fence_earlier``."""
     from binlake.lake import arrowread
 
-    path = table_path(lake, CHANGES)
-    state = arrowread.append_state(path, _prune_predicate(w.start_ts, w.end_ts), f"binlake-ingest-{w.start_ts}")
-    return state is not None and not state[0]
+    return arrowread.may_hold(table_path(lake, CHANGES), _prune_predicate(w.start_ts, w.end_ts)) is False
 
 
 def _write_rows(df: Any, path: str, w: _Window, append: bool) -> None:
