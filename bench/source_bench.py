@@ -19,13 +19,14 @@ Python path for both. Each bulk time runs from the source's spawn to its
 checkpoint at the binlog's end, so it includes the process's start-up once;
 the same run also times that start-up alone (the source started at the
 binlog's end, twice) and reports each bulk case after it too, the figure that
-says how fast the source decodes once running. The live case runs three times in the same run:
-natively framed, natively framed with steps unpaced (``--step-ms 0``: a step
-as soon as the one before ends, the pipeline before the pace existed), and on
-mysql-replication's framing (and once more per ``--also-step-ms``, natively
-framed at that pace); it sets the whole chain's CPU per transaction
+says how fast the source decodes once running. The live case runs three times in the same run, natively
+framed each time: paced with the adaptive step (the default), at a fixed pace
+(``--max-step-ms`` equal to ``--step-ms``: the pipeline before the adaptive
+step) and unpaced (``--step-ms 0``: a step as soon as the one before ends, the
+pipeline before the pace existed); once more per ``--also-step-ms`` at that
+pace. It sets the whole chain's CPU per transaction
 against that of ``mysqlbinlog`` following as a replica. ``--postgres`` runs its
-live case paced and unpaced the same way, and paced with its tuples decoded in
+live case adaptive, fixed and unpaced the same way, and paced with its tuples decoded in
 Python (``BINLAKE_NATIVE_PGOUTPUT=0``) against the native decoder (``_pgoutc``);
 ``--pgoutput-only`` measures that decoding alone, in process, without a server.
 
@@ -60,6 +61,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 _NICE = [0]
 # ``--step-ms``: the paced live cases' pace (None: the source's default).
 _STEP: list[str | None] = [None]
+# ``--max-step-ms``: the adaptive live cases' longest step (None: the source's default).
+_MAX_STEP: list[str | None] = [None]
 # ``--also-step-ms``: one more paced live case per entry ("step<MS>").
 _ALSO: list[str] = []
 # ``--pinned``: the upstream (server and the workload's client, this process) on CPU 0,
@@ -89,13 +92,20 @@ def _niced() -> None:
 
 
 def _pace_args(mode: str) -> tuple[str, ...]:
-    """The source's --step-ms option for a live case: ``unpaced``, ``step<MS>`` (an
-    ``--also-step-ms`` case) or paced at ``--step-ms`` (the source's default without it)."""
+    """The source's --step-ms/--max-step-ms options for a live case: ``unpaced``, ``step<MS>``
+    (an ``--also-step-ms`` case), ``fixed`` (paced at ``--step-ms``, no adaptive step) or
+    paced and adaptive at ``--step-ms``/``--max-step-ms`` (the source's defaults without them)."""
     if mode == "unpaced":
         return ("--step-ms", "0")
     if mode.startswith("step"):
         return ("--step-ms", mode[4:])
-    return ("--step-ms", _STEP[0]) if _STEP[0] is not None else ()
+    pace = ("--step-ms", _STEP[0]) if _STEP[0] is not None else ()
+    if mode == "fixed":  # the pace without the adaptive step (the pipeline before it)
+        from binlake.source.pipeline import PACE_S
+
+        ms = _STEP[0] if _STEP[0] is not None else f"{PACE_S * 1000:g}"
+        return ("--step-ms", ms, "--max-step-ms", ms)
+    return pace + (("--max-step-ms", _MAX_STEP[0]) if _MAX_STEP[0] is not None else ())
 
 
 def _pin_upstream(server_pid: int) -> None:
@@ -218,7 +228,8 @@ def _live(port: int, reg_addr: str, base: pathlib.Path, mode: str, log: pathlib.
           cluster: list[subprocess.Popen[bytes]], procs: list[subprocess.Popen[bytes]],
           seconds: float) -> dict[str, Any]:
     """One client's workload for ``seconds`` with the source (``mode``: native, unpaced
-    (native, ``--step-ms 0``) or libframe; native rows in each) following from the
+    (native, ``--step-ms 0``), fixed (native, no adaptive step) or libframe; native rows in
+    each) following from the
     server's end; its figures."""
     from binlake.source.mysql import rowsplan
 
@@ -368,7 +379,9 @@ def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
         paced: dict[str, dict[str, Any]] = {}
         from binlake.source.postgres import pgplan
 
-        cases = [(f"paced (--step-ms {_STEP[0] or 'default'})", _pace_args("paced"), "1"),
+        cases = [(f"adaptive (--step-ms {_STEP[0] or 'default'}, --max-step-ms {_MAX_STEP[0] or 'default'})",
+                  _pace_args("paced"), "1"),
+                 ("fixed pace (--max-step-ms = --step-ms)", _pace_args("fixed"), "1"),
                  ("unpaced (--step-ms 0)", _pace_args("unpaced"), "1")]
         if pgplan.available():
             cases.append((f"paced, Python tuple decoding ({pgplan.NATIVE_PGOUTPUT_ENV}=0)", _pace_args("paced"), "0"))
@@ -531,6 +544,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     _PIN[0] = bool(getattr(args, "pinned", False))
     step = getattr(args, "step_ms", None)
     _STEP[0] = None if step is None else f"{step:g}"
+    max_step = getattr(args, "max_step_ms", None)
+    _MAX_STEP[0] = None if max_step is None else f"{max_step:g}"
     also = _ALSO[:] = [f"step{ms:g}" for ms in getattr(args, "also_step_ms", None) or []]
     if _PIN[0] and len(os.sched_getaffinity(0)) < 2:
         print("--pinned needs 2 CPUs this process may run on", file=sys.stderr)
@@ -633,7 +648,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         follower.terminate()
         follower.wait(30)
         # The source following live: natively framed, then (same run) on mysql-replication's framing.
-        live_modes = ["native", "unpaced", "libframe"] if framing.available() else ["libframe"]
+        live_modes = ["native", "fixed", "unpaced"] if framing.available() else ["libframe"]
         live_modes += also
         live: dict[str, dict[str, Any]] = {}
         for lm in live_modes:
@@ -653,7 +668,8 @@ def main(args: argparse.Namespace | None = None) -> int:
           "| | | | |")
     names = {"native": "native framing + native rows", "libframe": "mysql-replication framing + native rows "
              f"({framing.NATIVE_FRAMING_ENV}=0)", "python": "Python path (BINLAKE_NATIVE_ROWS=0, "
-             f"{framing.NATIVE_FRAMING_ENV}=0)", "unpaced": "native, steps unpaced (--step-ms 0)"}
+             f"{framing.NATIVE_FRAMING_ENV}=0)", "unpaced": "native, steps unpaced (--step-ms 0)",
+             "fixed": "native, fixed pace (--max-step-ms = --step-ms: no adaptive step)"}
     if _STEP[0] is not None:
         names["native"] += f" (--step-ms {_STEP[0]})"
     for m in also:

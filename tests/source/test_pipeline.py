@@ -154,6 +154,71 @@ def test_steps_are_paced_unless_a_full_group_waits(cluster: Cluster, tmp_path: p
         state.close()
 
 
+class TimedAcks(Acks):
+    """Acks that also note when each position was acknowledged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: dict[object, float] = {}
+
+    def __call__(self, items: list[Item], results: list[tuple[int, int]]) -> None:
+        now = time.monotonic()
+        super().__call__(items, results)
+        for it in items:
+            self.at[it.position] = now
+
+
+def test_under_a_stream_steps_grow_to_the_longest_and_a_lone_transaction_still_leaves_at_once(
+        cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    """The adaptive step: a transaction every ~2 ms through a 20 ms pace carries many
+    more per group when steps may grow to 0.5 s than at the fixed pace, each is
+    acknowledged within twice the longest step (plus round trips), and a lone
+    transaction after the stream still leaves without waiting for the longest step."""
+    state = SourceState(tmp_path / "d")
+    emitter = Emitter(cluster.registry.addr, state, kind="test")
+    means: dict[float, float] = {}
+    n = 0
+    try:
+        for max_pace in (0.02, 0.5):
+            acks = TimedAcks()
+            pipe = GroupPipeline(emitter, acks, pace_s=0.02, max_pace_s=max_pace, group_txns=10_000, linger_s=0.0)
+            try:
+                submitted: dict[object, float] = {}
+                t0 = time.monotonic()
+                first = n
+                while time.monotonic() - t0 < 0.8:
+                    submitted[n] = time.monotonic()
+                    pipe.submit(Item(f"a:{n}", value(n), n))
+                    n += 1
+                    time.sleep(0.002)
+                deadline = time.monotonic() + 10
+                while len(acks.at) < n - first and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert [p for p, _s, _c in acks.flat()] == list(range(first, n))
+                means[max_pace] = pipe.grouped / pipe.groups
+                late = max(acks.at[k] - t for k, t in submitted.items())
+                assert late < 2 * max_pace + 0.5, f"acknowledged {late:.2f} s after it was read"
+                if max_pace == 0.5:
+                    # After the stream: a lone transaction leaves at once, its commit at the pace.
+                    time.sleep(0.6)
+                    t1 = time.monotonic()
+                    pipe.submit(Item(f"a:{n}", value(n), n))
+                    while n not in acks.at and time.monotonic() - t1 < 5:
+                        time.sleep(0.005)
+                    assert acks.at[n] - t1 < 0.35, "a lone transaction waited for the longest step"
+                    n += 1
+            finally:
+                pipe.close()
+        assert means[0.5] >= 2.5 * means[0.02], means
+        with pytest.raises(ValueError, match="max_pace_s"):
+            GroupPipeline(emitter, Acks(), pace_s=0.05, max_pace_s=0.01)
+        with pytest.raises(ValueError, match="group_txns"):
+            GroupPipeline(emitter, Acks(), group_txns=0)
+    finally:
+        emitter.close()
+        state.close()
+
+
 def test_a_sender_failure_reaches_the_reader_and_nothing_after_it_is_acknowledged(
         cluster: Cluster, tmp_path: pathlib.Path) -> None:
     state = SourceState(tmp_path / "d")

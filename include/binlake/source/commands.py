@@ -30,6 +30,14 @@ def _server_id(text: str) -> int:
 _step_ms = number_in(float, 0, 1000, "milliseconds")
 
 
+_max_step_ms = number_in(float, 0, 4000, "milliseconds")
+
+
+_MAX_STEP_HELP = ("longest a step waits to fill its group while transactions keep arriving, in ms (default 4x "
+                  "--step-ms, 100 at the defaults; equal to --step-ms: a fixed pace): under a steady stream steps "
+                  "grow to this, so each carries more; acknowledgements up to about twice this much later")
+
+
 _STEP_HELP = ("least time between two steps of the Pump pipeline, in ms (default 25; 0: as fast as round trips "
               "allow): larger groups, less CPU per transaction, acknowledgements up to this much later")
 
@@ -68,6 +76,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     m.add_argument("--status-addr", default="127.0.0.1:0",
                    help="HOST:PORT of the TxnStatus service the Pumps ask (default: any free loopback port)")
     m.add_argument("--step-ms", type=_step_ms, default=None, help=_STEP_HELP)
+    m.add_argument("--max-step-ms", type=_max_step_ms, default=None, help=_MAX_STEP_HELP)
     m.set_defaults(handler=_run_mysql)
 
     pg = ssub.add_parser(
@@ -99,6 +108,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                     help="checkpoint and TSO journal (default data/source-postgres)")
     pg.add_argument("--status-addr", default="127.0.0.1:0", help="HOST:PORT of the TxnStatus service")
     pg.add_argument("--step-ms", type=_step_ms, default=None, help=_STEP_HELP)
+    pg.add_argument("--max-step-ms", type=_max_step_ms, default=None, help=_MAX_STEP_HELP)
     pg.set_defaults(handler=_run_postgres)
 
     b = bench.add_parser(
@@ -115,6 +125,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="the paced live case's --step-ms (default: the source's default)")
     b.add_argument("--also-step-ms", type=_step_ms, action="append", default=[], metavar="MS",
                    help="one more paced live case at this --step-ms, in the same run; repeatable")
+    b.add_argument("--max-step-ms", type=_max_step_ms, default=None,
+                   help="the adaptive live case's --max-step-ms (default: the source's default)")
     b.add_argument("--postgres", action="store_true",
                    help="measure the PostgreSQL source instead (live case only, against pg_recvlogical)")
     b.add_argument("--pinned", action="store_true",
@@ -156,7 +168,8 @@ def _run_mysql(args: argparse.Namespace) -> int:
     argcheck.names("--tables", args.tables, "shop.*,app.orders")
     source = MySQLSource(args.dsn, server_id=args.server_id, registry=args.registry, data_dir=args.data_dir,
                          start=args.start, tables=args.tables, status_addr=args.status_addr,
-                         snapshot_batch_rows=args.snapshot_batch_rows, pace_s=_pace(args))
+                         snapshot_batch_rows=args.snapshot_batch_rows, pace_s=_pace(args),
+                         max_pace_s=_max_pace(args))
     return _run(source)
 
 
@@ -171,7 +184,7 @@ def _run_postgres(args: argparse.Namespace) -> int:
     source = PostgresSource(args.dsn, slot=args.slot, publication=args.publication, registry=args.registry,
                             data_dir=args.data_dir, create=args.create, start=args.start,
                             snapshot_batch_rows=args.snapshot_batch_rows, status_addr=args.status_addr,
-                            pace_s=_pace(args))
+                            pace_s=_pace(args), max_pace_s=_max_pace(args))
     return _run(source)
 
 
@@ -179,6 +192,17 @@ def _pace(args: argparse.Namespace) -> float:
     from binlake.source.pipeline import PACE_S
 
     return PACE_S if args.step_ms is None else args.step_ms / 1000
+
+
+def _max_pace(args: argparse.Namespace) -> float | None:
+    """--max-step-ms in seconds (None: the source's default, MAX_PACE_FACTOR x the pace);
+    below --step-ms it is refused here, in the option's words."""
+    if args.max_step_ms is None:
+        return None
+    if args.max_step_ms < _pace(args) * 1000:
+        raise errors.InvalidArgument(f"--max-step-ms {args.max_step_ms:g} is below the step pace "
+                                     f"({_pace(args) * 1000:g} ms, --step-ms): give at least that")
+    return float(args.max_step_ms) / 1000
 
 
 def _run(source: Any) -> int:

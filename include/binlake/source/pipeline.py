@@ -45,6 +45,25 @@ not paced: while one waits, the sender steps as soon as its last step is
 answered, so a DDL never waits for the pace (a DDL-heavy upstream would
 otherwise pay up to ``pace_s`` per statement).
 
+Adaptive step: after the pace, a step whose next group is still small (fewer
+than ``group_txns`` transactions waiting, but at least one) waits on for more,
+up to ``max_pace_s`` after the previous step began. Why: a step costs about
+2 ms of CPU across the source, Pump and registry (mostly grpcio) whatever it
+carries, so at a few hundred transactions/s a 25 ms step carried 5-15 of them
+and each paid 130-400 us of fixed cost, several times the C replica's whole
+cost. Under a steady stream the step now grows (fewer steps/s, larger groups)
+until the group reaches ``group_txns`` or the step ``max_pace_s``; when the
+stream is faster, the group fills sooner and the step shrinks back towards
+``pace_s``. Only a stream waits on: the step extends only when the group the
+sender took last had more than one transaction, so a trickle (one per pace or
+fewer) is sent as before, and an empty queue never extends a step (a lone
+transaction after a quiet spell still leaves at once). Bound: a
+transaction is prewritten at most ``max_pace_s`` after it was read plus one
+step's round trips, and decided and acknowledged by the next step, so its
+acknowledgement (and the checkpoint past it) comes at most 2 x ``max_pace_s``
+plus two steps' round trips after it was read (about 0.25 s at the defaults);
+a drain skips the wait as it skips the pace.
+
 Back-pressure: ``submit`` blocks while a full group is already waiting, so
 memory holds at most the group in flight plus one more.
 
@@ -94,6 +113,13 @@ LINGER_S = 0.002
 # whatever it carries (bench/grpc_pace.py), and 25 ms of acknowledgement delay is
 # invisible to the upstream and small against the lake's windows of seconds.
 PACE_S = 0.025
+# The adaptive step (see "Adaptive step"): a step with fewer than GROUP_TXNS transactions
+# waiting waits on for more, up to MAX_PACE_FACTOR x the pace after the previous step
+# began. 64: at ~2 ms of CPU per step that is ~30 us per transaction, below the per-
+# transaction work (the source's reader ~70 us, the Pump's per-binlog parse and index).
+# 4 x 25 ms: an acknowledgement at most ~0.25 s late, small against the lake's windows.
+GROUP_TXNS = 64
+MAX_PACE_FACTOR = 4
 
 
 class Item:
@@ -123,7 +149,8 @@ class GroupPipeline:
     def __init__(self, emitter: Emitter, on_acked: Callable[[list[Item], list[tuple[int, int]]], None],
                  on_idle: Callable[[], None] | None = None, *, max_txns: int = MAX_GROUP_TXNS,
                  max_bytes: int = MAX_GROUP_BYTES, idle_s: float = IDLE_S, linger_s: float = LINGER_S,
-                 pace_s: float = PACE_S, name: str = "source-sender") -> None:
+                 pace_s: float = PACE_S, max_pace_s: float | None = None, group_txns: int = GROUP_TXNS,
+                 name: str = "source-sender") -> None:
         if isinstance(max_txns, bool) or not isinstance(max_txns, int) or max_txns < 1:
             raise ValueError(f"max_txns must be a positive integer, got {max_txns!r}")
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
@@ -134,11 +161,27 @@ class GroupPipeline:
             raise ValueError(f"linger_s must be in [0, idle_s), got {linger_s!r}")
         if isinstance(pace_s, bool) or not isinstance(pace_s, (int, float)) or not 0 <= pace_s <= 1:
             raise ValueError(f"pace_s must be in [0, 1] seconds, got {pace_s!r}")
+        if max_pace_s is None:
+            max_pace_s = MAX_PACE_FACTOR * float(pace_s)
+        if (isinstance(max_pace_s, bool) or not isinstance(max_pace_s, (int, float))
+                or not pace_s <= max_pace_s <= 4):
+            raise ValueError(f"max_pace_s must be in [pace_s, 4] seconds, got {max_pace_s!r}")
+        if isinstance(group_txns, bool) or not isinstance(group_txns, int) or group_txns < 1:
+            raise ValueError(f"group_txns must be a positive integer, got {group_txns!r}")
         self._linger_s = linger_s
         self._pace_s = float(pace_s)
+        self._max_pace_s = float(max_pace_s)
+        # Transactions (keyed items) waiting in the queue: the adaptive step's measure.
+        self._queued_txns = 0
+        self.group_txns = group_txns
+        # Transactions in the last group the sender took (the adaptive step's sign of a stream).
+        self._last_group = 0
         # True while the sender waits for any item (idle or lingering): only then, or when
         # the queue fills, does a submit wake it (not once per transaction while it paces).
         self._wants_item = False
+        # True while the sender's step waits for a group of group_txns (the adaptive step):
+        # then the submit that completes one wakes it.
+        self._wants_group = False
         # Readers waiting in drain(): while any does, the sender skips the pace and the linger.
         self._draining = 0
         self._emitter = emitter
@@ -169,7 +212,8 @@ class GroupPipeline:
                 raise RuntimeError("the source's sender is closed")
             self._queue.append(item)
             self._queued_bytes += item.size
-            if self._wants_item or self._full():
+            self._queued_txns += item.key is not None
+            if self._wants_item or self._full() or (self._wants_group and self._queued_txns >= self.group_txns):
                 self._cond.notify_all()
 
     def _full(self) -> bool:
@@ -200,6 +244,7 @@ class GroupPipeline:
             self._closed = True
             self._queue.clear()
             self._queued_bytes = 0
+            self._queued_txns = 0
             self._cond.notify_all()
         self._thread.join()
 
@@ -229,12 +274,25 @@ class GroupPipeline:
                         if left <= 0:
                             break
                         self._cond.wait(left)
+                    # The adaptive step: transactions keep arriving (the last group had more
+                    # than one) but this group is still small, so wait on for more, up to the
+                    # longest step. A trickle (one per step or less) never waits on.
+                    due = last_start + self._max_pace_s
+                    self._wants_group = True
+                    while (self._last_group > 1 and 0 < self._queued_txns < self.group_txns
+                           and not self._closed and not self._full() and not self._draining):
+                        left = due - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                    self._wants_group = False
                 if carried and not self._queue and not self._closed and self._linger_s and not self._draining:
                     # A commit-only step is due: let a transaction arriving meanwhile share it.
                     self._wants_item = True
                     self._cond.wait(self._linger_s)
                     self._wants_item = False
                 new: list[Item] = []
+                self._last_group = 0  # a commit-only step: the stream paused
                 if self._queue and not self._closed:
                     new.append(self._queue.popleft())
                     size = new[0].size
@@ -245,6 +303,8 @@ class GroupPipeline:
                         size += it.size
                         sent += it.key is not None
                     self._queued_bytes -= size
+                    self._queued_txns -= sent
+                    self._last_group = sent
                 if not new and not carried:
                     if self._closed:
                         return
@@ -265,6 +325,7 @@ class GroupPipeline:
                     self._error = exc
                     self._queue.clear()
                     self._queued_bytes = 0
+                    self._queued_txns = 0
                     self._inflight = False
                     self._cond.notify_all()
                 return

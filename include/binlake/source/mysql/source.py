@@ -64,7 +64,7 @@ from binlake.source.mysql import framing, rowsplan, snapshot
 from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
-from binlake.source.pipeline import PACE_S, GroupPipeline, Item
+from binlake.source.pipeline import MAX_PACE_FACTOR, PACE_S, GroupPipeline, Item
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class MySQLSource:
     def __init__(self, dsn: str, *, server_id: int, registry: str, data_dir: str, start: str | None = None,
                  tables: str | None = None, status_addr: str = "127.0.0.1:0",
                  client_settings: ClientSettings | None = None, heartbeat_s: float = 1.0,
-                 snapshot_batch_rows: int = snapshot.BATCH_ROWS, pace_s: float = PACE_S) -> None:
+                 snapshot_batch_rows: int = snapshot.BATCH_ROWS, pace_s: float = PACE_S, max_pace_s: float | None = None) -> None:
         if not isinstance(server_id, int) or not 1 <= server_id < 2**32:
             raise errors.InvalidArgument(f"--server-id must be in 1..4294967295, got {server_id!r}")
         self.dsn = srv.parse_dsn(dsn)
@@ -128,6 +128,14 @@ class MySQLSource:
         if isinstance(pace_s, bool) or not isinstance(pace_s, (int, float)) or not 0 <= pace_s <= 1:
             raise errors.InvalidArgument(f"the step pace must be in [0, 1] seconds (--step-ms 0..1000), got {pace_s!r}")
         self.pace_s = float(pace_s)
+        # The adaptive step's bound (pipeline.py, "Adaptive step"); None: MAX_PACE_FACTOR x the pace.
+        if max_pace_s is None:
+            max_pace_s = MAX_PACE_FACTOR * self.pace_s
+        if (isinstance(max_pace_s, bool) or not isinstance(max_pace_s, (int, float))
+                or not self.pace_s <= max_pace_s <= 4):
+            raise errors.InvalidArgument(f"the longest step must be in [the pace, 4] seconds (--max-step-ms from "
+                                         f"--step-ms up to 4000), got {max_pace_s!r} with a pace of {self.pace_s!r}")
+        self.max_pace_s = float(max_pace_s)
         self.registry_addr = registry
         self.start_kind, self.start_value = parse_start(start)
         self.filter = TableFilter(tables)
@@ -391,7 +399,7 @@ class MySQLSource:
         events_at = 0
         assert self.emitter is not None
         pipeline = self.pipeline = GroupPipeline(self.emitter, self._acked, self._idle, pace_s=self.pace_s,
-                                                 name="mysql-source-sender")
+                                                 max_pace_s=self.max_pace_s, name="mysql-source-sender")
         try:
             for ev in events:
                 self.events += 1

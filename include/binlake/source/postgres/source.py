@@ -73,7 +73,7 @@ from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
 from binlake.source.mysql.tables import MyTable, assign_ids
-from binlake.source.pipeline import PACE_S, GroupPipeline, Item
+from binlake.source.pipeline import MAX_PACE_FACTOR, PACE_S, GroupPipeline, Item
 from binlake.source.postgres import pgplan, values
 from binlake.source.postgres import snapshot as snap
 from binlake.source.postgres.values import UNCHANGED, Attr, Unchanged
@@ -148,7 +148,7 @@ class PostgresSource:
     def __init__(self, dsn: str, *, slot: str, publication: str, registry: str, data_dir: str,
                  create: bool = False, start: str | None = None, snapshot_batch_rows: int = snap.BATCH_ROWS,
                  status_addr: str = "127.0.0.1:0", client_settings: ClientSettings | None = None,
-                 pace_s: float = PACE_S) -> None:
+                 pace_s: float = PACE_S, max_pace_s: float | None = None) -> None:
         for what, v in (("--slot", slot), ("--publication", publication)):
             if not isinstance(v, str) or not v.replace("_", "").isalnum() or not v[:1].isalpha():
                 raise errors.InvalidArgument(f"{what} {v!r} must be letters, digits and _ (starting with a letter)")
@@ -166,6 +166,14 @@ class PostgresSource:
         if isinstance(pace_s, bool) or not isinstance(pace_s, (int, float)) or not 0 <= pace_s <= 1:
             raise errors.InvalidArgument(f"the step pace must be in [0, 1] seconds (--step-ms 0..1000), got {pace_s!r}")
         self.pace_s = float(pace_s)
+        # The adaptive step's bound (pipeline.py, "Adaptive step"); None: MAX_PACE_FACTOR x the pace.
+        if max_pace_s is None:
+            max_pace_s = MAX_PACE_FACTOR * self.pace_s
+        if (isinstance(max_pace_s, bool) or not isinstance(max_pace_s, (int, float))
+                or not self.pace_s <= max_pace_s <= 4):
+            raise errors.InvalidArgument(f"the longest step must be in [the pace, 4] seconds (--max-step-ms from "
+                                         f"--step-ms up to 4000), got {max_pace_s!r} with a pace of {self.pace_s!r}")
+        self.max_pace_s = float(max_pace_s)
         self.registry_addr = registry
         self.state = SourceState(data_dir)
         self._status_addr, self._client_settings = status_addr, client_settings
@@ -323,7 +331,7 @@ class PostgresSource:
         self.ready.set()
         txn: dict[int, binlog_pb2.TableMutation] | None = None
         pipeline = GroupPipeline(self.emitter, self._acked, self._idle, pace_s=self.pace_s,
-                                 name="postgres-source-sender")
+                                 max_pace_s=self.max_pace_s, name="postgres-source-sender")
         try:
             while not self._stop.is_set():
                 pipeline.check()
