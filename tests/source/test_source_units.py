@@ -154,6 +154,10 @@ def test_one_source_per_data_dir(tmp_path: pathlib.Path) -> None:
      "expected milliseconds in 0..1000, got 2000"),
     (["source", "postgres", "--dsn", "postgresql://x@h/d", "--slot", "s", "--publication", "p", "--step-ms", "x"],
      "expected milliseconds in 0..1000, got 'x'"),
+    (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--max-step-ms", "5000"],
+     "expected milliseconds in 0..4000, got 5000"),
+    (["source", "postgres", "--dsn", "postgresql://x@h/d", "--slot", "s", "--publication", "p", "--step-ms", "50",
+      "--max-step-ms", "10"], "--max-step-ms 10 is below the step pace (50 ms, --step-ms)"),
 ])
 def test_cli_refuses_bad_input_in_one_line(argv: list[str], message: str, tmp_path: pathlib.Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:

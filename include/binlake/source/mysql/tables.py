@@ -37,28 +37,59 @@ import dataclasses
 import datetime as dt
 import decimal
 import fnmatch
+import functools
+import importlib
 from collections.abc import Iterable
-from typing import Any
-
-import sqlglot
-from sqlglot import TokenType, exp
+from typing import TYPE_CHECKING, Any
 
 from binlake import coldefault, errors
 from binlake.proto import binlog_pb2
 from binlake.sql.schema import ColumnDef
 
+if TYPE_CHECKING:
+    import sqlglot
+    from sqlglot import TokenType, exp
+else:
+    class _Lazy:
+        """A module (or a module's attribute) imported at its first use. Why: sqlglot is
+        about a third of the source's import time, and a source restarted from its
+        checkpoint (which holds the table definitions) needs it only at the first DDL
+        in the binlog; a fresh start parses SHOW CREATE TABLE and loads it then."""
+
+        def __init__(self, module: str, attr: str | None = None) -> None:
+            self._module, self._attr = module, attr
+
+        @functools.cached_property
+        def _target(self) -> Any:
+            mod = importlib.import_module(self._module)
+            return getattr(mod, self._attr) if self._attr else mod
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._target, name)
+
+    sqlglot = _Lazy("sqlglot")
+    exp = _Lazy("sqlglot", "exp")
+    TokenType = _Lazy("sqlglot", "TokenType")
+
 SYSTEM_DBS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 
-_T = exp.DataType.Type
-_INTS = {_T.TINYINT, _T.SMALLINT, _T.MEDIUMINT, _T.INT, _T.BIGINT, _T.YEAR, _T.BOOLEAN}
-_UINTS = {_T.UTINYINT, _T.USMALLINT, _T.UMEDIUMINT, _T.UINT, _T.UBIGINT}
-_TEXTS = {_T.CHAR, _T.VARCHAR, _T.NCHAR, _T.NVARCHAR, _T.TEXT, _T.TINYTEXT, _T.MEDIUMTEXT, _T.LONGTEXT,
-          _T.ENUM, _T.SET}
-_BINS = {_T.BINARY, _T.VARBINARY, _T.BLOB, _T.TINYBLOB, _T.MEDIUMBLOB, _T.LONGBLOB, _T.BIT}
-_FLOATS = {_T.FLOAT, _T.DOUBLE}
-_DECIMALS = {_T.DECIMAL, _T.UDECIMAL}
-_OTHER = {_T.DATE: "date", _T.DATETIME: "datetime", _T.DATETIME64: "datetime", _T.TIMESTAMP: "datetime",
-          _T.TIMESTAMPTZ: "datetime", _T.TIMESTAMPLTZ: "datetime", _T.TIME: "time", _T.JSON: "json"}
+
+@functools.cache
+def _type_sets() -> tuple[Any, ...]:
+    """sqlglot's data types by the binlake type family they map to (built at the first
+    parsed column: sqlglot is imported lazily, see ``_Lazy``)."""
+    t = exp.DataType.Type
+    return (
+        t,
+        {t.TINYINT, t.SMALLINT, t.MEDIUMINT, t.INT, t.BIGINT, t.YEAR, t.BOOLEAN},
+        {t.UTINYINT, t.USMALLINT, t.UMEDIUMINT, t.UINT, t.UBIGINT},
+        {t.CHAR, t.VARCHAR, t.NCHAR, t.NVARCHAR, t.TEXT, t.TINYTEXT, t.MEDIUMTEXT, t.LONGTEXT, t.ENUM, t.SET},
+        {t.BINARY, t.VARBINARY, t.BLOB, t.TINYBLOB, t.MEDIUMBLOB, t.LONGBLOB, t.BIT},
+        {t.FLOAT, t.DOUBLE},
+        {t.DECIMAL, t.UDECIMAL},
+        {t.DATE: "date", t.DATETIME: "datetime", t.DATETIME64: "datetime", t.TIMESTAMP: "datetime",
+         t.TIMESTAMPTZ: "datetime", t.TIMESTAMPLTZ: "datetime", t.TIME: "time", t.JSON: "json"},
+    )
 
 
 @dataclasses.dataclass
@@ -264,6 +295,7 @@ def _literal_int(node: exp.Expression | None) -> int | None:
 
 def column_from_def(table: str, cd: exp.ColumnDef, table_charset: str | None) -> MyColumn:
     """A ``MyColumn`` from a parsed column definition; refuses a type the codec cannot carry."""
+    _T, _INTS, _UINTS, _TEXTS, _BINS, _FLOATS, _DECIMALS, _OTHER = _type_sets()
     name = cd.name
     dtype = cd.args.get("kind")
     if not isinstance(dtype, exp.DataType):
