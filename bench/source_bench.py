@@ -683,6 +683,8 @@ def main(args: argparse.Namespace | None = None) -> int:
         print(f"| binlake source mysql, {names[mode]} -> 1 Pump (fsync'ed, checkpointed){best} | {rows} | {secs:.2f} | "
               f"{rows / secs:,.0f} | {(rows / secs) / (decoded / tool_s):.3f} | {tail} |")
     c_us = 1e6 * c_replica_cpu / max(c_count[0], 1)
+    # The live default case is natively framed with the adaptive step (the bulk cases have no steps to speak of).
+    names["native"] += ", adaptive step" + (f" (--max-step-ms {_MAX_STEP[0]})" if _MAX_STEP[0] is not None else "")
     print(f"\n| upstream, 1 client, {seconds:g}s | txn/s | ratio |")
     print("|---|---:|---:|")
     print(f"| source not running | {plain:,.0f} | 1.00 |")
