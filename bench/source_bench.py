@@ -19,12 +19,13 @@ Python path for both. Each bulk time runs from the source's spawn to its
 checkpoint at the binlog's end, so it includes the process's start-up once;
 the same run also times that start-up alone (the source started at the
 binlog's end, twice) and reports each bulk case after it too, the figure that
-says how fast the source decodes once running. The live case runs three times in the same run, natively
+says how fast the source decodes once running. The live case runs four times in the same run, natively
 framed each time: paced with the adaptive step (the default), at a fixed pace
 (``--max-step-ms`` equal to ``--step-ms``: the pipeline before the adaptive
 step) and unpaced (``--step-ms 0``: a step as soon as the one before ends, the
-pipeline before the pace existed); once more per ``--also-step-ms`` at that
-pace. It sets the whole chain's CPU per transaction
+pipeline before the pace existed); and adaptive with its reads not in bursts
+(``BINLAKE_READ_BURST_MS=0``: a wake-up per arriving transaction, as before
+``source.readburst``); once more per ``--also-step-ms`` at that pace. It sets the whole chain's CPU per transaction
 against that of ``mysqlbinlog`` following as a replica. ``--postgres`` runs its
 live case adaptive, fixed and unpaced the same way, and paced with its tuples decoded in
 Python (``BINLAKE_NATIVE_PGOUTPUT=0``) against the native decoder (``_pgoutc``);
@@ -140,12 +141,13 @@ def _checkpoint(data_dir: pathlib.Path) -> tuple[str, int]:
 
 
 def _source(port: int, registry: str, data_dir: pathlib.Path, start: str, log: pathlib.Path,
-            native: bool = True, framed: bool = True, extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+            native: bool = True, framed: bool = True, extra: tuple[str, ...] = (),
+            env_extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     from binlake.source.mysql.framing import NATIVE_FRAMING_ENV
     from binlake.source.mysql.rowsplan import NATIVE_ROWS_ENV
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", NATIVE_ROWS_ENV: "1" if native else "0",
-           NATIVE_FRAMING_ENV: "1" if framed else "0"}
+           NATIVE_FRAMING_ENV: "1" if framed else "0", **(env_extra or {})}
     with log.open("ab") as f:
         return subprocess.Popen(
             [str(BINLAKE), "source", "mysql", "--dsn", f"mysql://root@127.0.0.1:{port}", "--server-id", "4242",
@@ -235,8 +237,11 @@ def _live(port: int, reg_addr: str, base: pathlib.Path, mode: str, log: pathlib.
 
     t_end = _sql(port, "SHOW MASTER STATUS")[0]
     d = base / f"live-{mode}"
+    from binlake.source.readburst import READ_BURST_ENV
+
     proc = _source(port, reg_addr, d, f"{t_end[0]}:{t_end[1]}", log, native=rowsplan.available(),
-                   framed=mode != "libframe", extra=_pace_args(mode))
+                   framed=mode != "libframe", extra=_pace_args(mode),
+                   env_extra={READ_BURST_ENV: "0"} if mode == "noburst" else None)
     procs.append(proc)
     while _checkpoint(d)[0] == "":
         if proc.poll() is not None:
@@ -381,14 +386,19 @@ def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
 
         cases = [(f"adaptive (--step-ms {_STEP[0] or 'default'}, --max-step-ms {_MAX_STEP[0] or 'default'})",
                   _pace_args("paced"), "1"),
+                 ("adaptive, reads not in bursts (BINLAKE_READ_BURST_MS=0)", _pace_args("paced"), "noburst"),
                  ("fixed pace (--max-step-ms = --step-ms)", _pace_args("fixed"), "1"),
                  ("unpaced (--step-ms 0)", _pace_args("unpaced"), "1")]
         if pgplan.available():
             cases.append((f"paced, Python tuple decoding ({pgplan.NATIVE_PGOUTPUT_ENV}=0)", _pace_args("paced"), "0"))
         cases += [(f"paced, --step-ms {m[4:]}", _pace_args(m), "1") for m in _ALSO]
+        from binlake.source.readburst import READ_BURST_ENV
+
         for name, extra, native in cases:
+            env = ({pgplan.NATIVE_PGOUTPUT_ENV: "1", READ_BURST_ENV: "0"} if native == "noburst"
+                   else {pgplan.NATIVE_PGOUTPUT_ENV: native})
             paced[name] = _pg_follow(dsn, reg_addr, base / f"src-pg-{len(paced)}", f"binlake{len(paced)}", extra,
-                                     log, cluster, procs, seconds, {pgplan.NATIVE_PGOUTPUT_ENV: native})
+                                     log, cluster, procs, seconds, env)
     finally:
         _cleanup(procs, server, base, args)
     floor_us = 1e6 * floor_cpu / max(c_count[0], 1)
@@ -648,7 +658,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         follower.terminate()
         follower.wait(30)
         # The source following live: natively framed, then (same run) on mysql-replication's framing.
-        live_modes = ["native", "fixed", "unpaced"] if framing.available() else ["libframe"]
+        live_modes = ["native", "noburst", "fixed", "unpaced"] if framing.available() else ["libframe"]
         live_modes += also
         live: dict[str, dict[str, Any]] = {}
         for lm in live_modes:
@@ -669,7 +679,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     names = {"native": "native framing + native rows", "libframe": "mysql-replication framing + native rows "
              f"({framing.NATIVE_FRAMING_ENV}=0)", "python": "Python path (BINLAKE_NATIVE_ROWS=0, "
              f"{framing.NATIVE_FRAMING_ENV}=0)", "unpaced": "native, steps unpaced (--step-ms 0)",
-             "fixed": "native, fixed pace (--max-step-ms = --step-ms: no adaptive step)"}
+             "fixed": "native, fixed pace (--max-step-ms = --step-ms: no adaptive step)",
+             "noburst": "native, adaptive step, reads not in bursts (BINLAKE_READ_BURST_MS=0)"}
     if _STEP[0] is not None:
         names["native"] += f" (--step-ms {_STEP[0]})"
     for m in also:

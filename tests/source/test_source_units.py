@@ -170,6 +170,26 @@ def test_cli_refuses_bad_input_in_one_line(argv: list[str], message: str, tmp_pa
     assert len(err) == 1 and message in err[0], err
 
 
+@pytest.mark.parametrize("value", ["abc", "150", "-1"])
+def test_a_bad_read_burst_setting_is_refused_in_one_line(value: str, tmp_path: pathlib.Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """BINLAKE_READ_BURST_MS (source.readburst) is read when a source starts: a value it
+    cannot use stops the start with one line naming it, before any connection."""
+    from binlake.source import readburst
+
+    monkeypatch.setenv(readburst.READ_BURST_ENV, value)
+    for argv in (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3"],
+                 ["source", "postgres", "--dsn", "postgresql://x@127.0.0.1:1/d", "--slot", "s", "--publication", "p"]):
+        assert cli.main([*argv, "--data-dir", str(tmp_path / argv[1])]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"BINLAKE_READ_BURST_MS='{value}': expected milliseconds in 0..100" in err[0], err
+    monkeypatch.setenv(readburst.READ_BURST_ENV, "0")
+    assert readburst.read_burst_s() == 0.0
+    monkeypatch.delenv(readburst.READ_BURST_ENV)
+    assert readburst.read_burst_s() == readburst.READ_BURST_S
+
+
 @pytest.mark.parametrize("text", ["abc", "", "1.5.5", "NaN", "-Infinity"])
 def test_pgoutput_numeric_text_it_cannot_read_is_one_clear_error(text: str) -> None:
     """NUMERIC text the Python pgoutput path cannot carry (PostgreSQL never prints the first

@@ -25,6 +25,7 @@ only path.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +43,8 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
+
+from binlake.source.readburst import BURST_BYTES
 
 try:  # optional: built by `pip install -e .` (setup.py); without it mysql-replication reads everything
     from binlake.source.mysql import _framec  # type: ignore[attr-defined, unused-ignore]
@@ -125,12 +128,18 @@ class NativeReader:
     as ``LIB_TABLE_MAP`` / ``LIB_ROWS`` with the event object).
     """
 
-    def __init__(self, stream: BinLogStreamReader) -> None:
+    def __init__(self, stream: BinLogStreamReader, burst_s: float = 0.0) -> None:
         if _framec is None:
             raise RuntimeError(f"the native framer is not built: {_IMPORT_ERROR}")
+        if not 0 <= burst_s <= 0.1:
+            raise ValueError(f"burst_s must be in [0, 0.1] seconds, got {burst_s!r}")
         self.stream = stream
         self.framer: Any = None
         self._rfile: Any = None
+        # source.readburst: after a small read (a trickle: the socket held less than
+        # BURST_BYTES), sleep this long so the next read takes what arrived meanwhile.
+        self._burst_s = burst_s
+        self._drained = False
 
     def _connect(self) -> None:
         s = self.stream
@@ -143,12 +152,15 @@ class NativeReader:
         self._rfile = s._stream_connection._rfile
 
     def _read(self) -> bytes:
+        if self._drained and self._burst_s:
+            time.sleep(self._burst_s)
         try:
             data: bytes = self._rfile.read1(READ_CHUNK)
         except OSError as exc:
             raise pymysql.err.OperationalError(2013, f"Lost connection to MySQL server ({exc})") from None
         if not data:
             raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server (the replication stream ended)")
+        self._drained = len(data) < BURST_BYTES
         return data
 
     def event(self, packet: bytes) -> Any:

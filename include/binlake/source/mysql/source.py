@@ -65,6 +65,7 @@ from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
 from binlake.source.pipeline import MAX_PACE_FACTOR, PACE_S, GroupPipeline, Item
+from binlake.source.readburst import read_burst_s
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ class MySQLSource:
             raise errors.InvalidArgument(f"the longest step must be in [the pace, 4] seconds (--max-step-ms from "
                                          f"--step-ms up to 4000), got {max_pace_s!r} with a pace of {self.pace_s!r}")
         self.max_pace_s = float(max_pace_s)
+        self.burst_s = read_burst_s()  # source.readburst; a bad BINLAKE_READ_BURST_MS is refused here
         self.registry_addr = registry
         self.start_kind, self.start_value = parse_start(start)
         self.filter = TableFilter(tables)
@@ -386,7 +388,7 @@ class MySQLSource:
             slave_heartbeat=self.heartbeat_s,
             enable_logging=False, **kwargs,
         )
-        reader = framing.NativeReader(stream) if self.native_framing else None
+        reader = framing.NativeReader(stream, burst_s=self.burst_s) if self.native_framing else None
         events = iter(reader) if reader is not None else framing.library_events(stream)
         txn: _Txn | None = None
         tables: dict[int, MyTable | None] = {}

@@ -77,6 +77,7 @@ from binlake.source.pipeline import MAX_PACE_FACTOR, PACE_S, GroupPipeline, Item
 from binlake.source.postgres import pgplan, values
 from binlake.source.postgres import snapshot as snap
 from binlake.source.postgres.values import UNCHANGED, Attr, Unchanged
+from binlake.source.readburst import BURST_BYTES, read_burst_s
 from binlake.source.snapshot_group import MARKER, SnapshotGroup, decided_marker, resend_commits
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,7 @@ class PostgresSource:
             raise errors.InvalidArgument(f"the longest step must be in [the pace, 4] seconds (--max-step-ms from "
                                          f"--step-ms up to 4000), got {max_pace_s!r} with a pace of {self.pace_s!r}")
         self.max_pace_s = float(max_pace_s)
+        self.burst_s = read_burst_s()  # source.readburst; a bad BINLAKE_READ_BURST_MS is refused here
         self.registry_addr = registry
         self.state = SourceState(data_dir)
         self._status_addr, self._client_settings = status_addr, client_settings
@@ -332,14 +334,22 @@ class PostgresSource:
         txn: dict[int, binlog_pb2.TableMutation] | None = None
         pipeline = GroupPipeline(self.emitter, self._acked, self._idle, pace_s=self.pace_s,
                                  max_pace_s=self.max_pace_s, name="postgres-source-sender")
+        burst = 0  # bytes read since the reader last ran out (source.readburst)
+        burst_s = self.burst_s
         try:
             while not self._stop.is_set():
                 pipeline.check()
                 msg = cur.read_message()
                 if msg is None:
                     self._feedback(cur)
-                    select.select([cur], [], [], 0.5)
+                    if 0 < burst < BURST_BYTES and burst_s:
+                        burst = 0
+                        time.sleep(burst_s)
+                    else:
+                        burst = 0
+                        select.select([cur], [], [], 0.5)
                     continue
+                burst += len(msg.payload)
                 r = _Reader(msg.payload)
                 kind = r.byte()
                 if kind == "B":
