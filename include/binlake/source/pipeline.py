@@ -46,7 +46,7 @@ answered, so a DDL never waits for the pace (a DDL-heavy upstream would
 otherwise pay up to ``pace_s`` per statement).
 
 Adaptive step: after the pace, a step whose next group is still small (fewer
-than ``group_txns`` transactions waiting, but at least one) waits on for more,
+than ``group_txns``, 256, transactions waiting, but at least one) waits on for more,
 up to ``max_pace_s`` after the previous step began. Why: a step costs about
 2 ms of CPU across the source, Pump and registry (mostly grpcio) whatever it
 carries, so at a few hundred transactions/s a 25 ms step carried 5-15 of them
@@ -115,10 +115,12 @@ LINGER_S = 0.002
 PACE_S = 0.025
 # The adaptive step (see "Adaptive step"): a step with fewer than GROUP_TXNS transactions
 # waiting waits on for more, up to MAX_PACE_FACTOR x the pace after the previous step
-# began. 64: at ~2 ms of CPU per step that is ~30 us per transaction, below the per-
-# transaction work (the source's reader ~70 us, the Pump's per-binlog parse and index).
-# 4 x 25 ms: an acknowledgement at most ~0.25 s late, small against the lake's windows.
-GROUP_TXNS = 64
+# began. 256 (half a full group): at ~2 ms of CPU per step that is ~8 us per transaction,
+# small against the per-transaction work (the source's reader, the Pump's per-binlog
+# parse and index); only a stream faster than ~2,500 transactions/s fills it before the
+# longest step, and then the step shrinks towards the pace. 4 x 25 ms: an
+# acknowledgement at most ~0.25 s late, small against the lake's windows of seconds.
+GROUP_TXNS = 256
 MAX_PACE_FACTOR = 4
 
 
