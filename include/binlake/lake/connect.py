@@ -7,8 +7,10 @@ source (``spark.dataSource.register`` ships the class to the server, whose
 Python workers import binlake), Delta writes with ``replaceWhere``, ``MERGE``
 in SQL, ``Observation`` counts and ``createDataFrame``. Delta's Python
 ``DeltaTable`` API does not: over Connect it needs the ``delta-connect-server``
-plugin on the server, which binlake does not ship, so binlake's Delta merges
-are SQL ``MERGE`` statements (which work over both kinds of session).
+plugin on the server, which binlake does not ship, so binlake changes Delta
+tables with SQL statements (``MERGE INTO``, ``UPDATE``, ``DELETE``, ``ALTER
+TABLE`` on ``delta.`path```), which work over both kinds of session. Nor do
+RDDs: the apply's parallel mode runs its buckets in threads of its own process.
 
 This module holds the few places where the two kinds differ, so the jobs
 run unchanged on a classic session (``local[*]``, spark-submit) and on a
