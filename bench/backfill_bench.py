@@ -15,11 +15,18 @@ published, as a backfill of a quiet period is) are backfilled with::
     airflow backfill create --dag-id binlake_ingest --from-date A --to-date B \\
         --max-active-runs C
 
+With ``--rows-per-window N`` every backfilled window holds rows instead: a day's
+workload recorded in minutes, N row changes in each of the windows that closed
+last, written to the Pumps with start/commit ts back-dated into their windows
+(``produce_spread``), before the backfill reads any of them.
+
 Reported, from the stack's Airflow database: the backfill's wall time (the
 command to its last run's end), windows a minute, the runs' own durations
-(median, max) and the ingest task's, and the lake's ledger rows.
+(median, max) and the ingest task's; from the lake's ledger (delta-rs): its
+rows for the backfilled windows (one each) and the row changes they hold.
 
-Run: ``python bench/backfill_bench.py [--windows 288] [--schedule 5m] [--max-active-runs 4]``.
+Run: ``python bench/backfill_bench.py [--windows 288] [--schedule 5m] [--max-active-runs 4]
+[--rows-per-window 1000]``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ through it (checked against Spark 4.0 + Delta 4.0): the ``binlake`` Python data
 source (``spark.dataSource.register`` ships the class to the server, whose
 Python workers import binlake), Delta writes with ``replaceWhere``, ``MERGE``
 in SQL, ``Observation`` counts and ``createDataFrame``. Delta's Python
-``DeltaTable`` API does not: over Connect it needs the ``delta-connect-server``
+``DeltaTable`` API does not: over Connect it needs the Delta Connect (``delta-spark-connect-server``)
 plugin on the server, which binlake does not ship, so binlake changes Delta
 tables with SQL statements (``MERGE INTO``, ``UPDATE``, ``DELETE``, ``ALTER
 TABLE`` on ``delta.`path```), which work over both kinds of session. Nor do
