@@ -640,8 +640,13 @@ def _fence_earlier(spark: SparkSession, lake: str, w: _Window, check: Callable[[
         fence = f"{w.start_ts}-{w.end_ts}-{uuid.uuid4().hex[:12]}"
         quoted = path.replace("`", "``")
         log.info("ingest %s: an earlier attempt may still be writing %s; fencing it off (%s)", w, table, fence)
-        _retry_concurrent(table, lambda q=quoted, f=fence: spark.sql(
-            f"ALTER TABLE delta.`{q}` SET TBLPROPERTIES ('{FENCE_PROPERTY}' = '{f}')").collect(), check)
+        _retry_concurrent(table, _statement(
+            spark, f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('{FENCE_PROPERTY}' = '{fence}')"), check)
+
+
+def _statement(spark: SparkSession, sql: str) -> Callable[[], Any]:
+    """Run ``sql`` when called (for ``_retry_concurrent``)."""
+    return lambda: spark.sql(sql).collect()
 
 
 def _may_append(lake: str, w: _Window) -> bool:
