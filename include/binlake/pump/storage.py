@@ -257,7 +257,13 @@ class Storage:
         self._gate = _ReadersGate()
         # Guards the pending submissions, the leadership and _closed; notified
         # when the leadership is handed to the committer thread or given up.
-        self._lead_cv = threading.Condition()
+        self._lead_cv = threading.Condition(lead_lock := threading.Lock())
+        # The committer thread waits on this one (same lock), woken only when it has
+        # something to do: a handed leadership, commits to fsync, a close. Not on
+        # every leadership release: that was two thread wake-ups per transaction.
+        self._commit_cv = threading.Condition(lead_lock)
+        # The committer waits with no timeout (nothing unsynced when it looked).
+        self._committer_idle = False
         self._pending: collections.deque[_Request] = collections.deque()
         # True while a thread commits (only one at a time: see the module docstring).
         self._leading = False
@@ -409,7 +415,7 @@ class Storage:
             self._leading = True
             if not may_lead:
                 self._handed = True
-                self._lead_cv.notify_all()
+                self._commit_cv.notify()
                 return
         self._lead(handed=False)
 
@@ -477,14 +483,17 @@ class Storage:
                     self._pending.clear()
                     self._leading = False
                     self._lead_cv.notify_all()
+                    self._commit_cv.notify()
                     break
                 if not self._pending:
                     self._leading = False
-                    self._lead_cv.notify_all()
+                    self._lead_cv.notify_all()  # close() may wait for this
+                    if self._unsynced and self._committer_idle:
+                        self._commit_cv.notify()  # its timer for them starts now
                     return
                 if not first and not handed:
                     self._handed = True
-                    self._lead_cv.notify_all()
+                    self._commit_cv.notify()
                     return
                 group = self._take_group()
             first = False
@@ -517,19 +526,21 @@ class Storage:
                         break
                     now = time.monotonic()
                     due = self._unsynced_since + COMMIT_SYNC_DELAY_S
-                    if self._unsynced and not self._leading and self._fatal is None and (
-                            self._stopping or self._sync_now or now >= due):
+                    to_sync = bool(self._unsynced) and self._fatal is None
+                    if to_sync and not self._leading and (self._stopping or self._sync_now or now >= due):
                         self._leading = True
                         sync_first = True
                         break
-                    if self._stopping and (not self._unsynced or self._fatal is not None):
+                    if self._stopping and not to_sync:
                         return
-                    timeout = None
-                    if self._unsynced:
-                        # A leader at work covers them with its next group, or gives
-                        # the leadership up (and notifies) before they are due again.
-                        timeout = COMMIT_SYNC_DELAY_S if self._leading else max(due - now, 0.0)
-                    self._lead_cv.wait(timeout)
+                    if not to_sync:
+                        self._committer_idle = True
+                        self._commit_cv.wait()
+                        self._committer_idle = False
+                    else:
+                        # A leader at work covers them with its next group; else look
+                        # again when they are due.
+                        self._commit_cv.wait(COMMIT_SYNC_DELAY_S if self._leading else max(due - now, 0.0))
             if sync_first:
                 try:
                     durable = self._sync()
@@ -712,7 +723,7 @@ class Storage:
         with self._lead_cv:
             if not self._sync_now and (self._unsynced or self._leading):
                 self._sync_now = True
-                self._lead_cv.notify_all()
+                self._commit_cv.notify()
 
     def _index_loop(self) -> None:
         """The indexer thread: index the backlog when it is old or large enough,
@@ -878,6 +889,7 @@ class Storage:
             self._lead_cv.wait_for(lambda: not self._leading, timeout=30)
             self._stopping = True
             self._lead_cv.notify_all()
+            self._commit_cv.notify()
         self._committer.join(timeout=30)
         with self._index_cv:
             self._stopping = True
