@@ -31,7 +31,7 @@ Write path:
    it, so a window at or below the safe ts is always complete.
 
 Durability (TiDB Binlog's rule: only the prewrite is fsynced before the writer
-is answered). Invariants, enforced in ``_commit_group`` and ``_make_durable``:
+is answered). Invariants, enforced in ``_commit_group`` and ``_sync``:
 
 * A group holding a prewrite is fsynced before any of it is acknowledged: an
   acknowledged prewrite survives a power loss, so a Pump never forgets a
