@@ -15,11 +15,18 @@ published, as a backfill of a quiet period is) are backfilled with::
     airflow backfill create --dag-id binlake_ingest --from-date A --to-date B \\
         --max-active-runs C
 
+With ``--rows-per-window N`` every backfilled window holds rows instead: a day's
+workload recorded in minutes, N row changes in each of the windows that closed
+last, written to the Pumps with start/commit ts back-dated into their windows
+(``produce_spread``), before the backfill reads any of them.
+
 Reported, from the stack's Airflow database: the backfill's wall time (the
 command to its last run's end), windows a minute, the runs' own durations
-(median, max) and the ingest task's, and the lake's ledger rows.
+(median, max) and the ingest task's; from the lake's ledger (delta-rs): its
+rows for the backfilled windows (one each) and the row changes they hold.
 
-Run: ``python bench/backfill_bench.py [--windows 288] [--schedule 5m] [--max-active-runs 4]``.
+Run: ``python bench/backfill_bench.py [--windows 288] [--schedule 5m] [--max-active-runs 4]
+[--rows-per-window 1000]``.
 """
 
 from __future__ import annotations
@@ -88,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedule", type=_seconds, default=300, help="window length (default 5m)")
     parser.add_argument("--max-active-runs", type=int, default=4, help="runs at once (default 4)")
     parser.add_argument("--rows", type=int, default=30_000, help="row changes of the recorded workload")
+    parser.add_argument("--rows-per-window", type=int, default=0,
+                        help="instead of --rows in the newest window: this many row changes in every window, "
+                             "written with commit_ts back-dated into each window (default 0: off)")
     parser.add_argument("--timeout-s", type=float, default=3600.0)
     args = parser.parse_args(argv)
-    if args.windows < 1 or args.max_active_runs < 1 or args.rows < 0:
-        parser.error("--windows and --max-active-runs must be >= 1, --rows >= 0")
+    if args.windows < 1 or args.max_active_runs < 1 or args.rows < 0 or args.rows_per_window < 0:
+        parser.error("--windows and --max-active-runs must be >= 1, --rows and --rows-per-window >= 0")
 
     from ingest_bench import _wait_safe, produce
 
@@ -112,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _wait_log(up, log, "preparing Airflow metadata", 180)
         made: dict[str, Any] = {"txns": 0}
-        if args.rows:
+        if args.rows_per_window:
+            made = produce_spread(_Pumps(registry), args.windows, args.schedule, args.rows_per_window)
+            print(f"  recorded {args.rows_per_window} row changes in each of {args.windows} windows "
+                  f"({made['txns']} transactions, back-dated)", flush=True)
+        elif args.rows:
             made = produce(_Pumps(registry), args.rows, 100)
             print(f"  recorded {args.rows} row changes in {made['txns']} transactions", flush=True)
         _wait_log(up, log, "Press Ctrl-C", 600)
@@ -122,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         # and for the Pumps to pass its end.
         step = dt.timedelta(seconds=args.schedule)
         recorded = dt.datetime.now(dt.UTC)
-        last_end = dt.datetime.fromtimestamp(-(-recorded.timestamp() // args.schedule) * args.schedule, dt.UTC)
+        last_end = made.get("last_end") or dt.datetime.fromtimestamp(
+            -(-recorded.timestamp() // args.schedule) * args.schedule, dt.UTC)
         first_start = last_end - args.windows * step
         time.sleep(max(0.0, (last_end - dt.datetime.now(dt.UTC)).total_seconds()))
         _wait_safe(_Pumps(registry), tso.from_datetime(last_end), timeout=120)
@@ -152,8 +167,82 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the backfill did not finish; see {root}", file=sys.stderr)
         return 1
     _report(args, runs, started, made)
+    _report_ledger(root / "state" / "lake", first_start, last_end)
     shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def produce_spread(cluster: _Pumps, windows: int, schedule: int, rows_per_window: int,
+                   rows_per_txn: int = 100, seed: int = 1) -> dict[str, Any]:
+    """A day's workload recorded in minutes: ``rows_per_window`` row changes in each
+    of the ``windows`` windows that will close last (the ones the bench backfills),
+    written to the Pumps now with start/commit ts back-dated into their windows
+    (transactions spaced evenly through each window, alternating Pumps). A Pump
+    stores and serves a transaction by its commit_ts whenever it arrives; nothing
+    has read these windows yet, so what they hold is final before the backfill.
+    The table's CREATE TABLE comes first, at the first window's start."""
+    import grpc
+    from ingest_bench import RowFactory, bench_table, workload
+
+    from binlake import rpc, tso
+    from binlake.config import GiB
+    from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
+    from binlake.registry.client import RegistryClient
+
+    step = dt.timedelta(seconds=schedule)
+    now = dt.datetime.now(dt.UTC)
+    # Windows that have closed already: no back-dated ts lies ahead of the clock.
+    last_end = dt.datetime.fromtimestamp(now.timestamp() // schedule * schedule, dt.UTC)
+    first_start = last_end - windows * step
+    table = bench_table()
+    values, counts = workload(table, RowFactory(table, seed), rows_per_window * windows, rows_per_txn, seed)
+    per_window = max(1, -(-rows_per_window // rows_per_txn))
+    pumps = sorted(cluster.pump_addrs)
+    channels = [grpc.insecure_channel(cluster.pump_addrs[p], options=rpc.client_options(GiB)) for p in pumps]
+    stubs = [pump_pb2_grpc.PumpStub(ch) for ch in channels]
+
+    def txn(n: int, at: dt.datetime, value: Any, ddl: tuple[str, Any] | None = None) -> None:
+        start = tso.from_datetime(at)
+        pre = binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=start, prewrite_key=b"bench-writer",
+                                prewrite_value=value.SerializeToString())
+        if ddl is not None:
+            pre.ddl_query = ddl[0].encode()
+            pre.ddl_table.CopyFrom(ddl[1])
+        stub = stubs[n % len(stubs)]
+        stub.WriteBinlog(pump_pb2.WriteBinlogReq(payload=pre.SerializeToString()), timeout=60)
+        commit = binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=start, commit_ts=start + 1)
+        stub.WriteBinlog(pump_pb2.WriteBinlogReq(payload=commit.SerializeToString()), timeout=60)
+
+    try:
+        txn(0, first_start + dt.timedelta(milliseconds=1), binlog_pb2.PrewriteValue(schema_version=1),
+            ("CREATE TABLE bench.sbtest (...)", table))
+        gap = step / (per_window + 1)
+        for n, value in enumerate(values):
+            w, i = divmod(n, per_window)
+            txn(n + 1, first_start + w * step + (i + 1) * gap, value)
+    finally:
+        for ch in channels:
+            ch.close()
+    with RegistryClient(cluster.registry_addr) as reg:
+        end = reg.get_ts()
+    return {"start_ts": tso.from_datetime(first_start), "end_ts": end, "txns": len(values) + 1, "counts": counts,
+            "last_end": last_end}
+
+
+def _report_ledger(lake: pathlib.Path, first: dt.datetime, last: dt.datetime) -> None:
+    """What the lake's ledger holds of the backfilled windows (read here with delta-rs):
+    one row per window, and the row changes they hold."""
+    from binlake import tso
+    from binlake.lake import arrowread, location
+
+    rows = arrowread.small_table_rows(location.table_path(str(lake), location.WINDOWS),
+                                      ["start_ts", "end_ts", "rows"]) or []
+    lo, hi = tso.from_datetime(first), tso.from_datetime(last)
+    mine = [r for r in rows if lo <= int(r["start_ts"]) and int(r["end_ts"]) <= hi]
+    windows = {(int(r["start_ts"]), int(r["end_ts"])) for r in mine}
+    counts = sorted(int(r["rows"]) for r in mine)
+    print(f"ledger: {len(mine)} rows for {len(windows)} windows, {sum(counts)} row changes "
+          f"(a window: min {counts[0] if counts else 0}, max {counts[-1] if counts else 0})")
 
 
 def _wait_log(up: subprocess.Popen[bytes], log: pathlib.Path, text: str, timeout: float) -> None:
@@ -220,7 +309,9 @@ def _report(args: argparse.Namespace, runs: list[Any], started: dt.datetime, mad
     wall = (end - started).total_seconds()
     run_s = [(_as_utc(r[3]) - _as_utc(r[2])).total_seconds() for r in runs if r[2] and r[3]]
     ingest_s = [(_as_utc(r[5]) - _as_utc(r[4])).total_seconds() for r in runs if r[4] and r[5]]
-    print(f"\nbackfill of {len(runs)} windows of {args.schedule}s ({args.rows} row changes in the newest), "
+    held = (f"{args.rows_per_window} row changes in each" if args.rows_per_window
+            else f"{args.rows} row changes in the newest")
+    print(f"\nbackfill of {len(runs)} windows of {args.schedule}s ({held}), "
           f"--max-active-runs {args.max_active_runs}: {wall:.1f}s wall, {len(runs) / wall * 60:.1f} windows a "
           f"minute, {len(failed)} failed")
     print("| what | median s | max s |")

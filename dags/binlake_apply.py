@@ -14,6 +14,10 @@ Runs whenever `binlake_ingest` publishes the Asset `binlake://lake/changes`
 2. **apply** — one mapped task per task file: every ingested window after the
    target's checkpoint, strictly in commit_ts order, up to that window end,
    exactly once (the checkpoint lives in the target, written with the data).
+   The lake is read through the always-on Spark Connect server when
+   `binlake_spark_remote` / `BINLAKE_SPARK_REMOTE` is set, else a `local[*]`
+   session in the task; the target is written from the task (parallel mode:
+   its worker threads, one target connection each).
    A gap in the windows ledger stops it naming the missing window (retried: a
    backfill may fill it). Errors no retry can fix fail at once.
 3. **diff** — per task file that names a `diff_source`: `binlake diff` of the

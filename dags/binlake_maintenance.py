@@ -18,7 +18,10 @@ Daily. Each task is idempotent (running a day again changes nothing new):
    data interval end.
 
 Settings as for `binlake_ingest` (`binlake_lake`, `binlake_registry`,
-`binlake_spark_master`), read when tasks run.
+`binlake_spark_master`), read when tasks run. Every task is a client of the
+always-on Spark Connect server when `binlake_spark_remote` /
+`BINLAKE_SPARK_REMOTE` is set (as `binlake up` sets it), else runs a `local[*]`
+session (or `binlake_spark_master`'s) in its own process.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ The names, where they are, and what a crash there must not break:
 ``apply-before-commit``   apply (consistent mode), a window's rows and checkpoint
                           written, before the target commit (nothing of it may show)
 ``apply-after-window``    apply, after a window committed (the checkpoint is its end)
-``apply-after-group``     apply (parallel mode), in a Spark task after its conflict
+``apply-after-group``     apply (parallel mode), in a worker after its conflict
                           groups committed (a rerun applies only the other groups)
 ``snapshot-after-table``  snapshot, after a table's data, before the snapshot's
                           marker row (no reader may use the partial snapshot)

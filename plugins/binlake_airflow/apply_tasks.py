@@ -23,7 +23,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from binlake_airflow import config
+from binlake_airflow import config, sessions
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,6 @@ def resolve_target(target: str) -> str:
 def apply(task_file: str, until: int | None) -> dict[str, Any]:
     """Apply one task file's windows up to ``until``; the summary."""
     from binlake import errors
-    from binlake.lake.spark import LAKE_CONF, build_spark
     from binlake.replicate import report, runner, task
 
     try:
@@ -132,8 +131,10 @@ def apply(task_file: str, until: int | None) -> dict[str, Any]:
         url = resolve_target(t.target)
         # Endpoint and keys of an S3 lake from the binlake_lake_s3 Connection, before Spark starts.
         config.use_lake_s3_connection()
-        spark = build_spark("binlake-apply", config.spark_master(), extra_conf=LAKE_CONF)
-        summary = runner.Applier(spark, t, target_url=url, progress=log.info).run(until)
+        # The always-on Spark when one is set (the lake's reads are DataFrame jobs;
+        # the target is written from this process, parallel mode included).
+        with sessions.job_session("binlake-apply") as spark:
+            summary = runner.Applier(spark, t, target_url=url, progress=log.info).run(until)
     except errors.BinlakeError as exc:
         if errors.is_final(exc):
             raise AirflowFailException(f"apply {task_file}: {exc}") from None

@@ -17,13 +17,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from binlake_airflow import config
+from binlake_airflow import config, sessions
 
 log = logging.getLogger(__name__)
 
@@ -47,47 +46,7 @@ def _fail(exc: BaseException) -> Exception:
     return AirflowException(str(exc))
 
 
-@contextmanager
-def _spark(name: str) -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    from binlake.lake.spark import LAKE_CONF, build_spark
-
-    # A session already running here (dag.test in a test process) is reused and left running.
-    owned = SparkSession.getActiveSession() is None
-    spark = build_spark(name, master=config.spark_master(), extra_conf=LAKE_CONF)
-    try:
-        yield spark
-    finally:
-        if owned:
-            spark.stop()
-
-
-@contextmanager
-def _spark_or_connect(name: str) -> Iterator[Any]:
-    """A Spark Connect session to the always-on Spark when one is set
-    (``binlake_spark_remote``, as ``binlake up`` does), else ``_spark``'s: for
-    the tasks whose jobs are DataFrame and SQL only (the restore, its check and
-    load, the maintenance snapshot, OPTIMIZE/VACUUM, the GC report)."""
-    from binlake.lake import connect
-
-    try:
-        remote = config.spark_remote()
-    except config.ConfigError as exc:
-        raise AirflowFailException(str(exc)) from None
-    if not remote:
-        with _spark(name) as spark:
-            yield spark
-        return
-    try:
-        session = connect.connect(remote, name)
-    except ConnectionError as exc:
-        raise AirflowException(f"{name} failed, will retry: {exc}") from None
-    try:
-        yield session
-    finally:
-        with suppress(Exception):  # a lost server cannot be told
-            session.stop()
+_spark_or_connect = sessions.job_session
 
 
 # ---------------------------------------------------------------- binlake_restore
@@ -298,7 +257,7 @@ def history_update() -> dict[str, Any]:
     from binlake import errors
     from binlake.restore import history
 
-    with _spark("binlake-maintenance-history") as spark:
+    with _spark_or_connect("binlake-maintenance-history") as spark:
         try:
             result = history.update(spark, config.lake_dir(), progress=lambda m: log.info("history: %s", m),
                                     parallelism=config.restore_parallelism())

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import decimal
 import logging
 import os
 import pathlib
@@ -270,3 +271,130 @@ def _ledger_has(lake: str, start_ts: int) -> bool:
 
     rows = DeltaTable(os.path.join(lake, "windows")).to_pyarrow_table().to_pylist()
     return any(r["start_ts"] == start_ts for r in rows)
+
+
+def test_history_tables_and_parallel_apply_over_connect(server: ConnectServer, cluster: DevCluster,
+                                                        windows: list[tuple[int, int]], upstream_url: str,
+                                                        tmp_path: pathlib.Path) -> None:
+    """The maintenance job's history tables and the apply DAG's parallel mode need no
+    local Spark: the history tables are built, MERGEd window by window (a column
+    added meanwhile filled as the upstream filled it, SQL text), rewound and applied
+    again over Connect, ending equal to the tables built in one pass; the parallel
+    apply reads the lake over Connect and its workers write the target."""
+    import shutil
+
+    from binlake import codec
+    from binlake.proto import binlog_pb2
+    from binlake.replicate import diff, runner, task
+    from binlake.restore import columns, history, layout
+
+    lake = str(tmp_path / "lake")
+    lo, hi = windows[0][0], windows[-1][1]
+    ddls, _lost = ingest._history_from_pumps(cluster.registry_addr, [(lo, hi)])
+    # Windows cut at the workload's first ADD COLUMN, so the history tables built
+    # from the first are MERGEd across the added column.
+    added = next(t.commit_ts for t in ddls if b"ADD COLUMN" in t.ddl_query.upper())
+    bounds = [(lo, added), (added, hi)]
+    spark = connect.connect(server.url, "binlake-test")
+    try:
+        # fill_sql's text read back typed over Connect (quotes and backslashes included).
+        cases = [(binlog_pb2.INT, "bigint", -7, -7), (binlog_pb2.STRING, "string", "it's \\ \"x\"", "it's \\ \"x\""),
+                 (binlog_pb2.DECIMAL, "decimal(10,2)", decimal.Decimal("12.30"), decimal.Decimal("12.30")),
+                 (binlog_pb2.BYTES, "binary", b"\x00\xff'", bytearray(b"\x00\xff'")),
+                 (binlog_pb2.DATETIME, "timestamp_ntz", dt.datetime(2024, 2, 29, 1, 2, 3, 4),
+                  dt.datetime(2024, 2, 29, 1, 2, 3, 4)),
+                 (binlog_pb2.INT, "string", 5, "5")]
+        exprs = []
+        for col_type, target, value, _want in cases:
+            src = binlog_pb2.ColumnInfo(id=1, name="c", type=col_type,
+                                        sql_type="decimal(10,2)" if col_type == binlog_pb2.DECIMAL else "")
+            exprs.append(columns.fill_sql(codec.encode_value(value, col_type), src, target))
+        got = spark.sql("SELECT " + ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))).collect()[0]
+        assert list(got) == [want for *_rest, want in cases]
+
+        whats: list[str] = []
+        for a, b in bounds:
+            ingest.ingest_window(spark, lake, cluster.registry_addr, a, b)
+            whats += [what for _n, what in history.update(spark, lake).tables]
+        assert "built" in whats and any(w.startswith("applied") for w in whats)
+        merged = _history_tables(spark, lake)
+        # The second window ingested again: the tables holding it are rewound to its
+        # start (its versions deleted, the ones it closed reopened) and it is applied again.
+        ingest.ingest_window(spark, lake, cluster.registry_addr, *bounds[1])
+        assert any(w.startswith("applied") for _n, w in history.update(spark, lake).tables)
+        assert _history_tables(spark, lake) == merged
+        shutil.rmtree(os.path.join(lake, layout.HISTORY))
+        assert {what for _n, what in history.update(spark, lake).tables} == {"built"}
+        assert _history_tables(spark, lake) == merged and merged
+
+        # The apply DAG's parallel mode over the same session: the target ends equal to the upstream.
+        target = f"sqlite:///{tmp_path / 'parallel.db'}"
+        t = task.Task(name="pconnect", lake=lake, target=target, mode="parallel", parallel_tasks=3)
+        summary = runner.Applier(spark, t).run()
+        assert summary.windows == len(bounds) and summary.rows_written > 0
+        assert diff.diff_databases(upstream_url, target).ok
+    finally:
+        spark.stop()
+
+
+def _history_tables(spark: Any, lake: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Each history table's rows (columns by name, sorted), by table name."""
+    from binlake.restore import history
+
+    out = {}
+    for row in history.catalog(spark, lake).values():
+        frame = spark.read.format("delta").load(row["path"])
+        names = sorted(frame.columns)
+        out[f"{row['db']}.{row['tbl']}"] = sorted((tuple(r[n] for n in names) for r in frame.collect()), key=repr)
+    return out
+
+
+def test_lost_ledger_append_leaves_one_ledger_row(server: ConnectServer, cluster: DevCluster,
+                                                  windows: list[tuple[int, int]], tmp_path: pathlib.Path) -> None:
+    """An attempt whose client died while the server still ran its ledger append, and
+    its retry: the window has exactly one ledger row (the lost append fails at commit
+    or was there before the retry looked, and is replaced)."""
+    import threading
+    import time
+
+    from pyspark.sql import functions as F
+
+    lake = str(tmp_path / "lake")
+    spark = connect.connect(server.url, "binlake-test")
+    lost_session = connect.connect(server.url, "binlake-test-lost")
+    try:
+        first = ingest.ingest_window(spark, lake, cluster.registry_addr, *windows[0])
+        assert first.rows > 0
+        a, b = windows[1]
+        now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        row = (a, b, ["pump1"], {"pump1": 1}, {}, 1, 1, 0, "done", now)
+        path = ingest.table_path(lake, ingest.WINDOWS)
+        outcome: list[BaseException | None] = []
+
+        def lost_attempt() -> None:
+            # What _record does, slowed on the server: the Delta transaction has begun
+            # (it reads the table's version before running the query) when the UDF sleeps.
+            slow = F.udf(lambda v: (time.sleep(6), v)[1], "long")
+            try:
+                with staging.arrow_frame(lost_session, lake, [ingest._ledger_batch([row])], ingest.WINDOWS_DDL,
+                                         f"windows-{a}-{b}") as df:
+                    df.withColumn("txns", slow("txns")).write.format("delta").mode("append").save(path)
+                outcome.append(None)
+            except Exception as exc:  # the fenced write fails (its file gone, or at commit)
+                outcome.append(exc)
+
+        thread = threading.Thread(target=lost_attempt)
+        thread.start()
+        wait_until(lambda: bool(staging.left_over(lake)), 30, 0.05, "the lost attempt's staged ledger rows")
+        time.sleep(2)  # its job runs on the server: the client is gone, as far as the retry knows
+        ingest._record(spark, lake, [(*row[:9], dt.datetime.now(dt.UTC).replace(tzinfo=None))], lambda: None)
+        thread.join(60)
+        assert outcome, "the lost attempt did not end"
+        from deltalake import DeltaTable
+
+        held = [(r["start_ts"], r["end_ts"]) for r in DeltaTable(path).to_pyarrow_table().to_pylist()]
+        assert sorted(held) == [windows[0], (a, b)]
+        assert staging.left_over(lake) == []
+    finally:
+        lost_session.stop()
+        spark.stop()

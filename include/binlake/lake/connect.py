@@ -6,9 +6,11 @@ through it (checked against Spark 4.0 + Delta 4.0): the ``binlake`` Python data
 source (``spark.dataSource.register`` ships the class to the server, whose
 Python workers import binlake), Delta writes with ``replaceWhere``, ``MERGE``
 in SQL, ``Observation`` counts and ``createDataFrame``. Delta's Python
-``DeltaTable`` API does not: over Connect it needs the ``delta-connect-server``
-plugin on the server, which binlake does not ship, so binlake's Delta merges
-are SQL ``MERGE`` statements (which work over both kinds of session).
+``DeltaTable`` API does not: over Connect it needs the Delta Connect (``delta-spark-connect-server``)
+plugin on the server, which binlake does not ship, so binlake changes Delta
+tables with SQL statements (``MERGE INTO``, ``UPDATE``, ``DELETE``, ``ALTER
+TABLE`` on ``delta.`path```), which work over both kinds of session. Nor do
+RDDs: the apply's parallel mode runs its buckets in threads of its own process.
 
 This module holds the few places where the two kinds differ, so the jobs
 run unchanged on a classic session (``local[*]``, spark-submit) and on a
@@ -68,6 +70,7 @@ def connect(url: str, app_name: str = "binlake") -> SparkSession:
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     remote = check_remote(url)
+    _share_release_pool_safely()
     try:
         # A new session each time (not getOrCreate): one left from a server that
         # went away would only fail again.
@@ -81,6 +84,38 @@ def connect(url: str, app_name: str = "binlake") -> SparkSession:
     except Exception as exc:
         raise ConnectionError(unreachable(remote, exc)) from None
     return spark  # type: ignore[no-any-return]  # builder.create() is untyped
+
+
+_release_pool_fixed = False
+
+
+def _share_release_pool_safely() -> None:
+    """Make closing one Connect session harmless to the others in this process.
+
+    pyspark 4.0's client keeps one process-wide thread pool for its
+    ReleaseExecute calls, and closing *any* session shuts that pool down while
+    still publishing it (SPARK-55406; fixed upstream only after 4.0.4). Another
+    session still reading results (or an iterator finalised meanwhile) then
+    fails with "cannot schedule new futures after shutdown" in the middle of a
+    job. binlake's tasks and tests hold more than one session in a process (a
+    task's session beside a checker's, a session to a server that was
+    restarted), so the pool is detached first and shut down without waiting:
+    a new one is made on the next use, and a release still queued on the old
+    one is dropped, which the server tolerates (it reaps abandoned executions).
+    """
+    global _release_pool_fixed
+    if _release_pool_fixed:
+        return
+    from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator as It
+
+    def shutdown(cls: Any) -> None:
+        with cls._lock:
+            pool, cls._release_thread_pool_instance = cls._release_thread_pool_instance, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    It.shutdown = classmethod(shutdown)  # type: ignore[method-assign,assignment]
+    _release_pool_fixed = True
 
 
 def unreachable(url: str, exc: BaseException) -> str:

@@ -602,22 +602,25 @@ def _stage_name(w: _Window) -> str:
 
 
 def _fence_earlier(spark: SparkSession, lake: str, w: _Window, check: Callable[[], None]) -> None:
-    """Make sure no earlier attempt at the window can still append its rows to
-    ``changes``: called under the lake's write lock, before this attempt writes.
+    """Make sure no earlier attempt at the window can still append rows to
+    ``changes`` or ``windows`` (the ledger): called under the lake's write lock,
+    before this attempt writes either.
 
-    Appends (``_may_append``) are blind: Delta checks them against nothing. What
-    could add the window's rows after this attempt checked the table is an
-    earlier attempt whose client died while its Spark Connect server went on
-    writing. Every such attempt left its staged file (``lake.staging``: removed
-    only once its write returned), and when there is one, of any window (a lost
-    batch covered other bounds than its retry; under the write lock every staged
-    file is such a leftover):
+    Appends (``_may_append``, ``_record``) are blind: Delta checks them against
+    nothing. What could add the window's rows after this attempt checked a table
+    is an earlier attempt whose client died while its Spark Connect server went on
+    writing. Every such attempt left a staged file (``lake.staging``: its change
+    rows or its ledger rows, removed only once the write returned), and when
+    there is one, of any window (a lost batch covered other bounds than its retry;
+    under the write lock every staged file is such a leftover):
 
     * its files are removed, so its job fails if it has not read them yet;
-    * then a fence is committed: a table property change, which makes every Delta
-      transaction on the table begun before it fail at commit (MetadataChanged);
-    * after it, ``_may_append`` reads the table: a write that committed before the
-      fence shows as rows of the window, which this attempt then replaces.
+    * then a fence is committed to each table: a table property change, which
+      makes every Delta transaction on the table begun before it fail at commit
+      (MetadataChanged);
+    * after it, ``_may_append`` and ``_record`` read the tables: a write that
+      committed before the fence shows as rows of the window, which this attempt
+      then replaces.
 
     So an earlier attempt either committed before this one's check or never
     commits. (Delta's idempotent-write id, ``txnAppId``, did the same on every
@@ -625,19 +628,25 @@ def _fence_earlier(spark: SparkSession, lake: str, w: _Window, check: Callable[[
     a window, measured, against a fence only after a failed attempt.) A
     ``replaceWhere`` of this attempt is safe the same way: the earlier attempt
     fails at commit or committed before it began."""
-    path = table_path(lake, CHANGES)
     earlier = staging.left_over(lake)
     if not earlier:
         return
     staging.remove(earlier)
-    if not is_delta(spark, path):
-        return  # no table to fence: this attempt replaces (``_may_append``), which conflicts with its creation
-    check()
-    fence = f"{w.start_ts}-{w.end_ts}-{uuid.uuid4().hex[:12]}"
-    quoted = path.replace("`", "``")
-    log.info("ingest %s: an earlier attempt may still be writing; fencing it off (%s)", w, fence)
-    _retry_concurrent(CHANGES, lambda: spark.sql(
-        f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('{FENCE_PROPERTY}' = '{fence}')").collect(), check)
+    for table in (CHANGES, WINDOWS):
+        path = table_path(lake, table)
+        if not is_delta(spark, path):
+            continue  # no table to fence: this attempt replaces, which conflicts with its creation
+        check()
+        fence = f"{w.start_ts}-{w.end_ts}-{uuid.uuid4().hex[:12]}"
+        quoted = path.replace("`", "``")
+        log.info("ingest %s: an earlier attempt may still be writing %s; fencing it off (%s)", w, table, fence)
+        _retry_concurrent(table, _statement(
+            spark, f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('{FENCE_PROPERTY}' = '{fence}')"), check)
+
+
+def _statement(spark: SparkSession, sql: str) -> Callable[[], Any]:
+    """Run ``sql`` when called (for ``_retry_concurrent``)."""
+    return lambda: spark.sql(sql).collect()
 
 
 def _may_append(lake: str, w: _Window) -> bool:
@@ -708,19 +717,59 @@ def _write_ddls(spark: SparkSession, lake: str, known: _KnownSchema, index: Wind
 def _record(spark: SparkSession, lake: str, rows: list[tuple[Any, ...]], check: Callable[[], None]) -> None:
     """The windows' ``windows`` rows (``WINDOWS_DDL``), each replacing one with the
     same bounds, in one commit; written last, so a failed ingest leaves no row
-    claiming a window is done. ``check`` runs before the commit."""
+    claiming a window is done. ``check`` runs before the commit.
+
+    Invariant: the ledger holds one row per window, whatever attempts at it ran.
+    Called under the lake's write turn, which every binlake writer takes, so
+    windows the ledger does not hold yet (read now, inside it) may be appended
+    (a blind append costs a fifth of a replaceWhere, which must find the rows to
+    replace); any other case replaces the rows with the same bounds. A blind
+    append checks nothing at commit, so an earlier attempt whose ledger append was
+    still running on a Spark Connect server when its client died could otherwise
+    commit after this one's and leave the window twice: in a local lake the rows
+    go through a staged file (the attempt's marker, ``lake.staging``) and
+    ``_fence_earlier`` fences off any such attempt before the ledger is read.
+    Where nothing can be staged (S3) the rows always replace: two replacing
+    writes of one window conflict at commit, and the retried one replaces the other."""
     path = table_path(lake, WINDOWS)
-    windows_df = spark.createDataFrame(rows, WINDOWS_DDL)
     bounds = {(int(r[0]), int(r[1])) for r in rows}
-    # Called under the lake's write turn, which every binlake writer takes, so
-    # windows the ledger does not hold yet (read now, inside it) are appended: a blind append costs a fifth of a replaceWhere, which must find the
-    # rows to replace. Any other case replaces the rows with the same bounds.
-    ledger = _small_table_rows(path, ("start_ts", "end_ts")) if is_delta(spark, path) else None
-    if ledger is not None and not bounds & {(int(r["start_ts"]), int(r["end_ts"])) for r in ledger}:
-        _retry_concurrent(WINDOWS, lambda: windows_df.write.format("delta").mode("append").save(path), check)
-        return
+    whole = _Window(min(a for a, _b in bounds), max(b for _a, b in bounds))
+    _fence_earlier(spark, lake, whole, check)  # a no-op unless an earlier attempt left its staged file
+    local = staging.staging_dir(lake) is not None
+    ledger = _small_table_rows(path, ("start_ts", "end_ts")) if local and is_delta(spark, path) else None
+    append = ledger is not None and not bounds & {(int(r["start_ts"]), int(r["end_ts"])) for r in ledger}
     where = " OR ".join(f"(start_ts = {a} AND end_ts = {b})" for a, b in sorted(bounds))
-    _retry_concurrent(WINDOWS, lambda: _replace(windows_df, path, where), check)
+
+    def write(windows_df: Any) -> None:
+        if append:
+            _retry_concurrent(WINDOWS, lambda: windows_df.write.format("delta").mode("append").save(path), check)
+        else:
+            _retry_concurrent(WINDOWS, lambda: _replace(windows_df, path, where), check)
+
+    if not local:
+        write(spark.createDataFrame(rows, WINDOWS_DDL))
+        return
+    with staging.arrow_frame(spark, lake, [_ledger_batch(rows)], WINDOWS_DDL,
+                             f"windows-{whole.start_ts}-{whole.end_ts}") as staged:
+        write(staged)
+
+
+def _ledger_batch(rows: list[tuple[Any, ...]]) -> Any:
+    """Ledger rows (``WINDOWS_DDL``'s columns, ``ingested_at`` naive UTC) as one Arrow batch."""
+    import pyarrow as pa
+
+    counts = pa.map_(pa.string(), pa.int64())
+    schema = pa.schema([("start_ts", pa.int64()), ("end_ts", pa.int64()), ("pumps", pa.list_(pa.string())),
+                        ("rows_per_pump", counts), ("rows_per_table_op", counts), ("txns", pa.int64()),
+                        ("rows", pa.int64()), ("ddls", pa.int64()), ("status", pa.string()),
+                        ("ingested_at", pa.timestamp("us", tz="UTC"))])
+    columns = list(zip(*rows, strict=True))
+    values = [list(c) for c in columns]
+    for i in (3, 4):  # maps as (key, value) pairs
+        values[i] = [sorted(m.items()) for m in values[i]]
+    values[9] = [t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t for t in values[9]]
+    return pa.RecordBatch.from_arrays([pa.array(v, type=f.type) for v, f in zip(values, schema, strict=True)],
+                                      schema=schema)
 
 
 def _move_checkpoint(spark: SparkSession, lake: str, registry: str, w: _Window, say: Progress) -> None:

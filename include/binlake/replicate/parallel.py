@@ -1,23 +1,34 @@
-"""``parallel`` mode: each batch's conflict groups applied concurrently in Spark tasks.
+"""``parallel`` mode: each batch's conflict groups applied concurrently by worker threads.
 
-Each (compacted) batch is split into conflict groups (``causality``), dealt into
-one bucket per Spark task, and the buckets are applied concurrently: each task
-writes its bucket in one transaction, with one checkpoint row for the bucket;
-once every bucket of a batch is in, the task's checkpoint moves to the batch's
-end (and the batch's DDL runs, here). A rerun skips the buckets already in (a
-bucket is in or not, never half). When every table of a batch has no unique
-key but its primary key (PostgreSQL, SQLite), its final changes are on distinct
-keys and cannot conflict: they are dealt into buckets by key and reach the
-tasks as Arrow (``arrow_buckets``), not as Python changes.
+Each (compacted) batch is split into conflict groups (``causality``: changes
+sharing a primary or unique key value, so one key's changes stay in one group,
+in commit order), dealt into at most ``parallel_tasks`` buckets, and the
+buckets are applied concurrently, one worker thread and one target connection
+each: a worker writes its bucket in one transaction, with one checkpoint row
+for the bucket; once every bucket of a batch is in, the task's checkpoint
+moves to the batch's end (and the batch's DDL runs). A rerun skips the buckets
+already in (a bucket is in or not, never half). When every table of a batch has
+no unique key but its primary key (PostgreSQL, SQLite), its final changes are
+on distinct keys and cannot conflict: they are dealt into buckets by key as
+Arrow (``arrow_buckets``), not as Python changes.
 
-``apply_arrow_buckets`` and ``apply_groups`` run in the Spark tasks: they are
-pickled by reference, so they stay module-level functions of this module.
+Why threads in the apply's own process, not Spark tasks (as this mode first
+used, through an RDD, which a Spark Connect session does not have): the batch
+is already in this process (read from the lake), and this process writes the
+target anyway (each batch's DDL and checkpoint), so the target is reachable
+from here, whereas Spark tasks needed it reachable from every executor (or a
+Connect server's Python workers) and shipped every bucket there and back. The
+work of a bucket is the target's (statements, index updates, the commit), and
+a worker waiting on its connection lets the others run: this is how TiDB DM's
+syncer and TiDB Binlog's Drainer apply, N workers with their own connections,
+changes dealt by key hash so that one key's changes keep their order. The same
+code then runs on every kind of session: Spark Connect, spark-submit, ``local[*]``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
-import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -44,8 +55,9 @@ from binlake.replicate.task import Task
 def apply_window(spark: Any, target: sink.Target, target_url: str, task: Task, batches: list[Batch], a: int,
                  b: int, safe: bool, summary: ApplySummary,
                  ddl_change: Callable[[dict[str, Any]], DDLChange | None]) -> None:
-    """Window ``[a, b)``: each batch's buckets in Spark tasks, then its DDL and the
-    checkpoint at its end, in this process."""
+    """Window ``[a, b)``: each batch's buckets by the worker threads, then its DDL and
+    the checkpoint at its end. ``spark`` is not used (the batches are read already);
+    kept so that both modes take the same arguments."""
     for batch in batches:
         infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
         if arrow_parallel(target, batch, safe):
@@ -53,7 +65,7 @@ def apply_window(spark: Any, target: sink.Target, target_url: str, task: Task, b
                 done = checkpoint.done_groups(conn, task.name, batch.end)
             items = arrow_buckets(batch, task.parallel_tasks, done)
             if items:
-                summary.rows_written += run_groups(spark, task.parallel_tasks, items, functools.partial(
+                summary.rows_written += run_groups(task.parallel_tasks, items, functools.partial(
                     apply_arrow_buckets, target_url, task.name, infos, batch.end, a, b))
             changes: list[Change] = []
         else:
@@ -69,7 +81,7 @@ def apply_window(spark: Any, target: sink.Target, target_url: str, task: Task, b
                     for g, part in buckets(groups, task.parallel_tasks, done)
                     if g not in done]
             if work:
-                summary.rows_written += run_groups(spark, task.parallel_tasks, work, functools.partial(
+                summary.rows_written += run_groups(task.parallel_tasks, work, functools.partial(
                     apply_groups, target_url, task.name, infos, batch.end, a, b, safe,
                     compacted=batch.compacted))
         with target.engine.connect() as conn:
@@ -88,28 +100,24 @@ def apply_window(spark: Any, target: sink.Target, target_url: str, task: Task, b
                 checkpoint.write(conn, task.name, batch.end, a, b)
             conn.commit()
 
-def run_groups(spark: Any, tasks: int, work: list[Any],
+def run_groups(tasks: int, work: list[Any],
                apply: Callable[[Iterable[Any]], Iterator[tuple[int, int, str]]]) -> int:
-    """``apply`` over ``work`` (one item per bucket) in Spark tasks; rows written.
-    ``apply`` yields (buckets applied, rows written, error message or "")."""
-    # The apply's failpoint holds in its Spark tasks too (they run in other processes).
-    fail_spec = os.environ.get(failpoint.ENV, "")
+    """``apply`` over ``work`` (one item per bucket) in at most ``tasks`` worker
+    threads, each given a contiguous slice of the buckets (written in one target
+    transaction); rows written. ``apply`` yields (buckets applied, rows written,
+    error message or ""). A worker that raises fails the batch once every worker
+    has returned: what the others committed stays, with its checkpoint rows, and
+    the rerun skips it (the batch's own checkpoint does not move)."""
+    if not work:
+        return 0
     slices = max(1, min(tasks, len(work)))
-
-    def apply_part(items: Iterable[Any]) -> Iterator[tuple[int, int, str]]:
-        # Python workers are reused across tasks: set the failpoint for this task only.
-        saved = os.environ.get(failpoint.ENV)
-        if fail_spec:
-            os.environ[failpoint.ENV] = fail_spec
-        try:
-            yield from apply(items)
-        finally:
-            if saved is None:
-                os.environ.pop(failpoint.ENV, None)
-            else:
-                os.environ[failpoint.ENV] = saved
-
-    results = spark.sparkContext.parallelize(work, slices).mapPartitions(apply_part).collect()
+    # Contiguous slices of nearly equal size (as Spark's parallelize cut them).
+    bounds = [len(work) * i // slices for i in range(slices + 1)]
+    parts = [work[lo:hi] for lo, hi in zip(bounds, bounds[1:], strict=False) if hi > lo]
+    with concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="binlake-apply") as pool:
+        futures = [pool.submit(lambda part: list(apply(part)), part) for part in parts]
+        concurrent.futures.wait(futures)
+    results = [r for f in futures for r in f.result()]  # re-raises a worker's exception
     failures = [msg for _groups, _n, msg in results if msg]
     if failures:
         raise TargetDiverged(failures[0]) if failures[0].startswith("target table") else \
@@ -119,7 +127,7 @@ def run_groups(spark: Any, tasks: int, work: list[Any],
 
 def buckets(groups: list[list[Change]], tasks: int, done: set[int]) -> Iterator[tuple[int, list[Change]]]:
     """The conflict groups dealt round-robin into at most ``tasks`` buckets, each
-    as (checkpoint id, its changes): one Spark task and one checkpoint row per
+    as (checkpoint id, its changes): one worker and one checkpoint row per
     bucket, not per group. Buckets of disjoint groups are disjoint too. A rerun
     deals the same groups into as many buckets as the run whose bucket rows it
     finds (``done``), so an id means the same changes even if ``tasks`` changed."""
@@ -135,8 +143,8 @@ def buckets(groups: list[list[Change]], tasks: int, done: set[int]) -> Iterator[
 
 
 def arrow_parallel(target: sink.Target, batch: Batch, safe: bool) -> bool:
-    """Whether a batch goes to the Spark tasks as Arrow: PostgreSQL or SQLite
-    (whose tasks take its one write lock in turn), normal mode, every table
+    """Whether a batch goes to the workers as Arrow: PostgreSQL or SQLite
+    (whose workers take its one write lock in turn), normal mode, every table
     compacted as Arrow with a CSV form, and no unique key but the primary key.
     Two final changes of a batch are then on different keys and can never
     conflict: any split of the keys is a split into conflict groups."""
@@ -175,7 +183,7 @@ def arrow_buckets(batch: Batch, tasks: int, done: set[int]) -> list[tuple[int, l
 
 def apply_arrow_buckets(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int,
                         items: Iterable[tuple[int, list[tuple[Any, ...]]]]) -> Iterator[tuple[int, int, str]]:
-    """Run in a Spark task: the Arrow buckets it was given (``arrow_buckets``: per
+    """Run by a worker: the Arrow buckets it was given (``arrow_buckets``: per
     table the keys to delete, then the rows to insert) that are not in yet."""
     infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
 
@@ -194,10 +202,10 @@ def apply_arrow_buckets(url: str, task_name: str, infos_raw: dict[str, bytes], s
 def apply_groups(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int, safe: bool,
                  items: Iterable[tuple[int, list[tuple[Any, ...]]]],
                  compacted: bool = False) -> Iterator[tuple[int, int, str]]:
-    """Run in a Spark task: the buckets of conflict groups it was given that are not
-    in yet. The groups of a batch never touch the same key, so one task writes all
+    """Run by a worker: the buckets of conflict groups it was given that are not
+    in yet. The groups of a batch never touch the same key, so one worker writes all
     of its groups as one set of batched statements (each group's changes keep their
-    order); concurrency is between the tasks."""
+    order); concurrency is between the workers."""
     infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
 
     def write(target: sink.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:

@@ -11,7 +11,7 @@ order, filtered, routed, compacted and written to the target, exactly once.
 3. batch (``batch``): the window cut at its DDLs into batches, filtered, routed
    and compacted to one final change per key (safe mode: decoded instead);
 4. write, in the task's mode: ``consistent`` (the window in one target
-   transaction) or ``parallel`` (each batch's conflict groups in Spark tasks);
+   transaction) or ``parallel`` (each batch's conflict groups by worker threads);
    both write a table's changes with ``table_write``, which also checks the target
    against the log in normal mode (``TargetDiverged``); the checkpoint moves in
    the same target transaction as the data;

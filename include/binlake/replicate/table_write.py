@@ -10,7 +10,7 @@ Normal mode checks the target: a key the batch deletes or updates must be
 there, a key it inserts must not. A mismatch raises ``Mismatch`` inside the
 transaction; after the rollback ``diagnose`` looks at the target and names the
 table and key in a ``TargetDiverged``. Used by both apply modes (``consistent``
-in this process, ``parallel`` in Spark tasks).
+in this process, ``parallel`` in its worker threads).
 """
 
 from __future__ import annotations

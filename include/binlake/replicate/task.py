@@ -149,7 +149,7 @@ class Task(_Strict):
     safe_mode_until_ts: int = Field(
         0, ge=0, description="windows starting below this ts are applied in safe mode (upsert / delete-if-exists)")
     batch_rows: int = Field(1000, ge=1, le=100_000, description="rows per statement")
-    parallel_tasks: int = Field(4, ge=1, le=256, description="Spark tasks applying groups concurrently (parallel mode)")
+    parallel_tasks: int = Field(4, ge=1, le=256, description="worker threads applying groups concurrently (parallel mode)")
     diff_source: str | None = Field(None, description="database to diff the target against after each apply")
     filter: Filter = Field(default_factory=Filter)
     event_filters: list[EventFilter] = Field(default_factory=list)

@@ -134,15 +134,41 @@ def _from_json_value(field: Any, col: binlog_pb2.ColumnInfo) -> Any:
 
 def fill_literal(value: binlog_pb2.Datum, src: binlog_pb2.ColumnInfo, target: str) -> Any:
     """A Datum of column ``src`` as a Spark literal of type ``target``, read exactly as an
-    image's value of that column is (its image JSON, parsed and cast the same way)."""
+    image's value of that column is (its image JSON, parsed and cast the same way).
+    The Column form of ``fill_sql``: one expression, on classic and Connect sessions."""
     from pyspark.sql import functions as F
 
+    return F.expr(fill_sql(value, src, target))
+
+
+def fill_sql(value: binlog_pb2.Datum, src: binlog_pb2.ColumnInfo, target: str) -> str:
+    """``fill_literal`` as Spark SQL text, for statements (``UPDATE ... SET c = <this>``):
+    ``from_json`` of the value's image JSON, the field read as an image's is
+    (``_from_json_value``), then cast to ``target``. SQL text rather than a PySpark
+    Column so that it goes through a SQL statement, which runs over Spark Connect as
+    on a classic session (Delta's Python ``DeltaTable.update`` needs a server plugin
+    over Connect)."""
     from binlake import codec
     from binlake.lake.image import value_json
 
+    if not isinstance(value, binlog_pb2.Datum) or not isinstance(src, binlog_pb2.ColumnInfo):
+        raise TypeError(f"fill_sql takes a Datum and a ColumnInfo, got {type(value).__name__}, "
+                        f"{type(src).__name__}")
     text = '{"v":' + value_json(codec.decode_value(value, src.type), src.type) + "}"
-    parsed = F.from_json(F.lit(text), f"struct<`v`: {json_type(src.type)}>")
-    return _cast(_from_json_value(parsed.getField("v"), src), spark_type(src.type, src.sql_type), target)
+    field = f"from_json({sql_string(text)}, {sql_string(f'struct<`v`: {json_type(src.type)}>')}).`v`"
+    own = spark_type(src.type, src.sql_type)
+    if src.type == binlog_pb2.BYTES:
+        field = f"unbase64({field}.`$base64`)"
+    elif src.type in (binlog_pb2.DECIMAL, binlog_pb2.DATE, binlog_pb2.DATETIME) and own != "string":
+        field = f"CAST({field} AS {own})"
+    return field if own == target else f"CAST({field} AS {target})"
+
+
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal (Spark reads backslash escapes in literals)."""
+    if not isinstance(text, str):
+        raise TypeError(f"sql_string takes a str, got {type(text).__name__}")
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _missing(col: Column, fills: Mapping[int, Any] | None) -> Any:

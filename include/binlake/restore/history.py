@@ -39,6 +39,7 @@ import dataclasses
 import datetime as dt
 import json
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -242,7 +243,6 @@ def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, l
            end: int, say: Progress) -> tuple[str, str, dict[str, Any]]:
     """Build or MERGE one history table from its rows of the shared read; (name, what
     happened, its new catalog row)."""
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     table_id, name, last_info, cols, key, old, path = (todo.table_id, todo.name, todo.last_info, todo.cols,
@@ -261,38 +261,49 @@ def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, l
     else:
         assert old is not None  # not fresh: the table and its catalog row exist
         say(f"{name}: applying windows from {tso.format_ts(lo)}")
-        table = DeltaTable.forPath(spark, path)
+        # SQL statements on the table's path rather than Delta's Python DeltaTable
+        # API: they run over a Spark Connect session as over a classic one (over
+        # Connect, DeltaTable needs the delta-connect plugin on the server). Each is
+        # its own commit, as DeltaTable's were; the catalog row, written after all
+        # of them, is what says the windows are in (a rerun rewinds a table whose
+        # catalog row does not hold them).
+        table = f"delta.`{path.replace('`', '``')}`"
         if lo < int(old["applied_end_ts"]):  # windows applied before are applied again
-            table.delete(F.col("_valid_from_ts") >= lo)
-            table.update(F.col("_valid_to_ts") >= lo, {"_valid_to_ts": F.lit(None).cast("long")})
+            spark.sql(f"DELETE FROM {table} WHERE _valid_from_ts >= {int(lo)}").collect()
+            spark.sql(f"UPDATE {table} SET _valid_to_ts = NULL WHERE _valid_to_ts >= {int(lo)}").collect()
         have = {c.name for c in C.from_json(json.loads(old["columns"]))}
         added = [c for c in cols if c.name not in have]
         if added:
             if any(c.spark_type() == "timestamp_ntz" for c in added):
                 # Delta turns this feature on by itself only when a table is created with such a column.
-                spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.feature.timestampNtz' = "
-                          "'supported')")
-            spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (" +
-                      ", ".join(f"`{c.name}` {c.spark_type()}" for c in added) + ")")
-            table = DeltaTable.forPath(spark, path)  # with the columns just added
+                spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.feature.timestampNtz' = "
+                          "'supported')").collect()
+            spark.sql(f"ALTER TABLE {table} ADD COLUMNS (" +
+                      ", ".join(f"{_q(c.name)} {c.spark_type()}" for c in added) + ")").collect()
             # Every version held predates the added columns: give them what the upstream gave its rows.
             before = fills.base_fills(schema, table_id, int(old["applied_end_ts"]) - 1)
-            values = {f"`{c.name}`": C.fill_literal(before[c.id].value, before[c.id].column, c.spark_type())
-                      for c in added if c.id in before}
+            values = [f"{_q(c.name)} = {C.fill_sql(before[c.id].value, before[c.id].column, c.spark_type())}"
+                      for c in added if c.id in before]
             if values:
-                table.update(set=values)
-        cond = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
-        src = (first_change.select(*[F.col(f"`{k}`") for k in key], F.col("_first"), F.lit("close").alias("_a"))
+                spark.sql(f"UPDATE {table} SET {', '.join(values)}").collect()
+        cond = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in key)
+        src = (first_change.select(*[F.col(_q(k)) for k in key], F.col("_first"), F.lit("close").alias("_a"))
                .unionByName(versions.withColumn("_first", F.lit(None).cast("long")).withColumn("_a", F.lit("add")),
                             allowMissingColumns=True))
-        (table.alias("t").merge(src.alias("s"), f"s._a = 'close' AND t._valid_to_ts IS NULL AND {cond}")
-         .whenMatchedUpdate(set={"_valid_to_ts": "s._first"})
-         .whenNotMatchedInsert(condition="s._a = 'add'",
-                               values={**{f"`{c.name}`": f"s.`{c.name}`" for c in cols},
-                                       **{m: f"s.{m}" for m in META}})
-         .execute())
+        targets = [_q(c.name) for c in cols] + list(META)
+        view = f"binlake_history_{int(table_id)}_{uuid.uuid4().hex}"
+        src.createOrReplaceTempView(view)
+        try:
+            spark.sql(f"MERGE INTO {table} AS t USING {view} AS s "
+                      f"ON s._a = 'close' AND t._valid_to_ts IS NULL AND {cond} "
+                      "WHEN MATCHED THEN UPDATE SET _valid_to_ts = s._first "
+                      f"WHEN NOT MATCHED AND s._a = 'add' THEN INSERT ({', '.join(targets)}) "
+                      f"VALUES ({', '.join(f's.{n}' for n in targets)})").collect()
+        finally:
+            spark.catalog.dropTempView(view)
         if close_at is not None:
-            table.update(F.col("_valid_to_ts").isNull(), {"_valid_to_ts": F.lit(close_at).cast("long")})
+            spark.sql(f"UPDATE {table} SET _valid_to_ts = CAST({int(close_at)} AS BIGINT) "
+                      "WHERE _valid_to_ts IS NULL").collect()
         what = f"applied {len(ledger) - keep} window(s)"
     failpoint.hit("history-before-catalog")
     # The catalog names the table relative to the lake (never an absolute location).
@@ -301,6 +312,11 @@ def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, l
                         "columns": json.dumps(C.to_json(cols)), "key_columns": json.dumps(key),
                         "applied": json.dumps(ledger), "applied_end_ts": end, "ended_ts": gone,
                         "updated_at": dt.datetime.now(dt.UTC).replace(tzinfo=None)}
+
+
+def _q(name: str) -> str:
+    """A column name quoted for Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def at(spark: Any, lake: str, table_id: int, ts: int) -> Any:
