@@ -6,7 +6,8 @@ Setup: a registry and one Pump as processes (fsync on); writers are threads
 spread over up to 4 client processes (as upstream servers would be), each
 process with one PumpClient and one RegistryClient (both coalesce concurrent
 calls). A transaction = TSO, prewrite of SIZE bytes (acknowledged after
-fsync), TSO, commit (acknowledged after fsync).
+fsync), TSO, commit (acknowledged once appended, fsynced with the next group
+or within 5 ms: ``[pump] sync_commits``).
 
 ``--floor`` adds the transport's ceiling on this machine, in the same run: the
 same cases against a Pump whose storage acknowledges every binlog at once and

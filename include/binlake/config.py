@@ -106,6 +106,10 @@ class PumpSettings(BaseSettings):
     stop_write_at_free_bytes: int = Field(GiB, ge=0, description="Refuse new writes below this much free disk.")
     fsync: bool = Field(True, description="fsync before acknowledging (turn off only for throwaway tests).")
     max_group_bytes: int = Field(16 * MiB, ge=4096, description="Most bytes appended under one fsync.")
+    sync_commits: bool = Field(
+        False, description="fsync commits and rollbacks before acknowledging them too (prewrites always are); "
+        "off: they are fsynced with the next group or within 5 ms, and one lost with the host is resolved "
+        "through the writer's status service.")
     read_batch_txns: int = Field(256, ge=1, le=100_000, description="Transactions per PullBinlogs message.")
     read_batch_bytes: int = Field(4 * MiB, ge=1024, description="Bytes per PullBinlogs message (soft).")
     grpc_workers: int = Field(32, ge=2, le=1024, description="Server threads.")

@@ -35,6 +35,11 @@ The names, where they are, and what a crash there must not break:
                           acknowledgement, before the indexer's batch for it (a
                           restart must replay the log: nothing acknowledged
                           lost, nothing served twice, the safe ts not moved back)
+``pump-power-loss``       Pump storage, after a group of commits/rollbacks was
+                          acknowledged without an fsync; before the process ends the
+                          value log is cut back to its last fsync (a power loss; a
+                          kill -9 alone keeps the page cache). The restart must resolve
+                          the cut commits through TxnStatus to the same commit_ts
 ``apply-before-commit``   apply (consistent mode), a window's rows and checkpoint
                           written, before the target commit (nothing of it may show)
 ``apply-after-window``    apply, after a window committed (the checkpoint is its end)
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 ENV = "BINLAKE_FAILPOINT"
 NAMES = (
@@ -61,6 +67,7 @@ NAMES = (
     "ingest-before-ledger",
     "ingest-before-checkpoint",
     "pump-before-index-batch",
+    "pump-power-loss",
     "source-after-prewrite",
     "source-before-commit",
     "source-after-group-prewrite",
@@ -81,8 +88,9 @@ class FailpointError(Exception):
     """Raised at a failpoint set to ``:raise``."""
 
 
-def hit(name: str) -> None:
-    """Crash here if ``BINLAKE_FAILPOINT`` names this place."""
+def hit(name: str, before: Callable[[], object] | None = None) -> None:
+    """Crash here if ``BINLAKE_FAILPOINT`` names this place; ``before`` runs just
+    before the crash (what the crash should leave behind, e.g. a power loss's)."""
     spec = os.environ.get(ENV, "")
     if not spec:
         return
@@ -98,6 +106,8 @@ def hit(name: str) -> None:
             return
     if stall_ms:
         time.sleep(int(stall_ms) / 1000)
+    if before is not None:
+        before()
     if action == "exit":
         os._exit(137)
     raise FailpointError(f"failpoint {name}")

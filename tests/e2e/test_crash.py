@@ -323,3 +323,103 @@ def test_crash_between_value_log_fsync_and_index_batch(procs: Processes, tmp_pat
     finally:
         status_server.stop(0.2)
         reg.close()
+
+
+def test_power_loss_takes_acknowledged_commits_and_txn_status_restores_them(
+    procs: Processes, tmp_path: pathlib.Path
+) -> None:
+    """A Pump acknowledges commits before their fsync (prewrites after theirs). A
+    power loss there (the ``pump-power-loss`` failpoint: the value log is cut back
+    to its last fsync, then the process dies) takes commits the writers were
+    told are stored. Restarted, the Pump finds their prewrites pending and
+    resolves them through the writers' status service: every acknowledged
+    transaction is served once with the commit_ts its writer committed, and
+    everything read before the crash (only fsynced records are ever served)
+    reads the same afterwards."""
+    import os
+    import random
+
+    from binlake import failpoint
+    from binlake.pump.storage import FAILPOINT_POWER_LOSS
+
+    rng = random.Random(int.from_bytes(os.urandom(4), "big"))
+    _reg_proc, reg_addr = procs.registry(tmp_path / "registry")
+    port = free_port()
+    data_dir = tmp_path / "c1"
+    reg = RegistryClient(reg_addr)
+    provider = MemoryStatusProvider()
+    status_server = TxnStatusServer(provider).start()
+    register_writer(reg, status_server.addr, "w1")
+    settings = ClientSettings(
+        registry=reg_addr, max_failures=1, probe_interval_s=0.1, refresh_interval_s=0.3,
+        write_timeout_s=3.0, commit_retry_s=1.0,
+    )
+    client = PumpClient(reg_addr, settings=settings)
+    upstream = Upstream(client, reg, provider)
+    addr = f"127.0.0.1:{port}"
+    first = reg.get_ts()
+    # What readers were served before the crash: windows [first, read_to) pulled as the safe ts moved.
+    before: list[tuple[int, int]] = []
+    read_to = [first]
+    safe_seen: list[int] = []
+    watching = threading.Event()
+
+    def read_as_served() -> None:
+        while not watching.wait(0.02):
+            with contextlib.suppress(Exception):
+                safe = status(addr, timeout=0.5).safe_ts
+                safe_seen.append(safe)
+                if safe > read_to[0]:
+                    before.extend((b.commit_ts, b.start_ts) for b in pull(addr, read_to[0], safe))
+                    read_to[0] = safe
+
+    watcher = threading.Thread(target=read_as_served)
+    # Late enough for windows to be read before the crash, even on a quiet machine.
+    nth = rng.randint(200, 500)
+    # The leader stalls 200 ms at the failpoint: the cut group's acknowledgements reach
+    # the writers, then the unsynced tail is cut and the process dies.
+    svc, _ = procs.pump(reg_addr, data_dir, "c1", port, env={failpoint.ENV: f"{FAILPOINT_POWER_LOSS}:exit:{nth}:200"})
+    try:
+        upstream.start()
+        watcher.start()
+        wait_until(lambda: not svc.alive, timeout=60, interval=0.02,
+                   what=f"the failpoint at unsynced commit group {nth} to crash the pump")
+        assert svc.proc is not None and svc.proc.returncode == 137, svc.log_text()[-2000:]
+        watching.set()
+        watcher.join()
+        with upstream.lock:
+            acked_before_crash = len(upstream.acked)
+        svc, _ = procs.pump(reg_addr, data_dir, "c1", port)
+        watching.clear()
+        time.sleep(0.5)
+        upstream.finish()
+    finally:
+        upstream.stop.set()
+        watching.set()
+        client.close()
+
+    try:
+        assert upstream.crashes == []
+        assert acked_before_crash > 20, "the writers made too little progress"
+        last_commit = max(upstream.committed.values())
+        wait_safe(addr, last_commit + 1, timeout=30)
+        assert status(addr).pending_txns == 0
+        # The power loss took acknowledged commits; TxnStatus gave them back.
+        resolved = svc.log_text().count("resolved missing commit")
+        assert resolved >= 1, svc.log_text()[-2000:]
+        # Only fsynced records move the safe ts: the restart never finds it lower.
+        safe_seen.append(status(addr).safe_ts)
+        assert all(a <= b for a, b in zip(safe_seen, safe_seen[1:], strict=False)), "the safe ts moved back"
+        served = pull(addr, first, last_commit + 1)
+        counts = collections.Counter(b.start_ts for b in served)
+        assert [s for s, n in counts.items() if n > 1] == [], "a transaction was served twice"
+        got = {b.start_ts: b.commit_ts for b in served}
+        missing = [(s, c) for s, c, _, _ in upstream.acked if got.get(s) != c]
+        assert missing == [], f"{len(missing)} acknowledged transactions lost or with another commit_ts"
+        assert [(s, c) for s, c in got.items() if upstream.committed.get(s) != c] == []
+        # Nothing served before the crash rested on a record the power loss took.
+        assert len(before) > 0
+        assert [(b.commit_ts, b.start_ts) for b in pull(addr, first, read_to[0])] == before
+    finally:
+        status_server.stop(0.2)
+        reg.close()

@@ -447,3 +447,26 @@ def test_client_follows_the_registrys_replication_setting(
         client.write_commit(commit(after, reg.get_ts()), placement)
     res = run_cli("ctl", "replication", "--replicas", "1", "--min-acks", "2", "--registry", registry.addr)
     assert res.returncode == 2 and "min_acks=2 is above replicas=1" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_batch_holds_prewrites_or_outcomes_never_both() -> None:
+    """A Pump answers a batch of commits and rollbacks without waiting for an fsync,
+    one holding a prewrite only after it: the stream's batches keep the two apart
+    (oldest first, each kind in its queued order), so a commit never waits for
+    another transaction's prewrite fsync."""
+    from binlake.client.pump_client import PumpConn, _Item
+    from binlake.proto import binlog_pb2
+
+    conn = PumpConn("p1", f"127.0.0.1:{free_port()}", config.ClientSettings(max_batch_binlogs=3))
+    try:
+        rollback = binlog_pb2.Binlog(tp=binlog_pb2.ROLLBACK, start_ts=7)
+        sent = [prewrite(1), commit(2, 3), prewrite(4), commit(5, 6), rollback, prewrite(8), prewrite(9)]
+        with conn._lock:
+            conn._queue.extend(_Item(b.SerializeToString()) for b in sent)
+            batches = []
+            while conn._queue:
+                batches.append([binlog_pb2.Binlog.FromString(i.payload).start_ts for i in conn._take_batch()])
+        assert batches == [[1, 4, 8], [2, 5, 7], [9]]
+    finally:
+        conn._queue.clear()
+        conn.close()

@@ -88,6 +88,37 @@ def test_journal_survives_a_torn_tail_and_rolls_back_orphans(tmp_path: pathlib.P
     again.close()
 
 
+def test_a_forgotten_decision_is_never_answered_rolled_back(tmp_path: pathlib.Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Pump may ask about a commit it acknowledged and then lost (a power loss
+    before its fsync) long after: a decision the journal dropped is answered
+    RUNNING (the Pump keeps waiting), never ROLLED_BACK (the Pump would drop a
+    committed transaction); across restarts too."""
+    from binlake.source import journal
+
+    monkeypatch.setattr(journal, "KEEP_DECIDED", 2)
+    st = SourceState(tmp_path)
+    for i in range(5):
+        st.begin(f"f:{i}", 100 + i)
+        st.decide(f"f:{i}", 200 + i, "p1")
+    # Five decided, more than 2 * KEEP_DECIDED: the oldest two were dropped from memory.
+    assert st.txn_status(100) == (txn_status.RUNNING, 0)
+    assert st.txn_status(104) == (txn_status.COMMITTED, 204)
+    assert st.txn_status(999) == (txn_status.ROLLED_BACK, 0)  # above everything: never minted here
+    st.close()
+    # The next start reads all five from the file, then compacts it to the newest two
+    # with a line saying what it dropped; the start after that knows only those two.
+    again = SourceState(tmp_path)
+    assert again.txn_status(100) == (txn_status.COMMITTED, 200)
+    again.close()
+    for _ in range(2):
+        again = SourceState(tmp_path)
+        assert [again.txn_status(100 + i) for i in range(5)] == [(txn_status.RUNNING, 0)] * 3 + [
+            (txn_status.COMMITTED, 203), (txn_status.COMMITTED, 204)]
+        assert again.txn_status(999) == (txn_status.ROLLED_BACK, 0)
+        again.close()
+
+
 def test_a_group_decision_is_all_or_none(tmp_path: pathlib.Path) -> None:
     st = SourceState(tmp_path)
     st.begin("snap:a", 10)

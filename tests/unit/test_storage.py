@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
+import time
 from collections.abc import Iterator
 
 import plyvel
@@ -573,3 +574,58 @@ def test_finished_transactions_forgotten_by_memory_are_checked_in_the_index(
         ok(st, prewrite(99))  # below the floor but never seen: a new transaction
     finally:
         st.close()
+
+
+def test_prewrites_are_acknowledged_after_their_fsync_and_only_fsynced_records_are_indexed(
+    st: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The durability rule: a prewrite's acknowledgement comes after an fsync that
+    covers it; a commit's may come before (it is fsynced with the next group or
+    by the committer thread within ``COMMIT_SYNC_DELAY_S``, no reader asking);
+    and the indexer (hence the safe ts and every read) never gets a record no
+    fsync covers yet."""
+    unsynced_index: list[tuple[int, int]] = []
+    queue_for_index = st._queue_for_index
+
+    def checked(durable: list) -> None:  # type: ignore[type-arg]
+        # On the leader's thread, as it hands records to the indexer.
+        synced = st.vlog.synced_head
+        unsynced_index.extend((p.segment, p.end) for w in durable for p in w.pointers
+                              if (p.segment, p.end) > synced)
+        queue_for_index(durable)
+
+    monkeypatch.setattr(st, "_queue_for_index", checked)
+    acks: list[tuple[str, bool]] = []  # (kind, everything appended was fsynced at the ack)
+
+    def submit(kind: str, b: binlog_pb2.Binlog) -> None:
+        done = threading.Event()
+
+        def cb(res: object, exc: BaseException | None) -> None:
+            # On the leader's thread, which holds the value log: its heads are stable here.
+            acks.append((kind, st.vlog.synced_head == st.vlog.head))
+            assert res == [None] and exc is None
+            done.set()
+
+        st.submit_cb([entry(b)], cb)
+        assert done.wait(10)
+
+    def writer(base: int) -> None:
+        for i in range(40):
+            submit("prewrite", prewrite(base + i))
+            submit("commit", commit(base + i, base + 10_000 + i))
+
+    threads = [threading.Thread(target=writer, args=(1000 * (k + 1),)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [a for a in acks if a[0] == "prewrite"] == [("prewrite", True)] * 120
+    assert ("commit", False) in acks  # some commits were acknowledged before their fsync
+    # No reader asks: the committer thread fsyncs the last commits within its delay.
+    deadline = time.monotonic() + 5
+    while st.vlog.synced_head != st.vlog.head and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert st.vlog.synced_head == st.vlog.head
+    assert st.wait_indexed(timeout=5)
+    assert unsynced_index == []
+    assert len(served(st)) == 120 and st.pending_count == 0

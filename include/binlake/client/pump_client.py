@@ -113,10 +113,14 @@ class _Item:
     """One binlog queued for a Pump; its outcome goes to its own future or, sent in a
     group, to the group's slot ``index``."""
 
-    __slots__ = ("payload", "future", "group", "index")
+    __slots__ = ("payload", "future", "group", "index", "outcome")
 
     def __init__(self, payload: bytes, group: SentGroup | None = None, index: int = 0) -> None:
         self.payload = payload
+        # A commit or rollback (a Pump answers it without waiting for an fsync), told
+        # from the bytes: ``tp`` is field 1, serialized first, and absent (0) in a
+        # prewrite. Only the batching looks at it (``PumpConn._take_batch``).
+        self.outcome = payload[:1] == b"\x08" and payload[1:2] in (b"\x01", b"\x02")
         self.group = group
         self.index = index
         self.future: concurrent.futures.Future[None] | None = (
@@ -228,7 +232,8 @@ class PumpConn:
 
     def send_many(self, payloads: list[bytes]) -> list[concurrent.futures.Future[None]]:
         """``send`` for several binlogs at once: queued together (one wake-up of the
-        loop), so they leave in one batch and the Pump stores them under one fsync."""
+        loop), so they leave together: the prewrites in one batch, stored under one
+        fsync, the commits and rollbacks in another (``_take_batch``)."""
         items = [_Item(p) for p in payloads]
         self._enqueue(items)
         return [i.future for i in items if i.future is not None]
@@ -295,13 +300,7 @@ class PumpConn:
                     return
                 if stream is not None and not stream.broken and len(stream.inflight) >= settings.max_inflight_batches:
                     return  # an answer kicks the sender again
-                batch = [self._queue.popleft()]
-                size = len(batch[0].payload)
-                while (self._queue and len(batch) < settings.max_batch_binlogs
-                       and size + len(self._queue[0].payload) <= settings.max_batch_bytes):
-                    item = self._queue.popleft()
-                    batch.append(item)
-                    size += len(item.payload)
+                batch = self._take_batch()
             req = pump_pb2.WriteBinlogsReq(
                 cluster_id=self.cluster_id, payloads=[i.payload for i in batch], batch_id=next(self._batch_ids)
             )
@@ -315,6 +314,29 @@ class PumpConn:
                     self._done(len(batch))
                     raise
             await stream.send(req.batch_id, batch, req)
+
+    def _take_batch(self) -> list[_Item]:
+        """The next batch (under _lock, the queue not empty): the oldest binlog and
+        every queued one of its kind, prewrites or outcomes (commits and rollbacks),
+        up to the batch limits; the others keep their places. A Pump answers a batch
+        of outcomes without an fsync and a batch holding a prewrite after one
+        (``pump.storage``), so a mixed batch would hold its commits for the fsync."""
+        settings = self.settings
+        queue = self._queue
+        first = queue.popleft()
+        batch, size, kind = [first], len(first.payload), first.outcome
+        skipped: list[_Item] = []
+        while queue and len(batch) < settings.max_batch_binlogs:
+            item = queue[0]
+            if item.outcome is not kind:
+                skipped.append(queue.popleft())
+                continue
+            if size + len(item.payload) > settings.max_batch_bytes:
+                break
+            batch.append(queue.popleft())
+            size += len(item.payload)
+        queue.extendleft(reversed(skipped))
+        return batch
 
     def _done(self, n: int) -> None:
         with self._lock:

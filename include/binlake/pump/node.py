@@ -55,7 +55,7 @@ class PumpNode:
         try:
             self.storage = Storage(
                 self.data_dir, segment_bytes=settings.segment_bytes, fsync=settings.fsync,
-                max_group_bytes=settings.max_group_bytes,
+                max_group_bytes=settings.max_group_bytes, sync_commits=settings.sync_commits,
             )
             self._stop = threading.Event()
             self._threads: list[threading.Thread] = []

@@ -10,8 +10,10 @@ Write path:
    transaction states kept in memory (no index reads on this path), appends the
    accepted records to the value log, issues one fsync for the whole group, and
    **acknowledges** each request right there (its callback runs on the
-   leader's thread). A binlog is acknowledged only after its fsync, and as
-   soon as it. Submissions that find a leader at work just append themselves:
+   leader's thread). A prewrite is acknowledged only after its fsync, and as
+   soon as it; a commit or rollback is acknowledged once appended, and made
+   durable by the next fsync (see *Durability* below). Submissions that find a
+   leader at work just append themselves:
    the leader's next group carries them. A leader commits the group holding its
    own request; if more piled up meanwhile it hands the leadership to the
    storage's committer thread (so no caller is kept leading other callers'
@@ -27,6 +29,32 @@ Write path:
    that also moves ``Mhead``) and to the sorter, and only then publishes the new
    safe ts and max commit ts. Readers see a window only once the index covers
    it, so a window at or below the safe ts is always complete.
+
+Durability (TiDB Binlog's rule: only the prewrite is fsynced before the writer
+is answered). Invariants, enforced in ``_commit_group`` and ``_sync``:
+
+* A group holding a prewrite is fsynced before any of it is acknowledged: an
+  acknowledged prewrite survives a power loss, so a Pump never forgets a
+  transaction whose writer went on to fetch a commit_ts.
+* A group of commits and rollbacks alone (``sync_commits=False``, the default)
+  is appended and acknowledged without an fsync of its own; the next group's
+  fsync covers it (the value log is written in order, so one fsync makes every
+  earlier record durable), or the committer thread's fsync at most
+  ``COMMIT_SYNC_DELAY_S`` later, or at once when a reader waits for the index.
+* Nothing reaches the indexer (the index, the sorter, the published safe ts
+  and max commit ts, hence any window a reader is served) before an fsync
+  covers it. So no published state rests on bytes a power loss can take.
+
+A commit lost by a power loss before its fsync leaves its prewrite pending
+after the restart (the log is replayed up to its last good record, a prefix
+of what was written). The Pump then asks the writer's status service after
+``txn_timeout_s``, exactly as for a commit that never came, and stores the
+commit with the commit_ts the writer answers: the one the writer committed
+with, so nothing acknowledged is lost and nothing is served with a different
+commit_ts. Until then the pending prewrite holds the safe ts below its
+commit_ts, so no window that should hold the transaction is served without it.
+``sync_commits=True`` fsyncs every group before acknowledging (for writers
+whose status service does not outlive their last commit).
 
 Why the submitting thread commits and not a writer thread of its own: with one
 writer thread every acknowledgement cost two thread hand-offs under one GIL
@@ -92,6 +120,17 @@ ROLLBACK = binlog_pb2.ROLLBACK
 # Failpoint in the indexing stage, after a group's fsync and acknowledgement
 # and before the index batch covering it: a crash there must lose nothing acknowledged.
 FAILPOINT_BEFORE_INDEX = "pump-before-index-batch"
+
+# Failpoint after a group of commits/rollbacks was appended and acknowledged
+# without an fsync: the value log is cut back to its last fsync before the
+# process dies (what a power loss takes); the restart must resolve the cut
+# commits through the writers' status services to the same commit_ts.
+FAILPOINT_POWER_LOSS = "pump-power-loss"
+
+# Commits and rollbacks appended without an fsync of their own are fsynced by
+# the committer thread this long after the first of them at the latest (a
+# prewrite's group usually comes first and covers them).
+COMMIT_SYNC_DELAY_S = 0.005
 
 # The indexer indexes the acknowledged backlog this long after its first record
 # at the latest, at once when it holds this many records or a reader waits.
@@ -188,12 +227,14 @@ class Storage:
         segment_bytes: int = 512 << 20,
         fsync: bool = True,
         max_group_bytes: int = 16 << 20,
+        sync_commits: bool = False,
     ) -> None:
         if max_group_bytes < 1:
             raise ValueError(f"max_group_bytes must be >= 1, got {max_group_bytes}")
         self.dir = pathlib.Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_group_bytes = max_group_bytes
+        self.sync_commits = sync_commits
         try:
             self.index = ix.Index(self.dir / "index")
         except plyvel.IOError as exc:
@@ -216,15 +257,28 @@ class Storage:
         self._gate = _ReadersGate()
         # Guards the pending submissions, the leadership and _closed; notified
         # when the leadership is handed to the committer thread or given up.
-        self._lead_cv = threading.Condition()
+        self._lead_cv = threading.Condition(lead_lock := threading.Lock())
+        # The committer thread waits on this one (same lock), woken only when it has
+        # something to do: a handed leadership, commits to fsync, a close. Not on
+        # every leadership release: that was two thread wake-ups per transaction.
+        self._commit_cv = threading.Condition(lead_lock)
+        # The committer waits with no timeout (nothing unsynced when it looked).
+        self._committer_idle = False
         self._pending: collections.deque[_Request] = collections.deque()
         # True while a thread commits (only one at a time: see the module docstring).
         self._leading = False
         # The leadership was handed to the committer thread, which has not taken it yet.
         self._handed = False
+        # Appended (and acknowledged) commits/rollbacks no fsync covers yet, in
+        # log order; touched by the leader only. _unsynced_since: when the first
+        # of them was appended; _sync_now: a reader waits for them.
+        self._unsynced: list[_IndexWork] = []
+        self._unsynced_since = 0.0
+        self._sync_now = False
         # Guards the index backlog; notified when it should be indexed now.
         self._index_cv = threading.Condition()
-        # Durable, acknowledged records the index does not reflect yet, in log order.
+        # Durable, acknowledged records the index does not reflect yet, in log order
+        # (only records an fsync covers get here: see the module docstring).
         self._backlog: list[_IndexWork] = []
         self._backlog_records = 0
         self._backlog_since = 0.0
@@ -361,7 +415,7 @@ class Storage:
             self._leading = True
             if not may_lead:
                 self._handed = True
-                self._lead_cv.notify_all()
+                self._commit_cv.notify()
                 return
         self._lead(handed=False)
 
@@ -429,14 +483,17 @@ class Storage:
                     self._pending.clear()
                     self._leading = False
                     self._lead_cv.notify_all()
+                    self._commit_cv.notify()
                     break
                 if not self._pending:
                     self._leading = False
-                    self._lead_cv.notify_all()
+                    self._lead_cv.notify_all()  # close() may wait for this
+                    if self._unsynced and self._committer_idle:
+                        self._commit_cv.notify()  # its timer for them starts now
                     return
                 if not first and not handed:
                     self._handed = True
-                    self._lead_cv.notify_all()
+                    self._commit_cv.notify()
                     return
                 group = self._take_group()
             first = False
@@ -456,13 +513,44 @@ class Storage:
             self._fail(r, err)
 
     def _commit_loop(self) -> None:
-        """The committer thread: leads whenever a caller's thread hands it the leadership."""
+        """The committer thread: leads whenever a caller's thread hands it the
+        leadership, and fsyncs acknowledged commits no group has covered within
+        ``COMMIT_SYNC_DELAY_S`` (at once when a reader waits for them or the
+        storage closes)."""
         while True:
             with self._lead_cv:
-                self._lead_cv.wait_for(lambda: self._handed or self._stopping)
-                if not self._handed:
-                    return
-                self._handed = False
+                while True:
+                    if self._handed:
+                        self._handed = False
+                        sync_first = False
+                        break
+                    now = time.monotonic()
+                    due = self._unsynced_since + COMMIT_SYNC_DELAY_S
+                    to_sync = bool(self._unsynced) and self._fatal is None
+                    if to_sync and not self._leading and (self._stopping or self._sync_now or now >= due):
+                        self._leading = True
+                        sync_first = True
+                        break
+                    if self._stopping and not to_sync:
+                        return
+                    if not to_sync:
+                        self._committer_idle = True
+                        self._commit_cv.wait()
+                        self._committer_idle = False
+                    else:
+                        # A leader at work covers them with its next group; else look
+                        # again when they are due.
+                        self._commit_cv.wait(COMMIT_SYNC_DELAY_S if self._leading else max(due - now, 0.0))
+            if sync_first:
+                try:
+                    durable = self._sync()
+                    self._queue_for_index(durable)
+                except BaseException as exc:
+                    log.critical("pump storage fsync failed; refusing further writes: %s", exc, exc_info=True)
+                    with self._lead_cv:
+                        self._fatal = exc
+                    with self._state_lock:
+                        self._state_lock.notify_all()
             self._lead(handed=True)
 
     @staticmethod
@@ -478,6 +566,7 @@ class Storage:
         overlay: dict[int, tuple[int, int]] = {}
         accepted: list[Entry] = []
         results: list[Results] = []
+        prewrites = False
         for req in group:
             res: Results = []
             for entry in req.entries:
@@ -485,13 +574,24 @@ class Storage:
                 res.append(err)
                 if err is None:
                     accepted.append(entry)
+                    prewrites = prewrites or entry.binlog.tp == PREWRITE
             results.append(res)
-        # 2. Append and fsync once; then the outcome is final: remember it,
-        #    queue the records for indexing, and acknowledge.
+        # 2. Append; fsync when the group must be durable before its acknowledgement
+        #    or earlier commits waited long enough; then the outcome is final:
+        #    remember it, queue what is durable for indexing, and acknowledge.
         if accepted:
             pointers = self.vlog.append([e.payload for e in accepted])
-            fsyncs = self.vlog.sync()
             self._seq += len(accepted)
+            if not self._unsynced:
+                self._unsynced_since = time.monotonic()
+            self._unsynced.append(_IndexWork(accepted, pointers, self._seq, self.vlog.head))
+            # The durability invariant (module docstring): a group holding a prewrite
+            # is fsynced here, before the acknowledgements below; commits and
+            # rollbacks alone may be acknowledged first and fsynced with a later group.
+            durable = None
+            if (prewrites or self.sync_commits or self._sync_now
+                    or time.monotonic() - self._unsynced_since >= COMMIT_SYNC_DELAY_S):
+                durable = self._sync()
             for start, (kind, value) in overlay.items():
                 if kind == _P:
                     self._open.add(start)
@@ -502,21 +602,11 @@ class Storage:
             self._forget_done()
             self.stats.binlogs += len(accepted)
             self.stats.bytes += sum(len(e.payload) for e in accepted)
-            self.stats.fsyncs += fsyncs
             self.stats.groups += 1
+            if durable:
+                self._queue_for_index(durable)
         for req in group:
             req.seq = self._seq
-        if accepted:
-            work = _IndexWork(accepted, pointers, self._seq, self.vlog.head)
-            with self._index_cv:
-                if not self._backlog:
-                    self._backlog_since = time.monotonic()
-                    self._index_cv.notify()  # the indexer's timer starts now
-                self._backlog.append(work)
-                self._backlog_records += len(accepted)
-                if self._backlog_records >= INDEX_BATCH_RECORDS:
-                    self._index_now = True
-                    self._index_cv.notify()
         # Acknowledge last: once the callbacks have woken the answering threads,
         # this thread has nothing left to do here that would keep them off the GIL.
         for req, res in zip(group, results, strict=True):
@@ -524,6 +614,28 @@ class Storage:
                 req.callback(res, None)
             except Exception:  # a caller's bug must not stop the Pump's writes
                 log.exception("pump storage: a write callback failed")
+        if self._unsynced:
+            # Tests only: a power loss now takes the acknowledged, unsynced commits.
+            failpoint.hit(FAILPOINT_POWER_LOSS, before=self.vlog.drop_unsynced)
+
+    def _sync(self) -> list[_IndexWork]:
+        """fsync the value log (the leader only); return the records it made durable."""
+        self.stats.fsyncs += self.vlog.sync()
+        durable, self._unsynced = self._unsynced, []
+        self._sync_now = False
+        return durable
+
+    def _queue_for_index(self, durable: list[_IndexWork]) -> None:
+        """Hand records an fsync covers to the indexer (in log order; the leader only)."""
+        with self._index_cv:
+            if not self._backlog:
+                self._backlog_since = time.monotonic()
+                self._index_cv.notify()  # the indexer's timer starts now
+            self._backlog += durable
+            self._backlog_records += sum(len(w.entries) for w in durable)
+            if self._backlog_records >= INDEX_BATCH_RECORDS or self._index_now:
+                self._index_now = True
+                self._index_cv.notify()
 
     def _forget_done(self) -> None:
         # Drop the oldest outcomes once the index holds them; raise the floor
@@ -607,6 +719,11 @@ class Storage:
             if not self._index_now:
                 self._index_now = True
                 self._index_cv.notify()
+        # Acknowledged commits wait for an fsync before they can be indexed: now.
+        with self._lead_cv:
+            if not self._sync_now and (self._unsynced or self._leading):
+                self._sync_now = True
+                self._commit_cv.notify()
 
     def _index_loop(self) -> None:
         """The indexer thread: index the backlog when it is old or large enough,
@@ -772,6 +889,7 @@ class Storage:
             self._lead_cv.wait_for(lambda: not self._leading, timeout=30)
             self._stopping = True
             self._lead_cv.notify_all()
+            self._commit_cv.notify()
         self._committer.join(timeout=30)
         with self._index_cv:
             self._stopping = True

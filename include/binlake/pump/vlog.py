@@ -98,6 +98,9 @@ class ValueLog:
                 HEADER.size):
             self._cut_zero_tail(path)
         self._dirty: set[int] = set()
+        # The newest segment's records up to here are covered by an fsync (or
+        # were there at open): what a power loss cannot take.
+        self._synced_offset = self._offset
         # fsyncs of rolled-over segments, reported by the next sync().
         self._roll_fsyncs = 0
         if not segs:
@@ -138,6 +141,11 @@ class ValueLog:
     def head(self) -> tuple[int, int]:
         """The append position: (segment, offset) just past the last record."""
         return self._segment, self._offset
+
+    @property
+    def synced_head(self) -> tuple[int, int]:
+        """(segment, offset) up to which the records are covered by an fsync."""
+        return self._segment, self._synced_offset
 
     def size_bytes(self) -> int:
         total = 0
@@ -210,7 +218,7 @@ class ValueLog:
         os.close(old_fd)
         self._segment += 1
         self._fd = os.open(self._path(self._segment), os.O_RDWR | os.O_CREAT, 0o644)
-        self._offset = self._zeroed_to = 0
+        self._offset = self._zeroed_to = self._synced_offset = 0
         self._sync_dir()
 
     def sync(self) -> int:
@@ -222,7 +230,17 @@ class ValueLog:
                 os.fdatasync(fd)
                 n += 1
         self._dirty.clear()
+        self._synced_offset = self._offset
         return n
+
+    def drop_unsynced(self) -> None:
+        """Cut the newest segment back to the end of its last fsync: what a power
+        loss does to records only the page cache holds (a kill -9 keeps them).
+        For crash tests (the ``pump-power-loss`` failpoint); the log must not be
+        appended to afterwards."""
+        os.ftruncate(self._fd, self._synced_offset)
+        os.fsync(self._fd)
+        self._offset = self._zeroed_to = self._synced_offset
 
     def _sync_dir(self) -> None:
         if not self.fsync:

@@ -18,6 +18,8 @@ Files:
     * ``{"m": [[KEY, COMMIT_TS, PUMP], ...]}`` several transactions decided
       together (a group, a snapshot): one line, so a crash decides all of them
       or none (a torn last line is read as never written).
+    * ``{"f": START_TS}`` written by the start-up compaction: decisions at or
+      below START_TS were compacted away (see *TxnStatus* below).
     * ``{"m": [...], "b": [...]}`` both in one line (one step of the pipeline:
       it decides one group and begins the next): still all or none; the
       decisions are applied first (their keys were begun by an earlier line).
@@ -48,6 +50,16 @@ position in the upstream log, which never changes):
 * with only an ``s`` line: no commit_ts was ever minted for it, so no Pump can
   serve it; the old start_ts is marked rolled back (the Pump that may hold its
   prewrite learns that through TxnStatus) and the transaction starts afresh.
+
+TxnStatus: a Pump asks about a start_ts it holds a prewrite of and no commit
+(the commit never came, or a power loss took it after the Pump acknowledged it:
+Pumps acknowledge commits before their fsync). The answer must be the journaled
+decision, whenever the Pump asks. Decisions are kept (the newest
+``KEEP_DECIDED`` in the file, twice that in memory); the highest start_ts ever
+dropped is remembered (``{"f": ...}``), and a start_ts at or below it that is
+no longer known is answered RUNNING, never ROLLED_BACK: the Pump keeps the
+prewrite pending (and its safe ts held) instead of dropping a transaction
+that may have committed.
 
 TSOs come from the registry in log order, so commit_ts order is the
 upstream's commit order; a re-sent transaction keeps its old, still ordered, TSOs.
@@ -128,6 +140,8 @@ class SourceState:
         self._by_key: dict[str, Decision] = {}
         self._by_start: dict[int, Decision] = {}
         self._rolled_back: set[int] = set()
+        # The highest start_ts whose decision was dropped (memory trim or compaction).
+        self._forgotten_upto = 0
         # The start_ts this start found begun and never decided (a killed run's): rolled
         # back in the journal below; the source also tells the Pumps (``Emitter``).
         self.orphaned: list[int] = []
@@ -180,14 +194,20 @@ class SourceState:
         orphans = [d for d in self._by_start.values() if not d.commit_ts and d.start_ts not in self._rolled_back]
         decided = [d for d in self._by_key.values() if d.commit_ts]
         if len(decided) > KEEP_DECIDED or orphans:
-            keep = sorted(decided, key=lambda d: d.start_ts)[-KEEP_DECIDED:]
+            by_start = sorted(decided, key=lambda d: d.start_ts)
+            keep = by_start[-KEEP_DECIDED:]
+            rolled_back = sorted(self._rolled_back | {d.start_ts for d in orphans})
+            dropped = [d.start_ts for d in by_start[:-KEEP_DECIDED]] + rolled_back[:-KEEP_DECIDED]
+            self._forgotten_upto = max([self._forgotten_upto, *dropped])
             keys = {id(d): k for k, d in self._by_key.items()}
             tmp = path.with_suffix(".tmp")
             with tmp.open("w", encoding="utf-8") as f:
+                if self._forgotten_upto:
+                    f.write(json.dumps({"f": self._forgotten_upto}) + "\n")
                 for d in keep:
                     f.write(json.dumps(self._start_rec(keys[id(d)], d)) + "\n")
                     f.write(json.dumps({"k": keys[id(d)], "c": d.commit_ts, "p": d.pump}) + "\n")
-                for s in sorted(self._rolled_back | {d.start_ts for d in orphans})[-KEEP_DECIDED:]:
+                for s in rolled_back[-KEEP_DECIDED:]:
                     f.write(json.dumps({"s": s, "r": 1}) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -205,6 +225,9 @@ class SourceState:
         return rec
 
     def _apply(self, rec: dict[str, Any]) -> None:
+        if "f" in rec:
+            self._forgotten_upto = max(self._forgotten_upto, int(rec["f"]))
+            return
         if "m" in rec or "b" in rec:
             for key, commit_ts, pump in rec.get("m", ()):
                 self._apply({"k": key, "c": commit_ts, "p": pump})
@@ -295,6 +318,7 @@ class SourceState:
             for old in list(self._by_key)[:KEEP_DECIDED]:
                 gone = self._by_key.pop(old)
                 self._by_start.pop(gone.start_ts, None)
+                self._forgotten_upto = max(self._forgotten_upto, gone.start_ts)
 
     def decide_many(self, decisions: list[tuple[str, int, str]]) -> None:
         """Decide every (key, commit_ts, pump) in one fsync'ed journal line (all or none)."""
@@ -312,7 +336,11 @@ class SourceState:
                 return txn_status.ROLLED_BACK, 0
             d = self._by_start.get(start_ts)
             if d is None:
-                # Never minted by this source (or compacted away long after its commit landed).
+                if start_ts <= self._forgotten_upto:
+                    # Its decision was dropped: it may have committed, so it is not
+                    # answered rolled back (see *TxnStatus* in the module docstring).
+                    return txn_status.RUNNING, 0
+                # Never minted by this source.
                 return txn_status.ROLLED_BACK, 0
             if d.commit_ts:
                 return txn_status.COMMITTED, d.commit_ts
