@@ -80,6 +80,40 @@ class Upstream(WriterThreads):
             self.acked.append((start, commit_ts, node_id, time.monotonic()))
 
 
+def _one_pump_rig(procs: Processes, tmp_path: pathlib.Path) -> tuple[
+        str, int, pathlib.Path, RegistryClient, TxnStatusServer, PumpClient, Upstream]:
+    """A registry process, the writers' status service and eight writer threads
+    (not started) for one Pump the test starts itself on ``port`` over ``data_dir``:
+    (registry address, port, data dir, registry client, status server, Pump client, upstream)."""
+    _reg_proc, reg_addr = procs.registry(tmp_path / "registry")
+    reg = RegistryClient(reg_addr)
+    provider = MemoryStatusProvider()
+    status_server = TxnStatusServer(provider).start()
+    register_writer(reg, status_server.addr, "w1")
+    settings = ClientSettings(
+        registry=reg_addr, max_failures=1, probe_interval_s=0.1, refresh_interval_s=0.3,
+        write_timeout_s=3.0, commit_retry_s=1.0,
+    )
+    client = PumpClient(reg_addr, settings=settings)
+    return reg_addr, free_port(), tmp_path / "c1", reg, status_server, client, Upstream(client, reg, provider)
+
+
+def _assert_served_once_as_committed(addr: str, upstream: Upstream, first: int, until: int) -> None:
+    """The Pump at ``addr`` serves [first, until) in (commit_ts, start_ts) order, each
+    transaction once: every acknowledged one with its commit_ts, nothing the upstream
+    did not commit."""
+    served = pull(addr, first, until)
+    keys = [(b.commit_ts, b.start_ts) for b in served]
+    assert keys == sorted(keys), "not in (commit_ts, start_ts) order"
+    counts = collections.Counter(b.start_ts for b in served)
+    assert [s for s, n in counts.items() if n > 1] == [], "a transaction was served twice"
+    got = {b.start_ts: b.commit_ts for b in served}
+    missing = [(s, c) for s, c, _, _ in upstream.acked if got.get(s) != c]
+    assert missing == [], f"{len(missing)} acknowledged transactions lost or with another commit_ts"
+    assert [(s, c) for s, c in got.items() if upstream.committed.get(s) != c] == []
+    assert all(row_start_ts(b) == b.start_ts for b in served)
+
+
 def test_kill_pump_under_load(procs: Processes, tmp_path: pathlib.Path) -> None:
     _reg_proc, reg_addr = procs.registry(tmp_path / "registry")
     ports = {f"p{i}": free_port() for i in (1, 2, 3)}
@@ -240,19 +274,7 @@ def test_crash_between_value_log_fsync_and_index_batch(procs: Processes, tmp_pat
     from binlake.pump.storage import FAILPOINT_BEFORE_INDEX
 
     rng = random.Random(int.from_bytes(os.urandom(4), "big"))
-    _reg_proc, reg_addr = procs.registry(tmp_path / "registry")
-    port = free_port()
-    data_dir = tmp_path / "c1"
-    reg = RegistryClient(reg_addr)
-    provider = MemoryStatusProvider()
-    status_server = TxnStatusServer(provider).start()
-    register_writer(reg, status_server.addr, "w1")
-    settings = ClientSettings(
-        registry=reg_addr, max_failures=1, probe_interval_s=0.1, refresh_interval_s=0.3,
-        write_timeout_s=3.0, commit_retry_s=1.0,
-    )
-    client = PumpClient(reg_addr, settings=settings)
-    upstream = Upstream(client, reg, provider)
+    reg_addr, port, data_dir, reg, status_server, client, upstream = _one_pump_rig(procs, tmp_path)
     safe_seen: list[int] = []
     watching = threading.Event()
     addr = f"127.0.0.1:{port}"
@@ -310,16 +332,7 @@ def test_crash_between_value_log_fsync_and_index_batch(procs: Processes, tmp_pat
         safe_seen.append(status(addr).safe_ts)
         assert all(a <= b for a, b in zip(safe_seen, safe_seen[1:], strict=False)), "the safe ts moved back"
 
-        served = pull(addr, first, last_commit + 1)
-        keys = [(b.commit_ts, b.start_ts) for b in served]
-        assert keys == sorted(keys), "not in (commit_ts, start_ts) order"
-        counts = collections.Counter(b.start_ts for b in served)
-        assert [s for s, n in counts.items() if n > 1] == [], "a transaction was served twice"
-        got = {b.start_ts: b.commit_ts for b in served}
-        missing = [(s, c) for s, c, _, _ in upstream.acked if got.get(s) != c]
-        assert missing == [], f"{len(missing)} acknowledged transactions lost or wrong"
-        assert [(s, c) for s, c in got.items() if upstream.committed.get(s) != c] == []
-        assert all(row_start_ts(b) == b.start_ts for b in served)
+        _assert_served_once_as_committed(addr, upstream, first, last_commit + 1)
     finally:
         status_server.stop(0.2)
         reg.close()
@@ -343,19 +356,7 @@ def test_power_loss_takes_acknowledged_commits_and_txn_status_restores_them(
     from binlake.pump.storage import FAILPOINT_POWER_LOSS
 
     rng = random.Random(int.from_bytes(os.urandom(4), "big"))
-    _reg_proc, reg_addr = procs.registry(tmp_path / "registry")
-    port = free_port()
-    data_dir = tmp_path / "c1"
-    reg = RegistryClient(reg_addr)
-    provider = MemoryStatusProvider()
-    status_server = TxnStatusServer(provider).start()
-    register_writer(reg, status_server.addr, "w1")
-    settings = ClientSettings(
-        registry=reg_addr, max_failures=1, probe_interval_s=0.1, refresh_interval_s=0.3,
-        write_timeout_s=3.0, commit_retry_s=1.0,
-    )
-    client = PumpClient(reg_addr, settings=settings)
-    upstream = Upstream(client, reg, provider)
+    reg_addr, port, data_dir, reg, status_server, client, upstream = _one_pump_rig(procs, tmp_path)
     addr = f"127.0.0.1:{port}"
     first = reg.get_ts()
     # What readers were served before the crash: windows [first, read_to) pulled as the safe ts moved.
@@ -410,13 +411,7 @@ def test_power_loss_takes_acknowledged_commits_and_txn_status_restores_them(
         # Only fsynced records move the safe ts: the restart never finds it lower.
         safe_seen.append(status(addr).safe_ts)
         assert all(a <= b for a, b in zip(safe_seen, safe_seen[1:], strict=False)), "the safe ts moved back"
-        served = pull(addr, first, last_commit + 1)
-        counts = collections.Counter(b.start_ts for b in served)
-        assert [s for s, n in counts.items() if n > 1] == [], "a transaction was served twice"
-        got = {b.start_ts: b.commit_ts for b in served}
-        missing = [(s, c) for s, c, _, _ in upstream.acked if got.get(s) != c]
-        assert missing == [], f"{len(missing)} acknowledged transactions lost or with another commit_ts"
-        assert [(s, c) for s, c in got.items() if upstream.committed.get(s) != c] == []
+        _assert_served_once_as_committed(addr, upstream, first, last_commit + 1)
         # Nothing served before the crash rested on a record the power loss took.
         assert len(before) > 0
         assert [(b.commit_ts, b.start_ts) for b in pull(addr, first, read_to[0])] == before
