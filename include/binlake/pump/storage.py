@@ -500,14 +500,10 @@ class Storage:
             try:
                 self._commit_group(group)
             except BaseException as exc:
-                log.critical("pump storage write failed; refusing further writes: %s", exc, exc_info=True)
+                self._stop_writes("pump storage write", exc)
                 err = errors.Unavailable(f"pump storage write failed: {exc}")
-                with self._lead_cv:
-                    self._fatal = exc
                 for r in group:
                     self._fail(r, err)
-                with self._state_lock:
-                    self._state_lock.notify_all()
         err = errors.Unavailable(f"pump storage write failed: {self._fatal}")
         for r in failed:
             self._fail(r, err)
@@ -546,12 +542,18 @@ class Storage:
                     durable = self._sync()
                     self._queue_for_index(durable)
                 except BaseException as exc:
-                    log.critical("pump storage fsync failed; refusing further writes: %s", exc, exc_info=True)
-                    with self._lead_cv:
-                        self._fatal = exc
-                    with self._state_lock:
-                        self._state_lock.notify_all()
+                    self._stop_writes("pump storage fsync", exc)
             self._lead(handed=True)
+
+    def _stop_writes(self, what: str, exc: BaseException) -> None:
+        """A write, fsync or index batch failed: the storage takes no more writes
+        (``_fatal``, seen by every later submission) and readers waiting on the
+        state are woken to see it."""
+        log.critical("%s failed; refusing further writes: %s", what, exc, exc_info=True)
+        with self._lead_cv:
+            self._fatal = exc
+        with self._state_lock:
+            self._state_lock.notify_all()
 
     @staticmethod
     def _fail(req: _Request, exc: BaseException) -> None:
@@ -748,11 +750,7 @@ class Storage:
             try:
                 self._index_batch(batch)
             except BaseException as exc:
-                log.critical("pump index write failed; refusing further writes: %s", exc, exc_info=True)
-                with self._lead_cv:
-                    self._fatal = exc
-                with self._state_lock:
-                    self._state_lock.notify_all()
+                self._stop_writes("pump index write", exc)
                 return
 
     def _index_batch(self, batch: list[_IndexWork]) -> None:

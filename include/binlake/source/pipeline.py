@@ -92,6 +92,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from binlake import errors
 from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter, Prewritten, Sent
 
@@ -122,6 +123,20 @@ PACE_S = 0.025
 # acknowledgement at most ~0.25 s late, small against the lake's windows of seconds.
 GROUP_TXNS = 256
 MAX_PACE_FACTOR = 4
+
+
+def check_steps(pace_s: Any, max_pace_s: Any) -> tuple[float, float]:
+    """A source's (pace, longest step) in seconds, from ``--step-ms`` and ``--max-step-ms``
+    (None: MAX_PACE_FACTOR x the pace; see "Adaptive step"); InvalidArgument naming the
+    options otherwise."""
+    if isinstance(pace_s, bool) or not isinstance(pace_s, (int, float)) or not 0 <= pace_s <= 1:
+        raise errors.InvalidArgument(f"the step pace must be in [0, 1] seconds (--step-ms 0..1000), got {pace_s!r}")
+    if max_pace_s is None:
+        max_pace_s = MAX_PACE_FACTOR * float(pace_s)
+    if isinstance(max_pace_s, bool) or not isinstance(max_pace_s, (int, float)) or not pace_s <= max_pace_s <= 4:
+        raise errors.InvalidArgument(f"the longest step must be in [the pace, 4] seconds (--max-step-ms from "
+                                     f"--step-ms up to 4000), got {max_pace_s!r} with a pace of {float(pace_s)!r}")
+    return float(pace_s), float(max_pace_s)
 
 
 class Item:

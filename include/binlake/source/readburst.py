@@ -46,7 +46,7 @@ def read_burst_s() -> float:
     try:
         ms = float(text)
     except ValueError:
-        raise errors.InvalidArgument(f"{READ_BURST_ENV}={text!r}: expected milliseconds in 0..100") from None
+        ms = -1.0  # refused below, with the same line as a number out of range
     if not 0 <= ms <= 100:
         raise errors.InvalidArgument(f"{READ_BURST_ENV}={text!r}: expected milliseconds in 0..100")
     return ms / 1000

@@ -64,7 +64,7 @@ from binlake.source.mysql import framing, rowsplan, snapshot
 from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
-from binlake.source.pipeline import MAX_PACE_FACTOR, PACE_S, GroupPipeline, Item
+from binlake.source.pipeline import PACE_S, GroupPipeline, Item, check_steps
 from binlake.source.readburst import read_burst_s
 
 log = logging.getLogger(__name__)
@@ -126,17 +126,7 @@ class MySQLSource:
         if not isinstance(snapshot_batch_rows, int) or snapshot_batch_rows < 1:
             raise errors.InvalidArgument(f"--snapshot-batch-rows must be a positive number, got {snapshot_batch_rows!r}")
         self.snapshot_batch_rows = snapshot_batch_rows
-        if isinstance(pace_s, bool) or not isinstance(pace_s, (int, float)) or not 0 <= pace_s <= 1:
-            raise errors.InvalidArgument(f"the step pace must be in [0, 1] seconds (--step-ms 0..1000), got {pace_s!r}")
-        self.pace_s = float(pace_s)
-        # The adaptive step's bound (pipeline.py, "Adaptive step"); None: MAX_PACE_FACTOR x the pace.
-        if max_pace_s is None:
-            max_pace_s = MAX_PACE_FACTOR * self.pace_s
-        if (isinstance(max_pace_s, bool) or not isinstance(max_pace_s, (int, float))
-                or not self.pace_s <= max_pace_s <= 4):
-            raise errors.InvalidArgument(f"the longest step must be in [the pace, 4] seconds (--max-step-ms from "
-                                         f"--step-ms up to 4000), got {max_pace_s!r} with a pace of {self.pace_s!r}")
-        self.max_pace_s = float(max_pace_s)
+        self.pace_s, self.max_pace_s = check_steps(pace_s, max_pace_s)
         self.burst_s = read_burst_s()  # source.readburst; a bad BINLAKE_READ_BURST_MS is refused here
         self.registry_addr = registry
         self.start_kind, self.start_value = parse_start(start)
