@@ -86,6 +86,19 @@ def connect(url: str, app_name: str = "binlake") -> SparkSession:
     return spark  # type: ignore[no-any-return]  # builder.create() is untyped
 
 
+def delta_table(path: str) -> str:
+    """The Delta table at ``path`` as Spark SQL names it in a statement: ``delta.`path```
+    (a backquote inside the path doubled)."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"a Delta table path is a non-empty str, got {path!r}")
+    return f"delta.{sql_ident(path)}"
+
+
+def sql_ident(name: str) -> str:
+    """``name`` (a column or a path) quoted as a Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 _release_pool_fixed = False
 
 

@@ -638,10 +638,10 @@ def _fence_earlier(spark: SparkSession, lake: str, w: _Window, check: Callable[[
             continue  # no table to fence: this attempt replaces, which conflicts with its creation
         check()
         fence = f"{w.start_ts}-{w.end_ts}-{uuid.uuid4().hex[:12]}"
-        quoted = path.replace("`", "``")
         log.info("ingest %s: an earlier attempt may still be writing %s; fencing it off (%s)", w, table, fence)
         _retry_concurrent(table, _statement(
-            spark, f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('{FENCE_PROPERTY}' = '{fence}')"), check)
+            spark, f"ALTER TABLE {connect.delta_table(path)} SET TBLPROPERTIES ('{FENCE_PROPERTY}' = '{fence}')"),
+            check)
 
 
 def _statement(spark: SparkSession, sql: str) -> Callable[[], Any]:
@@ -807,8 +807,7 @@ def _merge_ddls(spark: SparkSession, path: str, txns: list[Any]) -> None:
     view = f"binlake_ddls_{uuid.uuid4().hex}"
     df.createOrReplaceTempView(view)
     try:
-        quoted = path.replace("`", "``")
-        spark.sql(f"MERGE INTO delta.`{quoted}` AS t USING {view} AS s ON t.start_ts = s.start_ts "
+        spark.sql(f"MERGE INTO {connect.delta_table(path)} AS t USING {view} AS s ON t.start_ts = s.start_ts "
                   "WHEN NOT MATCHED THEN INSERT *").collect()
     finally:
         spark.catalog.dropTempView(view)

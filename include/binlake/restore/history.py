@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode, writelock
+from binlake.lake import connect, decode, writelock
 from binlake.lake.location import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
@@ -267,7 +267,7 @@ def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, l
         # its own commit, as DeltaTable's were; the catalog row, written after all
         # of them, is what says the windows are in (a rerun rewinds a table whose
         # catalog row does not hold them).
-        table = f"delta.`{path.replace('`', '``')}`"
+        table, q = connect.delta_table(path), connect.sql_ident
         if lo < int(old["applied_end_ts"]):  # windows applied before are applied again
             spark.sql(f"DELETE FROM {table} WHERE _valid_from_ts >= {int(lo)}").collect()
             spark.sql(f"UPDATE {table} SET _valid_to_ts = NULL WHERE _valid_to_ts >= {int(lo)}").collect()
@@ -279,18 +279,18 @@ def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, l
                 spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.feature.timestampNtz' = "
                           "'supported')").collect()
             spark.sql(f"ALTER TABLE {table} ADD COLUMNS (" +
-                      ", ".join(f"{_q(c.name)} {c.spark_type()}" for c in added) + ")").collect()
+                      ", ".join(f"{q(c.name)} {c.spark_type()}" for c in added) + ")").collect()
             # Every version held predates the added columns: give them what the upstream gave its rows.
             before = fills.base_fills(schema, table_id, int(old["applied_end_ts"]) - 1)
-            values = [f"{_q(c.name)} = {C.fill_sql(before[c.id].value, before[c.id].column, c.spark_type())}"
+            values = [f"{q(c.name)} = {C.fill_sql(before[c.id].value, before[c.id].column, c.spark_type())}"
                       for c in added if c.id in before]
             if values:
                 spark.sql(f"UPDATE {table} SET {', '.join(values)}").collect()
-        cond = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in key)
-        src = (first_change.select(*[F.col(_q(k)) for k in key], F.col("_first"), F.lit("close").alias("_a"))
+        cond = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
+        src = (first_change.select(*[F.col(q(k)) for k in key], F.col("_first"), F.lit("close").alias("_a"))
                .unionByName(versions.withColumn("_first", F.lit(None).cast("long")).withColumn("_a", F.lit("add")),
                             allowMissingColumns=True))
-        targets = [_q(c.name) for c in cols] + list(META)
+        targets = [q(c.name) for c in cols] + list(META)
         view = f"binlake_history_{int(table_id)}_{uuid.uuid4().hex}"
         src.createOrReplaceTempView(view)
         try:
@@ -312,11 +312,6 @@ def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, l
                         "columns": json.dumps(C.to_json(cols)), "key_columns": json.dumps(key),
                         "applied": json.dumps(ledger), "applied_end_ts": end, "ended_ts": gone,
                         "updated_at": dt.datetime.now(dt.UTC).replace(tzinfo=None)}
-
-
-def _q(name: str) -> str:
-    """A column name quoted for Spark SQL."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 def at(spark: Any, lake: str, table_id: int, ts: int) -> Any:

@@ -58,14 +58,14 @@ def optimize_vacuum(spark: Any, lake: str, retention_hours: float,
         for path in lake_tables(spark, lake):
             # SQL rather than Delta's Python DeltaTable API: the same commands, and
             # they run over Spark Connect too (DeltaTable needs a server plugin there).
-            quoted = path.replace("`", "``")
+            table = connect.delta_table(path)
             # One table per turn at the lake's writes: an ingest waits for one
             # table's OPTIMIZE/VACUUM, not for the whole lake's.
             with writelock.lake_writes(lake, what=f"OPTIMIZE/VACUUM {path}", spark=spark, progress=say) as turn:
                 turn.check()
-                spark.sql(f"OPTIMIZE delta.`{quoted}`").collect()
+                spark.sql(f"OPTIMIZE {table}").collect()
                 turn.check()
-                spark.sql(f"VACUUM delta.`{quoted}` RETAIN {float(retention_hours)} HOURS").collect()
+                spark.sql(f"VACUUM {table} RETAIN {float(retention_hours)} HOURS").collect()
             say(f"optimized and vacuumed {path} (retention {retention_hours:g} h)")
             done.append(path)
     finally:
