@@ -4,8 +4,9 @@ TxnWriter. The runs go through every task (plan, the deferrable wait with its
 trigger run inline, the ingest, publish) and the test reads the Delta change
 table back with Spark.
 
-- in-process ingest of a window whose end is still ahead when the run starts
-  (so the wait really defers until the Pumps' safe ts passes it);
+- in-process ingest of a window whose end a Pump's safe ts has not passed when
+  the run starts (a pending transaction holds it back until the wait step has
+  deferred, so the wait really defers until the Pumps' safe ts passes it);
 - the same window again through spark-submit (the SparkSubmitOperator with a
   ``spark_default`` connection at ``local[2]``): the table is unchanged;
 - the same window through spark-submit on a Spark standalone cluster into a
@@ -35,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pumpkit import dag_cluster, now_ts
+from pumpkit import dag_cluster, now_ts, prewrite, rollback, status, write_one
 from pyspark.sql import SparkSession
 
 from binlake import tso
@@ -201,22 +202,78 @@ def _ingested_window(mp: pytest.MonkeyPatch, cluster: DevCluster, lake: pathlib.
     return start_ts, end_ts, before
 
 
+class _HoldSafeTsUntilDeferred:
+    """Holds a Pump's safe ts below ``end`` until the run's wait step has deferred,
+    then lets it go: a prewrite of a transaction no writer will resolve (the Pump
+    asks the upstream only after its 10-minute txn timeout) keeps the safe ts at
+    or below the ts the Pump had seen when it arrived (binlake.pump.sorter), and
+    its rollback releases it. The wait step has deferred once its trigger is in
+    the metadata database (dag.test then runs it inline, in this process).
+
+    However long dag.test takes to reach the wait step, the window is still open
+    then, and the run needs no wall-clock margin (a window ending a minute ahead
+    cost that minute)."""
+
+    def __init__(self, pump_addr: str, start_ts: int) -> None:
+        self.pump_addr, self.start_ts = pump_addr, start_ts
+        self.since = dt.datetime.now(dt.UTC)
+        write_one(pump_addr, prewrite(start_ts, writer=b"hold"))
+        self.deferred = threading.Event()
+        self._released = threading.Lock()
+        self._done = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> _HoldSafeTsUntilDeferred:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.release()  # whatever happened: the module's later runs need the safe ts to move
+
+    def release(self) -> None:
+        with self._released:
+            if not self._done:
+                write_one(self.pump_addr, rollback(self.start_ts))
+                self._done = True
+
+    def _watch(self) -> None:
+        from airflow.models.trigger import Trigger
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        while not self._stop.wait(0.2):
+            with create_session() as session:
+                found = session.scalars(select(Trigger.classpath).where(Trigger.created_date >= self.since)).all()
+            if any(path.endswith("SafeTsTrigger") for path in found):
+                self.deferred.set()
+                self.release()
+                return
+
+
 def test_dag_run_ingests_the_window_in_process(
     spark: SparkSession, ingest_dag: Any, cluster: DevCluster, written: Written, lake: pathlib.Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _settings(monkeypatch, cluster, lake, "inprocess")
-    # The window [end - 5 min, end) holds every commit and ends ~60 s from now:
-    # still ahead of the Pumps' safe ts when the wait step starts (dag.test
-    # spends seconds starting its in-process API and running plan first: 10-15 s
-    # on two idle cores, 80 s was seen at a load average of 17), so it defers.
-    now = dt.datetime.now(dt.UTC)
-    written.logical_date = now.replace(microsecond=0) + dt.timedelta(seconds=60)
-    end_ts = tso.from_datetime(written.logical_date)
-    start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
-    assert start_ts < written.expected[0][0] and written.last_commit_ts < now_ts() < end_ts
+    from binlake.registry.client import RegistryClient
 
-    run = _run(ingest_dag, written.logical_date)
+    _settings(monkeypatch, cluster, lake, "inprocess")
+    # The window [end - 5 min, end) holds every commit and ends after pump1 took the
+    # holding prewrite: its safe ts stays below the end until the wait step deferred.
+    with RegistryClient(cluster.registry_addr) as reg:
+        hold_ts = reg.get_ts()
+    with _HoldSafeTsUntilDeferred(cluster.pump_addrs["pump1"], hold_ts) as hold:
+        now = dt.datetime.now(dt.UTC)
+        written.logical_date = now.replace(microsecond=0) + dt.timedelta(seconds=2)
+        end_ts = tso.from_datetime(written.logical_date)
+        start_ts = tso.from_datetime(written.logical_date - dt.timedelta(minutes=5))
+        assert start_ts < written.expected[0][0] and written.last_commit_ts < hold_ts < now_ts() < end_ts
+        assert status(cluster.pump_addrs["pump1"]).safe_ts < end_ts
+
+        run = _run(ingest_dag, written.logical_date)
+    assert hold.deferred.is_set(), "the wait step never deferred"
     assert run.state == "success", run.tasks
     assert run.tasks == {"plan": "success", "wait": "success", "choose_ingest": "success",
                          "ingest": "skipped", "ingest_inprocess": "success", "publish": "success"}

@@ -1,6 +1,9 @@
 """Every binlake DAG triggered the way the Airflow UI triggers it, against one real
-``binlake up`` stack (registry, a Pump, API server, scheduler, DAG processor,
-triggerer) for the whole module.
+``binlake up`` stack (registry, a Pump, the always-on Spark Connect server, API
+server, scheduler, DAG processor, triggerer) for the whole module. As in a
+user's stack, the DAGs' Spark jobs are clients of the Connect server (a task's
+job costs its work, not a JVM start of its own; tests/dags runs the DAGs with
+sessions of their own).
 
 Runs are created through Airflow's REST API (``POST /api/v2/dags/{dag_id}/dagRuns``)
 with the conf the trigger form sends: every param at its declared default (read
@@ -133,7 +136,7 @@ class Stack:
             state = self.get(f"/dags/{dag_id}/dagRuns/{_q(run_id)}")["state"]
             if state in TERMINAL:
                 return str(state)
-            time.sleep(1)
+            time.sleep(0.5)
         raise AssertionError(f"{dag_id} {run_id} not finished after {timeout:g}s: {self.tasks(dag_id, run_id)}")
 
     def tasks(self, dag_id: str, run_id: str) -> dict[str, tuple[str | None, int]]:
@@ -207,8 +210,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     }
     try:
         with binlake_up(["--data-dir", "state", "--registry-addr", registry, "--pumps", "1", "--pump-port-base", "0",
-                         "--airflow-port", str(port), PUMP_ARGS], root, env) as up:
+                         "--airflow-port", str(port), "--spark-connect-port", str(free_port()), PUMP_ARGS],
+                        root, env) as up:
             up.wait_for("Press Ctrl-C", timeout=300)
+            assert "(Spark Connect, always on)" in up.output, up.output
             upstream = f"sqlite:///{root / 'upstream.db'}"
             before = dt.datetime.now(dt.UTC)
             done = subprocess.run([*BINLAKE, "--log-level", "WARNING", "workload", "--registry", registry,

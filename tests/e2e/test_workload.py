@@ -1,12 +1,13 @@
 """``binlake workload`` against a real cluster (registry and two Pumps as
 processes) and a SQLite upstream: every committed transaction (DDL included)
-is readable from the Pumps, the bank total never moves, and with one client the
-same seed gives the same data."""
+is readable from the Pumps, the bank total never moves, with one client the
+same seed gives the same data, and a run in another thread stops when told."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -72,3 +73,27 @@ def test_same_seed_one_client_same_data(cluster: DevCluster, tmp_path: pathlib.P
     assert sums[0] == sums[1]
     assert set(sums[0]) >= {"accounts"} and len(sums[0]) >= 3
     assert all(rows > 0 for rows, _ in sums[0].values())
+
+
+def test_a_stop_event_ends_a_run_after_the_transactions_in_flight(cluster: DevCluster, tmp_path: pathlib.Path) -> None:
+    """A run in another thread (which Ctrl-C never reaches) stops once its stop event is
+    set: no transaction starts after it, each one that ran is whole (the bank total holds,
+    every one that wrote a binlog is in the Pumps), and the summary says interrupted."""
+    plan = wl.plan("mixed", 2, 300, 7, large_txn_rows=300, large_txn_every=100, table_rows=200, accounts=50)
+    url = f"sqlite:///{tmp_path / 'stopped.db'}"
+    stop = threading.Event()
+    with TxnWriter(url, registry=cluster.registry_addr) as writer:
+        # 20 transactions/s: the plan would take 15 s; stopped after one.
+        timer = threading.Timer(1.0, stop.set)
+        timer.start()
+        try:
+            summary = wl.run(writer, plan, clients=2, rate=20, progress=False, stop=stop)
+        finally:
+            timer.cancel()
+        with pytest.raises(TypeError, match="threading.Event"):
+            wl.run(writer, plan, progress=False, stop=True)  # type: ignore[arg-type]
+    assert summary.interrupted and 0 < summary.done < len(plan) // 2, summary
+    assert summary.errors == 0 and summary.done == summary.committed + summary.empty + summary.ddls
+    assert wl.bank_total(url) == 50 * wl.BANK_INITIAL_BALANCE
+    binlogs = list(pull_window(cluster.pump_addrs, summary.start_ts, summary.end_ts, wait=True))
+    assert len(binlogs) == summary.transactions

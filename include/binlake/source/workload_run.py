@@ -261,10 +261,15 @@ def _check_fresh(writer: Any, txns: Sequence[LogicalTxn]) -> None:
 
 
 def run(writer: Any, txns: Sequence[LogicalTxn], clients: int = 8, rate: float | None = None,
-        progress: bool = True, *, max_consecutive_errors: int = 100) -> Summary:
+        progress: bool = True, *, max_consecutive_errors: int = 100,
+        stop: threading.Event | None = None) -> Summary:
     """Execute ``txns`` (from ``plan``) through a started TxnWriter with ``clients``
     threads, at most ``rate`` transactions/s overall. Refused transactions are
-    counted in the summary; Ctrl-C stops after the transactions in flight."""
+    counted in the summary; Ctrl-C stops after the transactions in flight, and so
+    does ``stop`` once set (a caller running the workload in another thread, which
+    Ctrl-C never reaches); either way the summary says ``interrupted``."""
+    if stop is not None and not isinstance(stop, threading.Event):
+        raise TypeError(f"stop must be a threading.Event, got {type(stop).__name__}")
     if clients < 1:
         raise errors.InvalidArgument(f"clients must be >= 1, got {clients}")
     if rate is not None and rate <= 0:
@@ -284,6 +289,11 @@ def run(writer: Any, txns: Sequence[LogicalTxn], clients: int = 8, rate: float |
         try:
             while runner.alive():
                 time.sleep(0.1)  # (a sleep, not a join: Ctrl-C reaches the main thread at once)
+                if stop is not None and stop.is_set() and not runner.stop.is_set():
+                    # As Ctrl-C: no new transaction starts; those in flight finish.
+                    s.interrupted = True
+                    runner.stop.set()
+                    runner.dispenser.wake()
                 if bar is not None and task is not None:
                     elapsed = max(time.monotonic() - started, 1e-9)
                     bar.update(task, completed=s.done, tps=f"{s.transactions / elapsed:.1f}")

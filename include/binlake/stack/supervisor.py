@@ -182,6 +182,8 @@ class Stack:
         self.children: list[Child] = []
         # The Spark standalone cluster of --spark-cluster (a SparkCluster), else None.
         self.spark_cluster: Any = None
+        # The Connect server's child between its start and its port opening, else None.
+        self.connect_starting: Child | None = None
         # Airflow's PostgreSQL (a LocalPostgres) and its URL; None on SQLite.
         self.postgres: Any = None
         self.airflow_db_url: str | None = None
@@ -203,6 +205,8 @@ class Stack:
                 self._start_spark_cluster()
             if self.cfg.airflow and not self.stop_requested.is_set():
                 self._start_airflow()
+            if not self.stop_requested.is_set():
+                self._wait_spark_connect()  # (already done when Airflow started)
             if self.stop_requested.is_set():
                 return 0
             self._banner()
@@ -318,6 +322,9 @@ class Stack:
         return f"sc://127.0.0.1:{self.cfg.spark_connect_port}"
 
     def _start_spark_connect(self) -> None:
+        """Start the Connect server's process; ``_wait_spark_connect`` waits for it to serve.
+        In between the stack prepares Airflow's metadata: neither needs the other, and
+        a JVM start and `airflow db migrate` each take seconds."""
         from binlake.lake import connect_server
 
         port = self.cfg.spark_connect_port
@@ -327,6 +334,17 @@ class Stack:
             raise errors.FailedPrecondition(str(exc)) from None
         child = Child("spark-connect", args, self.logs / "spark-connect.log", env=connect_server.server_env())
         self._spawn(child)
+        self.connect_starting = child
+
+    def _wait_spark_connect(self) -> None:
+        """Wait until the Connect server started by ``_start_spark_connect`` serves (before
+        any Airflow component starts, so no DAG task runs before its Spark is there)."""
+        from binlake.lake import connect_server
+
+        child, self.connect_starting = self.connect_starting, None
+        if child is None:
+            return
+        port = self.cfg.spark_connect_port
         self._wait_for(lambda: connect_server.port_open(port), f"the Spark Connect server on port {port}", [child])
         self.say(f"binlake up: Spark Connect server on {self.spark_remote} (log {child.log_path})")
 
@@ -482,6 +500,9 @@ class Stack:
                 f"could not create the spark_default connection; see {self.logs / 'airflow-setup.log'}"
             )
         self._write_env_file(env)
+        self._wait_spark_connect()
+        if self.stop_requested.is_set():
+            return
         children = []
         for component in AIRFLOW_COMPONENTS:
             args = ["api-server", "--host", "127.0.0.1", "--port", str(self.cfg.airflow_port)] \
