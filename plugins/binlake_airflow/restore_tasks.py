@@ -231,6 +231,22 @@ def verify(resolved: Mapping[str, Any], loaded: Mapping[str, Any] | None = None)
 
 
 # ---------------------------------------------------------------- binlake_maintenance
+def _nothing_ingested(lake: str) -> bool:
+    """Whether nothing was ingested into ``lake`` yet, known without Spark (delta-rs
+    reads the ``windows`` ledger). A maintenance run then has nothing to snapshot and
+    no window to weigh the Pumps' GC against, and a Spark session for it is a JVM or,
+    on a standalone cluster, an application holding the worker's cores while the
+    stack's first ingests queue behind it. False when delta-rs cannot tell (a lake on
+    another file system, a ledger it cannot read): Spark reads it, and says what is wrong."""
+    from binlake import errors
+    from binlake.lake import freshness
+
+    try:
+        return not freshness.ledger(lake)
+    except errors.BinlakeError:
+        return False
+
+
 def snapshot_latest() -> dict[str, Any]:
     """A snapshot at the end of the ledger's contiguous windows (T = end - 1)."""
     from binlake import errors
@@ -238,6 +254,8 @@ def snapshot_latest() -> dict[str, Any]:
     from binlake.restore import coverage, snapshot
 
     lake = maintenance_settings()["lake"]
+    if _nothing_ingested(lake):
+        raise AirflowSkipException(f"nothing was ingested into {lake} yet: no snapshot to take")
     with _spark_or_connect("binlake-maintenance-snapshot") as spark:
         try:
             ts = coverage.last_restorable(read_windows(spark, lake))
@@ -327,12 +345,15 @@ def gc_report(at: dt.datetime | None) -> dict[str, Any]:
     margin = maintenance_settings()["gc_margin_hours"]
     if at is None:  # triggered by hand without a logical date: as of now
         at = dt.datetime.now(dt.UTC)
-    with _spark_or_connect("binlake-maintenance-gc-report") as spark:
-        try:
-            report = maintenance.gc_report(spark, config.lake_dir(), config.registry_addr(), margin,
-                                           now=at)
-        except errors.BinlakeError as exc:
-            raise _fail(exc) from None
+    lake, registry = config.lake_dir(), config.registry_addr()
+    try:
+        if _nothing_ingested(lake):  # every Pump's GC ts against ts 0, as Spark would find it
+            report = maintenance.gc_report(None, lake, registry, margin, now=at, windows=[])
+        else:
+            with _spark_or_connect("binlake-maintenance-gc-report") as spark:
+                report = maintenance.gc_report(spark, lake, registry, margin, now=at)
+    except errors.BinlakeError as exc:
+        raise _fail(exc) from None
     for line in report.lines():
         log.info("%s", line)
     if not report.ok:

@@ -183,3 +183,22 @@ def test_spark_master_setting_and_the_submit_operators_master(monkeypatch: pytes
     assert op._get_hook()._connection["master"] == "spark://h1:7077"
     op = IngestSubmitOperator(task_id="ingest", application="jobs/ingest.py", conn_id="spark_default", master="")
     assert op._get_hook()._connection["master"] == "local[2]"
+
+
+def test_maintenance_of_a_lake_nothing_was_ingested_into_starts_no_spark(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path, registry: Any, reg: Any) -> None:
+    """A new stack's first maintenance run: the snapshot is skipped and the GC report
+    made (no window ingested, so every Pump's GC ts is weighed against ts 0) without a
+    Spark session, which on a cluster would hold the worker's cores from the first ingests."""
+    from binlake.registry.model import NodeRecord
+
+    def no_spark(name: str) -> Any:
+        raise AssertionError(f"{name} started Spark for a lake nothing was ingested into")
+
+    monkeypatch.setattr(restore_tasks, "_spark_or_connect", no_spark)
+    monkeypatch.setenv("BINLAKE_LAKE_DIR", str(tmp_path / "lake"))
+    monkeypatch.setenv("BINLAKE_REGISTRY", registry.addr)
+    reg.register(NodeRecord(node_id="pump1", kind="pump", addr="127.0.0.1:9"))
+    with pytest.raises(AirflowSkipException, match="nothing was ingested"):
+        restore_tasks.snapshot_latest()
+    assert restore_tasks.gc_report(dt.datetime.now(dt.UTC)) == {"pumps": 1, "oldest_uningested_ts": 0}

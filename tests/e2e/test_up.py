@@ -132,7 +132,7 @@ def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
             dags = {d["dag_id"]: d for d in get("/dags")["dags"]}
             if "binlake_ingest" in dags or time.monotonic() > deadline:
                 break
-            time.sleep(1)
+            time.sleep(0.5)
         assert get("/importErrors")["total_entries"] == 0
         assert dags["binlake_ingest"]["is_paused"] is False
         conn = get("/connections/spark_default")
@@ -160,7 +160,7 @@ def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
         deadline = time.monotonic() + 300
         while get("/dags/binlake_ingest/dagRuns/probe")["state"] not in ("success", "failed"):
             assert time.monotonic() < deadline, "the probe run did not finish"
-            time.sleep(1)
+            time.sleep(0.5)
         tis = {t["task_id"]: t["state"] for t in get("/dags/binlake_ingest/dagRuns/probe/taskInstances")[
             "task_instances"]}
         assert tis["ingest"] == "success" and tis["ingest_inprocess"] == "skipped", tis

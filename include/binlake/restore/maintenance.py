@@ -93,11 +93,17 @@ class GcReport:
 
 
 def gc_report(spark: Any, lake: str, registry: str, margin_hours: float, now: dt.datetime,
-              retention_days: float = DEFAULT_RETENTION_DAYS) -> GcReport:
-    """Compare every Pump's GC ts with the oldest ts the lake has not ingested."""
+              retention_days: float = DEFAULT_RETENTION_DAYS, *,
+              windows: list[dict[str, Any]] | None = None) -> GcReport:
+    """Compare every Pump's GC ts with the oldest ts the lake has not ingested.
+    ``windows``: the lake's ledger rows when the caller has read them (``spark`` may
+    then be None); else they are read through ``spark``."""
     from binlake.registry.client import RegistryClient
 
-    windows = read_windows(spark, lake)
+    if windows is None:
+        if spark is None:
+            raise ValueError("gc_report needs a Spark session or the ledger's windows")
+        windows = read_windows(spark, lake)
     oldest = coverage.last_restorable(windows) + 1 if windows else 0
     with RegistryClient(registry) as reg:
         nodes, _ = reg.list_nodes("pump")
