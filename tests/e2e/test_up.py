@@ -101,9 +101,14 @@ def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
     port = free_port()
     master_port = free_port()
     api = f"http://127.0.0.1:{port}/api/v2"
+    # The ingest schedule (5m) starts now, not at the last 5-minute mark (the stack's
+    # default): no scheduled window closes while the test runs, so no ingest of its
+    # own competes with the probe run for the cluster or holds up the stop.
+    start = dt.datetime.now(dt.UTC).replace(microsecond=0)
     with binlake_up(["--data-dir", "state", "--registry-addr", f"127.0.0.1:{free_port()}", "--pumps", "2",
                      "--pump-port-base", "0", "--airflow-port", str(port), "--spark-cluster",
-                     "--spark-master-port", str(master_port), PUMP_ARGS], tmp_path) as up:
+                     "--spark-master-port", str(master_port), PUMP_ARGS], tmp_path,
+                    env={"BINLAKE_INGEST_START_DATE": start.isoformat()}) as up:
         up.wait_for("Press Ctrl-C", timeout=240)
         assert f"Airflow UI   http://127.0.0.1:{port}" in up.output
         found_ui = re.search(rf"Spark standalone cluster spark://127.0.0.1:{master_port} "
