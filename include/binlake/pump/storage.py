@@ -300,6 +300,8 @@ class Storage:
         self._sync_begun = 0
         self._synced_seq = 0
         self._syncs_running = 0
+        # Tests only (the power-loss failpoint): no fsync begins any more.
+        self._syncs_frozen = False
         # Guards the index backlog; notified when it should be indexed now.
         self._index_cv = threading.Condition()
         # Durable, acknowledged records the index does not reflect yet, in log order
@@ -443,7 +445,7 @@ class Storage:
                 self._handed = True
                 self._commit_cv.notify()
                 return
-        self._lead(handed=False)
+        self._lead()
 
     def submit(self, entries: list[Entry]) -> concurrent.futures.Future[Results]:
         """As ``submit_cb``, with a future for the results."""
@@ -495,15 +497,17 @@ class Storage:
             size += req.nbytes
         return group
 
-    def _lead(self, *, handed: bool) -> None:
+    def _lead(self) -> None:
         """Append pending groups as the leader (``_leading`` is set for this thread),
         give the leadership up, then acknowledge and fsync.
 
-        A caller's thread appends one group (the one with its own request) and
-        hands the leadership to the committer thread if more is pending; the
-        committer (``handed``) appends until nothing is. The fsync comes after the
-        leadership is given up (``_sync_to``), so the next group is appended, and a
-        group of commits acknowledged, while it runs."""
+        One group at a time: a caller's thread appends the one with its own
+        request, the committer thread the next pending one; if more is
+        pending then, the leadership passes to the committer thread (again, when
+        it is the committer: it takes it back at once), so no group's
+        acknowledgement waits for later groups' appends. The fsync comes after
+        the leadership is given up (``_sync_to``), so the next group is appended,
+        and a group of commits acknowledged, while it runs."""
         now: list[tuple[list[_Request], list[Results]]] = []
         sync_to: int | None = None  # the seq an fsync must cover before this returns
         appended = False
@@ -517,7 +521,7 @@ class Storage:
                     self._lead_cv.notify_all()
                     self._commit_cv.notify()
                     break
-                if not self._pending or (not handed and appended):
+                if not self._pending or appended:
                     if self._pending:
                         self._handed = True  # the leadership passes to the committer thread
                         self._commit_cv.notify()
@@ -546,8 +550,10 @@ class Storage:
         for group, results in now:
             self._acknowledge(group, results)
         if now and self._unsynced:
-            # Tests only: a power loss now takes the acknowledged, unsynced commits.
-            failpoint.hit(FAILPOINT_POWER_LOSS, before=self.vlog.drop_unsynced)
+            # Tests only: a power loss now takes the acknowledged, unsynced commits
+            # (no fsync may begin while the failpoint stalls for the acknowledgements
+            # to reach the writers).
+            failpoint.hit(FAILPOINT_POWER_LOSS, first=self._freeze_syncs, before=self.vlog.drop_unsynced)
         if sync_to is not None:
             self._sync_to(sync_to)
         if failed:
@@ -570,7 +576,8 @@ class Storage:
                     now = time.monotonic()
                     due = self._unsynced_since + COMMIT_SYNC_DELAY_S
                     # Unsynced records no fsync begun covers yet.
-                    to_sync = self._sync_begun < self._seq and bool(self._unsynced) and self._fatal is None
+                    to_sync = (self._sync_begun < self._seq and bool(self._unsynced) and self._fatal is None
+                               and not self._syncs_frozen)
                     if to_sync and (self._stopping or self._sync_now or now >= due):
                         lead = False
                         break
@@ -588,7 +595,7 @@ class Storage:
                         self._commit_cv.wait(max(due - now, 0.0))
                 target = self._seq
             if lead:
-                self._lead(handed=True)
+                self._lead()
             else:
                 self._sync_to(target)
 
@@ -703,7 +710,7 @@ class Storage:
                 failed = []
                 while self._awaiting and self._awaiting[0][0] <= self._synced_seq:
                     ready.append(self._awaiting.popleft())
-                begin = self._sync_begun < target
+                begin = self._sync_begun < target and not self._syncs_frozen
                 if begin:
                     snap = self._seq
                     head = self._unsynced[-1].head if self._unsynced else None
@@ -751,6 +758,10 @@ class Storage:
             self._lead_cv.notify_all()  # close() waits for running fsyncs
         for _seq, group, results in ready:
             self._acknowledge(group, results)
+
+    def _freeze_syncs(self) -> None:
+        with self._lead_cv:
+            self._syncs_frozen = True
 
     def _fail_groups(self, groups: list[tuple[int, list[_Request], list[Results]]]) -> None:
         err = errors.Unavailable(f"pump storage write failed: {self._fatal}")
