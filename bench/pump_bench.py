@@ -19,6 +19,12 @@ this gRPC stack can go faster than that row, whatever its storage does.
 max(R) Pumps (each on its own data directory; on one disk here, so the copies'
 fsyncs share it): R = 1 spreads prewrites over the Pumps, R = 2 writes each to
 two and acknowledges once both fsynced. Pump CPU and fsync figures are pump1's.
+With ``--floor`` the floor then runs in that shape too (``floor-2pumps``: as
+many null-storage Pumps as the R rows' cluster, the client spreading prewrites
+over them the same way), beside the one-null-Pump floor: R = 1 there is two
+Pump processes sharing the two cores and halving each stream's batches, which
+a floor of one Pump does not pay; the floor of the same shape is the
+transport's ceiling for that cluster.
 
 ``--echo`` adds grpcio's own ceiling (``grpc_echo``): a bidirectional-stream
 echo with no binlake code, one stream per writer, in the same run. Two of its
@@ -84,8 +90,8 @@ def _worker(registry: str, threads: int, size: int, seconds: float, tso_mode: st
 
     registry_client = RegistryClient(registry)
     reg = _BlockTS(registry_client) if tso_mode == "block" else registry_client
-    # The floor's null Pump is not registered: the client is given its address.
-    client = (PumpClient(pumps={"pump1": pump_addr}) if pump_addr
+    # The floor's null Pumps are not registered: the client is given their addresses.
+    client = (PumpClient(pumps={f"pump{i}": a for i, a in enumerate(pump_addr.split(","), 1)}) if pump_addr
               else PumpClient(settings=ClientSettings(registry=registry, **({"replicas": replicas} if replicas > 1
                                                                              else {}))))
     value = bp.PrewriteValue(mutations=[bp.TableMutation(table_id=1, inserted_rows=[os.urandom(size)],
@@ -268,27 +274,34 @@ def _null_pump(out: mp.Queue) -> None:
     server = PumpServer("127.0.0.1:0", options, 64)
     server.add(PumpServicer(service, metrics))
     server.start()
-    out.put(f"127.0.0.1:{server.port}")
+    out.put((os.getpid(), f"127.0.0.1:{server.port}"))
     server.wait_for_termination()
 
 
 def floor_cases(registry: str, cases: list[tuple[int, str, str]], size: int, seconds: float,
-                procs: int) -> list[dict[str, float]]:
-    """Every case against a null-storage Pump process (see the module docstring)."""
+                procs: int, pumps: int = 1) -> list[dict[str, float]]:
+    """Every case against ``pumps`` null-storage Pump processes (see the module
+    docstring); the client spreads prewrites over them as over real Pumps at R = 1.
+    Pump CPU is the first one's, as pump1's in the R rows."""
     ctx = mp.get_context("spawn")
     addr_q: mp.Queue = ctx.Queue()
-    pump = ctx.Process(target=_null_pump, args=(addr_q,), daemon=True)
-    pump.start()
+    procs_ = [ctx.Process(target=_null_pump, args=(addr_q,), daemon=True) for _ in range(pumps)]
+    for proc in procs_:
+        proc.start()
     try:
-        addr = addr_q.get(timeout=60)
+        served = [addr_q.get(timeout=60) for _ in procs_]  # (pid, address), in any order
+        addrs = [addr for _pid, addr in served]
+        first_pid = served[0][0]
         out = []
         for w, mode, commit_mode in cases:
-            out.append(run_case(registry, "", w, size, seconds, mode, procs, commit_mode, None, pump.pid,
-                                pump_addr=addr))
+            out.append(run_case(registry, "", w, size, seconds, mode, procs, commit_mode, None, first_pid,
+                                pump_addr=",".join(addrs)))
         return out
     finally:
-        pump.terminate()
-        pump.join(10)
+        for proc in procs_:
+            proc.terminate()
+        for proc in procs_:
+            proc.join(10)
 
 
 def storage_case(include: str | None, directory: pathlib.Path, writers: int, size: int,
@@ -491,14 +504,17 @@ def main(args: argparse.Namespace | None = None) -> int:
                               f"p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s  pump {r['cpu_us_txn']:.0f} "
                               f"CPU µs/txn, peak RSS {r['rss_mib']:.0f} MiB", flush=True)
                     if getattr(args, "floor", False) and include is None:
-                        floor_name = "floor"
-                        for r in floor_cases(cluster.registry_addr, cases, size, args.seconds, args.client_procs):
-                            r.update(variant=floor_name, raw_mb_s=raw_mb_s, raw_rec_s=raw_rec_s)
-                            rows.append(r)
-                            print(f"  {floor_name:<8} tso={r['tso']:<7} commit={r['commit']:<10} "
-                                  f"writers={r['writers']:<3} size={size:<6} {r['txn_s']:>8.0f} txn/s  "
-                                  f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
-                                  f"pump {r['cpu_us_txn']:.0f} CPU µs/txn", flush=True)
+                        # One null Pump, and (with --replicas) as many as the R rows' cluster.
+                        for n_null in sorted({1, max(replica_counts)}):
+                            floor_name = "floor" if n_null == 1 else f"floor-{n_null}pumps"
+                            for r in floor_cases(cluster.registry_addr, cases, size, args.seconds,
+                                                 args.client_procs, pumps=n_null):
+                                r.update(variant=floor_name, raw_mb_s=raw_mb_s, raw_rec_s=raw_rec_s)
+                                rows.append(r)
+                                print(f"  {floor_name:<8} tso={r['tso']:<7} commit={r['commit']:<10} "
+                                      f"writers={r['writers']:<3} size={size:<6} {r['txn_s']:>8.0f} txn/s  "
+                                      f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
+                                      f"pump {r['cpu_us_txn']:.0f} CPU µs/txn", flush=True)
                 finally:
                     cluster.stop()
     finally:
@@ -541,6 +557,23 @@ def main(args: argparse.Namespace | None = None) -> int:
     if any(r["variant"] == "floor" for r in rows):
         print("floor = the same server and client against a Pump that acknowledges at once and stores nothing "
               "(no fsync): the transport's ceiling on this machine.")
+        floors = sorted({str(r["variant"]) for r in rows if str(r["variant"]).startswith("floor")})
+        if len(floors) > 1:
+            print(f"{floors[-1]} = the floor in the R rows' shape: that many null-storage Pumps, the client "
+                  "spreading prewrites over them as over the real ones at R = 1 (pump CPU: the first one's).")
+        print()
+        print("| path | R | TSO | commit binlog | writers | txn/s | " + " | ".join(f"÷ {f}" for f in floors) + " |")
+        print("|---|---:|---|---|---:|---:|" + "---:|" * len(floors))
+        for r in rows:
+            if r["variant"] in floors or r.get("replicas", 1) != 1:
+                continue
+            ratios = []
+            for f in floors:
+                ref = [x for x in rows if x["variant"] == f and x["writers"] == r["writers"] and x["tso"] == r["tso"]
+                       and x["commit"] == r["commit"] and x["size"] == r["size"]]
+                ratios.append(f"{r['txn_s'] / ref[0]['txn_s']:.2f}" if ref and ref[0]["txn_s"] else "-")
+            print(f"| {r['variant']} | 1 | {r['tso']} | {r['commit']} | {r['writers']} | {r['txn_s']:.0f} | "
+                  + " | ".join(ratios) + " |")
     print("commit binlog sync = the writer waits for it; background = as TxnWriter (the upstream has "
           "committed), counted only once acknowledged.")
     print(f"raw = the same record sizes appended 64 per fdatasync on the same disk; client processes: "

@@ -88,9 +88,11 @@ class FailpointError(Exception):
     """Raised at a failpoint set to ``:raise``."""
 
 
-def hit(name: str, before: Callable[[], object] | None = None) -> None:
-    """Crash here if ``BINLAKE_FAILPOINT`` names this place; ``before`` runs just
-    before the crash (what the crash should leave behind, e.g. a power loss's)."""
+def hit(name: str, before: Callable[[], object] | None = None, first: Callable[[], object] | None = None) -> None:
+    """Crash here if ``BINLAKE_FAILPOINT`` names this place; ``first`` runs as soon as
+    the failpoint fires (before its stall: e.g. stop what would undo the crash's
+    effect meanwhile), ``before`` just before the crash (what the crash should
+    leave behind, e.g. a power loss's)."""
     spec = os.environ.get(ENV, "")
     if not spec:
         return
@@ -104,6 +106,8 @@ def hit(name: str, before: Callable[[], object] | None = None) -> None:
         _hits[name] = count = _hits.get(name, 0) + 1
         if count != int(nth):
             return
+    if first is not None:
+        first()
     if stall_ms:
         time.sleep(int(stall_ms) / 1000)
     if before is not None:

@@ -292,3 +292,47 @@ def test_roll_makes_old_segment_durable_before_the_next_exists(
 def test_segment_bytes_minimum(vdir: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="segment_bytes"):
         ValueLog(vdir, segment_bytes=100)
+
+
+def test_sync_appended_runs_beside_appends_and_rolls(vdir: pathlib.Path) -> None:
+    """The Pump fsyncs outside the append leadership: ``sync_appended`` on other
+    threads while one thread appends across many segment rolls (each roll closes
+    the descriptor a sync may be using) never fails, counts the rolls' fsyncs,
+    and ``mark_synced`` only ever moves the synced head of the newest segment
+    forward, never past what was appended."""
+    import threading
+
+    log = ValueLog(vdir, segment_bytes=SEG)
+    stop = threading.Event()
+    errs: list[BaseException] = []
+    fsyncs = [0]
+
+    def syncer() -> None:
+        while not stop.is_set():
+            try:
+                head = log.head
+                fsyncs[0] += log.sync_appended()
+                log.mark_synced(head)
+                assert log.synced_head <= log.head
+            except BaseException as exc:  # pragma: no cover - reported below
+                errs.append(exc)
+                return
+
+    threads = [threading.Thread(target=syncer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    ptrs = []
+    for i in range(200):
+        ptrs += log.append([payload(i, 700)])
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errs == []
+    assert ptrs[-1].segment > 20  # it rolled many times meanwhile
+    head = log.head
+    fsyncs[0] += log.sync_appended()
+    log.mark_synced(head)
+    assert log.synced_head == log.head
+    assert fsyncs[0] >= ptrs[-1].segment  # every roll's fsync was counted
+    assert [log.read(p) for p in ptrs] == [payload(i, 700) for i in range(200)]
+    log.close()

@@ -3,25 +3,29 @@ writing threads themselves.
 
 Write path:
 
-1. *Group commit, by the submitting threads (leader/follower)*: a submission
-   (``submit_cb``/``submit``/``write``) is appended to the pending list. If no
-   commit is running, the submitting thread becomes the *leader*: it takes
-   everything pending, validates each binlog in arrival order against the
-   transaction states kept in memory (no index reads on this path), appends the
-   accepted records to the value log, issues one fsync for the whole group, and
-   **acknowledges** each request right there (its callback runs on the
-   leader's thread). A prewrite is acknowledged only after its fsync, and as
-   soon as it; a commit or rollback is acknowledged once appended, and made
-   durable by the next fsync (see *Durability* below). Submissions that find a
-   leader at work just append themselves:
-   the leader's next group carries them. A leader commits the group holding its
-   own request; if more piled up meanwhile it hands the leadership to the
-   storage's committer thread (so no caller is kept leading other callers'
-   groups for long) and returns. A submitter that must not wait in a commit
-   (``may_lead=False``: a write stream's reader whose client has another batch
-   on the wire) hands it to the committer thread at once, so the reader takes
-   the next batch while this one is fsynced: the disk and the network then work
-   side by side instead of in turn.
+1. *Group commit, by the submitting threads (leader/follower), pipelined*: a
+   submission (``submit_cb``/``submit``/``write``) is appended to the pending
+   list. If no append is running, the submitting thread becomes the *leader*:
+   it takes everything pending, validates each binlog in arrival order against
+   the transaction states kept in memory (no index reads on this path), appends
+   the accepted records to the value log and gives the leadership up. Then,
+   with no leadership held, it **acknowledges** the group: a group of commits
+   and rollbacks at once (made durable by a later fsync, see *Durability*
+   below), a group holding a prewrite after an fsync that covers it, which this
+   thread begins itself unless one begun after the append is already running
+   (``_sync_to``; its callbacks run on the thread whose fsync covered it).
+   *Pipelined*: while one group's fsync runs, the next group is validated and
+   appended, and a group of commits acknowledged, by its own thread: the
+   commits of one write stream need not wait for the prewrites' fsync of
+   another, and two groups' fsyncs may overlap (each covers everything appended
+   before it began). Submissions that find a leader at work just append
+   themselves: the leader's next group carries them. A leader appends the group
+   holding its own request; if more piled up meanwhile it hands the leadership
+   to the storage's committer thread (so no caller is kept leading other
+   callers' groups) and goes on to its acknowledgement. A submitter that must
+   not wait in a commit (``may_lead=False``: a write stream's reader whose
+   client has another batch on the wire) hands it to the committer thread at
+   once, so the reader takes the next batch while this one is fsynced.
 2. *Indexing* follows behind, on an indexer thread of its own: every
    ``INDEX_MAX_LAG_S`` (at once when the backlog reaches
    ``INDEX_BATCH_RECORDS`` records or a reader waits for it) it applies the
@@ -31,16 +35,20 @@ Write path:
    it, so a window at or below the safe ts is always complete.
 
 Durability (TiDB Binlog's rule: only the prewrite is fsynced before the writer
-is answered). Invariants, enforced in ``_commit_group`` and ``_sync``:
+is answered). Invariants, enforced in ``_append_group`` and ``_sync_to``:
 
 * A group holding a prewrite is fsynced before any of it is acknowledged: an
   acknowledged prewrite survives a power loss, so a Pump never forgets a
-  transaction whose writer went on to fetch a commit_ts.
+  transaction whose writer went on to fetch a commit_ts. So is a group holding
+  a refused duplicate prewrite (its original may still be on its way to disk),
+  and one whose commit or rollback was checked against a prewrite no fsync
+  covers yet (``_unsynced_pre``): nothing is acknowledged on the strength of a
+  record a power loss could take.
 * A group of commits and rollbacks alone (``sync_commits=False``, the default)
-  is appended and acknowledged without an fsync of its own; the next group's
-  fsync covers it (the value log is written in order, so one fsync makes every
-  earlier record durable), or the committer thread's fsync at most
-  ``COMMIT_SYNC_DELAY_S`` later, or at once when a reader waits for the index.
+  is appended and acknowledged without an fsync of its own; the next fsync
+  begun covers it (the value log is written in order, and an fsync makes every
+  record written before it began durable), or the committer thread's fsync at
+  most ``COMMIT_SYNC_DELAY_S`` later, or at once when a reader waits for the index.
 * Nothing reaches the indexer (the index, the sorter, the published safe ts
   and max commit ts, hence any window a reader is served) before an fsync
   covers it. So no published state rests on bytes a power loss can take.
@@ -74,8 +82,10 @@ is replayed, idempotently, so whatever the index had not caught up with
 when the process died is rebuilt before the first new write is taken. The
 sorter is driven in log order by the indexing stage alone, so the safe ts computed
 from the index always describes a prefix of the log (see ``pump.sorter``).
-Leaders are one at a time (``_leading``), so value-log order, the order of the
-transaction-state memory and the order of the index backlog are one order.
+Leaders are one at a time (``_leading``), so value-log order and the order of
+the transaction-state memory are one order; fsyncs may overlap, but each hands
+the indexer a prefix of the records no earlier fsync handed it, under one lock,
+so the index backlog is in that order too.
 
 The leader's memory of transaction states: ``_open`` holds every pending
 start_ts (prewrite durable, no outcome yet); ``_done`` the outcomes of recently
@@ -131,6 +141,9 @@ FAILPOINT_POWER_LOSS = "pump-power-loss"
 # the committer thread this long after the first of them at the latest (a
 # prewrite's group usually comes first and covers them).
 COMMIT_SYNC_DELAY_S = 0.005
+# While appends came within this long, the committer thread looks for such
+# commits every COMMIT_SYNC_DELAY_S instead of being woken for each group of them.
+COMMITTER_IDLE_S = 1.0
 
 # The indexer indexes the acknowledged backlog this long after its first record
 # at the latest, at once when it holds this many records or a reader waits.
@@ -262,19 +275,33 @@ class Storage:
         # something to do: a handed leadership, commits to fsync, a close. Not on
         # every leadership release: that was two thread wake-ups per transaction.
         self._commit_cv = threading.Condition(lead_lock)
-        # The committer waits with no timeout (nothing unsynced when it looked).
+        # The committer waits with no timeout (nothing unsynced when it looked, and
+        # no append for COMMITTER_IDLE_S); _last_append: when the last group was appended.
         self._committer_idle = False
+        self._last_append = 0.0
         self._pending: collections.deque[_Request] = collections.deque()
         # True while a thread commits (only one at a time: see the module docstring).
         self._leading = False
         # The leadership was handed to the committer thread, which has not taken it yet.
         self._handed = False
-        # Appended (and acknowledged) commits/rollbacks no fsync covers yet, in
-        # log order; touched by the leader only. _unsynced_since: when the first
-        # of them was appended; _sync_now: a reader waits for them.
+        # The fsync stage (under _lead_cv; see "Pipelined" in the module docstring).
+        # _unsynced: appended records no fsync covers yet, in log order;
+        # _unsynced_since: when the first of them was appended; _sync_now: a
+        # reader waits for them. _unsynced_pre: start_ts -> seq of the prewrites
+        # among them (an outcome checked against one waits for its fsync).
+        # _awaiting: (seq, requests, results) of groups acknowledged once an fsync
+        # covers seq, in seq order. _sync_begun: the seq the newest fsync begun
+        # covers; _synced_seq: every record up to it is durable.
         self._unsynced: list[_IndexWork] = []
         self._unsynced_since = 0.0
+        self._unsynced_pre: dict[int, int] = {}
         self._sync_now = False
+        self._awaiting: collections.deque[tuple[int, list[_Request], list[Results]]] = collections.deque()
+        self._sync_begun = 0
+        self._synced_seq = 0
+        self._syncs_running = 0
+        # Tests only (the power-loss failpoint): no fsync begins any more.
+        self._syncs_frozen = False
         # Guards the index backlog; notified when it should be indexed now.
         self._index_cv = threading.Condition()
         # Durable, acknowledged records the index does not reflect yet, in log order
@@ -346,7 +373,7 @@ class Storage:
 
     @property
     def pending_count(self) -> int:
-        """Transactions whose prewrite is durable and whose outcome is not."""
+        """Transactions whose prewrite is stored (its fsync may be under way) and whose outcome is not."""
         return len(self._open)
 
     def is_pending(self, start_ts: int) -> bool:
@@ -398,9 +425,10 @@ class Storage:
         """Store binlogs in the next group commit; ``callback`` runs once they are
         durable (one result per entry: None = stored, or the error that refused
         it), or with the fatal error that stopped writes. It runs on the thread
-        that commits the group: this one, when no commit was running (it leads,
-        and returns after the fsync), or the leader at work. It must be quick and
-        must not block (hand the result to its owner).
+        that appended the group (this one, when no append was running: it leads,
+        and returns after the acknowledgement, or the leader at work) or on the
+        thread whose fsync covered it. It must be quick and must not block (hand
+        the result to its owner).
 
         ``may_lead=False``: this thread must not be kept in the commit (a write
         stream whose client has another batch on the wire: its reading thread
@@ -417,7 +445,7 @@ class Storage:
                 self._handed = True
                 self._commit_cv.notify()
                 return
-        self._lead(handed=False)
+        self._lead()
 
     def submit(self, entries: list[Entry]) -> concurrent.futures.Future[Results]:
         """As ``submit_cb``, with a future for the results."""
@@ -469,13 +497,21 @@ class Storage:
             size += req.nbytes
         return group
 
-    def _lead(self, *, handed: bool) -> None:
-        """Commit pending groups as the leader (``_leading`` is set for this thread).
+    def _lead(self) -> None:
+        """Append pending groups as the leader (``_leading`` is set for this thread),
+        give the leadership up, then acknowledge and fsync.
 
-        A caller's thread commits one group (the one with its own request) and
-        hands the leadership to the committer thread if more is pending; the
-        committer (``handed``) commits until nothing is."""
-        first = True
+        One group at a time: a caller's thread appends the one with its own
+        request, the committer thread the next pending one; if more is
+        pending then, the leadership passes to the committer thread (again, when
+        it is the committer: it takes it back at once), so no group's
+        acknowledgement waits for later groups' appends. The fsync comes after
+        the leadership is given up (``_sync_to``), so the next group is appended,
+        and a group of commits acknowledged, while it runs."""
+        now: list[tuple[list[_Request], list[Results]]] = []
+        sync_to: int | None = None  # the seq an fsync must cover before this returns
+        appended = False
+        failed: list[_Request] = []
         while True:
             with self._lead_cv:
                 if self._fatal is not None:
@@ -485,32 +521,49 @@ class Storage:
                     self._lead_cv.notify_all()
                     self._commit_cv.notify()
                     break
-                if not self._pending:
-                    self._leading = False
-                    self._lead_cv.notify_all()  # close() may wait for this
-                    if self._unsynced and self._committer_idle:
-                        self._commit_cv.notify()  # its timer for them starts now
-                    return
-                if not first and not handed:
-                    self._handed = True
-                    self._commit_cv.notify()
-                    return
+                if not self._pending or appended:
+                    if self._pending:
+                        self._handed = True  # the leadership passes to the committer thread
+                        self._commit_cv.notify()
+                    else:
+                        self._leading = False
+                        self._lead_cv.notify_all()  # close() may wait for this
+                        if self._unsynced and self._committer_idle:
+                            self._commit_cv.notify()  # its timer for them starts now
+                    break
                 group = self._take_group()
-            first = False
+            appended = True
             try:
-                self._commit_group(group)
+                wait, due, seq, results = self._append_group(group)
             except BaseException as exc:
                 self._stop_writes("pump storage write", exc)
                 err = errors.Unavailable(f"pump storage write failed: {exc}")
                 for r in group:
                     self._fail(r, err)
-        err = errors.Unavailable(f"pump storage write failed: {self._fatal}")
-        for r in failed:
-            self._fail(r, err)
+                continue
+            if wait:
+                sync_to = seq
+            else:
+                now.append((group, results))
+                if due:
+                    sync_to = seq
+        for group, results in now:
+            self._acknowledge(group, results)
+        if now and self._unsynced:
+            # Tests only: a power loss now takes the acknowledged, unsynced commits
+            # (no fsync may begin while the failpoint stalls for the acknowledgements
+            # to reach the writers).
+            failpoint.hit(FAILPOINT_POWER_LOSS, first=self._freeze_syncs, before=self.vlog.drop_unsynced)
+        if sync_to is not None:
+            self._sync_to(sync_to)
+        if failed:
+            err = errors.Unavailable(f"pump storage write failed: {self._fatal}")
+            for r in failed:
+                self._fail(r, err)
 
     def _commit_loop(self) -> None:
         """The committer thread: leads whenever a caller's thread hands it the
-        leadership, and fsyncs acknowledged commits no group has covered within
+        leadership, and fsyncs acknowledged commits no fsync has covered within
         ``COMMIT_SYNC_DELAY_S`` (at once when a reader waits for them or the
         storage closes)."""
         while True:
@@ -518,32 +571,33 @@ class Storage:
                 while True:
                     if self._handed:
                         self._handed = False
-                        sync_first = False
+                        lead = True
                         break
                     now = time.monotonic()
                     due = self._unsynced_since + COMMIT_SYNC_DELAY_S
-                    to_sync = bool(self._unsynced) and self._fatal is None
-                    if to_sync and not self._leading and (self._stopping or self._sync_now or now >= due):
-                        self._leading = True
-                        sync_first = True
+                    # Unsynced records no fsync begun covers yet.
+                    to_sync = (self._sync_begun < self._seq and bool(self._unsynced) and self._fatal is None
+                               and not self._syncs_frozen)
+                    if to_sync and (self._stopping or self._sync_now or now >= due):
+                        lead = False
                         break
                     if self._stopping and not to_sync:
                         return
-                    if not to_sync:
+                    if not to_sync and now - self._last_append < COMMITTER_IDLE_S:
+                        # Writes are coming: look again in a while rather than be woken
+                        # by every group of commits (a thread wake-up per transaction).
+                        self._commit_cv.wait(COMMIT_SYNC_DELAY_S)
+                    elif not to_sync:
                         self._committer_idle = True
                         self._commit_cv.wait()
                         self._committer_idle = False
                     else:
-                        # A leader at work covers them with its next group; else look
-                        # again when they are due.
-                        self._commit_cv.wait(COMMIT_SYNC_DELAY_S if self._leading else max(due - now, 0.0))
-            if sync_first:
-                try:
-                    durable = self._sync()
-                    self._queue_for_index(durable)
-                except BaseException as exc:
-                    self._stop_writes("pump storage fsync", exc)
-            self._lead(handed=True)
+                        self._commit_cv.wait(max(due - now, 0.0))
+                target = self._seq
+            if lead:
+                self._lead()
+            else:
+                self._sync_to(target)
 
     def _stop_writes(self, what: str, exc: BaseException) -> None:
         """A write, fsync or index batch failed: the storage takes no more writes
@@ -562,70 +616,158 @@ class Storage:
         except Exception:
             log.exception("pump storage: a write callback failed")
 
-    def _commit_group(self, group: list[_Request]) -> None:
-        # 1. Validate in arrival order against the memory of transaction states
-        #    plus this group's own effects.
-        overlay: dict[int, tuple[int, int]] = {}
-        accepted: list[Entry] = []
-        results: list[Results] = []
-        prewrites = False
-        for req in group:
-            res: Results = []
-            for entry in req.entries:
-                err = self._validate(entry, overlay)
-                res.append(err)
-                if err is None:
-                    accepted.append(entry)
-                    prewrites = prewrites or entry.binlog.tp == PREWRITE
-            results.append(res)
-        # 2. Append; fsync when the group must be durable before its acknowledgement
-        #    or earlier commits waited long enough; then the outcome is final:
-        #    remember it, queue what is durable for indexing, and acknowledge.
-        if accepted:
-            pointers = self.vlog.append([e.payload for e in accepted])
-            self._seq += len(accepted)
-            if not self._unsynced:
-                self._unsynced_since = time.monotonic()
-            self._unsynced.append(_IndexWork(accepted, pointers, self._seq, self.vlog.head))
-            # The durability invariant (module docstring): a group holding a prewrite
-            # is fsynced here, before the acknowledgements below; commits and
-            # rollbacks alone may be acknowledged first and fsynced with a later group.
-            durable = None
-            if (prewrites or self.sync_commits or self._sync_now
-                    or time.monotonic() - self._unsynced_since >= COMMIT_SYNC_DELAY_S):
-                durable = self._sync()
-            for start, (kind, value) in overlay.items():
-                if kind == _P:
-                    self._open.add(start)
-                else:
-                    self._open.discard(start)
-                    self._done[start] = (value, self._seq)
-                    self._done.move_to_end(start)
-            self._forget_done()
-            self.stats.binlogs += len(accepted)
-            self.stats.bytes += sum(len(e.payload) for e in accepted)
-            self.stats.groups += 1
-            if durable:
-                self._queue_for_index(durable)
-        for req in group:
-            req.seq = self._seq
-        # Acknowledge last: once the callbacks have woken the answering threads,
-        # this thread has nothing left to do here that would keep them off the GIL.
+    @staticmethod
+    def _acknowledge(group: list[_Request], results: list[Results]) -> None:
         for req, res in zip(group, results, strict=True):
             try:
                 req.callback(res, None)
             except Exception:  # a caller's bug must not stop the Pump's writes
                 log.exception("pump storage: a write callback failed")
-        if self._unsynced:
-            # Tests only: a power loss now takes the acknowledged, unsynced commits.
-            failpoint.hit(FAILPOINT_POWER_LOSS, before=self.vlog.drop_unsynced)
 
-    def _sync(self) -> list[_IndexWork]:
-        """fsync the value log (the leader only); return the records it made durable."""
-        self.stats.fsyncs += self.vlog.sync()
-        durable, self._unsynced = self._unsynced, []
-        self._sync_now = False
-        return durable
+    def _append_group(self, group: list[_Request]) -> tuple[bool, bool, int, list[Results]]:
+        """Validate and append one group (the leader only; no fsync here). Returns
+        (its acknowledgement waits for an fsync, an fsync is due for earlier
+        commits, the group's last seq, one result list per request)."""
+        # 1. Validate in arrival order against the memory of transaction states
+        #    plus this group's own effects. The durability invariant (module
+        #    docstring): a group holding a prewrite (stored or refused: a refused
+        #    duplicate's original may not be durable yet) waits for an fsync, and
+        #    so does one whose outcome was checked against a prewrite no fsync
+        #    covers yet; commits and rollbacks alone are acknowledged at once.
+        overlay: dict[int, tuple[int, int]] = {}
+        accepted: list[Entry] = []
+        results: list[Results] = []
+        wait = self.sync_commits
+        unsynced_pre = self._unsynced_pre
+        for req in group:
+            res: Results = []
+            for entry in req.entries:
+                err = self._validate(entry, overlay)
+                res.append(err)
+                b = entry.binlog
+                if b.tp == PREWRITE or b.start_ts in unsynced_pre:
+                    wait = True
+                if err is None:
+                    accepted.append(entry)
+            results.append(res)
+        # 2. Append; then the outcome is final: remember it (the next leader
+        #    validates against it while this group's fsync may still run).
+        pointers: list[Pointer] = []
+        if accepted:
+            pointers = self.vlog.append([e.payload for e in accepted])
+            head = self.vlog.head
+        for start, (kind, value) in overlay.items():
+            if kind == _P:
+                self._open.add(start)
+            else:
+                self._open.discard(start)
+                self._done[start] = (value, self._seq + len(accepted))
+                self._done.move_to_end(start)
+        self._forget_done()
+        self.stats.binlogs += len(accepted)
+        self.stats.bytes += sum(len(e.payload) for e in accepted)
+        self.stats.groups += 1
+        # 3. Hand the records to the fsync stage (seq counts only appended records,
+        #    so an fsync begun after this covers them).
+        due = False
+        with self._lead_cv:
+            if accepted:
+                self._seq += len(accepted)
+                self._last_append = time.monotonic()
+                if not self._unsynced:
+                    self._unsynced_since = self._last_append
+                self._unsynced.append(_IndexWork(accepted, pointers, self._seq, head))
+                for e in accepted:
+                    if e.binlog.tp == PREWRITE:
+                        unsynced_pre[e.binlog.start_ts] = self._seq
+            seq = self._seq
+            for req in group:
+                req.seq = seq
+            if wait:
+                self._awaiting.append((seq, group, results))
+            elif self._unsynced and (
+                    self._sync_now or time.monotonic() - self._unsynced_since >= COMMIT_SYNC_DELAY_S):
+                due = True
+        return wait, due, seq, results
+
+    def _sync_to(self, target: int) -> None:
+        """Make every record up to seq ``target`` durable and acknowledge the groups
+        that waited for it. Runs with no leadership: appends go on meanwhile.
+
+        An fsync begun after ``target`` was appended covers it, so if one is
+        running this returns at once (its thread acknowledges); else this thread
+        begins one, at once, even while another runs for earlier records. Every
+        fsync covers everything appended before it began (``_seq`` read then: only
+        records whose bytes were written count). The records it covers go to the
+        indexer and their groups are acknowledged only after it returned; the
+        index gets them in log order (queued under ``_lead_cv`` as a prefix of
+        ``_unsynced``). This enforces the module docstring's invariants."""
+        ready: list[tuple[int, list[_Request], list[Results]]] = []
+        with self._lead_cv:
+            if self._fatal is not None:
+                failed, self._awaiting = list(self._awaiting), collections.deque()
+            else:
+                failed = []
+                while self._awaiting and self._awaiting[0][0] <= self._synced_seq:
+                    ready.append(self._awaiting.popleft())
+                begin = self._sync_begun < target and not self._syncs_frozen
+                if begin:
+                    snap = self._seq
+                    head = self._unsynced[-1].head if self._unsynced else None
+                    self._sync_begun = snap
+                    self._syncs_running += 1
+                    self._sync_now = False
+        if failed:
+            self._fail_groups(failed)
+            return
+        for _seq, group, results in ready:
+            self._acknowledge(group, results)
+        if not begin:
+            return
+        try:
+            n = self.vlog.sync_appended()
+        except BaseException as exc:
+            with self._lead_cv:
+                self._syncs_running -= 1
+                self._lead_cv.notify_all()
+            self._stop_writes("pump storage fsync", exc)
+            with self._lead_cv:
+                failed, self._awaiting = list(self._awaiting), collections.deque()
+            self._fail_groups(failed)
+            return
+        ready = []
+        with self._lead_cv:
+            self._syncs_running -= 1
+            self.stats.fsyncs += n
+            if snap > self._synced_seq:
+                self._synced_seq = snap
+                if head is not None:
+                    self.vlog.mark_synced(head)
+            durable: list[_IndexWork] = []
+            unsynced = self._unsynced
+            while unsynced and unsynced[0].seq <= self._synced_seq:
+                work = unsynced.pop(0)
+                durable.append(work)
+                for e in work.entries:
+                    if e.binlog.tp == PREWRITE and self._unsynced_pre.get(e.binlog.start_ts) == work.seq:
+                        del self._unsynced_pre[e.binlog.start_ts]
+            while self._awaiting and self._awaiting[0][0] <= self._synced_seq:
+                ready.append(self._awaiting.popleft())
+            if durable:
+                self._queue_for_index(durable)
+            self._lead_cv.notify_all()  # close() waits for running fsyncs
+        for _seq, group, results in ready:
+            self._acknowledge(group, results)
+
+    def _freeze_syncs(self) -> None:
+        with self._lead_cv:
+            self._syncs_frozen = True
+
+    def _fail_groups(self, groups: list[tuple[int, list[_Request], list[Results]]]) -> None:
+        err = errors.Unavailable(f"pump storage write failed: {self._fatal}")
+        for _seq, group, _results in groups:
+            for r in group:
+                self._fail(r, err)
 
     def _queue_for_index(self, durable: list[_IndexWork]) -> None:
         """Hand records an fsync covers to the indexer (in log order; the leader only)."""
@@ -883,8 +1025,9 @@ class Storage:
             if self._closed:
                 return
             self._closed = True  # no new submission from here on
-            # A leader at work commits (or hands on) what is pending before it stops leading.
-            self._lead_cv.wait_for(lambda: not self._leading, timeout=30)
+            # A leader at work appends (or hands on) what is pending before it stops
+            # leading; fsyncs under way finish (the committer's last one covers the rest).
+            self._lead_cv.wait_for(lambda: not self._leading and not self._syncs_running, timeout=30)
             self._stopping = True
             self._lead_cv.notify_all()
             self._commit_cv.notify()

@@ -76,7 +76,7 @@ def encode_record(payload: bytes) -> bytes:
 
 class ValueLog:
     """Segmented append-only log. Appends come from one thread at a time; reads
-    (``read``) may come from any thread."""
+    (``read``) and ``sync_appended`` may come from any thread, while an append runs."""
 
     def __init__(self, directory: str | os.PathLike[str], *, segment_bytes: int, fsync: bool = True) -> None:
         if segment_bytes < 4096:
@@ -87,6 +87,9 @@ class ValueLog:
         self.fsync = fsync
         self._read_fds: dict[int, int] = {}
         self._read_lock = threading.Lock()
+        # Guards the newest segment's descriptor, _synced_offset and _roll_fsyncs
+        # against ``sync_appended`` on other threads (an append holds it only to roll).
+        self._fd_lock = threading.Lock()
         segs = self.segments()
         self._segment = segs[-1] if segs else 1
         path = self._path(self._segment)
@@ -211,14 +214,16 @@ class ValueLog:
         # successor on disk.
         old_fd = self._fd
         self._cut_to_end(old_fd)  # only the newest segment may end in zeros
-        if self.fsync and old_fd in self._dirty:
+        synced = self.fsync and old_fd in self._dirty
+        if synced:
             os.fdatasync(old_fd)
-            self._roll_fsyncs += 1
         self._dirty.discard(old_fd)
-        os.close(old_fd)
-        self._segment += 1
-        self._fd = os.open(self._path(self._segment), os.O_RDWR | os.O_CREAT, 0o644)
-        self._offset = self._zeroed_to = self._synced_offset = 0
+        with self._fd_lock:
+            self._roll_fsyncs += synced
+            os.close(old_fd)
+            self._segment += 1
+            self._fd = os.open(self._path(self._segment), os.O_RDWR | os.O_CREAT, 0o644)
+            self._offset = self._zeroed_to = self._synced_offset = 0
         self._sync_dir()
 
     def sync(self) -> int:
@@ -232,6 +237,31 @@ class ValueLog:
         self._dirty.clear()
         self._synced_offset = self._offset
         return n
+
+    def sync_appended(self) -> int:
+        """``sync`` for a thread other than the appending one, while appends go on:
+        fdatasync the newest segment through a duplicate of its descriptor (a roll
+        may close the original meanwhile; a rolled-over segment was fsynced by the
+        roll). Everything appended before the call is durable when it returns; the
+        caller says how far that is with ``mark_synced``. Returns the fsyncs issued
+        (with those of segments rolled over since the last sync)."""
+        with self._fd_lock:
+            n, self._roll_fsyncs = self._roll_fsyncs, 0
+            if not self.fsync:
+                return n
+            fd = os.dup(self._fd)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        return n + 1
+
+    def mark_synced(self, head: tuple[int, int]) -> None:
+        """Record that the records up to ``head`` (a ``head`` read after they were
+        appended, before a ``sync_appended`` began) are durable."""
+        with self._fd_lock:
+            if head[0] == self._segment and head[1] > self._synced_offset:
+                self._synced_offset = head[1]
 
     def drop_unsynced(self) -> None:
         """Cut the newest segment back to the end of its last fsync: what a power
