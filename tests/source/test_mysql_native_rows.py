@@ -337,6 +337,30 @@ def test_plan_refuses_bad_entries() -> None:
     assert plan.decode(b"\x00\x01\x02\x03\x04", 0, 5, False, b"\x01", None) == [_expected_int_row(1, 0x04030201)]
 
 
+def test_utf8_check_across_ascii_runs() -> None:
+    """The decoder's UTF-8 check skips ASCII eight bytes at a time: a bad or good
+    multi-byte sequence at every offset around those eight-byte steps is judged as
+    Python's strict decoder judges it (declined, or the same Row)."""
+    from binlake.proto import binlog_pb2
+    from binlake.source.mysql import _rowsc  # type: ignore[attr-defined]
+
+    plan = _rowsc.Plan([(rowsplan.OP_STRING, 1, 0, 0, 1, False, False, None, None)])
+    for tail in (b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", b"\xc3", b"\xff", b"\xed\xa0\x80", b"\xc0\xaf"):
+        for lead in range(20):
+            for after in (b"", b"abcdefghij"):
+                text = b"x" * lead + tail + after
+                body = b"\x00" + bytes([len(text)]) + text
+                got = plan.decode(body, 0, len(body), False, b"\x01", None)
+                try:
+                    value = text.decode("utf-8")
+                except UnicodeDecodeError:
+                    assert got is None, text
+                    continue
+                want = binlog_pb2.Row()
+                want.columns.add(id=1, value=binlog_pb2.Datum(string_value=value))
+                assert got == [want.SerializeToString()], text
+
+
 def _expected_int_row(cid: int, value: int) -> bytes:
     from binlake.proto import binlog_pb2
 

@@ -187,6 +187,14 @@ static int read_fsp(const unsigned char **pp, const unsigned char *end, int fsp,
 static int utf8_valid(const unsigned char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
+        /* ASCII runs (most text) eight bytes at a time: no byte has its high bit set. */
+        while (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (w & 0x8080808080808080ull) break;
+            i += 8;
+        }
+        if (i >= n) break;
         unsigned char c = s[i];
         if (c < 0x80) { i++; continue; }
         if (c >= 0xC2 && c <= 0xDF) {
