@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from binlake import errors, failpoint
+from binlake.client import wire
 from binlake.client.pump_client import PumpClient
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
@@ -162,9 +163,7 @@ class Emitter:
                     for r in resend]
         pumps = self.client.write_group(
             commits, [p.pump for p in decide] + [r.pump for r in resend],
-            [binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=s, prewrite_key=writer,
-                               prewrite_value=v)
-             for (_i, _k, v), s in zip(fresh, starts, strict=True)])
+            [wire.prewrite(s, writer, v) for (_i, _k, v), s in zip(fresh, starts, strict=True)])
         if fresh:
             failpoint.hit("source-after-prewrite")
             if len(fresh) > 1:

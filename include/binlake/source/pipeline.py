@@ -144,14 +144,14 @@ class Item:
 
     __slots__ = ("event_ts", "key", "position", "rows", "size", "value")
 
-    def __init__(self, key: str | None, value: binlog_pb2.PrewriteValue | None, position: Any,
+    def __init__(self, key: str | None, value: binlog_pb2.PrewriteValue | bytes | None, position: Any,
                  event_ts: float = 0.0, rows: int = 0) -> None:
         if (key is None) != (value is None):
             raise ValueError("an item has both a key and a value, or neither")
         self.key = key
-        # Serialized here, in the reader thread, once: its size bounds the group, and the
-        # sender puts these bytes into the prewrite as they are.
-        self.value = value.SerializeToString() if value is not None else None
+        # Serialized here, in the reader thread, once (or given serialized): its size bounds
+        # the group, and the sender puts these bytes into the prewrite as they are.
+        self.value = value.SerializeToString() if isinstance(value, binlog_pb2.PrewriteValue) else value
         self.position = position
         self.event_ts = event_ts
         self.rows = rows
