@@ -21,6 +21,7 @@ an answer (committed with the journaled commit_ts, or rolled back).
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -35,6 +36,27 @@ from binlake.source import txn_status
 from binlake.source.journal import SourceState
 
 log = logging.getLogger(__name__)
+
+
+# A source's PumpClient, unless BINLAKE_CLIENT_* says otherwise: a group (up to 8 MiB,
+# ``pipeline.MAX_GROUP_BYTES``) goes out as batches of 1 MiB, up to 8 on the wire at once,
+# so the Pump appends and fsyncs one batch while the next travels (``pump.server``), not
+# all of a bulk group's megabytes after they all arrived. A live step's small group is one
+# batch, as before.
+SOURCE_BATCH_BYTES = 1 << 20
+SOURCE_INFLIGHT_BATCHES = 8
+
+
+def source_client_settings(registry: str) -> ClientSettings:
+    """The ClientSettings of a source's PumpClient: the environment's (BINLAKE_CLIENT_*),
+    with the source's batch size and batches in flight where it does not set them."""
+    settings = ClientSettings(registry=registry)
+    update: dict[str, int] = {}
+    if "BINLAKE_CLIENT_MAX_BATCH_BYTES" not in os.environ:
+        update["max_batch_bytes"] = SOURCE_BATCH_BYTES
+    if "BINLAKE_CLIENT_MAX_INFLIGHT_BATCHES" not in os.environ:
+        update["max_inflight_batches"] = SOURCE_INFLIGHT_BATCHES
+    return settings.model_copy(update=update)
 
 
 class Prewritten(NamedTuple):
@@ -71,7 +93,7 @@ class Emitter:
         self._status = txn_status.TxnStatusServer(state, status_addr).start()
         try:
             self.registry.register(NodeRecord(node_id=self.writer_id, kind="writer", addr=self._status.addr))
-            settings = client_settings or ClientSettings(registry=registry)
+            settings = client_settings or source_client_settings(registry)
             self.client = PumpClient(settings=settings, registry_client=self.registry)
         except BaseException:
             self._status.stop(0.1)
