@@ -38,7 +38,7 @@ from binlake.source.journal import SourceState
 log = logging.getLogger(__name__)
 
 
-# A source's PumpClient, unless BINLAKE_CLIENT_* says otherwise: a group (up to 8 MiB,
+# A source's PumpClient, unless BINLAKE_CLIENT_* says otherwise: a group (up to 16 MiB,
 # ``pipeline.MAX_GROUP_BYTES``) goes out as batches of 1 MiB, up to 8 on the wire at once,
 # so the Pump appends and fsyncs one batch while the next travels (``pump.server``), not
 # all of a bulk group's megabytes after they all arrived. A live step's small group is one
