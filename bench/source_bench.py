@@ -18,8 +18,16 @@ stream framing with the native rows (``BINLAKE_NATIVE_FRAMING=0``), and on the
 Python path for both. Each bulk time runs from the source's spawn to its
 checkpoint at the binlog's end, so it includes the process's start-up once;
 the same run also times that start-up alone (the source started at the
-binlog's end, twice) and reports each bulk case after it too, the figure that
-says how fast the source decodes once running. The live case runs four times in the same run, natively
+binlog's end, twice) and reports each bulk case after it too. The headline
+is the steady rate: row changes/s from the first group of the binlog's
+transactions its Pump acknowledged (the step that decides it, seen in the
+source's journal as it is written) to the last, over the rows of every group
+after the first: how fast the source decodes, sends and has stored
+(fsync'ed) a production stream once running, whatever its start-up. The
+floor, ``mysqlbinlog --verbose``, writes to /dev/null (timed, faster of two)
+and its rows are counted in a third, untimed run. ``--bulk-only`` stops
+after the bulk cases; a larger ``--rows`` (1-2 M) amortises the start-up
+in the whole-process figure. The live case runs four times in the same run, natively
 framed each time: paced with the adaptive step (the default), at a fixed pace
 (``--max-step-ms`` equal to ``--step-ms``: the pipeline before the adaptive
 step) and unpaced (``--step-ms 0``: a step as soon as the one before ends, the
