@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 # ``pipeline.MAX_GROUP_BYTES``) goes out as batches of 1 MiB, up to 8 on the wire at once,
 # so the Pump appends and fsyncs one batch while the next travels (``pump.server``), not
 # all of a bulk group's megabytes after they all arrived. A live step's small group is one
-# batch, as before.
+# batch of prewrites, as before; its batch of commits now travels beside it, not before it.
 SOURCE_BATCH_BYTES = 1 << 20
 SOURCE_INFLIGHT_BATCHES = 8
 
