@@ -16,6 +16,7 @@ MariaDB is ``test_mysql_native_rows.test_source_sends_the_same_with_and_without_
 
 from __future__ import annotations
 
+import random
 import struct
 import zlib
 from types import SimpleNamespace
@@ -189,6 +190,11 @@ def test_checksum_mismatch_eof_error_and_multi_packet_payloads() -> None:
     assert framer.feed(_packets(good)) == [(16, 1, 500)]
     assert framer.feed(_packets(bad)) == [(framing.BADSUM, 16, 500)]
     assert framing._framec.crc32(b"123456789") == zlib.crc32(b"123456789") == 0xCBF43926
+    # Sliced by eight bytes: every length around the slice and an unaligned start agree with zlib.
+    data = bytes(random.Random(18).randrange(256) for _ in range(9000))
+    for n in [*range(40), 1023, 8191]:
+        for off in range(3):
+            assert framing._framec.crc32(data[off:off + n]) == zlib.crc32(data[off:off + n]), (n, off)
     # A QUERY longer than one protocol packet: joined as PyMySQL joins it.
     query = b"/*" + b"x" * 0xFFFFFF + b"*/"
     big = _event(2, struct.pack("<IIBHH", 1, 0, 1, 0, 0) + b"d\x00" + query, 9, 7000, True)

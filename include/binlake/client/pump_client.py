@@ -46,13 +46,14 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 
 from binlake import errors, net, rpc
+from binlake.client import wire
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
 from binlake.registry.model import NodeRecord, NodeState, ReplicationSetting
@@ -74,6 +75,8 @@ _RESULT_ERRORS = {
     grpc.StatusCode.NOT_FOUND.value[0]: errors.NotFound,
 }
 _ALREADY_EXISTS = grpc.StatusCode.ALREADY_EXISTS.value[0]
+# The Pump's batched write stream (pump.proto), called with requests already serialized.
+_WRITE_STREAM = "/binlake.pump.Pump/WriteBinlogStream"
 
 
 class SentGroup:
@@ -226,6 +229,14 @@ class PumpConn:
     async def _open(self) -> None:
         self._channel = rpc.aio_channel(self.addr, options=rpc.client_options(self.settings.max_binlog_bytes))
         self.stub = pump_pb2_grpc.PumpStub(self._channel)
+        # WriteBinlogStream taking its requests already serialized (``wire.write_binlogs_req``:
+        # one copy of the batch, not the protobuf library's two and its buffer growth).
+        self._write_stream = self._channel.stream_stream(
+            _WRITE_STREAM, request_serializer=None, response_deserializer=pump_pb2.WriteBinlogsResp.FromString)
+
+    def write_stream(self) -> Any:
+        """A new WriteBinlogStream call (on the loop) whose requests are serialized bytes."""
+        return self._write_stream()
 
     def send(self, payload: bytes) -> concurrent.futures.Future[None]:
         return self.send_many([payload])[0]
@@ -301,9 +312,8 @@ class PumpConn:
                 if stream is not None and not stream.broken and len(stream.inflight) >= settings.max_inflight_batches:
                     return  # an answer kicks the sender again
                 batch = self._take_batch()
-            req = pump_pb2.WriteBinlogsReq(
-                cluster_id=self.cluster_id, payloads=[i.payload for i in batch], batch_id=next(self._batch_ids)
-            )
+            batch_id = next(self._batch_ids)
+            req = wire.write_binlogs_req(self.cluster_id, [i.payload for i in batch], batch_id)
             if stream is None or stream.broken:
                 try:
                     stream = self._stream = _Stream(self)
@@ -313,7 +323,7 @@ class PumpConn:
                         item.fail(failure)
                     self._done(len(batch))
                     raise
-            await stream.send(req.batch_id, batch, req)
+            await stream.send(batch_id, batch, req)
 
     def _take_batch(self) -> list[_Item]:
         """The next batch (under _lock, the queue not empty): the oldest binlog and
@@ -396,10 +406,10 @@ class _Stream:
         self.conn = conn
         self.broken = False
         self.inflight: collections.deque[tuple[int, list[_Item]]] = collections.deque()
-        self._call = conn.stub.WriteBinlogStream()
+        self._call = conn.write_stream()
         self._receiver = conn._loop.create_task(self._receive())
 
-    async def send(self, batch_id: int, batch: list[_Item], req: pump_pb2.WriteBinlogsReq) -> None:
+    async def send(self, batch_id: int, batch: list[_Item], req: bytes) -> None:
         if self.broken:
             self._fail(batch, errors.Unavailable(f"write stream to pump {self.conn.node_id} broke"))
             return
@@ -778,7 +788,7 @@ class PumpClient:
         self.write_group(binlogs, node_ids, [])
 
     def write_group(self, commits: list[binlog_pb2.Binlog], node_ids: list[str],
-                    prewrites: list[binlog_pb2.Binlog]) -> list[str]:
+                    prewrites: Sequence[binlog_pb2.Binlog | wire.EncodedPrewrite]) -> list[str]:
         """Commits (or rollbacks), each to the Pump of its prewrite (``node_ids``), and new
         prewrites, each to a Pump picked as ``write_prewrite`` does, all at once: each
         Pump gets its share in one batch (one fsync there). Returns, once every one is
@@ -790,20 +800,22 @@ class PumpClient:
         for b in commits:
             if b.tp not in (binlog_pb2.COMMIT, binlog_pb2.ROLLBACK):
                 raise errors.InvalidArgument("write_commits takes COMMIT or ROLLBACK binlogs")
-        for b in prewrites:
-            if b.tp != binlog_pb2.PREWRITE:
+        for pw in prewrites:
+            if isinstance(pw, binlog_pb2.Binlog) and pw.tp != binlog_pb2.PREWRITE:
                 raise errors.InvalidArgument("write_prewrites takes PREWRITE binlogs")
-        pre_payloads = [b.SerializeToString() for b in prewrites]
-        for payload, b in zip(pre_payloads, prewrites, strict=True):
-            self._check_size(payload, b.start_ts)
-        if (any(self.replication_at(b.start_ts)[0] > 1 for b in prewrites)
+        # An EncodedPrewrite is a PREWRITE already serialized (wire.prewrite).
+        pre_payloads = [pw.payload if isinstance(pw, wire.EncodedPrewrite) else pw.SerializeToString()
+                        for pw in prewrites]
+        for payload, pw in zip(pre_payloads, prewrites, strict=True):
+            self._check_size(payload, pw.start_ts)
+        if (any(self.replication_at(pw.start_ts)[0] > 1 for pw in prewrites)
                 or any(len(self.holders(p)) > 1 for p in node_ids)):
             return self._replicated_group(commits, node_ids, prewrites, pre_payloads)
         picks: list[str] = []
-        for b in prewrites:
-            node_id = self._pick(b.start_ts, set())
+        for pw in prewrites:
+            node_id = self._pick(pw.start_ts, set())
             if node_id is None:
-                raise errors.Unavailable(f"no pump accepted the prewrite of start_ts {b.start_ts} "
+                raise errors.Unavailable(f"no pump accepted the prewrite of start_ts {pw.start_ts} "
                                          "(no online pump is known)")
             picks.append(node_id)
         n = len(commits)
@@ -821,7 +833,8 @@ class PumpClient:
         return picks
 
     def _replicated_group(self, commits: list[binlog_pb2.Binlog], placements: list[str],
-                          prewrites: list[binlog_pb2.Binlog], pre_payloads: list[bytes]) -> list[str]:
+                          prewrites: Sequence[binlog_pb2.Binlog | wire.EncodedPrewrite],
+                          pre_payloads: list[bytes]) -> list[str]:
         """``write_group`` with R > 1: every copy of every binlog in one batch per Pump;
         a prewrite short of R copies is topped up alone, a commit no holder took is
         retried alone."""
@@ -835,8 +848,8 @@ class PumpClient:
                 targets.append(node_id)
                 owner.append(k)
         n = len(commits)
-        for j, b in enumerate(prewrites):
-            for node_id in self._pick_many(b.start_ts, set(), self.replication_at(b.start_ts)[0]):
+        for j, pw in enumerate(prewrites):
+            for node_id in self._pick_many(pw.start_ts, set(), self.replication_at(pw.start_ts)[0]):
                 payloads.append(pre_payloads[j])
                 targets.append(node_id)
                 owner.append(n + j)
@@ -857,10 +870,10 @@ class PumpClient:
             if not ok[k]:
                 self.write_commit(commits[k], placements[k])
         out: list[str] = []
-        for j, b in enumerate(prewrites):
+        for j, pw in enumerate(prewrites):
             k = n + j
-            if len(ok[k]) < self.replication_at(b.start_ts)[0]:
-                out.append(self._replicated_prewrite(pre_payloads[j], b.start_ts, tried[k], errs[k], ok[k]))
+            if len(ok[k]) < self.replication_at(pw.start_ts)[0]:
+                out.append(self._replicated_prewrite(pre_payloads[j], pw.start_ts, tried[k], errs[k], ok[k]))
             else:
                 out.append(",".join(ok[k]))
         return out

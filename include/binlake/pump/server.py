@@ -12,7 +12,11 @@ arrives while an earlier one of the stream is still unanswered (a client with
 committer thread and reads on, so one batch is fsynced while the next travels:
 with one Pump at 16 writers that gave 1-30 % more transactions/s and a 29-41 %
 lower p99 in four runs (bench/RESULTS.md). A batch that finds none unanswered
-(always, with one batch on the wire) is committed by the reader itself.
+(always, with one batch on the wire) is committed by the reader itself, unless
+it is large (``HANDOFF_BYTES``): then too the committer takes it and the reader
+reads on, because a client sending that much (a source in bulk, whose group of
+megabytes goes out as several batches) most likely has the next batch on the
+way, and its fsync of a megabyte or more is long against the thread hop.
 
 There is one servicer, not one per concurrency model: an asyncio servicer
 (``grpc.aio`` on uvloop) was measured against this one on the same storage and
@@ -37,6 +41,10 @@ from binlake.pump.metrics import PumpMetrics
 from binlake.pump.service import PumpService
 from binlake.pump.storage import Results
 
+# A batch of at least this many payload bytes is committed by the storage's committer
+# thread even with no other batch unanswered (module docstring): its append and fsync
+# (a few milliseconds per megabyte) overlap the reading of the next batch.
+HANDOFF_BYTES = 256 << 10
 # How often an idle write stream checks whether the Pump is shutting down.
 _IDLE_CHECK_S = 0.2
 
@@ -129,12 +137,13 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
             try:
                 for req in request_iterator:
                     slot = _Slot(req.batch_id, time.perf_counter(), wake)
-                    # Another batch of this stream not answered yet: the client pipelines,
-                    # so this thread hands the commit on and reads the next batch meanwhile.
-                    may_lead = not order
+                    # Another batch of this stream not answered yet (the client pipelines), or a
+                    # large one: this thread hands the commit on and reads the next batch meanwhile.
+                    payloads = list(req.payloads)
+                    may_lead = not order and sum(map(len, payloads)) < HANDOFF_BYTES
                     order.append(slot)  # before queueing: its callback may run at once
                     try:
-                        self.service.write_cb(list(req.payloads), req.cluster_id, slot.done, may_lead=may_lead)
+                        self.service.write_cb(payloads, req.cluster_id, slot.done, may_lead=may_lead)
                     except Exception as exc:  # the whole batch refused (or a bug): the stream ends there
                         slot.done(None, exc)
                         return

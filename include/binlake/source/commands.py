@@ -133,6 +133,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="upstream (server + client) on CPU 0, registry, Pump, source and C replica on CPU 1")
     b.add_argument("--pgoutput-only", action="store_true",
                    help="only PostgreSQL tuple decoding, in process: native (_pgoutc) against the Python path")
+    b.add_argument("--bulk-only", action="store_true",
+                   help="only the bulk cases (mysqlbinlog, the source's start-up, each decoding path), no live cases")
     b.add_argument("--framing-only", action="store_true",
                    help="only the MySQL stream framing, in process: native against mysql-replication's reader")
     b.set_defaults(handler=_bench)

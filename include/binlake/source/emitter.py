@@ -21,11 +21,13 @@ an answer (committed with the journaled commit_ts, or rolled back).
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from binlake import errors, failpoint
+from binlake.client import wire
 from binlake.client.pump_client import PumpClient
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
@@ -34,6 +36,27 @@ from binlake.source import txn_status
 from binlake.source.journal import SourceState
 
 log = logging.getLogger(__name__)
+
+
+# A source's PumpClient, unless BINLAKE_CLIENT_* says otherwise: a group (up to 16 MiB,
+# ``pipeline.MAX_GROUP_BYTES``) goes out as batches of 1 MiB, up to 8 on the wire at once,
+# so the Pump appends and fsyncs one batch while the next travels (``pump.server``), not
+# all of a bulk group's megabytes after they all arrived. A live step's small group is one
+# batch of prewrites, as before; its batch of commits now travels beside it, not before it.
+SOURCE_BATCH_BYTES = 1 << 20
+SOURCE_INFLIGHT_BATCHES = 8
+
+
+def source_client_settings(registry: str) -> ClientSettings:
+    """The ClientSettings of a source's PumpClient: the environment's (BINLAKE_CLIENT_*),
+    with the source's batch size and batches in flight where it does not set them."""
+    settings = ClientSettings(registry=registry)
+    update: dict[str, int] = {}
+    if "BINLAKE_CLIENT_MAX_BATCH_BYTES" not in os.environ:
+        update["max_batch_bytes"] = SOURCE_BATCH_BYTES
+    if "BINLAKE_CLIENT_MAX_INFLIGHT_BATCHES" not in os.environ:
+        update["max_inflight_batches"] = SOURCE_INFLIGHT_BATCHES
+    return settings.model_copy(update=update)
 
 
 class Prewritten(NamedTuple):
@@ -70,7 +93,7 @@ class Emitter:
         self._status = txn_status.TxnStatusServer(state, status_addr).start()
         try:
             self.registry.register(NodeRecord(node_id=self.writer_id, kind="writer", addr=self._status.addr))
-            settings = client_settings or ClientSettings(registry=registry)
+            settings = client_settings or source_client_settings(registry)
             self.client = PumpClient(settings=settings, registry_client=self.registry)
         except BaseException:
             self._status.stop(0.1)
@@ -162,9 +185,7 @@ class Emitter:
                     for r in resend]
         pumps = self.client.write_group(
             commits, [p.pump for p in decide] + [r.pump for r in resend],
-            [binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=s, prewrite_key=writer,
-                               prewrite_value=v)
-             for (_i, _k, v), s in zip(fresh, starts, strict=True)])
+            [wire.prewrite(s, writer, v) for (_i, _k, v), s in zip(fresh, starts, strict=True)])
         if fresh:
             failpoint.hit("source-after-prewrite")
             if len(fresh) > 1:

@@ -98,11 +98,14 @@ from binlake.source.emitter import Emitter, Prewritten, Sent
 
 log = logging.getLogger(__name__)
 
-# Bounds of one group. 512 matches the PumpClient's default batch (max_batch_binlogs),
-# so a group's prewrites fit one Pump write; 8 MiB keeps a group of wide rows from
-# holding much memory (a single larger transaction still forms a group of its own).
+# Bounds of one group. 512 matches the PumpClient's default batch (max_batch_binlogs).
+# 16 MiB keeps a group of wide rows from holding much memory (a single larger transaction
+# still forms a group of its own; the queue holds at most one more group), and is not 8:
+# in bulk each step also pays a fixed part (the TSO call, the journal's fsync, the first
+# batch's trip and the last one's fsync at the Pump), and twice the bytes per step gave
+# 1.00-1.05 M row changes/s against 0.78-0.81 M in alternated runs (bench/RESULTS.md).
 MAX_GROUP_TXNS = 512
-MAX_GROUP_BYTES = 8 << 20
+MAX_GROUP_BYTES = 16 << 20
 # With nothing to send for this long, the sender calls on_idle (a due checkpoint).
 IDLE_S = 0.05
 # How long a group waiting for its commit waits for a next transaction to share the step.
@@ -144,14 +147,14 @@ class Item:
 
     __slots__ = ("event_ts", "key", "position", "rows", "size", "value")
 
-    def __init__(self, key: str | None, value: binlog_pb2.PrewriteValue | None, position: Any,
+    def __init__(self, key: str | None, value: binlog_pb2.PrewriteValue | bytes | None, position: Any,
                  event_ts: float = 0.0, rows: int = 0) -> None:
         if (key is None) != (value is None):
             raise ValueError("an item has both a key and a value, or neither")
         self.key = key
-        # Serialized here, in the reader thread, once: its size bounds the group, and the
-        # sender puts these bytes into the prewrite as they are.
-        self.value = value.SerializeToString() if value is not None else None
+        # Serialized here, in the reader thread, once (or given serialized): its size bounds
+        # the group, and the sender puts these bytes into the prewrite as they are.
+        self.value = value.SerializeToString() if isinstance(value, binlog_pb2.PrewriteValue) else value
         self.position = position
         self.event_ts = event_ts
         self.rows = rows

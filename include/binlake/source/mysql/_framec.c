@@ -51,19 +51,38 @@ enum {
 };
 enum { K_EOF = -1, K_ERROR = -2, K_BADSUM = -3, K_RAW = -4 };
 
-static uint32_t crc_table[256];
+/* The binlog's CRC32 (zlib's polynomial), eight bytes per step ("slicing by 8"):
+   table k holds the CRC of a byte followed by k zero bytes, so eight table look-ups
+   fold eight input bytes at once. Byte by byte, the checksum was the source's largest
+   single cost in bulk (a third of its CPU on 1,000-row transactions, bench/RESULTS.md);
+   sliced it is about five times faster, and identical (tests/source/test_mysql_framing.py
+   checks it against zlib.crc32). */
+static uint32_t crc_table[8][256];
 
 static void crc_init(void) {
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[i] = c;
+        crc_table[0][i] = c;
     }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
 }
 
 static uint32_t crc32_of(const unsigned char *p, size_t n) {
     uint32_t c = 0xFFFFFFFFu;
-    while (n--) c = crc_table[(c ^ *p++) & 0xFF] ^ (c >> 8);
+    while (n >= 8) {
+        /* Little-endian assembly by shifts: no alignment or byte-order assumption. */
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        c = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF] ^
+            crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+            crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
     return c ^ 0xFFFFFFFFu;
 }
 

@@ -74,6 +74,8 @@ FIRST_TABLE_ID = 100
 # a longer gap only means more transactions re-read (and deduplicated) after a crash.
 CHECKPOINT_INTERVAL_S = 1.0
 PROGRESS_INTERVAL_S = 10.0
+# A row change's MutationType as one byte of a TableMutation's packed sequence.
+_INSERTS, _UPDATES, _DELETES = bytes([binlog_pb2.INSERT]), bytes([binlog_pb2.UPDATE]), bytes([binlog_pb2.DELETE_ROW])
 
 def parse_start(start: str | None) -> tuple[str, Any]:
     """``now`` | ``snapshot`` | ``FILE:POS`` | ``gtid:SET`` -> (kind, value)."""
@@ -98,18 +100,40 @@ class _SnapshotStopped(Exception):
     """stop() during the snapshot, before its commit point."""
 
 
+class _Mutation:
+    """One table's row changes in a transaction, in the order of TableMutation's fields
+    (``sequence``: one MutationType value per row change, in execution order)."""
+
+    __slots__ = ("deleted_rows", "inserted_rows", "sequence", "table_id", "updated_rows")
+
+    def __init__(self, table_id: int) -> None:
+        self.table_id = table_id
+        self.inserted_rows: list[bytes] = []
+        self.updated_rows: list[bytes] = []
+        self.deleted_rows: list[bytes] = []
+        self.sequence = bytearray()
+
+
 class _Txn:
+    """An upstream transaction being read: its tables' row changes (first seen first),
+    serialized into its PrewriteValue once, at its end (``value``)."""
+
     def __init__(self) -> None:
-        # The rows go straight into the prewrite's value (no copy of a large transaction's rows).
-        self.value = binlog_pb2.PrewriteValue()
-        self.mutations: dict[int, binlog_pb2.TableMutation] = {}
+        self.mutations: dict[int, _Mutation] = {}
         self.rows = 0
 
-    def mut(self, table_id: int) -> binlog_pb2.TableMutation:
+    def mut(self, table_id: int) -> _Mutation:
         m = self.mutations.get(table_id)
         if m is None:
-            m = self.mutations[table_id] = self.value.mutations.add(table_id=table_id)
+            m = self.mutations[table_id] = _Mutation(table_id)
         return m
+
+    def value(self, schema_version: int, native: bool) -> bytes:
+        """The serialized PrewriteValue (``rowsplan.prewrite_value``: natively, each row
+        copied once, or through the protobuf message: the same bytes)."""
+        return rowsplan.prewrite_value(schema_version, [
+            (m.table_id, m.inserted_rows, m.updated_rows, m.deleted_rows, bytes(m.sequence))
+            for m in self.mutations.values()], native)
 
 
 class MySQLSource:
@@ -499,14 +523,14 @@ class MySQLSource:
     def _add_rows(self, txn: _Txn, t: MyTable, kind: int, rows: list[bytes]) -> None:
         m = txn.mut(t.table_id)
         if kind in framing.WRITES:
-            m.inserted_rows.extend(rows)
-            m.sequence.extend([binlog_pb2.INSERT] * len(rows))
+            m.inserted_rows += rows
+            m.sequence += _INSERTS * len(rows)
         elif kind in framing.UPDATES:
-            m.updated_rows.extend(rows)
-            m.sequence.extend([binlog_pb2.UPDATE] * len(rows))
+            m.updated_rows += rows
+            m.sequence += _UPDATES * len(rows)
         else:
-            m.deleted_rows.extend(rows)
-            m.sequence.extend([binlog_pb2.DELETE_ROW] * len(rows))
+            m.deleted_rows += rows
+            m.sequence += _DELETES * len(rows)
         txn.rows += len(rows)
 
     def _rows(self, txn: _Txn, t: MyTable, ev: Any, plan: Any = None) -> None:
@@ -550,8 +574,8 @@ class MySQLSource:
         """The transaction ends at ``file:pos`` (its XID's or COMMIT's end)."""
         assert self.pipeline is not None
         if txn is not None and txn.mutations:
-            txn.value.schema_version = int(self.state.state.get("schema_version", 0))
-            self.pipeline.submit(Item(f"{file}:{pos}", txn.value, (file, pos), float(event_ts), txn.rows))
+            value = txn.value(int(self.state.state.get("schema_version", 0)), self.native)
+            self.pipeline.submit(Item(f"{file}:{pos}", value, (file, pos), float(event_ts), txn.rows))
         else:  # nothing tracked in it: only the position moves (in order with the rest)
             self.pipeline.submit(Item(None, None, (file, pos), float(event_ts)))
 
