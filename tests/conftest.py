@@ -22,6 +22,7 @@ from pumpkit import Processes, PumpFactory, Upstream, register_writer, start_reg
 from binlake.registry.client import RegistryClient
 from binlake.registry.server import RegistryServer
 from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
+from binlake.testing.netbed import NetBed
 
 if TYPE_CHECKING:
     # pyspark is imported when a test first asks for ``spark``: suites without
@@ -71,6 +72,20 @@ def spark() -> Iterator[SparkSession]:
                               extra_conf=SPARK_TEST_CONF)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def bed(request: pytest.FixtureRequest) -> Iterator[NetBed]:
+    """The multi-host test bed: as many hosts (network namespaces) as the test's
+    ``hosts(n)`` mark asks for; the test is skipped where namespaces cannot be made."""
+    mark = request.node.get_closest_marker("hosts")
+    if mark is None or not mark.args or not isinstance(mark.args[0], int):
+        raise pytest.UsageError(f"{request.node.nodeid} uses `bed` without a pytest.mark.hosts(n) mark")
+    why = NetBed.probe()
+    if why:
+        pytest.skip(f"multi-host test bed unavailable: {why}")
+    with NetBed(mark.args[0]) as b:
+        yield b
 
 
 @pytest.fixture

@@ -30,7 +30,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -56,7 +55,7 @@ from binlake.testing.netbed import Host, NetBed
 
 # The nemesis rounds take ~70 s, the ingest, apply and diff at the end ~40-60 s
 # with the shared Spark session (minutes on a loaded machine).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.hosts(5)]
 
 LEASE_S = 3.0
 REG_PORT = 8230
@@ -83,15 +82,6 @@ while True:
     out.write(f"{t0} {time.monotonic_ns()} {ts}\\n")
     time.sleep(0.002)
 """
-
-
-@pytest.fixture
-def bed() -> Iterator[NetBed]:
-    why = NetBed.probe()
-    if why:
-        pytest.skip(f"multi-host test bed unavailable: {why}")
-    with NetBed(5) as b:
-        yield b
 
 
 class Writers:

