@@ -26,6 +26,13 @@ Pump processes sharing the two cores and halving each stream's batches, which
 a floor of one Pump does not pay; the floor of the same shape is the
 transport's ceiling for that cluster.
 
+``--no-flush`` adds the same Pumps with the disk flush skipped (``noflush``
+rows: ``bench/noflush/sitecustomize.py`` makes the value log's fdatasync return
+at once in the Pump processes only; nothing in binlake can do that): between
+the floor and the real rows, it splits what the Pump costs into its own code
+and the disk's flush, in the same run. Acknowledged writes there would not
+survive a power loss: it is a measurement, never a setting.
+
 ``--echo`` adds grpcio's own ceiling (``grpc_echo``): a bidirectional-stream
 echo with no binlake code, one stream per writer, in the same run. Two of its
 round trips are one committed transaction's worth of acknowledged messages.
@@ -405,6 +412,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         parser.add_argument("--no-storage", dest="storage", action="store_false")
         parser.add_argument("--floor", action="store_true")
         parser.add_argument("--echo", action="store_true")
+        parser.add_argument("--no-flush", action="store_true")
         parser.add_argument("--replicas", default="")
         args = parser.parse_args()
     try:
@@ -435,10 +443,14 @@ def main(args: argparse.Namespace | None = None) -> int:
     root = pathlib.Path(tempfile.mkdtemp(prefix="pump-bench-", dir=base))
     print(f"scratch dir {root} ({shutil.disk_usage(root).free / 1e9:.0f} GB free); "
           f"fdatasync of 1 KiB here: {fsync_latency(root):.2f} ms", flush=True)
-    # (name, include dir or None for this tree): each case runs on each, back to back.
-    variants: list[tuple[str, str | None]] = [("new", None)]
+    # (name, include dir or None for this tree, the Pumps' extra environment): each case
+    # runs on each, back to back.
+    variants: list[tuple[str, str | None, dict[str, str]]] = [("new", None, {})]
     if baseline:
-        variants.append(("baseline", str(pathlib.Path(baseline).resolve())))
+        variants.append(("baseline", str(pathlib.Path(baseline).resolve()), {}))
+    if getattr(args, "no_flush", False):
+        variants.append(("noflush", None, {"PYTHONPATH": str(ROOT / "bench" / "noflush"),
+                                           "BINLAKE_BENCH_NO_FLUSH": "1"}))
     rows = []
     storage_rows = []
     echo_rows: list[dict[str, float]] = []
@@ -459,11 +471,11 @@ def main(args: argparse.Namespace | None = None) -> int:
                     echo_rows.append(e)
                     print(f"  grpcio echo writers={w:<3} size={size:<6} {e['rt_s']:>8.0f} round trips/s "
                           f"p50 {e['p50_ms']:.2f} ms p99 {e['p99_ms']:.2f} ms", flush=True)
-            for name, include in variants:
-                if getattr(args, "storage", True):
+            for name, include, pump_env in variants:
+                if getattr(args, "storage", True) and name != "noflush":
                     for w in sorted({1, 16} & set(writers) or {min(writers)}):
                         r = storage_case(include, root / f"storage-{name}", w, size, args.seconds)
-                        r.update(variant="new" if include is None else name, writers=w, size=size, raw_rec_s=raw_rec_s, raw_one_s=raw[size][2])
+                        r.update(variant=name, writers=w, size=size, raw_rec_s=raw_rec_s, raw_one_s=raw[size][2])
                         storage_rows.append(r)
                         print(f"  {name:<8} storage alone writers={w:<3} size={size:<6} {r['txn_s']:>8.0f} txn/s "
                               f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms {r['fsync_s']:.0f} fsyncs/s",
@@ -473,7 +485,7 @@ def main(args: argparse.Namespace | None = None) -> int:
                     "--stop-write-at-free-bytes", "0"])
                 # Only pump1 serves metrics (one address cannot serve several Pumps).
                 cluster.pumps["pump1"].args += ["--metrics-addr", metrics_addr]
-                env = {"PYTHONPATH": include}
+                env = {"PYTHONPATH": include, **pump_env}
                 saved = {k: os.environ.get(k) for k in env}
                 for k, v in env.items():
                     if v:
@@ -503,7 +515,7 @@ def main(args: argparse.Namespace | None = None) -> int:
                               f"{r['txn_s']:>8.0f} txn/s {r['mb_s']:>7.1f} MB/s  p50 {r['p50_ms']:.2f} ms  "
                               f"p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s  pump {r['cpu_us_txn']:.0f} "
                               f"CPU µs/txn, peak RSS {r['rss_mib']:.0f} MiB", flush=True)
-                    if getattr(args, "floor", False) and include is None:
+                    if getattr(args, "floor", False) and name == "new":
                         # One null Pump, and (with --replicas) as many as the R rows' cluster.
                         for n_null in sorted({1, max(replica_counts)}):
                             floor_name = "floor" if n_null == 1 else f"floor-{n_null}pumps"
@@ -574,11 +586,15 @@ def main(args: argparse.Namespace | None = None) -> int:
                 ratios.append(f"{r['txn_s'] / ref[0]['txn_s']:.2f}" if ref and ref[0]["txn_s"] else "-")
             print(f"| {r['variant']} | 1 | {r['tso']} | {r['commit']} | {r['writers']} | {r['txn_s']:.0f} | "
                   + " | ".join(ratios) + " |")
+    if any(r["variant"] == "noflush" for r in rows):
+        print("noflush = the same Pumps with the value log's fdatasync returning at once (bench/noflush; fsyncs/s "
+              "there counts the flushes skipped): the Pump's own code without the disk's flush.")
     print("commit binlog sync = the writer waits for it; background = as TxnWriter (the upstream has "
           "committed), counted only once acknowledged.")
     print(f"raw = the same record sizes appended 64 per fdatasync on the same disk; client processes: "
           f"{args.client_procs}; paths: " + ", ".join(
-              f"{n} = {i or 'this tree'}" for n, i in variants) + ".")
+              f"{n} = {i or 'this tree'}" + (" with the Pumps' disk flush skipped" if e else "")
+              for n, i, e in variants) + ".")
     return 0
 
 

@@ -65,6 +65,10 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--floor", action="store_true",
                    help="also run every case against a Pump that acknowledges at once and stores nothing "
                         "(same gRPC server, servicer and client): the transport's ceiling on this machine")
+    b.add_argument("--no-flush", action="store_true",
+                   help="also run every case on the same Pumps with their disk flush skipped (bench only: "
+                        "nothing in binlake can skip it): splits the Pump's cost into its own code and the "
+                        "disk's flush")
     b.add_argument("--echo", action="store_true",
                    help="also measure grpcio alone: a stream echo with no binlake code, one stream per writer "
                         "(what any Python Pump on grpcio could reach here)")
