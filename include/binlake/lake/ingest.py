@@ -72,9 +72,14 @@ log = logging.getLogger(__name__)
 CHANGES, DDL_HISTORY, WINDOWS = location.CHANGES, location.DDL_HISTORY, location.WINDOWS
 check_lake, table_path, is_delta, read_windows = (location.check_lake, location.table_path, location.is_delta,
                                                  location.read_windows)
-WINDOWS_DDL = ("start_ts long, end_ts long, pumps array<string>, rows_per_pump map<string,long>, "
-               "rows_per_table_op map<string,long>, txns long, rows long, ddls long, status string, "
-               "ingested_at timestamp")
+# The ledger's (``windows``) columns and their Spark SQL types: WINDOWS_DDL and the
+# Arrow schema of a staged ledger batch (``_ledger_batch``) are both derived from it.
+WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("start_ts", "long"), ("end_ts", "long"), ("pumps", "array<string>"), ("rows_per_pump", "map<string,long>"),
+    ("rows_per_table_op", "map<string,long>"), ("txns", "long"), ("rows", "long"), ("ddls", "long"),
+    ("status", "string"), ("ingested_at", "timestamp"),
+)
+WINDOWS_DDL = ", ".join(f"{name} {kind}" for name, kind in WINDOW_COLUMNS)
 # Partitions of about this many row changes at least: smaller ones cost more
 # in task overhead than they win in balance.
 MIN_ROWS_PER_PARTITION = 20_000
@@ -755,21 +760,21 @@ def _record(spark: SparkSession, lake: str, rows: list[tuple[Any, ...]], check: 
 
 
 def _ledger_batch(rows: list[tuple[Any, ...]]) -> Any:
-    """Ledger rows (``WINDOWS_DDL``'s columns, ``ingested_at`` naive UTC) as one Arrow batch."""
+    """Ledger rows (``WINDOW_COLUMNS``, ``ingested_at`` naive UTC) as one Arrow batch."""
     import pyarrow as pa
 
-    counts = pa.map_(pa.string(), pa.int64())
-    schema = pa.schema([("start_ts", pa.int64()), ("end_ts", pa.int64()), ("pumps", pa.list_(pa.string())),
-                        ("rows_per_pump", counts), ("rows_per_table_op", counts), ("txns", pa.int64()),
-                        ("rows", pa.int64()), ("ddls", pa.int64()), ("status", pa.string()),
-                        ("ingested_at", pa.timestamp("us", tz="UTC"))])
-    columns = list(zip(*rows, strict=True))
-    values = [list(c) for c in columns]
-    for i in (3, 4):  # maps as (key, value) pairs
-        values[i] = [sorted(m.items()) for m in values[i]]
-    values[9] = [t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t for t in values[9]]
-    return pa.RecordBatch.from_arrays([pa.array(v, type=f.type) for v, f in zip(values, schema, strict=True)],
-                                      schema=schema)
+    arrow_types = {"long": pa.int64(), "string": pa.string(), "array<string>": pa.list_(pa.string()),
+                   "map<string,long>": pa.map_(pa.string(), pa.int64()),
+                   "timestamp": pa.timestamp("us", tz="UTC")}
+    schema = pa.schema([(name, arrow_types[kind]) for name, kind in WINDOW_COLUMNS])
+    arrays = []
+    for (_name, kind), field, values in zip(WINDOW_COLUMNS, schema, zip(*rows, strict=True), strict=True):
+        if kind.startswith("map<"):  # maps as (key, value) pairs
+            values = tuple(sorted(m.items()) for m in values)
+        elif kind == "timestamp":
+            values = tuple(t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t for t in values)
+        arrays.append(pa.array(list(values), type=field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _move_checkpoint(spark: SparkSession, lake: str, registry: str, w: _Window, say: Progress) -> None:
