@@ -32,7 +32,6 @@ import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import pyarrow as pa
 from sqlalchemy.engine import Connection
 
 from binlake import errors, failpoint
@@ -162,7 +161,7 @@ def arrow_parallel(target: sink.Target, batch: Batch, safe: bool) -> bool:
 
 def arrow_buckets(batch: Batch, tasks: int, done: set[int]) -> list[tuple[int, list[tuple[Any, ...]]]]:
     """The batch's final changes dealt into at most ``tasks`` buckets by key, each as
-    (checkpoint id, [(table, keys to delete, keys inserted, rows as Arrow IPC)]),
+    (checkpoint id, [(table, keys to delete, keys inserted, rows as an Arrow table)]),
     leaving out the buckets in ``done``. The bucket of a key depends on the key and
     the bucket count only, and a rerun takes the count from the buckets it finds
     (``done``): an id means the same changes in every run."""
@@ -174,10 +173,8 @@ def arrow_buckets(batch: Batch, tasks: int, done: set[int]) -> list[tuple[int, l
         for i, (gone, inserted, rows) in enumerate(final.split(count)):
             if checkpoint.bucket_id(i, count) in done or (not gone and rows.num_rows == 0):
                 continue
-            sink_ = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink_, rows.schema) as w:
-                w.write_table(rows)
-            parts[i].append((name, gone, inserted, sink_.getvalue().to_pybytes()))
+            # The workers are threads of this process: the table goes to them as it is.
+            parts[i].append((name, gone, inserted, rows))
     return [(checkpoint.bucket_id(i, count), part) for i, part in enumerate(parts) if part]
 
 
@@ -190,8 +187,7 @@ def apply_arrow_buckets(url: str, task_name: str, infos_raw: dict[str, bytes], s
     def write(target: sink.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
         n = 0
         for _g, parts in todo:
-            for name, gone, inserted, ipc in parts:
-                rows = pa.ipc.open_stream(ipc).read_all()
+            for name, gone, inserted, rows in parts:
                 n += write_final(target, conn, infos[name], gone, functools.partial(list, inserted),
                                   functools.partial(target.insert_arrow, conn, infos[name], rows))
         return n
