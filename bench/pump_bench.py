@@ -449,8 +449,10 @@ def main(args: argparse.Namespace | None = None) -> int:
     if baseline:
         variants.append(("baseline", str(pathlib.Path(baseline).resolve()), {}))
     if getattr(args, "no_flush", False):
-        variants.append(("noflush", None, {"PYTHONPATH": str(ROOT / "bench" / "noflush"),
-                                           "BINLAKE_BENCH_NO_FLUSH": "1"}))
+        # The shim ahead of the caller's own path (a worktree's include dir, say): the
+        # Pumps must still import the tree this bench measures.
+        shim_path = os.pathsep.join(p for p in (str(ROOT / "bench" / "noflush"), os.environ.get("PYTHONPATH")) if p)
+        variants.append(("noflush", None, {"PYTHONPATH": shim_path, "BINLAKE_BENCH_NO_FLUSH": "1"}))
     rows = []
     storage_rows = []
     echo_rows: list[dict[str, float]] = []
