@@ -29,7 +29,7 @@ import pytest
 from pumpkit import free_port, wait_until
 
 from binlake import errors
-from binlake.lake import connect, ingest, staging
+from binlake.lake import arrow_batches, connect, ingest, staging
 from binlake.lake.connect_server import ConnectServer
 from binlake.lake.planner import plan_window
 from binlake.lake.pump_check import check_pumps
@@ -376,7 +376,7 @@ def test_lost_ledger_append_leaves_one_ledger_row(server: ConnectServer, cluster
             # (it reads the table's version before running the query) when the UDF sleeps.
             slow = F.udf(lambda v: (time.sleep(6), v)[1], "long")
             try:
-                with staging.arrow_frame(lost_session, lake, [ingest._ledger_batch([row])], ingest.WINDOWS_DDL,
+                with staging.arrow_frame(lost_session, lake, [arrow_batches.ledger_batch([row])], ingest.WINDOWS_DDL,
                                          f"windows-{a}-{b}") as df:
                     df.withColumn("txns", slow("txns")).write.format("delta").mode("append").save(path)
                 outcome.append(None)

@@ -1,14 +1,16 @@
-"""Arrow record batches of change rows and DDL rows, as the data source hands them to Spark."""
+"""Arrow record batches of change rows and DDL rows, as the data source hands them to
+Spark, and of ledger rows, as the ingest stages them."""
 
 from __future__ import annotations
 
 import array
+import datetime as dt
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from binlake.lake.native import StringColumn
-from binlake.lake.rows import CHANGE_COLUMNS, DDL_COLUMNS
+from binlake.lake.rows import CHANGE_COLUMNS, DDL_COLUMNS, WINDOW_COLUMNS
 
 # Rows per Arrow batch handed to Spark: large enough to amortise the per-batch
 # cost, small enough to keep a partition's memory bounded (~10 MB of images).
@@ -21,7 +23,8 @@ def _arrow_types() -> dict[str, Any]:
     import pyarrow as pa
 
     return {"long": pa.int64(), "int": pa.int32(), "date": pa.date32(), "string": pa.string(),
-            "boolean": pa.bool_(), "binary": pa.binary()}
+            "boolean": pa.bool_(), "binary": pa.binary(), "array<string>": pa.list_(pa.string()),
+            "map<string,long>": pa.map_(pa.string(), pa.int64()), "timestamp": pa.timestamp("us", tz="UTC")}
 
 
 def changes_batch(columns: Mapping[str, Any]) -> Any:
@@ -63,3 +66,19 @@ def ddl_batch(rows: list[dict[str, Any]]) -> Any:
     return pa.RecordBatch.from_arrays(
         [pa.array([r[name] for r in rows], types[kind]) for name, kind in DDL_COLUMNS],
         names=[n for n, _ in DDL_COLUMNS])
+
+
+def ledger_batch(rows: list[tuple[Any, ...]]) -> Any:
+    """Ledger rows (tuples in ``WINDOW_COLUMNS`` order, ``ingested_at`` naive UTC) as one
+    pyarrow RecordBatch."""
+    import pyarrow as pa
+
+    types = _arrow_types()
+    arrays = []
+    for (_name, kind), values in zip(WINDOW_COLUMNS, zip(*rows, strict=True), strict=True):
+        if kind.startswith("map<"):  # maps as (key, value) pairs
+            values = tuple(sorted(m.items()) for m in values)
+        elif kind == "timestamp":
+            values = tuple(t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t for t in values)
+        arrays.append(pa.array(list(values), types[kind]))
+    return pa.RecordBatch.from_arrays(arrays, names=[n for n, _ in WINDOW_COLUMNS])

@@ -50,12 +50,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
-from binlake.lake import checkpoint, connect, location, staging, writelock
+from binlake.lake import arrow_batches, checkpoint, connect, location, staging, writelock
 from binlake.lake import pump_source as lake_source
 from binlake.lake.ddl_rows import ddl_row
 from binlake.lake.planner import check_window, pumps_for_window
 from binlake.lake.pump_check import plan_read, pump_statuses
-from binlake.lake.rows import CHANGES_DDL, DDL_COLUMNS, DDL_HISTORY_DDL, commit_date
+from binlake.lake.rows import CHANGES_DDL, DDL_COLUMNS, DDL_HISTORY_DDL, WINDOWS_DDL, commit_date
 from binlake.lake.schema_history import SchemaHistory, UnknownTableError
 from binlake.lake.spark_errors import binlake_error
 from binlake.lake.window_index import WindowIndex, index_window, merge_consecutive, scan_ddls
@@ -72,14 +72,6 @@ log = logging.getLogger(__name__)
 CHANGES, DDL_HISTORY, WINDOWS = location.CHANGES, location.DDL_HISTORY, location.WINDOWS
 check_lake, table_path, is_delta, read_windows = (location.check_lake, location.table_path, location.is_delta,
                                                  location.read_windows)
-# The ledger's (``windows``) columns and their Spark SQL types: WINDOWS_DDL and the
-# Arrow schema of a staged ledger batch (``_ledger_batch``) are both derived from it.
-WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("start_ts", "long"), ("end_ts", "long"), ("pumps", "array<string>"), ("rows_per_pump", "map<string,long>"),
-    ("rows_per_table_op", "map<string,long>"), ("txns", "long"), ("rows", "long"), ("ddls", "long"),
-    ("status", "string"), ("ingested_at", "timestamp"),
-)
-WINDOWS_DDL = ", ".join(f"{name} {kind}" for name, kind in WINDOW_COLUMNS)
 # Partitions of about this many row changes at least: smaller ones cost more
 # in task overhead than they win in balance.
 MIN_ROWS_PER_PARTITION = 20_000
@@ -754,27 +746,9 @@ def _record(spark: SparkSession, lake: str, rows: list[tuple[Any, ...]], check: 
     if not local:
         write(spark.createDataFrame(rows, WINDOWS_DDL))
         return
-    with staging.arrow_frame(spark, lake, [_ledger_batch(rows)], WINDOWS_DDL,
+    with staging.arrow_frame(spark, lake, [arrow_batches.ledger_batch(rows)], WINDOWS_DDL,
                              f"windows-{whole.start_ts}-{whole.end_ts}") as staged:
         write(staged)
-
-
-def _ledger_batch(rows: list[tuple[Any, ...]]) -> Any:
-    """Ledger rows (``WINDOW_COLUMNS``, ``ingested_at`` naive UTC) as one Arrow batch."""
-    import pyarrow as pa
-
-    arrow_types = {"long": pa.int64(), "string": pa.string(), "array<string>": pa.list_(pa.string()),
-                   "map<string,long>": pa.map_(pa.string(), pa.int64()),
-                   "timestamp": pa.timestamp("us", tz="UTC")}
-    schema = pa.schema([(name, arrow_types[kind]) for name, kind in WINDOW_COLUMNS])
-    arrays = []
-    for (_name, kind), field, values in zip(WINDOW_COLUMNS, schema, zip(*rows, strict=True), strict=True):
-        if kind.startswith("map<"):  # maps as (key, value) pairs
-            values = tuple(sorted(m.items()) for m in values)
-        elif kind == "timestamp":
-            values = tuple(t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t for t in values)
-        arrays.append(pa.array(list(values), type=field.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _move_checkpoint(spark: SparkSession, lake: str, registry: str, w: _Window, say: Progress) -> None:

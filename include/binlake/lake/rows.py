@@ -1,4 +1,5 @@
-"""The lake's two row shapes: change rows (``changes``) and DDL rows (``ddl_history``).
+"""The lake's row shapes: change rows (``changes``), DDL rows (``ddl_history``) and
+ledger rows (``windows``).
 
 Change rows (the ``changes`` table, ``CHANGE_COLUMNS``)::
 
@@ -25,6 +26,13 @@ DDL rows (the ``ddl_history`` table, ``DDL_COLUMNS``, made by ``binlake.lake.ddl
     commit_ts long, start_ts long, schema_version long, db string, tbl string,
     table_id long, previous_table_id long, dropped boolean, query string,
     table_info binary (a serialized TableInfo), table_json string
+
+Ledger rows (the ``windows`` table, ``WINDOW_COLUMNS``, one per ingested window,
+written by ``binlake.lake.ingest``)::
+
+    start_ts long, end_ts long, pumps array<string>, rows_per_pump map<string,long>,
+    rows_per_table_op map<string,long>, txns long, rows long, ddls long, status string,
+    ingested_at timestamp
 """
 
 from __future__ import annotations
@@ -44,9 +52,15 @@ DDL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("tbl", "string"), ("table_id", "long"), ("previous_table_id", "long"), ("dropped", "boolean"),
     ("query", "string"), ("table_info", "binary"), ("table_json", "string"),
 )
-# Spark DDL strings of the two row shapes (DataFrame schemas and the data source's).
+WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("start_ts", "long"), ("end_ts", "long"), ("pumps", "array<string>"), ("rows_per_pump", "map<string,long>"),
+    ("rows_per_table_op", "map<string,long>"), ("txns", "long"), ("rows", "long"), ("ddls", "long"),
+    ("status", "string"), ("ingested_at", "timestamp"),
+)
+# Spark DDL strings of the row shapes (DataFrame schemas and the data source's).
 CHANGES_DDL = ", ".join(f"{name} {kind}" for name, kind in CHANGE_COLUMNS)
 DDL_HISTORY_DDL = ", ".join(f"{name} {kind}" for name, kind in DDL_COLUMNS)
+WINDOWS_DDL = ", ".join(f"{name} {kind}" for name, kind in WINDOW_COLUMNS)
 
 OPS = ("insert", "update", "delete")
 _DAY_MS = 86_400_000
