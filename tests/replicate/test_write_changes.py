@@ -114,24 +114,20 @@ def test_apply_groups_one_transaction_per_task_and_skips_groups_already_in(tmp_p
     t = sink.open_target(url)
     t.create_table(info())
     checkpoint.ensure(t.engine)
-    raw = {"t": info().SerializeToString()}
-
-    def as_tuple(c: Change) -> tuple[Any, ...]:
-        return (c.table, c.op, c.before, c.after, c.commit_ts, c.seq)
-
-    groups = [(0, [as_tuple(Change("t", "insert", None, r(1, 1))), as_tuple(Change("t", "update", r(1, 1), r(1, 5)))]),
-              (1, [as_tuple(Change("t", "insert", None, r(2, 2)))])]
-    assert list(parallel.apply_groups(url, "task", raw, 10, 0, 10, False, groups[:1])) == [(1, 1, "")]  # compacted to one insert
+    infos = {"t": info()}
+    groups = [(0, [Change("t", "insert", None, r(1, 1)), Change("t", "update", r(1, 1), r(1, 5))]),
+              (1, [Change("t", "insert", None, r(2, 2))])]
+    assert list(parallel.apply_groups(url, "task", infos, 10, 0, 10, False, groups[:1])) == [(1, 1, "")]  # compacted to one insert
     assert rows(t) == [(1, 5, "x")]
     # a rerun of the whole batch applies only group 1
-    assert list(parallel.apply_groups(url, "task", raw, 10, 0, 10, False, groups)) == [(1, 1, "")]
+    assert list(parallel.apply_groups(url, "task", infos, 10, 0, 10, False, groups)) == [(1, 1, "")]
     assert rows(t) == [(1, 5, "x"), (2, 2, "x")]
     with t.engine.connect() as conn:
         assert checkpoint.done_groups(conn, "task", 10) == {0, 1}
     # a group whose row is missing: nothing of the task's groups is written, the message names the key
-    bad = [(2, [as_tuple(Change("t", "insert", None, r(3, 3)))]),
-           (3, [as_tuple(Change("t", "delete", r(9, 9), None))])]
-    ((n_groups, n_rows, message),) = list(parallel.apply_groups(url, "task", raw, 10, 0, 10, False, bad))
+    bad = [(2, [Change("t", "insert", None, r(3, 3))]),
+           (3, [Change("t", "delete", r(9, 9), None)])]
+    ((n_groups, n_rows, message),) = list(parallel.apply_groups(url, "task", infos, 10, 0, 10, False, bad))
     assert (n_groups, n_rows) == (0, 0) and "target table t: the row with key id=9" in message
     assert rows(t) == [(1, 5, "x"), (2, 2, "x")]
     t.close()

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -58,14 +58,13 @@ def apply_window(spark: Any, target: sink.Target, target_url: str, task: Task, b
     the checkpoint at its end. ``spark`` is not used (the batches are read already);
     kept so that both modes take the same arguments."""
     for batch in batches:
-        infos = {name: info.SerializeToString() for name, info in batch.infos.items()}
         if arrow_parallel(target, batch, safe):
             with target.engine.connect() as conn:
                 done = checkpoint.done_groups(conn, task.name, batch.end)
             items = arrow_buckets(batch, task.parallel_tasks, done)
             if items:
                 summary.rows_written += run_groups(task.parallel_tasks, items, functools.partial(
-                    apply_arrow_buckets, target_url, task.name, infos, batch.end, a, b))
+                    apply_arrow_buckets, target_url, task.name, batch.infos, batch.end, a, b))
             changes: list[Change] = []
         else:
             changes = batch.changes()
@@ -76,12 +75,10 @@ def apply_window(spark: Any, target: sink.Target, target_url: str, task: Task, b
             groups = causality.group(changes, keys)
             with target.engine.connect() as conn:
                 done = checkpoint.done_groups(conn, task.name, batch.end)
-            work = [(g, [(c.table, c.op, c.before, c.after, c.commit_ts, c.seq) for c in part])
-                    for g, part in buckets(groups, task.parallel_tasks, done)
-                    if g not in done]
+            work = [(g, part) for g, part in buckets(groups, task.parallel_tasks, done) if g not in done]
             if work:
                 summary.rows_written += run_groups(task.parallel_tasks, work, functools.partial(
-                    apply_groups, target_url, task.name, infos, batch.end, a, b, safe,
+                    apply_groups, target_url, task.name, batch.infos, batch.end, a, b, safe,
                     compacted=batch.compacted))
         with target.engine.connect() as conn:
             conn.begin()
@@ -178,11 +175,11 @@ def arrow_buckets(batch: Batch, tasks: int, done: set[int]) -> list[tuple[int, l
     return [(checkpoint.bucket_id(i, count), part) for i, part in enumerate(parts) if part]
 
 
-def apply_arrow_buckets(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int,
+def apply_arrow_buckets(url: str, task_name: str, infos: Mapping[str, binlog_pb2.TableInfo], seg_end: int, a: int,
+                        b: int,
                         items: Iterable[tuple[int, list[tuple[Any, ...]]]]) -> Iterator[tuple[int, int, str]]:
     """Run by a worker: the Arrow buckets it was given (``arrow_buckets``: per
     table the keys to delete, then the rows to insert) that are not in yet."""
-    infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
 
     def write(target: sink.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
         n = 0
@@ -195,20 +192,18 @@ def apply_arrow_buckets(url: str, task_name: str, infos_raw: dict[str, bytes], s
     return _apply_buckets(url, task_name, seg_end, a, b, items, write)
 
 
-def apply_groups(url: str, task_name: str, infos_raw: dict[str, bytes], seg_end: int, a: int, b: int, safe: bool,
-                 items: Iterable[tuple[int, list[tuple[Any, ...]]]],
+def apply_groups(url: str, task_name: str, infos: Mapping[str, binlog_pb2.TableInfo], seg_end: int, a: int, b: int,
+                 safe: bool, items: Iterable[tuple[int, list[Change]]],
                  compacted: bool = False) -> Iterator[tuple[int, int, str]]:
     """Run by a worker: the buckets of conflict groups it was given that are not
     in yet. The groups of a batch never touch the same key, so one worker writes all
     of its groups as one set of batched statements (each group's changes keep their
     order); concurrency is between the workers."""
-    infos = {n: binlog_pb2.TableInfo.FromString(raw) for n, raw in infos_raw.items()}
 
     def write(target: sink.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
         by_table: dict[str, list[Change]] = {}
-        for _g, raw_changes in todo:
-            for t in raw_changes:
-                c = Change(*t)
+        for _g, changes in todo:
+            for c in changes:
                 by_table.setdefault(c.table, []).append(c)
         return sum(write_changes(target, conn, infos[name], cs, safe, compacted) for name, cs in by_table.items())
 
