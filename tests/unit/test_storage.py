@@ -143,6 +143,56 @@ def test_prewrite_and_commit_in_one_group(st: Storage) -> None:
     assert st.pending_count == 0
 
 
+class _RecordingBatch:
+    """A LevelDB write batch that records the keys it was given."""
+
+    def __init__(self, wb: plyvel.WriteBatch, log: list[tuple[str, bytes]]) -> None:
+        self._wb = wb
+        self._log = log
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._log.append(("put", key))
+        self._wb.put(key, value)
+
+    def delete(self, key: bytes) -> None:
+        self._log.append(("delete", key))
+        self._wb.delete(key)
+
+    def write(self) -> None:
+        self._wb.write()
+
+
+def test_a_transaction_finished_within_one_index_batch_writes_no_wait_key(
+        st: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The W key of a transaction whose prewrite and outcome reach the index in
+    the same batch is neither put nor deleted (one atomic write would do both);
+    one whose outcome comes in a later batch gets it, and loses it then. Either
+    way the index ends the same: no W key, the outcome and the commit key."""
+    ops: list[tuple[str, bytes]] = []
+    db = st.index.db
+
+    class RecordingDB:
+        def __getattr__(self, name: str) -> object:
+            return getattr(db, name)
+
+        def write_batch(self) -> _RecordingBatch:
+            return _RecordingBatch(db.write_batch(), ops)
+
+    monkeypatch.setattr(st.index, "db", RecordingDB())
+    # 10 and 11 finish in one batch; 12 stays pending across it; 13 is rolled back in it.
+    ok(st, prewrite(10), commit(10, 20), prewrite(11), prewrite(12), commit(11, 21), prewrite(13), rollback(13))
+    assert [k for op, k in ops if k[:1] == ix.P_WAIT] == [ix.wait_key(12)]
+    ops.clear()
+    ok(st, commit(12, 22))  # a later batch: the W key put before is deleted
+    assert ops.count(("delete", ix.wait_key(12))) == 1
+    assert st.index.pending() == []
+    for start, commit_ts in ((10, 20), (11, 21), (12, 22)):
+        assert ix.decode_txn(st.index.db.get(ix.txn_key(start)))[:2] == ("C", commit_ts)
+    assert ix.decode_txn(st.index.db.get(ix.txn_key(13)))[0] == "R"
+    assert served(st) == [(20, 10), (21, 11), (22, 12)]
+    assert st.pending_count == 0
+
+
 def test_refused_entries_are_not_stored(st: Storage) -> None:
     ok(st, prewrite(10))
     size = st.vlog.head

@@ -6,7 +6,9 @@ Key layout (every ts is a big-endian u64, so byte order is ts order):
     Invariant: present iff the prewrite is indexed (so durable in the value log)
     and no commit or rollback for start_ts is indexed yet (the transaction is
     pending). ``floor`` is the sorter's floor for it (``pump.sorter``): the
-    bound when it was indexed; absent in older stores (then start_ts).
+    bound when it was indexed; absent in older stores (then start_ts). A
+    transaction whose prewrite and outcome are indexed in the same batch never
+    has one (it would be put and deleted in one atomic write).
 ``T`` start_ts -> b"C" commit_ts(u64) Pointer(prewrite) | b"R" Pointer(prewrite)
     Invariant: the transaction's outcome, written in the same batch that deletes
     its ``W`` key; kept until GC removes the transaction.

@@ -192,7 +192,7 @@ class PumpService:
             except errors.BinlakeError as exc:
                 results[i] = exc
                 continue
-            if entry.binlog.tp == binlog_pb2.PREWRITE:
+            if entry.tp == binlog_pb2.PREWRITE:
                 if prewrite_refusal is None:
                     try:
                         self._check_accepts_prewrites()

@@ -166,14 +166,26 @@ Results = list[errors.BinlakeError | None]
 Callback = Callable[[Results | None, BaseException | None], None]
 
 
-@dataclasses.dataclass(slots=True)
 class Entry:
-    """One binlog on its way to disk: the parsed message and its exact bytes."""
+    """One binlog on its way to disk: the parsed message and its exact bytes.
 
-    binlog: binlog_pb2.Binlog
-    payload: bytes
-    # Written by the Pump itself (fake binlog, resolved commit/rollback).
-    internal: bool = False
+    The fields the write path and the indexer test (type, start and commit ts)
+    are read from the message once, here: a protobuf field read costs several
+    times a slot's, and each is tested about ten times on the way."""
+
+    __slots__ = ("binlog", "payload", "internal", "tp", "start_ts", "commit_ts")
+
+    def __init__(self, binlog: binlog_pb2.Binlog, payload: bytes, internal: bool = False) -> None:
+        self.binlog = binlog
+        self.payload = payload
+        # Written by the Pump itself (fake binlog, resolved commit/rollback).
+        self.internal = internal
+        self.tp: int = binlog.tp
+        self.start_ts: int = binlog.start_ts
+        self.commit_ts: int = binlog.commit_ts
+
+    def __repr__(self) -> str:
+        return f"Entry(tp={self.tp}, start_ts={self.start_ts}, commit_ts={self.commit_ts}, {len(self.payload)} bytes)"
 
 
 @dataclasses.dataclass
@@ -191,7 +203,7 @@ class _Request:
     def __init__(self, entries: list[Entry], callback: Callback) -> None:
         self.entries = entries
         self.callback = callback
-        self.nbytes = sum(len(e.payload) for e in entries)
+        self.nbytes = sum([len(e.payload) for e in entries])
         # Sequence number of the last record written up to and including this
         # request (set by its leader): indexed once _indexed_seq reaches it.
         self.seq = 0
@@ -344,7 +356,7 @@ class Storage:
         wb = self.index.db.write_batch()
         for ptr, payload in self.vlog.scan(*head):
             binlog = binlog_pb2.Binlog.FromString(payload)
-            self._apply(wb, binlog, ptr, replay=True)
+            self._apply(wb, binlog.tp, binlog.start_ts, binlog.commit_ts, ptr, replay=True)
             replayed += 1
         self._put_meta(wb)
         wb.write()
@@ -639,16 +651,18 @@ class Storage:
         results: list[Results] = []
         wait = self.sync_commits
         unsynced_pre = self._unsynced_pre
+        validate = self._validate
+        nbytes = 0
         for req in group:
             res: Results = []
             for entry in req.entries:
-                err = self._validate(entry, overlay)
+                err = validate(entry, overlay)
                 res.append(err)
-                b = entry.binlog
-                if b.tp == PREWRITE or b.start_ts in unsynced_pre:
+                if entry.tp == PREWRITE or entry.start_ts in unsynced_pre:
                     wait = True
                 if err is None:
                     accepted.append(entry)
+                    nbytes += len(entry.payload)
             results.append(res)
         # 2. Append; then the outcome is final: remember it (the next leader
         #    validates against it while this group's fsync may still run).
@@ -656,17 +670,20 @@ class Storage:
         if accepted:
             pointers = self.vlog.append([e.payload for e in accepted])
             head = self.vlog.head
+        open_, done, done_seq = self._open, self._done, self._seq + len(accepted)
         for start, (kind, value) in overlay.items():
             if kind == _P:
-                self._open.add(start)
+                open_.add(start)
             else:
-                self._open.discard(start)
-                self._done[start] = (value, self._seq + len(accepted))
-                self._done.move_to_end(start)
-        self._forget_done()
-        self.stats.binlogs += len(accepted)
-        self.stats.bytes += sum(len(e.payload) for e in accepted)
-        self.stats.groups += 1
+                open_.discard(start)
+                done[start] = (value, done_seq)
+                done.move_to_end(start)
+        if len(done) > DONE_MEMORY:
+            self._forget_done()
+        stats = self.stats
+        stats.binlogs += len(accepted)
+        stats.bytes += nbytes
+        stats.groups += 1
         # 3. Hand the records to the fsync stage (seq counts only appended records,
         #    so an fsync begun after this covers them).
         due = False
@@ -677,9 +694,10 @@ class Storage:
                 if not self._unsynced:
                     self._unsynced_since = self._last_append
                 self._unsynced.append(_IndexWork(accepted, pointers, self._seq, head))
+                seq = self._seq
                 for e in accepted:
-                    if e.binlog.tp == PREWRITE:
-                        unsynced_pre[e.binlog.start_ts] = self._seq
+                    if e.tp == PREWRITE:
+                        unsynced_pre[e.start_ts] = seq
             seq = self._seq
             for req in group:
                 req.seq = seq
@@ -745,12 +763,13 @@ class Storage:
                     self.vlog.mark_synced(head)
             durable: list[_IndexWork] = []
             unsynced = self._unsynced
+            unsynced_pre = self._unsynced_pre
             while unsynced and unsynced[0].seq <= self._synced_seq:
                 work = unsynced.pop(0)
                 durable.append(work)
                 for e in work.entries:
-                    if e.binlog.tp == PREWRITE and self._unsynced_pre.get(e.binlog.start_ts) == work.seq:
-                        del self._unsynced_pre[e.binlog.start_ts]
+                    if e.tp == PREWRITE and unsynced_pre.get(e.start_ts) == work.seq:
+                        del unsynced_pre[e.start_ts]
             while self._awaiting and self._awaiting[0][0] <= self._synced_seq:
                 ready.append(self._awaiting.popleft())
             if durable:
@@ -776,7 +795,7 @@ class Storage:
                 self._backlog_since = time.monotonic()
                 self._index_cv.notify()  # the indexer's timer starts now
             self._backlog += durable
-            self._backlog_records += sum(len(w.entries) for w in durable)
+            self._backlog_records += sum([len(w.entries) for w in durable])
             if self._backlog_records >= INDEX_BATCH_RECORDS or self._index_now:
                 self._index_now = True
                 self._index_cv.notify()
@@ -811,34 +830,34 @@ class Storage:
         return None
 
     def _validate(self, entry: Entry, overlay: dict[int, tuple[int, int]]) -> errors.BinlakeError | None:
-        b = entry.binlog
-        start = b.start_ts
-        if b.tp == COMMIT and start == b.commit_ts and entry.internal:
+        start = entry.start_ts
+        tp = entry.tp
+        if tp == COMMIT and start == entry.commit_ts and entry.internal:
             return None  # fake binlog
         state = self._state(start, overlay)
-        if b.tp == PREWRITE:
+        if tp == PREWRITE:
             if state is not None:
                 return errors.AlreadyExists(f"prewrite for start_ts {start} is already stored on this pump")
             overlay[start] = (_P, _PENDING)
             return None
-        if b.tp == COMMIT:
+        if tp == COMMIT:
             if state is None:
                 return errors.FailedPrecondition(
                     f"commit for start_ts {start} has no prewrite on this pump; "
                     "a commit must go to the pump that took the prewrite"
                 )
             if state[0] == _C:
-                if state[1] == b.commit_ts:
+                if state[1] == entry.commit_ts:
                     return errors.AlreadyExists(
-                        f"commit for start_ts {start} is already stored with commit_ts {b.commit_ts}"
+                        f"commit for start_ts {start} is already stored with commit_ts {entry.commit_ts}"
                     )
                 return errors.FailedPrecondition(
                     f"duplicate commit for start_ts {start}: already committed with commit_ts {state[1]}, "
-                    f"this one says {b.commit_ts}"
+                    f"this one says {entry.commit_ts}"
                 )
             if state[0] == _R:
                 return errors.FailedPrecondition(f"commit for start_ts {start}, which was rolled back")
-            overlay[start] = (_C, b.commit_ts)
+            overlay[start] = (_C, entry.commit_ts)
             return None
         # ROLLBACK
         if state is None:
@@ -896,12 +915,26 @@ class Storage:
                 return
 
     def _index_batch(self, batch: list[_IndexWork]) -> None:
+        # Transactions whose prewrite and outcome are both in this batch: their W key
+        # would be put and deleted in the same atomic write, so neither is written
+        # (most transactions finish within one INDEX_MAX_LAG_S; this halves their
+        # index writes and the tombstones LevelDB compacts later).
+        prewrites: set[int] = set()
+        outcomes: set[int] = set()
+        for work in batch:
+            for entry in work.entries:
+                if entry.tp == PREWRITE:
+                    prewrites.add(entry.start_ts)
+                elif entry.start_ts != entry.commit_ts:
+                    outcomes.add(entry.start_ts)
+        paired = prewrites & outcomes
         wb = self.index.db.write_batch()
+        apply = self._apply
         with self._state_lock:
             n = 0
             for work in batch:
                 for entry, ptr in zip(work.entries, work.pointers, strict=True):
-                    self._apply(wb, entry.binlog, ptr)
+                    apply(wb, entry.tp, entry.start_ts, entry.commit_ts, ptr, paired=entry.start_ts in paired)
                     n += 1
                     if n % INDEX_YIELD_EVERY == 0:
                         # Let the committing and answering threads have the GIL: a batch
@@ -919,28 +952,31 @@ class Storage:
             self.stats.index_batches += 1
             self._state_lock.notify_all()
 
-    def _apply(self, wb: plyvel.WriteBatch, b: binlog_pb2.Binlog, ptr: Pointer, *, replay: bool = False) -> None:
-        """Index one durable record and update the sorter."""
-        start = b.start_ts
-        if b.tp == PREWRITE:
+    def _apply(self, wb: plyvel.WriteBatch, tp: int, start: int, commit_ts: int, ptr: Pointer, *,
+               replay: bool = False, paired: bool = False) -> None:
+        """Index one durable record and update the sorter. ``paired``: the
+        transaction's prewrite and outcome are in the same index batch (no W key)."""
+        if tp == PREWRITE:
             if replay and (start in self.sorter.pending or self.index.db.get(ix.txn_key(start))):
                 return
             floor = self.sorter.prewrite(start, ptr)
-            wb.put(ix.wait_key(start), ptr.pack() + ix.U64.pack(floor))
-        elif b.tp == COMMIT and b.start_ts == b.commit_ts:
-            self.sorter.fake(b.commit_ts)
-        elif b.tp in (COMMIT, ROLLBACK):
+            if not paired:
+                wb.put(ix.wait_key(start), ptr.pack() + ix.U64.pack(floor))
+        elif tp == COMMIT and start == commit_ts:
+            self.sorter.fake(commit_ts)
+        elif tp == COMMIT or tp == ROLLBACK:
             prewrite = self.sorter.pending.location(start)
             if prewrite is None:
                 if not replay:
                     raise AssertionError(f"validated outcome for start_ts {start} without a pending prewrite")
                 return
-            wb.delete(ix.wait_key(start))
-            if b.tp == COMMIT:
-                wb.put(ix.txn_key(start), ix.encode_committed(b.commit_ts, prewrite))
-                if b.commit_ts >= self.gc_ts:
-                    wb.put(ix.commit_key(b.commit_ts, start), prewrite.pack())
-                self.sorter.commit(start, b.commit_ts)
+            if not paired:
+                wb.delete(ix.wait_key(start))
+            if tp == COMMIT:
+                wb.put(ix.txn_key(start), ix.encode_committed(commit_ts, prewrite))
+                if commit_ts >= self.gc_ts:
+                    wb.put(ix.commit_key(commit_ts, start), prewrite.pack())
+                self.sorter.commit(start, commit_ts)
             else:
                 wb.put(ix.txn_key(start), ix.encode_rolled_back(prewrite))
                 wb.put(ix.rollback_key(start), b"")

@@ -24,14 +24,14 @@ segment is created, and the newest on a clean close.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import pathlib
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from binlake import errors
 
@@ -50,24 +50,30 @@ class CorruptLog(errors.BinlakeError):
     """A bad record before the tail: the log was damaged, not merely cut short."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Pointer:
-    """Where a record lives: segment number, offset of its header, payload length."""
+class Pointer(NamedTuple):
+    """Where a record lives: segment number, offset of its header, payload length.
+
+    A named tuple, not a frozen dataclass: one is made for every record appended
+    and every index entry read, and a tuple is built five times faster."""
 
     segment: int
     offset: int
     length: int
 
     def pack(self) -> bytes:
-        return POINTER.pack(self.segment, self.offset, self.length)
+        return POINTER.pack(*self)
 
     @classmethod
     def unpack(cls, data: bytes, offset: int = 0) -> Pointer:
-        return cls(*POINTER.unpack_from(data, offset))
+        return _new_pointer(cls, POINTER.unpack_from(data, offset))
 
     @property
     def end(self) -> int:
         return self.offset + HEADER.size + self.length
+
+
+# Pointer(a, b, c) without the named tuple's keyword-handling constructor (hot paths).
+_new_pointer: Callable[[type[Pointer], tuple[int, int, int]], Pointer] = tuple.__new__
 
 
 def encode_record(payload: bytes) -> bytes:
@@ -166,14 +172,19 @@ class ValueLog:
         pointers: list[Pointer] = []
         buf: list[bytes] = []
         buf_len = 0
+        # Locals: this runs for every group the Pump commits.
+        header, crc32, new, limit = HEADER.pack, zlib.crc32, _new_pointer, self.segment_bytes
+        start = self._offset
         for payload in payloads:
-            rec_len = HEADER.size + len(payload)
-            if self._offset + buf_len + rec_len > self.segment_bytes and self._offset + buf_len > 0:
+            n = len(payload)
+            rec_len = HEADER.size + n
+            if start + buf_len + rec_len > limit and start + buf_len > 0:
                 self._write(buf)
                 buf, buf_len = [], 0
                 self._roll()
-            pointers.append(Pointer(self._segment, self._offset + buf_len, len(payload)))
-            buf.append(HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)))
+                start = self._offset
+            pointers.append(new(Pointer, (self._segment, start + buf_len, n)))
+            buf.append(header(MAGIC, n, crc32(payload)))
             buf.append(payload)
             buf_len += rec_len
         if buf:
