@@ -188,9 +188,15 @@ def _read_files(files: TLSFiles) -> tuple[bytes | None, bytes | None, bytes | No
 
 def create_server(max_workers: int, name: str, options: list[tuple[str, Any]] | None = None) -> grpc.Server:
     """A gRPC server with a thread pool (ports are added with ``add_port``); requests
-    that are not the method's message are refused with INVALID_ARGUMENT."""
+    that are not the method's message are refused with INVALID_ARGUMENT.
+
+    SO_REUSEPORT is off: gRPC enables it by default, so a second server started
+    on a taken port would bind beside the first and take half its clients (two
+    Pumps, or two registries, started at once pass ``add_port``'s check of the
+    port together; only the bind itself can refuse one)."""
     return grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name), options=options or [],
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
+        options=[("grpc.so_reuseport", 0), *(options or [])],
         interceptors=[_DecodeRequests()],
     )
 

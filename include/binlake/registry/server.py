@@ -233,13 +233,7 @@ class RegistryServer:
                 service = RegistryService(store, tso_window_ms=self._settings.tso_window_ms,
                                           self_addr=self._settings.addr)
             servicer = RegistryServicer(service, election)
-            options = [
-                *rpc.message_options(MAX_MESSAGE_BYTES),
-                # Without this, a second registry could bind the same port next to
-                # us (gRPC enables SO_REUSEPORT by default) and split the clients.
-                ("grpc.so_reuseport", 0),
-            ]
-            server = rpc.create_server(GRPC_WORKERS, "registry", options)
+            server = rpc.create_server(GRPC_WORKERS, "registry", rpc.message_options(MAX_MESSAGE_BYTES))
             registry_pb2_grpc.add_RegistryServicer_to_server(servicer, server)
             try:
                 port = rpc.add_port(server, self._settings.addr)

@@ -22,6 +22,10 @@ from binlake.net import free_port
 from binlake.registry.client import RegistryClient
 
 
+class ServiceExited(errors.Unavailable):
+    """A service process ended while it was awaited: it will not come up."""
+
+
 def _binlake() -> list[str]:
     return [sys.executable, "-m", "binlake.cli"]
 
@@ -85,13 +89,20 @@ class DevCluster:
             )
 
     def start(self, timeout: float = 60.0) -> DevCluster:
-        self.registry.start()
-        with RegistryClient(self.registry_addr, timeout_s=2.0) as reg:
-            self._wait(lambda: reg.cluster_info() is not None, timeout, "registry")
-            for svc in self.pumps.values():
-                svc.start()
-            for node_id in self.pumps:
-                self.wait_pump_online(node_id, timeout, reg)
+        """Start the registry, then the Pumps, and wait until every Pump takes
+        writes. If one does not, what was started is stopped before the error
+        is raised (a caller that never got the cluster cannot stop it)."""
+        try:
+            self.registry.start()
+            with RegistryClient(self.registry_addr, timeout_s=2.0) as reg:
+                self._wait(lambda: reg.cluster_info() is not None, timeout, "registry")
+                for svc in self.pumps.values():
+                    svc.start()
+                for node_id in self.pumps:
+                    self.wait_pump_online(node_id, timeout, reg)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _wait(self, check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -101,6 +112,8 @@ class DevCluster:
             try:
                 if check():
                     return
+            except ServiceExited as exc:
+                raise errors.Unavailable(f"{what} did not come up: {exc}; see logs in {self.root}") from None
             except errors.BinlakeError as exc:
                 last = exc
             time.sleep(0.1)
@@ -114,13 +127,14 @@ class DevCluster:
         def ready() -> bool:
             svc = self.pumps[node_id]
             if not svc.alive:
-                raise errors.Unavailable(f"{node_id} exited (code {svc.proc.returncode if svc.proc else '?'})")
+                raise ServiceExited(f"{node_id} exited (code {svc.proc.returncode if svc.proc else '?'})")
             with rpc.channel(self.pump_addrs[node_id]) as ch:
                 try:
                     st = pump_pb2_grpc.PumpStub(ch).Status(pump_pb2.StatusReq(), timeout=1.0)
                 except grpc.RpcError:
                     return False
-            return bool(st.accepting_writes and st.safe_ts > 0)
+            # The node id too: another process listening on the address is not this Pump.
+            return bool(st.node_id == node_id and st.accepting_writes and st.safe_ts > 0)
 
         self._wait(ready, timeout, f"pump {node_id}")
 
