@@ -670,13 +670,16 @@ class Storage:
         if accepted:
             pointers = self.vlog.append([e.payload for e in accepted])
             head = self.vlog.head
-        open_, done, done_seq = self._open, self._done, self._seq + len(accepted)
+        # The seq of the group's last record: only this leader moves _seq, so it is
+        # read here, outside the lock, and stored under it below.
+        seq = self._seq + len(accepted)
+        open_, done = self._open, self._done
         for start, (kind, value) in overlay.items():
             if kind == _P:
                 open_.add(start)
             else:
                 open_.discard(start)
-                done[start] = (value, done_seq)
+                done[start] = (value, seq)
                 done.move_to_end(start)
         if len(done) > DONE_MEMORY:
             self._forget_done()
@@ -689,16 +692,14 @@ class Storage:
         due = False
         with self._lead_cv:
             if accepted:
-                self._seq += len(accepted)
+                self._seq = seq
                 self._last_append = time.monotonic()
                 if not self._unsynced:
                     self._unsynced_since = self._last_append
-                self._unsynced.append(_IndexWork(accepted, pointers, self._seq, head))
-                seq = self._seq
+                self._unsynced.append(_IndexWork(accepted, pointers, seq, head))
                 for e in accepted:
                     if e.tp == PREWRITE:
                         unsynced_pre[e.start_ts] = seq
-            seq = self._seq
             for req in group:
                 req.seq = seq
             if wait:
@@ -925,7 +926,7 @@ class Storage:
             for entry in work.entries:
                 if entry.tp == PREWRITE:
                     prewrites.add(entry.start_ts)
-                elif entry.start_ts != entry.commit_ts:
+                elif entry.start_ts != entry.commit_ts:  # a fake binlog (start == commit) is no outcome
                     outcomes.add(entry.start_ts)
         paired = prewrites & outcomes
         wb = self.index.db.write_batch()
