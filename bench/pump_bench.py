@@ -33,6 +33,17 @@ the floor and the real rows, it splits what the Pump costs into its own code
 and the disk's flush, in the same run. Acknowledged writes there would not
 survive a power loss: it is a measurement, never a setting.
 
+With ``--floor`` and one writer, ``floor-fsync`` is that null storage plus
+the value log's disk work alone (``_FsyncOnlyStorage``: each batch appended to
+a file, fdatasync'd before its acknowledgement when it holds a prewrite): its
+ratio to the floor is what the disk's flush leaves, so what the Pump's own code
+may cost within a target ratio is what lies between the two.
+
+``--rounds N`` runs every case N times, each round running it on the Pumps
+and on every floor back to back (the null Pumps stay up beside the real ones),
+and reports the median round: a ratio from one run of a few seconds moves by
+±15 % on a shared machine; each round's ratio cancels the drift between rounds.
+
 ``--echo`` adds grpcio's own ceiling (``grpc_echo``): a bidirectional-stream
 echo with no binlake code, one stream per writer, in the same run. Two of its
 round trips are one committed transaction's worth of acknowledged messages.
@@ -44,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import multiprocessing as mp
 import os
 import pathlib
@@ -52,6 +64,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Worker processes are spawned and import this module (and benchkit) by name:
@@ -279,14 +292,38 @@ class _NullStorage:
         return 1 << 50
 
 
-def _null_pump(out: mp.Queue) -> None:
-    """Serve the Pump's write RPCs on the real server and servicer over ``_NullStorage``."""
+class _FsyncOnlyStorage(_NullStorage):
+    """The floor plus the value log's disk work and nothing else: each batch's
+    bytes appended to one file, and fdatasync'd before the acknowledgement when
+    the batch holds a prewrite (the Pump's durability rule: commits ride on a
+    later flush). No validation, index, memory of transactions or group commit,
+    so it is a floor only where no group could form: one writer."""
+
+    def __init__(self, path: str) -> None:
+        from binlake.proto import binlog_pb2
+
+        self._prewrite = binlog_pb2.PREWRITE
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lock = threading.Lock()
+
+    def submit_cb(self, entries: list, done, *, may_lead: bool = True) -> None:
+        with self._lock:
+            os.write(self._fd, b"".join(e.payload for e in entries))
+            if any(e.tp == self._prewrite for e in entries):
+                os.fdatasync(self._fd)
+        done([None] * len(entries), None)
+
+
+def _null_pump(out: mp.Queue, fsync_path: str | None = None) -> None:
+    """Serve the Pump's write RPCs on the real server and servicer over
+    ``_NullStorage`` (``_FsyncOnlyStorage`` on ``fsync_path`` when given)."""
     from binlake import rpc
     from binlake.pump.metrics import PumpMetrics
     from binlake.pump.server import PumpServer, PumpServicer
     from binlake.pump.service import PumpService
 
-    service = PumpService(_NullStorage(), node_id="pump1", max_binlog_bytes=1 << 30,  # type: ignore[arg-type]
+    storage = _FsyncOnlyStorage(fsync_path) if fsync_path else _NullStorage()
+    service = PumpService(storage, node_id="pump1", max_binlog_bytes=1 << 30,  # type: ignore[arg-type]
                           stop_write_at_free_bytes=0)
     service.registered = True
     metrics = PumpMetrics(dict)
@@ -298,30 +335,61 @@ def _null_pump(out: mp.Queue) -> None:
     server.wait_for_termination()
 
 
-def floor_cases(registry: str, cases: list[tuple[int, str, str]], size: int, seconds: float,
-                procs: int, pumps: int = 1) -> list[dict[str, float]]:
-    """Every case against ``pumps`` null-storage Pump processes (see the module
-    docstring); the client spreads prewrites over them as over real Pumps at R = 1.
-    Pump CPU is the first one's, as pump1's in the R rows."""
+@contextlib.contextmanager
+def null_pumps(count: int, fsync_path: str | None = None) -> Iterator[tuple[int, str]]:
+    """``count`` null-storage Pump processes (see the module docstring), each with
+    ``_FsyncOnlyStorage`` on its own file under ``fsync_path`` when given: yields
+    the first one's pid (its CPU is the rows' pump CPU, as pump1's in the R rows)
+    and their comma-separated addresses (the client spreads prewrites over them as
+    over real Pumps at R = 1)."""
     ctx = mp.get_context("spawn")
     addr_q: mp.Queue = ctx.Queue()
-    procs_ = [ctx.Process(target=_null_pump, args=(addr_q,), daemon=True) for _ in range(pumps)]
-    for proc in procs_:
+    procs = [ctx.Process(target=_null_pump, args=(addr_q, f"{fsync_path}-{i}" if fsync_path else None),
+                         daemon=True)
+             for i in range(count)]
+    for proc in procs:
         proc.start()
     try:
-        served = [addr_q.get(timeout=60) for _ in procs_]  # (pid, address), in any order
-        addrs = [addr for _pid, addr in served]
-        first_pid = served[0][0]
-        out = []
-        for w, mode, commit_mode in cases:
-            out.append(run_case(registry, "", w, size, seconds, mode, procs, commit_mode, None, first_pid,
-                                pump_addr=",".join(addrs)))
-        return out
+        served = [addr_q.get(timeout=60) for _ in procs]  # (pid, address), in any order
+        yield served[0][0], ",".join(addr for _pid, addr in served)
     finally:
-        for proc in procs_:
+        for proc in procs:
             proc.terminate()
-        for proc in procs_:
+        for proc in procs:
             proc.join(10)
+
+
+def median_rows(rows: list[dict]) -> list[dict]:
+    """One row per (variant, case): the round with the median txn/s (an odd count
+    of rounds gives the middle one), its other figures with it. Rows keep their
+    first appearance's order."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(_case_key(r), []).append(r)
+    out = []
+    for group in groups.values():
+        ranked = sorted(group, key=lambda r: r["txn_s"])
+        out.append({**ranked[(len(ranked) - 1) // 2], "rounds": len(group)})
+    return out
+
+
+def _case_key(r: dict) -> tuple:
+    return (r["variant"], r.get("replicas", 1), r["tso"], r["commit"], r["writers"], r["size"])
+
+
+def round_ratio(rows: list[dict], r: dict, floor: str) -> float | None:
+    """The median over rounds of r's txn/s ÷ the floor's in the same round (a
+    round runs every variant of a case back to back, so a machine's drift between
+    rounds cancels out of each ratio)."""
+    key = _case_key(r)[1:]
+    mine = {x["round"]: x["txn_s"] for x in rows if x["variant"] == r["variant"] and _case_key(x)[1:] == key}
+    ref = {x["round"]: x["txn_s"] for x in rows
+           if x["variant"] == floor and _case_key(x)[2:] == key[1:] and x["txn_s"]}
+    ratios = sorted(mine[i] / ref[i] for i in mine if i in ref)
+    if not ratios:
+        return None
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
 def storage_case(include: str | None, directory: pathlib.Path, writers: int, size: int,
@@ -427,6 +495,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         parser.add_argument("--echo", action="store_true")
         parser.add_argument("--no-flush", action="store_true")
         parser.add_argument("--replicas", default="")
+        parser.add_argument("--rounds", type=int, default=1)
         args = parser.parse_args()
     try:
         writers = [int(x) for x in args.writers.split(",") if x]
@@ -441,6 +510,10 @@ def main(args: argparse.Namespace | None = None) -> int:
         return 2
     if not writers or not sizes or min(writers) < 1 or min(sizes) < 1 or args.seconds <= 0:
         print("bench pump: writers, sizes and --seconds must be positive", file=sys.stderr)
+        return 2
+    rounds = getattr(args, "rounds", 1)
+    if not 1 <= rounds <= 99:
+        print("bench pump: --rounds takes a count from 1 to 99, e.g. 3", file=sys.stderr)
         return 2
     baseline = getattr(args, "baseline", None)
     if baseline and not (pathlib.Path(baseline) / "binlake" / "__init__.py").is_file():
@@ -521,33 +594,56 @@ def main(args: argparse.Namespace | None = None) -> int:
                     if args.tso_per_txn:
                         cases.append((per_txn_writers, "per-txn", "sync"))
                         cases.append((per_txn_writers, "per-txn", "background"))
-                    for (w, mode, commit_mode), replicas in ((c, rep) for c in cases for rep in replica_counts):
-                        r = run_case(cluster.registry_addr, f"http://{metrics_addr}/metrics", w, size, args.seconds,
-                                     mode, args.client_procs, commit_mode, include, pid, replicas=replicas)
-                        r.update(variant=name, raw_mb_s=raw_mb_s, raw_rec_s=raw_rec_s)
-                        rows.append(r)
-                        print(f"  {name:<8} R={replicas} tso={mode:<7} commit={commit_mode:<10} writers={w:<3} "
-                              f"size={size:<6} "
-                              f"{r['txn_s']:>8.0f} txn/s {r['mb_s']:>7.1f} MB/s  p50 {r['p50_ms']:.2f} ms  "
-                              f"p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s  pump {r['cpu_us_txn']:.0f} "
-                              f"CPU µs/txn, peak RSS {r['rss_mib']:.0f} MiB", flush=True)
-                    if getattr(args, "floor", False) and name == "new":
-                        # One null Pump, and (with --replicas) as many as the R rows' cluster.
-                        for n_null in sorted({1, max(replica_counts)}):
-                            floor_name = "floor" if n_null == 1 else f"floor-{n_null}pumps"
-                            for r in floor_cases(cluster.registry_addr, cases, size, args.seconds,
-                                                 args.client_procs, pumps=n_null):
-                                r.update(variant=floor_name, raw_mb_s=raw_mb_s, raw_rec_s=raw_rec_s)
-                                rows.append(r)
-                                print(f"  {floor_name:<8} tso={r['tso']:<7} commit={r['commit']:<10} "
-                                      f"writers={r['writers']:<3} size={size:<6} {r['txn_s']:>8.0f} txn/s  "
-                                      f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
-                                      f"pump {r['cpu_us_txn']:.0f} CPU µs/txn", flush=True)
+                    with contextlib.ExitStack() as stack:
+                        # (name, pid, addresses, at one writer only): up beside the real
+                        # cluster, so each round runs a case on all of them back to back.
+                        floors: list[tuple[str, int, str, bool]] = []
+                        if getattr(args, "floor", False) and name == "new":
+                            # One null Pump, and (with --replicas) as many as the R rows' cluster.
+                            for n_null in sorted({1, max(replica_counts)}):
+                                floors.append(("floor" if n_null == 1 else f"floor-{n_null}pumps",
+                                               *stack.enter_context(null_pumps(n_null)), False))
+                            if 1 in writers:  # in the R rows' shape too (the others' own-shape floor)
+                                n_null = max(replica_counts)
+                                floors.append(("floor-fsync" if n_null == 1 else f"floor-fsync-{n_null}pumps",
+                                               *stack.enter_context(null_pumps(n_null, str(root / "fsync-only"))),
+                                               True))
+                        for rnd in range(rounds):
+                            tag = f"[{rnd + 1}/{rounds}] " if rounds > 1 else ""
+                            for w, mode, commit_mode in cases:
+                                for replicas in replica_counts:
+                                    r = run_case(cluster.registry_addr, f"http://{metrics_addr}/metrics", w, size,
+                                                 args.seconds, mode, args.client_procs, commit_mode, include, pid,
+                                                 replicas=replicas)
+                                    r.update(variant=name, raw_mb_s=raw_mb_s, raw_rec_s=raw_rec_s, round=rnd)
+                                    rows.append(r)
+                                    print(f"  {tag}{name:<8} R={replicas} tso={mode:<7} commit={commit_mode:<10} "
+                                          f"writers={w:<3} size={size:<6} "
+                                          f"{r['txn_s']:>8.0f} txn/s {r['mb_s']:>7.1f} MB/s  p50 {r['p50_ms']:.2f} ms  "
+                                          f"p99 {r['p99_ms']:.2f} ms  {r['fsync_s']:.0f} fsyncs/s  pump "
+                                          f"{r['cpu_us_txn']:.0f} CPU µs/txn, peak RSS {r['rss_mib']:.0f} MiB",
+                                          flush=True)
+                                for floor_name, floor_pid, floor_addrs, one_writer in floors:
+                                    if one_writer and w != 1:
+                                        continue
+                                    r = run_case(cluster.registry_addr, "", w, size, args.seconds, mode,
+                                                 args.client_procs, commit_mode, None, floor_pid,
+                                                 pump_addr=floor_addrs)
+                                    r.update(variant=floor_name, raw_mb_s=raw_mb_s, raw_rec_s=raw_rec_s, round=rnd)
+                                    rows.append(r)
+                                    print(f"  {tag}{floor_name:<8} tso={mode:<7} commit={commit_mode:<10} "
+                                          f"writers={w:<3} size={size:<6} {r['txn_s']:>8.0f} txn/s  "
+                                          f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
+                                          f"pump {r['cpu_us_txn']:.0f} CPU µs/txn", flush=True)
                 finally:
                     cluster.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    all_rows, rows = rows, median_rows(rows)
     print()
+    if rounds > 1:
+        print(f"Each figure is the median of {rounds} rounds (the round with the median txn/s, its other "
+              "figures with it); each ÷ floor is the median of the rounds' own ratios.")
     print("| path | R | TSO | commit binlog | writers | txn size | committed txn/s | MB/s | p50 write ms | p99 write ms "
           "| fsyncs/s | binlogs/fsync | pump CPU µs/txn | client CPU µs/txn | pump peak RSS MiB | raw append+fsync MB/s "
           "| ratio to raw |")
@@ -587,21 +683,30 @@ def main(args: argparse.Namespace | None = None) -> int:
     if any(r["variant"] == "floor" for r in rows):
         print("floor = the same server and client against a Pump that acknowledges at once and stores nothing "
               "(no fsync): the transport's ceiling on this machine.")
-        floors = sorted({str(r["variant"]) for r in rows if str(r["variant"]).startswith("floor")})
-        if len(floors) > 1:
-            print(f"{floors[-1]} = the floor in the R rows' shape: that many null-storage Pumps, the client "
-                  "spreading prewrites over them as over the real ones at R = 1 (pump CPU: the first one's).")
+        floors = sorted({str(r["variant"]) for r in rows if str(r["variant"]).startswith("floor")},
+                        key=lambda f: (f.startswith("floor-fsync"), f))
+        for f in floors:
+            if f.endswith("pumps") and not f.startswith("floor-fsync"):
+                print(f"{f} = the floor in the R rows' shape: that many null-storage Pumps, the client "
+                      "spreading prewrites over them as over the real ones at R = 1 (pump CPU: the first one's).")
+        for f in (f for f in floors if f.startswith("floor-fsync")):
+            print(f"{f} = the floor plus the value log's disk work alone: each batch appended to a file and "
+                  "fdatasync'd before its acknowledgement when it holds a prewrite (no checks, index or group "
+                  "commit; one writer only, where no group could form; as many null Pumps as the R rows' cluster): "
+                  "what the disk's flush leaves of the "
+                  "floor, and so the budget the Pump's own code has left.")
         print()
         print("| path | R | TSO | commit binlog | writers | txn/s | " + " | ".join(f"÷ {f}" for f in floors) + " |")
         print("|---|---:|---|---|---:|---:|" + "---:|" * len(floors))
         for r in rows:
-            if r["variant"] in floors or r.get("replicas", 1) != 1:
+            # floor-fsync has a row too: its ratio to the floor is what the flush alone costs.
+            flush_floor = str(r["variant"]).startswith("floor-fsync")
+            if (r["variant"] in floors and not flush_floor) or r.get("replicas", 1) != 1:
                 continue
             ratios = []
             for f in floors:
-                ref = [x for x in rows if x["variant"] == f and x["writers"] == r["writers"] and x["tso"] == r["tso"]
-                       and x["commit"] == r["commit"] and x["size"] == r["size"]]
-                ratios.append(f"{r['txn_s'] / ref[0]['txn_s']:.2f}" if ref and ref[0]["txn_s"] else "-")
+                ratio = round_ratio(all_rows, r, f) if f != r["variant"] else None
+                ratios.append("-" if ratio is None else f"{ratio:.2f}")
             print(f"| {r['variant']} | 1 | {r['tso']} | {r['commit']} | {r['writers']} | {r['txn_s']:.0f} | "
                   + " | ".join(ratios) + " |")
     if any(r["variant"] == "noflush" for r in rows):

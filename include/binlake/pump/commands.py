@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from binlake.cli import benchmarks
-from binlake.cli.args import include_dir, int_list, positive_float, positive_int, scratch_dir
+from binlake.cli.args import include_dir, int_list, number_in, positive_float, positive_int, scratch_dir
 
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -75,6 +75,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--replicas", type=int_list, default="1", metavar="RS",
                    help="comma-separated replica counts, e.g. 1,2: every case at each R, on a cluster of max(RS) "
                         "Pumps (default: one Pump, R = 1)")
+    b.add_argument("--rounds", type=number_in(int, 1, 99, "a count"), default=1, metavar="N",
+                   help="run every case N times, the Pumps and the floors back to back in each round, and report "
+                        "the median (steadier ratios on a shared machine; default 1)")
     b.set_defaults(handler=_bench)
 
 
