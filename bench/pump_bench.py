@@ -64,7 +64,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Worker processes are spawned and import this module (and benchkit) by name:
@@ -382,10 +382,23 @@ def round_ratio(rows: list[dict], r: dict, floor: str) -> float | None:
     round runs every variant of a case back to back, so a machine's drift between
     rounds cancels out of each ratio)."""
     key = _case_key(r)[1:]
-    mine = {x["round"]: x["txn_s"] for x in rows if x["variant"] == r["variant"] and _case_key(x)[1:] == key}
-    ref = {x["round"]: x["txn_s"] for x in rows
-           if x["variant"] == floor and _case_key(x)[2:] == key[1:] and x["txn_s"]}
-    ratios = sorted(mine[i] / ref[i] for i in mine if i in ref)
+    return _paired_median(rows, lambda x: x["variant"] == r["variant"] and _case_key(x)[1:] == key,
+                          lambda x: x["variant"] == floor and _case_key(x)[2:] == key[1:], "txn_s")
+
+
+def replica_ratio(rows: list[dict], r: dict, field: str) -> float | None:
+    """The median over rounds of r's ``field`` (an R > 1 row) ÷ the same case's
+    at R = 1 on the same Pumps in the same round."""
+    key = _case_key(r)
+    return _paired_median(rows, lambda x: _case_key(x) == key,
+                          lambda x: _case_key(x) == (key[0], 1, *key[2:]), field)
+
+
+def _paired_median(rows: list[dict], mine: Callable[[dict], bool], ref: Callable[[dict], bool],
+                   field: str) -> float | None:
+    a = {x["round"]: x[field] for x in rows if mine(x)}
+    b = {x["round"]: x[field] for x in rows if ref(x) and x[field]}
+    ratios = sorted(a[i] / b[i] for i in a if i in b)
     if not ratios:
         return None
     mid = len(ratios) // 2
@@ -709,6 +722,17 @@ def main(args: argparse.Namespace | None = None) -> int:
                 ratios.append("-" if ratio is None else f"{ratio:.2f}")
             print(f"| {r['variant']} | 1 | {r['tso']} | {r['commit']} | {r['writers']} | {r['txn_s']:.0f} | "
                   + " | ".join(ratios) + " |")
+    replicated = [r for r in rows if r.get("replicas", 1) > 1]
+    if replicated:
+        print()
+        print("| path | R | TSO | commit binlog | writers | txn/s ÷ R = 1's | p99 ÷ R = 1's |")
+        print("|---|---:|---|---|---:|---:|---:|")
+        for r in replicated:
+            ratios = [replica_ratio(all_rows, r, field) for field in ("txn_s", "p99_ms")]
+            print(f"| {r['variant']} | {r['replicas']} | {r['tso']} | {r['commit']} | {r['writers']} | "
+                  + " | ".join("-" if x is None else f"{x:.2f}" for x in ratios) + " |")
+        print("(each the median of the rounds' own ratios: R = 1 and R = 2 of a case run back to back on the same "
+              "Pumps)")
     if any(r["variant"] == "noflush" for r in rows):
         print("noflush = the same Pumps with the value log's fdatasync returning at once (bench/noflush; fsyncs/s "
               "there counts the flushes skipped): the Pump's own code without the disk's flush.")

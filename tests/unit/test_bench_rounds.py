@@ -53,6 +53,20 @@ def test_a_ratio_is_the_median_of_each_rounds_own_ratio(pump_bench: Any) -> None
     assert pump_bench.round_ratio(two, pump_bench.median_rows(two)[0], "floor") == pytest.approx((0.7 + 640 / 900) / 2)
 
 
+def test_the_replicas_cost_is_the_median_of_each_rounds_own_ratio(pump_bench: Any) -> None:
+    rows = []
+    for rnd, (one, two, p99_one, p99_two) in enumerate([(4000, 2800, 5.0, 6.0), (3000, 2400, 4.0, 10.0),
+                                                        (2500, 1000, 8.0, 9.0)]):
+        rows += [_row("new", rnd, one, writers=16, p99_ms=p99_one),
+                 _row("new", rnd, two, writers=16, p99_ms=p99_two, replicas=2)]
+    rows.append(_row("noflush", 0, 4000, writers=16, p99_ms=1.0))  # another path: never paired with new
+    two = next(r for r in pump_bench.median_rows(rows) if r["replicas"] == 2)
+    assert pump_bench.replica_ratio(rows, two, "txn_s") == pytest.approx(0.7)  # of 0.7, 0.8, 0.4
+    assert pump_bench.replica_ratio(rows, two, "p99_ms") == pytest.approx(1.2)  # of 1.2, 2.5, 1.125
+    noflush = next(r for r in pump_bench.median_rows(rows) if r["variant"] == "noflush")
+    assert pump_bench.replica_ratio(rows, {**noflush, "replicas": 2}, "txn_s") is None
+
+
 def test_the_flush_floor_flushes_a_batch_only_when_it_holds_a_prewrite(
     pump_bench: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
