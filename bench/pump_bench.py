@@ -65,6 +65,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Worker processes are spawned and import this module (and benchkit) by name:
@@ -493,6 +494,43 @@ def run_case(registry: str, metrics_url: str, writers: int, size: int, seconds: 
     }
 
 
+def start_cluster(directory: pathlib.Path, pumps: int, env: dict[str, str | None],
+                  attempts: int = 3) -> tuple[Any, str]:
+    """A registry and ``pumps`` Pumps (pump1 serving metrics; one address cannot
+    serve several), started with ``env`` added to their environment; returns the
+    cluster and pump1's metrics address. The ports are picked free before the
+    processes start, so another process may take one meanwhile: a start that
+    fails is retried on new ports (and a new data directory) up to ``attempts``
+    times."""
+    from binlake import errors
+    from binlake.net import free_port
+    from binlake.testing.devcluster import DevCluster
+
+    for attempt in range(1, attempts + 1):
+        metrics_addr = f"127.0.0.1:{free_port()}"
+        cluster = DevCluster(directory.with_name(f"{directory.name}-{attempt}"), pumps=pumps,
+                             pump_args=["--stop-write-at-free-bytes", "0"])
+        cluster.pumps["pump1"].args += ["--metrics-addr", metrics_addr]
+        saved = {k: os.environ.get(k) for k in env}
+        for k, v in env.items():
+            if v:
+                os.environ[k] = v
+        try:
+            cluster.start()  # stops what it started when it fails
+            return cluster, metrics_addr
+        except errors.Unavailable as exc:
+            if attempt == attempts:
+                raise
+            print(f"  the cluster did not start ({exc}); again on other ports", flush=True)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    raise AssertionError("unreachable")
+
+
 def main(args: argparse.Namespace | None = None) -> int:
     if args is None:
         parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -534,9 +572,6 @@ def main(args: argparse.Namespace | None = None) -> int:
               "(e.g. `git archive main include | tar -x -C /tmp/base`, then --baseline /tmp/base/include)",
               file=sys.stderr)
         return 2
-    from binlake.net import free_port
-    from binlake.testing.devcluster import DevCluster
-
     base = pathlib.Path(args.dir) if args.dir else ROOT / "bench"
     base.mkdir(parents=True, exist_ok=True)
     root = pathlib.Path(tempfile.mkdtemp(prefix="pump-bench-", dir=base))
@@ -582,24 +617,8 @@ def main(args: argparse.Namespace | None = None) -> int:
                               f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms {r['fsync_s']:.0f} fsyncs/s "
                               f"{r['cpu_us_txn']:.0f} CPU µs/txn",
                               flush=True)
-                metrics_addr = f"127.0.0.1:{free_port()}"
-                cluster = DevCluster(root / f"{name}-{size}", pumps=max(replica_counts), pump_args=[
-                    "--stop-write-at-free-bytes", "0"])
-                # Only pump1 serves metrics (one address cannot serve several Pumps).
-                cluster.pumps["pump1"].args += ["--metrics-addr", metrics_addr]
-                env = {"PYTHONPATH": include, **pump_env}
-                saved = {k: os.environ.get(k) for k in env}
-                for k, v in env.items():
-                    if v:
-                        os.environ[k] = v
-                try:
-                    cluster.start()
-                finally:
-                    for k, v in saved.items():
-                        if v is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = v
+                cluster, metrics_addr = start_cluster(root / f"{name}-{size}", max(replica_counts),
+                                                      {"PYTHONPATH": include, **pump_env})
                 try:
                     proc = cluster.pumps["pump1"].proc
                     pid = proc.pid if proc is not None else 0

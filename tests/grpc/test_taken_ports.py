@@ -42,3 +42,37 @@ def test_two_pumps_started_at_once_on_one_address(tmp_path: pathlib.Path) -> Non
     assert time.monotonic() - began < 60
     assert not cluster.registry.alive
     assert not any(svc.alive for svc in cluster.pumps.values())
+
+
+def test_the_pump_bench_starts_its_cluster_again_on_other_ports(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The bench picks its ports free before the processes start, so another
+    process may take one meanwhile: the registry's port is taken here before its
+    first start; the bench starts a whole cluster again on new ports."""
+    import socket
+    import sys
+
+    from binlake.cli import benchmarks
+    from binlake.testing import devcluster
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the bench module puts bench/ on the path
+    pump_bench = benchmarks.bench_module("pump")
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    picks = iter([taken])
+    real_free_port = devcluster.free_port
+    monkeypatch.setattr(devcluster, "free_port", lambda host="127.0.0.1": next(picks, None) or real_free_port(host))
+    try:
+        cluster, metrics_addr = pump_bench.start_cluster(tmp_path / "new-1024", 1, {})
+        try:
+            assert cluster.registry_addr != f"127.0.0.1:{taken}"
+            assert cluster.pumps["pump1"].alive
+            assert cluster.root == tmp_path / "new-1024-2"
+        finally:
+            cluster.stop()
+    finally:
+        squatter.close()
+    assert "registry did not come up: registry exited" in capsys.readouterr().out

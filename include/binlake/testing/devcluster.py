@@ -95,7 +95,7 @@ class DevCluster:
         try:
             self.registry.start()
             with RegistryClient(self.registry_addr, timeout_s=2.0) as reg:
-                self._wait(lambda: reg.cluster_info() is not None, timeout, "registry")
+                self._wait(lambda: self._registry_up(reg), timeout, "registry")
                 for svc in self.pumps.values():
                     svc.start()
                 for node_id in self.pumps:
@@ -104,6 +104,12 @@ class DevCluster:
             self.stop()
             raise
         return self
+
+    def _registry_up(self, reg: RegistryClient) -> bool:
+        if not self.registry.alive:
+            proc = self.registry.proc
+            raise ServiceExited(f"registry exited (code {proc.returncode if proc else '?'})")
+        return reg.cluster_info() is not None
 
     def _wait(self, check: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
