@@ -41,8 +41,10 @@ may cost within a target ratio is what lies between the two.
 
 ``--rounds N`` runs every case N times, each round running it on the Pumps
 and on every floor back to back (the null Pumps stay up beside the real ones),
-and reports the median round: a ratio from one run of a few seconds moves by
-±15 % on a shared machine; each round's ratio cancels the drift between rounds.
+and reports the median round: a ratio from one run of a few seconds moves by 15 % or more
+on a shared machine; each round's ratio cancels the drift between rounds.
+With ``--replicas`` a table of R > 1 against R = 1 (txn/s and p99) is built the
+same way: the median of the rounds' own ratios.
 
 ``--echo`` adds grpcio's own ceiling (``grpc_echo``): a bidirectional-stream
 echo with no binlake code, one stream per writer, in the same run. Two of its
