@@ -283,8 +283,9 @@ class _NullStorage:
     """Acknowledges every binlog at once and keeps nothing: the floor's storage."""
 
     def submit(self, entries: list) -> concurrent.futures.Future[list]:
+        # Through submit_cb, so a subclass's storing serves the unary write RPCs too.
         f: concurrent.futures.Future[list] = concurrent.futures.Future()
-        f.set_result([None] * len(entries))
+        self.submit_cb(entries, lambda results, _exc: f.set_result(results))
         return f
 
     def submit_cb(self, entries: list, done, *, may_lead: bool = True) -> None:
@@ -384,9 +385,9 @@ def round_ratio(rows: list[dict], r: dict, floor: str) -> float | None:
     """The median over rounds of r's txn/s ÷ the floor's in the same round (a
     round runs every variant of a case back to back, so a machine's drift between
     rounds cancels out of each ratio)."""
-    key = _case_key(r)[1:]
-    return _paired_median(rows, lambda x: x["variant"] == r["variant"] and _case_key(x)[1:] == key,
-                          lambda x: x["variant"] == floor and _case_key(x)[2:] == key[1:], "txn_s")
+    key = _case_key(r)  # an R = 1 row, as every floor's
+    return _paired_median(rows, lambda x: _case_key(x) == key, lambda x: _case_key(x) == (floor, *key[1:]),
+                          "txn_s")
 
 
 def replica_ratio(rows: list[dict], r: dict, field: str) -> float | None:

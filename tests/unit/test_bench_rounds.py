@@ -84,6 +84,8 @@ def test_the_flush_floor_flushes_a_batch_only_when_it_holds_a_prewrite(
                [entry(bp.ROLLBACK, 14)]]
     for batch in batches:
         storage.submit_cb(batch, lambda res, exc: answers.append((res, exc)))
-    assert len(flushes) == 2  # the first batch and the third
+    unary = entry(bp.PREWRITE, 16)
+    assert storage.submit([unary]).result() == [None]  # the unary RPCs' way in
+    assert len(flushes) == 3  # the first batch, the third and the unary one
     assert answers == [([None], None), ([None], None), ([None, None], None), ([None], None)]
-    assert (tmp_path / "log").read_bytes() == b"".join(e.payload for batch in batches for e in batch)
+    assert (tmp_path / "log").read_bytes() == b"".join(e.payload for batch in [*batches, [unary]] for e in batch)
