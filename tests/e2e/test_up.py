@@ -138,10 +138,23 @@ def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
             raise AssertionError("unreachable")
 
         def post(path: str, body: dict) -> dict:
+            # Retried like a read, and for the same reason. A try that timed out may still
+            # have created the run: the retry then gets 409, and the run is read back.
             req = urllib.request.Request(f"{api}{path}", data=json.dumps(body).encode(), method="POST",
                                          headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return json.loads(resp.read())
+            for attempt in range(4):
+                try:
+                    with urllib.request.urlopen(req, timeout=30) as resp:
+                        return json.loads(resp.read())
+                except urllib.error.HTTPError as refused:
+                    if refused.code != 409 or attempt == 0:
+                        raise
+                    return get(f"{path}/{body['dag_run_id']}")
+                except (TimeoutError, urllib.error.URLError):
+                    if attempt == 3:
+                        raise
+                    time.sleep(1)
+            raise AssertionError("unreachable")
 
         deadline = time.monotonic() + 120
         while True:
