@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import random
 import socket
+import threading
 
 from binlake import errors
 
@@ -56,9 +59,66 @@ def parse_addr_list(text: str, what: str = "address list") -> list[str]:
     return out
 
 
+# free_port's picks lie below the kernel's ephemeral range (ports it hands to
+# outgoing connections and to binds of port 0), down to this port.
+PICK_LOW = 10000
+_pick_lock = threading.Lock()
+# The next port free_port tries: a random start per process, then upwards, so
+# picks of one process never repeat until the range wraps, and two processes
+# begin far apart.
+_pick_next: int | None = None
+
+
+def _forget_pick_after_fork() -> None:
+    # A forked child would go on from the parent's next port, and pick the very
+    # ports its parent is about to pick.
+    global _pick_next
+    _pick_next = None
+
+
+os.register_at_fork(after_in_child=_forget_pick_after_fork)
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 where unknown)."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port of ``host`` nothing listens on right now (bound to port 0, then released:
-    another process may take it before the caller binds it)."""
+    """A TCP port of ``host`` nothing is bound to right now, for a process the
+    caller starts next. Released again at once: another process may take it
+    before that one binds it.
+
+    Picked below the kernel's ephemeral range, not by binding port 0: an
+    ephemeral port is also what every outgoing connection of the machine takes,
+    so one picked there could be taken by a connection in the second a process
+    needs to start (it happened to a benchmark's registry). Below that range
+    only another explicit bind can take it. Where the range leaves no room
+    below it, the kernel picks (port 0)."""
+    global _pick_next
+    high = _ephemeral_low()
+    if high - PICK_LOW >= 1000:
+        with _pick_lock:
+            if _pick_next is None or not PICK_LOW <= _pick_next < high:
+                _pick_next = random.randrange(PICK_LOW, high)
+            for _ in range(high - PICK_LOW):
+                port = _pick_next
+                _pick_next = PICK_LOW + (port + 1 - PICK_LOW) % (high - PICK_LOW)
+                if _bindable(host, port):
+                    return port
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
