@@ -7,6 +7,7 @@ is collected so a test can wait for the lines it prints (the banner, "stopped").
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import signal
@@ -15,7 +16,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 BINLAKE = [sys.executable, "-m", "binlake.cli"]
 # Pumps that never stop writing for lack of disk, and whose fake binlogs move
@@ -100,3 +104,20 @@ def port_open(addr: str) -> bool:
     with contextlib.closing(socket.socket()) as s:
         s.settimeout(0.5)
         return s.connect_ex((host, int(port))) == 0
+
+
+def read_json(url: str, timeout: float, tries: int = 4) -> Any:
+    """GET ``url`` (a stack's REST API) and parse its JSON answer. A try that timed
+    out or found no server is retried (an HTTP error is not): on two cores the API
+    server, beside the scheduler, the triggerer, the Pumps and a Spark application,
+    has been slower than 10 s to answer. Its answers, not its latency, are what
+    the tests check."""
+    for attempt in range(tries):
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except (TimeoutError, urllib.error.URLError) as failed:
+            if isinstance(failed, urllib.error.HTTPError) or attempt == tries - 1:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")

@@ -58,8 +58,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -67,7 +65,7 @@ import pytest
 import sqlalchemy as sa
 from pumpkit import free_port, wait_until
 from pyspark.sql import SparkSession
-from upkit import PUMP_ARGS, binlake_up, clean_env
+from upkit import PUMP_ARGS, binlake_up, clean_env, read_json
 
 from binlake import tso
 from binlake.lake import ingest
@@ -218,18 +216,7 @@ class Api:
         self.base = f"http://127.0.0.1:{port}/api/v2"
 
     def get(self, path: str) -> Any:
-        # A read is retried: on two cores, with the scheduler, triggerer, Pumps and a
-        # Spark application busy beside it, the API server has been slower than 10 s to
-        # answer a request (tests/e2e/test_up.py). Its answers, not its latency, are checked.
-        for attempt in range(4):
-            try:
-                with urllib.request.urlopen(f"{self.base}{path}", timeout=20) as resp:
-                    return json.loads(resp.read())
-            except (TimeoutError, urllib.error.URLError) as failed:
-                if isinstance(failed, urllib.error.HTTPError) or attempt == 3:
-                    raise
-                time.sleep(1)
-        raise AssertionError("unreachable")
+        return read_json(f"{self.base}{path}", timeout=20)
 
     def runs(self) -> list[dict[str, Any]]:
         return self.get("/dags/binlake_ingest/dagRuns?limit=100")["dag_runs"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from pumpkit import free_port
-from upkit import BINLAKE, PUMP_ARGS, binlake_up, port_open
+from upkit import BINLAKE, PUMP_ARGS, binlake_up, port_open, read_json
 
 from binlake import cli
 from binlake.registry.client import RegistryClient
@@ -124,18 +124,7 @@ def test_up_with_airflow_serves_the_ingest_dag(tmp_path: pathlib.Path) -> None:
             return list(status.get("completedapps", [])) + list(status.get("activeapps", []))
 
         def get(path: str) -> dict:
-            # A read is retried: on two cores the API server, starting a Spark application
-            # beside the scheduler, triggerer and Pumps, has once been slower than 10 s to
-            # answer. The states it reports, not its latency, are what this test checks.
-            for attempt in range(4):
-                try:
-                    with urllib.request.urlopen(f"{api}{path}", timeout=15) as resp:
-                        return json.loads(resp.read())
-                except (TimeoutError, urllib.error.URLError):
-                    if attempt == 3:
-                        raise
-                    time.sleep(1)
-            raise AssertionError("unreachable")
+            return dict(read_json(f"{api}{path}", timeout=15))
 
         def post(path: str, body: dict) -> dict:
             # Retried like a read, and for the same reason. A try that timed out may still
