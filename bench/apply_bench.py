@@ -146,9 +146,9 @@ def write_lake(spark: Any, lake: str, changes: list[Any], windows: int
 
 def naive_replay(url: str, info: Any, changes: list[Any], per_window: list[int]) -> float:
     """One statement per row change, commit order, one transaction per window."""
-    from binlake.replicate import sink
+    from binlake.sql.url import open_target
 
-    with sink.open_target(url) as t:
+    with open_target(url) as t:
         t.create_table(info)
         raw: Any = t.engine.raw_connection()
         try:
@@ -175,9 +175,9 @@ def naive_replay(url: str, info: Any, changes: list[Any], per_window: list[int])
 
 
 def copy_final(url: str, info: Any, final: dict[int, dict[str, Any]]) -> float:
-    from binlake.replicate import sink
+    from binlake.sql.url import open_target
 
-    with sink.open_target(url) as t:
+    with open_target(url) as t:
         t.create_table(info)
         started = time.perf_counter()
         t.bulk_load(info, final.values())
@@ -211,9 +211,9 @@ def writes_floor(url: str, info: Any, writes: list[tuple[list[tuple[int]], list[
     what no apply of the same windows into this target can go below."""
     import pyarrow as pa
 
-    from binlake.replicate import sink
+    from binlake.sql.url import open_target
 
-    with sink.open_target(url) as t:
+    with open_target(url) as t:
         t.create_table(info)
         tables = [(gone, pa.Table.from_pylist(rows)) for gone, rows in writes]
         started = time.perf_counter()
@@ -348,9 +348,9 @@ def main(args: argparse.Namespace | None = None) -> int:
             # Every case starts with no dirty pages of the cases before it to flush: a
             # checkpoint the row-by-row replay's WAL triggers would otherwise land on
             # (and slow the commits of) whichever case runs next.
-            from binlake.replicate import sink
+            from binlake.sql.url import open_target
 
-            with sink.open_target(url) as t, t.engine.connect() as c:
+            with open_target(url) as t, t.engine.connect() as c:
                 c.exec_driver_sql("CHECKPOINT")
             return url
 
@@ -436,9 +436,9 @@ def _check_final(url: str, kind: str, final: dict[int, dict[str, Any]]) -> None:
         finally:
             conn.close()
     else:
-        from binlake.replicate import sink
+        from binlake.sql.url import open_target
 
-        with sink.open_target(url) as t, t.engine.connect() as c:
+        with open_target(url) as t, t.engine.connect() as c:
             got = c.exec_driver_sql(f"SELECT count(*), sum(id), sum(k), sum(length(c)) FROM {TABLE}").fetchone()
     want = (len(final), sum(r["id"] for r in final.values()), sum(r["k"] for r in final.values()),
             sum(len(r["c"]) for r in final.values()))

@@ -287,9 +287,9 @@ def replay(binlogs: list[bp.Binlog], url: str) -> dict[str, int]:
 
 
 def act2(cluster: DevCluster, root: pathlib.Path) -> tuple[int, Any]:
-    from binlake import oracle
     from binlake.source import workload
     from binlake.source.txn_writer import TxnWriter
+    from binlake.sql import checksum
 
     print()
     upstream = f"sqlite:///{root}/upstream.db"
@@ -310,8 +310,8 @@ def act2(cluster: DevCluster, root: pathlib.Path) -> tuple[int, Any]:
     got = list(pull_window(cluster.pump_addrs, summary.start_ts, summary.end_ts, wait=True, wait_timeout_s=120))
     say(f"{len(got)} transactions read ({summary.transactions} written); replaying them into an empty database")
     counts = replay(got, replica)
-    up = oracle.checksum(upstream)
-    rep = oracle.checksum(replica, schema=oracle.load_schema(upstream))
+    up = checksum.checksum(upstream)
+    rep = checksum.checksum(replica, schema=checksum.load_schema(upstream))
     print()
     print(f"  {'table':<14} {'upstream rows':>13} {'replica rows':>13}  checksums")
     for name in sorted(set(up) | set(rep)):

@@ -72,9 +72,10 @@ class Capture:
 
 
 def act4(root: pathlib.Path, capture: Capture) -> int:
-    from binlake import oracle, tso
+    from binlake import tso
     from binlake.lake.spark import LAKE_CONF, build_spark
     from binlake.restore import checks, restore
+    from binlake.sql import checksum
 
     print()
     capture.wait()
@@ -83,7 +84,7 @@ def act4(root: pathlib.Path, capture: Capture) -> int:
         return 1
     lake = str(root / "lake")
     print(f"[act 5] restore to the mid-run commit_ts {tso.format_ts(capture.ts)}, when the upstream was copied")
-    expected = oracle.checksum(f"sqlite:///{capture.copy}")
+    expected = checksum.checksum(f"sqlite:///{capture.copy}")
     spark = build_spark("binlake-demo-restore", "local[2]", shuffle_partitions=2, extra_conf=LAKE_CONF)
     spark.sparkContext.setLogLevel("FATAL")
     try:

@@ -52,10 +52,10 @@ def _position(data_dir: pathlib.Path) -> tuple[str, int]:
 
 
 def act_sources(cluster: Any, root: pathlib.Path) -> int:
-    from binlake import oracle
     from binlake.client.reader import pull_window
     from binlake.registry.client import RegistryClient
     from binlake.source.replay import Replay
+    from binlake.sql import checksum
     from binlake.testing.devdb import LocalMariaDB
 
     if not LocalMariaDB.available():
@@ -112,7 +112,7 @@ def act_sources(cluster: Any, root: pathlib.Path) -> int:
             end_ts = reg.get_ts()
         mine = list(pull_window(cluster.pump_addrs, begin_ts, end_ts, wait=True, wait_timeout_s=60))
         replay = Replay().apply(mine)
-        up = oracle.checksum(server.url_for("shop"), schema=replay.schema())
+        up = checksum.checksum(server.url_for("shop"), schema=replay.schema())
         dml = sum(1 for b in mine if not b.ddl_query)
         ok = replay.checksums() == up and dml == txns
         print(f"  upstream transactions: {txns}; served by the Pumps (after the duplicate rule): {dml}; "

@@ -61,12 +61,13 @@ def test_apply_dag_run_applies_every_task_file_and_diffs(
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
 
-    from binlake.replicate import checkpoint, sink
+    from binlake.replicate import checkpoint
+    from binlake.sql.url import open_target
 
     lake = str(tmp_path / "lake")
     info, windows = small_lake(spark, lake)
     reference = f"sqlite:///{tmp_path / 'reference.db'}"
-    with sink.open_target(reference) as ref:
+    with open_target(reference) as ref:
         ref.create_table(info)
         ref.bulk_load(info, [{"id": 1, "name": "n1"}, {"id": 2, "name": "two"}, {"id": 4, "name": "n4"}])
     tasks = tmp_path / "tasks"

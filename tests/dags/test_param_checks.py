@@ -18,9 +18,9 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from binlake_airflow import apply_tasks, config, deadline, restore_tasks
 
 from binlake import errors
-from binlake.replicate import sink
 from binlake.restore import claims
 from binlake.sql import schema as sc
+from binlake.sql.url import open_target
 
 FORM = {"commit_ts": None, "datetime": None, "tz": None, "tables": None, "out": None, "target": None,
         "verify": None, "replace": False}
@@ -71,7 +71,7 @@ def _info(name: str) -> Any:
 
 def test_a_target_table_is_replaced_only_by_the_run_that_made_it(tmp_path: pathlib.Path) -> None:
     url = f"sqlite:///{tmp_path / 't.db'}"
-    with sink.open_target(url) as target:
+    with open_target(url) as target:
         claims.create(target, _info("a"), "run1", 10, replace=False)
         target.bulk_load(_info("a"), [{"id": 1}])
         claims.refuse_foreign(target, ["a"], "run1", replace=False)  # its own: fine (a retry)

@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from pumpkit import commit, mutation_value, prewrite, row_start_ts, try_status, wait_safe, wait_until
 from pyspark.sql import SparkSession
 
-from binlake import errors, oracle
+from binlake import errors
 from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_pump, pull_window
 from binlake.config import ClientSettings
@@ -49,6 +49,7 @@ from binlake.source import workload as wl
 from binlake.source.replay import Replay
 from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 from binlake.source.txn_writer import TxnWriter
+from binlake.sql import checksum
 from binlake.sql.schema import ColumnDef
 from binlake.testing.etcdcluster import EtcdCluster
 from binlake.testing.netbed import Host, NetBed
@@ -342,7 +343,7 @@ def test_registry_group_survives_kill_and_partition(bed: NetBed, tmp_path: pathl
         # Rows rebuilt from the Pumps' binlogs alone equal the upstream's (the
         # replay raises on a transaction served twice or out of order).
         replay = Replay().apply(binlogs)
-        upstream_sums = dict(oracle.checksum(upstream, schema=replay.schema()))
+        upstream_sums = dict(checksum.checksum(upstream, schema=replay.schema()))
         # The writers' table is empty upstream (they write binlogs only) and
         # created before this window.
         assert upstream_sums.pop(WRITER_TABLE)[0] == 0

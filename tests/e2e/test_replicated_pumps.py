@@ -42,7 +42,7 @@ from pumpkit import (
     wait_until,
 )
 
-from binlake import errors, oracle, tso
+from binlake import errors, tso
 from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_window
 from binlake.config import ClientSettings
@@ -55,6 +55,7 @@ from binlake.source import workload as wl
 from binlake.source.replay import Replay
 from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 from binlake.source.txn_writer import TxnWriter
+from binlake.sql import checksum
 from binlake.testing.netbed import NetBed
 
 if TYPE_CHECKING:
@@ -425,7 +426,7 @@ def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(bed: NetBed, 
         binlogs = [b for b in pull_window(live, summary.start_ts, summary.end_ts) if b.start_ts not in load.acked]
         assert len(binlogs) == summary.committed + summary.ddls
         replay = Replay().apply(binlogs)
-        assert replay.checksums() == oracle.checksum(upstream, schema=replay.schema())
+        assert replay.checksums() == checksum.checksum(upstream, schema=replay.schema())
         # The consumer moves on: GC follows it on every Pump, never past it.
         reg.update_consumer("lake:test", end)
         wait_until(lambda: all(first < try_status(a).gc_ts <= end for a in live.values()),  # type: ignore[union-attr]
@@ -496,7 +497,7 @@ def test_lake_goes_on_through_a_lost_pump_host_then_apply_and_restore_equal_the_
                         ts = wreg.get_ts()
                         copy = tmp_path / f"cut{i}.db"
                         _snapshot(upstream, copy)
-                        captures.append((ts, copy, oracle.checksum(upstream)))
+                        captures.append((ts, copy, checksum.checksum(upstream)))
             except BaseException as exc:  # reported by the assertions below
                 workload["error"] = exc
 
@@ -587,7 +588,7 @@ def test_lake_goes_on_through_a_lost_pump_host_then_apply_and_restore_equal_the_
             restored = f"sqlite:///{tmp_path / f'restored-{ts}.db'}"
             res = restore.run(spark, lake, ts, target=restored, verify_url=f"sqlite:///{copy}")
             assert res.verified is not None and res.verified.startswith("clean"), res.verified
-            got = oracle.checksum(restored, list(sums), schema=oracle.load_schema(f"sqlite:///{copy}"))
+            got = checksum.checksum(restored, list(sums), schema=checksum.load_schema(f"sqlite:///{copy}"))
             assert got == sums, f"restore at {ts}"
         print(f"whole chain (workload, ingest, apply, diff, 2 restores): {time.monotonic() - began_run:.1f}s")
     finally:

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from binlake import cli, oracle
+from binlake import cli
 from binlake.client.reader import pull_window
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
+from binlake.sql import checksum
 from binlake.testing.devcluster import DevCluster
 
 ARGS = ["--profile", "mixed", "--txns", "300", "--tables", "2", "--seed", "7", "--large-txn-rows", "300",
@@ -68,7 +69,7 @@ def test_same_seed_one_client_same_data(cluster: DevCluster, tmp_path: pathlib.P
             summary = wl.run(writer, plan, clients=1, progress=False)
         assert summary.errors == 0, summary.error_messages
         assert summary.empty == 0  # in plan order every operation finds its row
-        sums.append(oracle.checksum(url))
+        sums.append(checksum.checksum(url))
         assert wl.bank_total(url) == 50 * wl.BANK_INITIAL_BALANCE
     assert sums[0] == sums[1]
     assert set(sums[0]) >= {"accounts"} and len(sums[0]) >= 3

@@ -22,8 +22,10 @@ from pyspark.sql import SparkSession
 
 from binlake import failpoint, tso
 from binlake.lake import decode, ingest
-from binlake.replicate import checkpoint, parallel, runner, sink, table_write, task
+from binlake.replicate import checkpoint, parallel, runner, table_write, task
 from binlake.sql import schema as sc
+from binlake.sql import targets
+from binlake.sql.url import open_target
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -99,12 +101,12 @@ def _target(kind: str, request: pytest.FixtureRequest, tmp_path: pathlib.Path) -
 
 
 def _rows(url: str) -> list[tuple[Any, ...]]:
-    with sink.open_target(url) as t, t.engine.connect() as c:
+    with open_target(url) as t, t.engine.connect() as c:
         return sorted(tuple(r) for r in c.exec_driver_sql("SELECT id, v, n FROM kv"))
 
 
 def _checkpoint_ts(url: str, name: str) -> int:
-    with sink.open_target(url) as t, t.engine.connect() as c:
+    with open_target(url) as t, t.engine.connect() as c:
         cp = checkpoint.read(c, name)
     return cp.ts if cp else 0
 
@@ -119,7 +121,7 @@ def test_workers_failed_after_their_buckets_then_rerun(kind: str, spark: SparkSe
     taken: list[bool] = []
     real = parallel.arrow_parallel
 
-    def spy(target: sink.Target, batch: Any, safe: bool) -> bool:
+    def spy(target: targets.Target, batch: Any, safe: bool) -> bool:
         verdict = real(target, batch, safe)
         if batch.tables:  # (the batch before the CREATE TABLE has nothing to write)
             taken.append(verdict)
@@ -131,7 +133,7 @@ def test_workers_failed_after_their_buckets_then_rerun(kind: str, spark: SparkSe
         runner.Applier(spark, t).run()
     monkeypatch.delenv(failpoint.ENV)
     assert taken and all(taken)  # every batch went to the tasks as Arrow buckets
-    with sink.open_target(url) as tgt, tgt.engine.connect() as conn:
+    with open_target(url) as tgt, tgt.engine.connect() as conn:
         buckets = conn.execute(sa.select(sa.func.count()).select_from(checkpoint.table)
                                .where(checkpoint.table.c.grp >= 0)).scalar_one()
     assert buckets >= 1  # a bucket committed before its task was killed
@@ -142,7 +144,7 @@ def test_workers_failed_after_their_buckets_then_rerun(kind: str, spark: SparkSe
     assert summary.windows >= 1
     # Every window again, from no checkpoint: the target refuses (its rows are
     # there), and nothing changes.
-    with sink.open_target(url) as tgt, tgt.engine.begin() as conn:
+    with open_target(url) as tgt, tgt.engine.begin() as conn:
         conn.execute(checkpoint.table.delete().where(checkpoint.table.c.task == t.name))
     with pytest.raises(table_write.TargetDiverged, match="target table kv"):
         runner.Applier(spark, t).run()

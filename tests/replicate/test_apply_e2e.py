@@ -29,15 +29,17 @@ from dbfixtures import mariadb_server, postgres_server  # noqa: F401
 from pumpkit import wait_until
 from pyspark.sql import SparkSession
 
-from binlake import errors, failpoint, oracle
+from binlake import errors, failpoint
 from binlake.lake import ingest
 from binlake.lake import pump_source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.registry.client import RegistryClient
-from binlake.replicate import checkpoint, diff, runner, sink, table_write, task
+from binlake.replicate import checkpoint, diff, runner, table_write, task
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
+from binlake.sql import checksum
 from binlake.sql import schema as sc
+from binlake.sql.url import open_target
 from binlake.testing.devcluster import DevCluster
 
 # One cluster, upstream and lake for the module: the setup is most of the time.
@@ -126,7 +128,7 @@ def new_target(kind: str, request: pytest.FixtureRequest, tmp_path: pathlib.Path
 
 
 def read_checkpoint(url: str, name: str) -> checkpoint.Checkpoint | None:
-    with sink.open_target(url) as t, t.engine.connect() as conn:
+    with open_target(url) as t, t.engine.connect() as conn:
         return checkpoint.read(conn, name)
 
 
@@ -142,13 +144,13 @@ def test_apply_equals_upstream(spark: SparkSession, lake: str, upstream: dict[st
     assert summary.ddls >= 12 and summary.changes > 500
     report = diff.diff_databases(upstream["url"], url, chunk_size=50)
     assert report.ok, report.summary()
-    assert oracle.checksum(upstream["url"]) == oracle.checksum(url)
+    assert checksum.checksum(upstream["url"]) == checksum.checksum(url)
     end = upstream["windows"][-1][1]
     assert read_checkpoint(url, t.name) == checkpoint.Checkpoint(end, upstream["windows"][-1][0], end)
     # Once more: nothing left to apply, nothing changes.
     again = runner.Applier(spark, t).run()
     assert again.windows == 0 and again.changes == 0
-    assert oracle.checksum(upstream["url"]) == oracle.checksum(url)
+    assert checksum.checksum(upstream["url"]) == checksum.checksum(url)
 
 
 def test_same_changes_twice_change_nothing(spark: SparkSession, lake: str, upstream: dict[str, Any],
@@ -157,7 +159,7 @@ def test_same_changes_twice_change_nothing(spark: SparkSession, lake: str, upstr
     t = make_task(lake, url)
     w = upstream["windows"]
     runner.Applier(spark, t).run()
-    before = oracle.checksum(url)
+    before = checksum.checksum(url)
     # Put the checkpoint back to just after the last window's last DDL (where a crash
     # between a MySQL DDL and the next commit leaves it): the rest of the window, every
     # row change after that DDL, is applied a second time, in safe mode.
@@ -167,12 +169,12 @@ def test_same_changes_twice_change_nothing(spark: SparkSession, lake: str, upstr
     rest = spark.read.format("delta").load(f"{lake}/changes").where(
         f"commit_ts >= {resume} AND commit_ts < {w[-1][1]}").count()
     assert rest > 0
-    with sink.open_target(url) as tgt, tgt.engine.begin() as conn:
+    with open_target(url) as tgt, tgt.engine.begin() as conn:
         checkpoint.write(conn, t.name, resume, w[-1][0], w[-1][1])
     safe = t.model_copy(update={"safe_mode_until_ts": w[-1][1]})
     again = runner.Applier(spark, safe).run()
     assert again.windows == 1 and again.changes == rest and again.ddls == 0
-    assert oracle.checksum(url) == before
+    assert checksum.checksum(url) == before
     assert diff.diff_databases(upstream["url"], url).ok
 
 
@@ -248,11 +250,11 @@ def test_target_changed_by_hand_stops_with_table_and_key(spark: SparkSession, la
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DELETE FROM {victim[0]} WHERE id = {victim[1]}")
     engine.dispose()
-    before = oracle.checksum(url)
+    before = checksum.checksum(url)
     with pytest.raises(table_write.TargetDiverged,
                        match=rf"target table {victim[0]}: the row with key id={victim[1]} .* not in the target"):
         runner.Applier(spark, t).run()
-    assert oracle.checksum(url) == before  # no partial window committed
+    assert checksum.checksum(url) == before  # no partial window committed
     assert read_checkpoint(url, t.name).ts == start
 
 
@@ -274,11 +276,11 @@ def test_kill_before_commit_then_rerun(spark: SparkSession, lake: str, upstream:
     task_file.write_text(f'name = "crash"\nlake = "{lake}"\ntarget = "{url}"\nmode = "consistent"\n')
     t = task.load(task_file)
     runner.Applier(spark, t).run(until_ts=w[1][1])
-    before = oracle.checksum(url)
+    before = checksum.checksum(url)
     proc = _cli_apply(task_file, fail="apply-before-commit:exit")
     assert proc.returncode == 137, proc.stderr[-2000:]
     assert read_checkpoint(url, "crash").ts == w[1][1]  # window 3 was being written: nothing of it shows
-    assert oracle.checksum(url) == before
+    assert checksum.checksum(url) == before
     summary = runner.Applier(spark, t).run()
     assert summary.windows == 1  # the last window, which the crash left out
     assert diff.diff_databases(upstream["url"], url).ok
@@ -297,7 +299,7 @@ def test_workers_failed_after_their_groups_then_rerun(spark: SparkSession, lake:
     monkeypatch.delenv(failpoint.ENV)
     cp = read_checkpoint(url, t.name)
     assert cp is not None and cp.ts < w[-1][1]
-    with sink.open_target(url) as tgt, tgt.engine.connect() as conn:
+    with open_target(url) as tgt, tgt.engine.connect() as conn:
         groups = conn.execute(sa.select(sa.func.count()).select_from(checkpoint.table)
                               .where(checkpoint.table.c.grp >= 0)).scalar_one()
     assert groups >= 1  # some groups of the batch went in before the crash

@@ -21,9 +21,11 @@ from test_rawcompact import image, play, reference, steps, table
 
 from binlake.lake import decode
 from binlake.proto import binlog_pb2
-from binlake.replicate import arrowcompact, compactor, rawcompact, read, sink, table_write
+from binlake.replicate import arrowcompact, compactor, rawcompact, read, table_write
 from binlake.replicate.compactor import Change
 from binlake.sql import schema as sc
+from binlake.sql import targets
+from binlake.sql.url import open_target
 
 # A table every column of which has a verbatim CSV form (the PostgreSQL COPY path).
 FLAT = [sc.ColumnDef("id", "int", False), sc.ColumnDef("g", "string", False, length=8),
@@ -171,7 +173,7 @@ def test_large_batches_keep_one_final_change_per_key(block: int | None, monkeypa
                 100 + n // 3, n % 3) for n, (op, b, a) in enumerate(seq)], ["id"])
 
 
-def _rows(t: sink.Target, info: binlog_pb2.TableInfo) -> list[dict[str, Any]]:
+def _rows(t: targets.Target, info: binlog_pb2.TableInfo) -> list[dict[str, Any]]:
     """The target table's rows, typed by binlake's definition (SQLite keeps decimals
     and uints as text, PostgreSQL the uint as NUMERIC(20))."""
     table = t.sa_table(info)
@@ -194,7 +196,7 @@ def test_arrow_rows_written_straight_to_the_target(kind: str, request: pytest.Fi
         url = str(request.getfixturevalue("postgres_server").create_database(f"a_{uuid.uuid4().hex[:12]}"))
     else:
         url = f"sqlite:///{tmp_path / 'arrow.db'}"
-    t = sink.open_target(url)
+    t = open_target(url)
     try:
         t.create_table(info)
         texts = ["", None, 'a,"b"\nc', "\\.", "\\N", "ü€ 😀", "NULL", " "]

@@ -18,11 +18,13 @@ import pytest
 import sqlalchemy as sa
 from dbfixtures import mariadb_server, postgres_server  # noqa: F401
 
-from binlake import errors, oracle
+from binlake import errors
 from binlake.proto import binlog_pb2
-from binlake.replicate import diff, sink
+from binlake.replicate import diff
+from binlake.sql import checksum
 from binlake.sql import schema as sc
 from binlake.sql import url as sql_url
+from binlake.sql.url import open_target
 
 COLS = [
     sc.ColumnDef("id", "int", False), sc.ColumnDef("code", "string", True, length=32),
@@ -61,10 +63,10 @@ def target_url(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
 def test_bulk_load_then_diff_ok_and_fix(target_url: str, tmp_path: pathlib.Path) -> None:
     source_url = f"sqlite:///{tmp_path / 'source.db'}"
     data = rows(250)
-    with sink.open_target(source_url) as src:
+    with open_target(source_url) as src:
         src.create_table(table_info())
         assert src.bulk_load(table_info(), data) == 250
-    with sink.open_target(target_url) as tgt:
+    with open_target(target_url) as tgt:
         tgt.create_table(table_info())
         with pytest.raises(errors.FailedPrecondition, match="already has a table items"):
             tgt.create_table(table_info())
@@ -74,7 +76,7 @@ def test_bulk_load_then_diff_ok_and_fix(target_url: str, tmp_path: pathlib.Path)
     assert report.ok, report.summary()
     assert [(t.name, t.status, t.source_rows, t.target_rows) for t in report.tables] == [("items", "OK", 250, 250)]
     assert report.tables[0].chunks == 7
-    assert oracle.checksum(source_url) == oracle.checksum(target_url)
+    assert checksum.checksum(source_url) == checksum.checksum(target_url)
 
     # Change the target by hand: one row altered, one deleted, one added.
     engine = sa.create_engine(sql_url.normalize_url(target_url))
@@ -93,7 +95,7 @@ def test_bulk_load_then_diff_ok_and_fix(target_url: str, tmp_path: pathlib.Path)
     assert t.only_in_source == [{"id": "120"}]
     assert t.only_in_target == [{"id": "9999"}]
     assert "missing   id=120" in report.summary()
-    assert oracle.checksum(source_url) != oracle.checksum(target_url)
+    assert checksum.checksum(source_url) != checksum.checksum(target_url)
 
     engine = sa.create_engine(sql_url.normalize_url(target_url))
     with engine.begin() as conn:
@@ -102,15 +104,15 @@ def test_bulk_load_then_diff_ok_and_fix(target_url: str, tmp_path: pathlib.Path)
                 conn.exec_driver_sql(stmt.replace("%", "%%") if engine.dialect.name != "sqlite" else stmt)
     engine.dispose()
     assert diff.diff_databases(source_url, target_url, chunk_size=40).ok
-    assert oracle.checksum(source_url) == oracle.checksum(target_url)
+    assert checksum.checksum(source_url) == checksum.checksum(target_url)
 
 
 def test_diff_missing_table_and_bad_input(tmp_path: pathlib.Path) -> None:
     a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
-    with sink.open_target(a) as src:
+    with open_target(a) as src:
         src.create_table(table_info())
         src.bulk_load(table_info(), rows(5))
-    sink.open_target(b).close()
+    open_target(b).close()
     report = diff.diff_databases(a, b)
     assert [(t.name, t.status, t.source_rows) for t in report.tables] == [("items", "MISSING", 5)]
     assert not report.ok
@@ -122,13 +124,13 @@ def test_diff_missing_table_and_bad_input(tmp_path: pathlib.Path) -> None:
 
 def test_open_target_validates() -> None:
     with pytest.raises(errors.InvalidArgument, match="unsupported database 'oracle'"):
-        sink.open_target("oracle://u:p@h/db")
+        open_target("oracle://u:p@h/db")
     with pytest.raises(errors.InvalidArgument, match="not a database URL"):
-        sink.open_target("not a url")
+        open_target("not a url")
     assert sql_url.normalize_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
     assert sql_url.normalize_url("mysql://u@h/db").drivername == "mysql+pymysql"
     with pytest.raises(errors.Unavailable, match=r"cannot reach target postgresql\+psycopg://u:\*\*\*@127.0.0.1:1/db"):
-        sink.open_target("postgresql://u:secret@127.0.0.1:1/db")
+        open_target("postgresql://u:secret@127.0.0.1:1/db")
 
 
 def test_cli_diff_and_apply_exit_codes(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -136,7 +138,7 @@ def test_cli_diff_and_apply_exit_codes(tmp_path: pathlib.Path, capsys: pytest.Ca
 
     a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
     for url, n in ((a, 5), (b, 4)):
-        with sink.open_target(url) as t:
+        with open_target(url) as t:
             t.create_table(table_info())
             t.bulk_load(table_info(), rows(n))
     assert cli.main(["diff", a, b, "--chunk-size", "2"]) == 1

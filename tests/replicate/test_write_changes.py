@@ -12,9 +12,12 @@ import pytest
 from dbfixtures import mariadb_server, postgres_server  # noqa: F401
 
 from binlake.proto import binlog_pb2
-from binlake.replicate import parallel, sink, table_write
+from binlake.replicate import parallel, table_write
 from binlake.replicate.compactor import Change
 from binlake.sql import schema as sc
+from binlake.sql import targets
+from binlake.sql.targets.postgresql import array_literal as pg_array_literal
+from binlake.sql.url import open_target
 
 
 def info() -> binlog_pb2.TableInfo:
@@ -33,18 +36,18 @@ def target(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Any:
     else:
         server = request.getfixturevalue("postgres_server" if request.param == "postgresql" else "mariadb_server")
         url = str(server.create_database(f"w_{uuid.uuid4().hex[:12]}"))
-    t = sink.open_target(url)
+    t = open_target(url)
     t.create_table(info())
     yield t
     t.close()
 
 
-def rows(t: sink.Target) -> list[tuple[Any, ...]]:
+def rows(t: targets.Target) -> list[tuple[Any, ...]]:
     with t.engine.connect() as conn:
         return sorted(tuple(x) for x in conn.exec_driver_sql("SELECT id, u, v FROM t"))
 
 
-def write(t: sink.Target, changes: list[Change], safe: bool = False) -> int:
+def write(t: targets.Target, changes: list[Change], safe: bool = False) -> int:
     with t.engine.connect() as conn:
         conn.begin()
         n = table_write.write_changes(t, conn, info(), changes, safe)
@@ -52,7 +55,7 @@ def write(t: sink.Target, changes: list[Change], safe: bool = False) -> int:
     return n
 
 
-def test_unique_key_swap_and_delete_then_reuse(target: sink.Target) -> None:
+def test_unique_key_swap_and_delete_then_reuse(target: targets.Target) -> None:
     write(target, [Change("t", "insert", None, r(1, 1)), Change("t", "insert", None, r(2, 2))])
     # swap u between rows 1 and 2 through a temporary value, all in one batch
     write(target, [Change("t", "update", r(1, 1), r(1, 9)), Change("t", "update", r(2, 2), r(2, 1)),
@@ -63,7 +66,7 @@ def test_unique_key_swap_and_delete_then_reuse(target: sink.Target) -> None:
     assert rows(target) == [(1, 1, "y")]
 
 
-def test_normal_mode_refuses_a_target_changed_by_hand(target: sink.Target) -> None:
+def test_normal_mode_refuses_a_target_changed_by_hand(target: targets.Target) -> None:
     write(target, [Change("t", "insert", None, r(1, 1)), Change("t", "insert", None, r(2, 2))])
     with target.engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM t WHERE id = 2")
@@ -79,7 +82,7 @@ def test_normal_mode_refuses_a_target_changed_by_hand(target: sink.Target) -> No
         table_write.diagnose(target, info_.value, "w"))
 
 
-def test_safe_mode_converges_from_any_partial_state(target: sink.Target) -> None:
+def test_safe_mode_converges_from_any_partial_state(target: targets.Target) -> None:
     batch = [Change("t", "insert", None, r(1, 1)), Change("t", "insert", None, r(2, 2)),
              Change("t", "update", r(1, 1), r(1, 3, "z")), Change("t", "delete", r(2, 2), None),
              Change("t", "insert", None, r(4, 2))]
@@ -91,7 +94,7 @@ def test_safe_mode_converges_from_any_partial_state(target: sink.Target) -> None
 
 
 def test_keyless_table_keeps_commit_order(tmp_path: pathlib.Path) -> None:
-    t = sink.open_target(f"sqlite:///{tmp_path / 'k.db'}")
+    t = open_target(f"sqlite:///{tmp_path / 'k.db'}")
     nk = binlog_pb2.TableInfo(table_id=9, db="app", name="nk")
     nk.columns.add(id=1, name="a", type=binlog_pb2.INT, nullable=True, sql_type="int")
     nk.columns.add(id=2, name="b", type=binlog_pb2.STRING, nullable=True, sql_type="string")
@@ -111,7 +114,7 @@ def test_apply_groups_one_transaction_per_task_and_skips_groups_already_in(tmp_p
     from binlake.replicate import checkpoint
 
     url = f"sqlite:///{tmp_path / 'g.db'}"
-    t = sink.open_target(url)
+    t = open_target(url)
     t.create_table(info())
     checkpoint.ensure(t.engine)
     infos = {"t": info()}
@@ -149,7 +152,7 @@ def test_delete_keys_of_any_text_and_integers(kind: str, request: pytest.Fixture
                            ["k"], None, 1)
     by_int = sc.new_table(7, "app", "i", [sc.ColumnDef("k", "int", False)], ["k"], None, 1)
     ints = [-(2**63), -1, 0, 1, 2**63 - 1]
-    t = sink.open_target(url)
+    t = open_target(url)
     try:
         t.create_table(by_text)
         t.create_table(by_int)
@@ -168,6 +171,6 @@ def test_delete_keys_of_any_text_and_integers(kind: str, request: pytest.Fixture
         assert left_ints == [ints[1], ints[3]]
     finally:
         t.close()
-    assert sink._pg_array_literal([1, 2]) == "{1,2}"
-    assert sink._pg_array_literal(['a"b', "c\\"]) == '{"a\\"b","c\\\\"}'
-    assert sink._pg_array_literal([1, "a"]) is None
+    assert pg_array_literal([1, 2]) == "{1,2}"
+    assert pg_array_literal(['a"b', "c\\"]) == '{"a\\"b","c\\\\"}'
+    assert pg_array_literal([1, "a"]) is None

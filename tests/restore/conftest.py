@@ -20,12 +20,13 @@ import pytest
 from pumpkit import wait_until
 from pyspark.sql import SparkSession
 
-from binlake import errors, oracle
+from binlake import errors
 from binlake.lake import ingest
 from binlake.lake import pump_source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
+from binlake.sql import checksum
 from binlake.testing.devcluster import DevCluster
 
 PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
@@ -107,7 +108,7 @@ def run_captured(url: str, registry: str, plan: list[wl.LogicalTxn], cuts: int, 
                 src.close()
                 dst.close()
             total, accounts = bank_state(url)
-            captures.append(Capture(ts, oracle.checksum(url), copy, total, accounts))
+            captures.append(Capture(ts, checksum.checksum(url), copy, total, accounts))
         end_ts = reg.get_ts()
     wait_safe(registry, end_ts)
     return Upstream(url, registry, start_ts, end_ts, captures, [])

@@ -21,11 +21,11 @@ import sqlalchemy as sa
 from conftest import ingest_all, wait_safe
 from pyspark.sql import SparkSession
 
-from binlake import oracle
 from binlake.registry.client import RegistryClient
 from binlake.replicate import diff, runner, task
 from binlake.restore import checks, history, restore, snapshot
 from binlake.source.txn_writer import TxnWriter
+from binlake.sql import checksum
 from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
 
@@ -118,13 +118,13 @@ def test_restore_into_sqlite_equals_the_upstream_at_both_cuts(
         target = f"sqlite:///{tmp_path / f'r{ts}.db'}"
         result = restore.run(spark, d["lake"], ts, target=target, verify_url=copy)
         assert result.verified is not None and result.verified.startswith("clean"), result.verified
-        assert oracle.checksum(target, ["items"], schema=oracle.load_schema(copy)) == oracle.checksum(copy, ["items"])
-        assert _checksums(spark, d["lake"], ts) == oracle.checksum(copy, ["items"])
+        assert checksum.checksum(target, ["items"], schema=checksum.load_schema(copy)) == checksum.checksum(copy, ["items"])
+        assert _checksums(spark, d["lake"], ts) == checksum.checksum(copy, ["items"])
 
 
 def test_snapshot_and_history_bases_fill_the_same(spark: SparkSession, defaults_lake: dict[str, Any]) -> None:
     d = defaults_lake
-    want = oracle.checksum(d["copy2"], ["items"])
+    want = checksum.checksum(d["copy2"], ["items"])
     # A snapshot taken before the columns were added, then the changes after it.
     first = spark.read.format("delta").load(f"{d['lake']}/ddl_history").agg({"commit_ts": "min"}).first()[0]
     snapshot.take(spark, d["lake"], first + 1)
@@ -133,7 +133,7 @@ def test_snapshot_and_history_bases_fill_the_same(spark: SparkSession, defaults_
     # gives the versions held what the upstream gave its rows.
     assert "applied" in history.update(spark, d["lake"]).summary()
     assert _checksums(spark, d["lake"], d["ts2"], "history") == want
-    assert _checksums(spark, d["lake"], d["ts1"], "history") == oracle.checksum(d["copy1"], ["items"])
+    assert _checksums(spark, d["lake"], d["ts1"], "history") == checksum.checksum(d["copy1"], ["items"])
 
 
 def test_apply_creates_the_defaults_and_diff_is_clean(

@@ -23,10 +23,11 @@ from conftest import Upstream, ingest_all, run_captured
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from binlake import cli, errors, failpoint, oracle, tso
+from binlake import cli, errors, failpoint, tso
 from binlake.lake.ingest import read_windows
 from binlake.restore import checks, history, layout, restore, snapshot
 from binlake.source import workload as wl
+from binlake.sql import checksum
 from binlake.testing.devcluster import DevCluster
 
 ACCOUNTS = 20
@@ -98,13 +99,13 @@ def test_restore_into_a_target_database_verified_by_diff(
     result = restore.run(spark, lake, cap.ts, target=target, verify_url=source)
     assert result.verified is not None and result.verified.startswith("clean"), result.verified
     assert result.rows == sum(n for n, _ in cap.checksums.values())
-    assert oracle.checksum(target, list(cap.checksums), schema=oracle.load_schema(source)) == cap.checksums
+    assert checksum.checksum(target, list(cap.checksums), schema=checksum.load_schema(source)) == cap.checksums
     # An unreachable target is refused before anything is rebuilt; an existing table is not overwritten.
     with pytest.raises(errors.Unavailable, match="cannot reach target"):
         restore.run(spark, lake, cap.ts, target="postgresql+psycopg://nobody@127.0.0.1:1/none")
     with pytest.raises(errors.BinlakeError):
         restore.run(spark, lake, cap.ts, target=target)
-    assert oracle.checksum(target, list(cap.checksums), schema=oracle.load_schema(source)) == cap.checksums
+    assert checksum.checksum(target, list(cap.checksums), schema=checksum.load_schema(source)) == cap.checksums
 
 
 def test_bank_total_and_accounts_hold_at_many_ts(

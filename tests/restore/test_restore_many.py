@@ -30,10 +30,10 @@ from conftest import ingest_all, wait_safe
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from binlake import oracle
 from binlake.registry.client import RegistryClient
 from binlake.restore import checks, direct, restore
 from binlake.source.txn_writer import Txn, TxnWriter
+from binlake.sql import checksum
 from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
 
@@ -90,7 +90,7 @@ def many(cluster: DevCluster, spark: SparkSession, tmp_path_factory: pytest.Temp
 
         w.run(change)
         cut = reg.get_ts()
-        checksums = oracle.checksum(url)
+        checksums = checksum.checksum(url)
         # After the capture: what a restore at it must not show.
         w.run(lambda t: [t.update(n, {"id": 3}, {"v": "after"}) for n in names[10:]])
         w.rename_table("t006", "r006")
@@ -112,7 +112,7 @@ def test_a_restore_of_300_tables_equals_the_upstream_mid_workload(
     target = f"sqlite:///{tmp_path / 'restored.db'}"
     result = restore.run(spark, many.lake, many.ts, target=target)
     assert {t.split(".")[1] for t, _n, _b in result.tables} == set(many.checksums)
-    assert oracle.checksum(target, list(many.checksums)) == many.checksums
+    assert checksum.checksum(target, list(many.checksums)) == many.checksums
     out = tmp_path / "out"
     restore.run(spark, many.lake, many.ts, out=str(out), parallelism=4)
     for t in restore.plan(spark, many.lake, many.ts).tables:
@@ -147,7 +147,7 @@ def test_a_subset_reads_nothing_of_the_other_tables_beyond_the_shared_scan(
     after = _jobs(spark)
     assert after - mid <= mid - before + 2, (mid - before, after - mid)
     assert {t for t, _n, _b in sub.tables} == {t.name for t in p_sub.tables}
-    assert oracle.checksum(f"sqlite:///{tmp_path / 'sub.db'}", names) == {n: many.checksums[n] for n in names}
+    assert checksum.checksum(f"sqlite:///{tmp_path / 'sub.db'}", names) == {n: many.checksums[n] for n in names}
 
 
 def test_a_restore_killed_mid_way_leaves_only_whole_tables_and_the_rerun_finishes(

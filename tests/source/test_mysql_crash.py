@@ -17,9 +17,10 @@ import pytest
 from pumpkit import Processes, ServiceProcess, wait_until
 from srckit import Cluster, Replay, SourceThread, sql
 
-from binlake import errors, failpoint, oracle
+from binlake import errors, failpoint
 from binlake.net import free_port
 from binlake.source.mysql.source import MySQLSource
+from binlake.sql import checksum
 from binlake.testing.devdb import LocalMariaDB
 
 pytestmark = pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
@@ -91,7 +92,7 @@ def verify(mdb: LocalMariaDB, cluster: Cluster, db: str, upstream_txns: int) -> 
     assert len(dml) == upstream_txns, "every upstream transaction exactly once after the duplicate rule"
     assert [b.commit_ts for b in binlogs] == sorted(b.commit_ts for b in binlogs)
     replay = Replay().apply(binlogs)  # asserts no insert of an existing key, matching before images
-    assert replay.checksums() == oracle.checksum(mdb.url_for(db), schema=replay.schema())
+    assert replay.checksums() == checksum.checksum(mdb.url_for(db), schema=replay.schema())
 
 
 @pytest.mark.slow

@@ -20,8 +20,9 @@ from pumpkit import wait_until
 from srckit import Cluster, Replay, SourceThread, sql
 from test_mysql_source import fresh_db, source, wait_caught_up
 
-from binlake import cli, errors, oracle
+from binlake import cli, errors
 from binlake.registry.client import RegistryClient
+from binlake.sql import checksum
 from binlake.testing.devdb import LocalMariaDB
 
 pytestmark = [pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
@@ -72,14 +73,14 @@ def test_added_columns_read_their_defaults_downstream(mdb: LocalMariaDB, cluster
             "ALTER TABLE t ADD COLUMN n INT NOT NULL DEFAULT 7", db=db)
         wait_caught_up(mdb, src.source)
         ts0 = _ts(cluster)
-        sums0 = oracle.checksum(url, schema=Replay().apply(cluster.binlogs()).schema())
+        sums0 = checksum.checksum(url, schema=Replay().apply(cluster.binlogs()).schema())
         sql(mdb, "UPDATE t SET v = 'between' WHERE id = 1", ADD_EACH_TYPE,
             "INSERT INTO t (id, v, n, label, zero) VALUES (201, 'new', 1, 'own', 5)",
             "INSERT INTO t (id, v, zero) VALUES (202, 'x', 0)",
             db=db)
         wait_caught_up(mdb, src.source)
         ts1 = _ts(cluster)
-        sums1 = oracle.checksum(url, schema=Replay().apply(cluster.binlogs()).schema())
+        sums1 = checksum.checksum(url, schema=Replay().apply(cluster.binlogs()).schema())
         sql(mdb, "ALTER TABLE t ALTER COLUMN n SET DEFAULT 9, ALTER COLUMN label DROP DEFAULT",
             "UPDATE t SET v = 'later' WHERE id = 2", "INSERT INTO t (id, v, label, zero) VALUES (203, 'after', 'l', 0)", db=db)
         wait_caught_up(mdb, src.source)
@@ -99,15 +100,15 @@ def test_added_columns_read_their_defaults_downstream(mdb: LocalMariaDB, cluster
     # The reported case, as a user runs it: the restore succeeds and equals the upstream then.
     target0 = f"sqlite:///{tmp_path / 'r0.db'}"
     assert cli.main(["restore", "--lake", lake, "--ts", str(ts0), "--target", target0]) == 0
-    assert oracle.checksum(target0, ["t"], schema=schema) == sums0
+    assert checksum.checksum(target0, ["t"], schema=schema) == sums0
     # Every type, the implicit default and CURRENT_TIMESTAMP, before the later SET DEFAULT.
     target1 = f"sqlite:///{tmp_path / 'r1.db'}"
     assert cli.main(["restore", "--lake", lake, "--ts", str(ts1), "--target", target1]) == 0
-    assert oracle.checksum(target1, ["t"], schema=schema) == sums1
+    assert checksum.checksum(target1, ["t"], schema=schema) == sums1
     # At the end, after SET DEFAULT: equal to MariaDB now.
     target2 = f"sqlite:///{tmp_path / 'r2.db'}"
     assert cli.main(["restore", "--lake", lake, "--ts", str(end), "--target", target2]) == 0
-    assert oracle.checksum(target2, ["t"], schema=schema) == oracle.checksum(url, ["t"], schema=schema)
+    assert checksum.checksum(target2, ["t"], schema=schema) == checksum.checksum(url, ["t"], schema=schema)
     # An apply to another MariaDB database: binlake diff finds nothing.
     applied = mdb.create_database(f"{db}_applied")
     runner.Applier(spark, task.Task(name="mdbdefaults", lake=lake, target=applied, mode="consistent")).run()

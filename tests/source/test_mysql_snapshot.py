@@ -14,9 +14,10 @@ import pytest
 from pumpkit import Processes, wait_until
 from srckit import Cluster, Replay, SourceThread, journal_prewrites, sql
 
-from binlake import failpoint, oracle
+from binlake import failpoint
 from binlake.source.journal import SourceState
 from binlake.source.mysql.source import MySQLSource
+from binlake.sql import checksum
 from binlake.testing.devdb import LocalMariaDB
 
 pytestmark = pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
@@ -77,7 +78,7 @@ def verify(mdb: LocalMariaDB, cluster: Cluster, db: str, txns: int | None, batch
         assert len(dml_binlogs) >= -(-ROWS // batch)
     assert [b.commit_ts for b in binlogs] == sorted(b.commit_ts for b in binlogs)
     replay = Replay().apply(binlogs)  # asserts no insert of an existing key
-    assert replay.checksums() == oracle.checksum(mdb.url_for(db), schema=replay.schema())
+    assert replay.checksums() == checksum.checksum(mdb.url_for(db), schema=replay.schema())
 
 
 def test_snapshot_then_stream(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path) -> None:
@@ -124,7 +125,7 @@ def test_every_column_type_from_the_snapshot(mdb: LocalMariaDB, cluster: Cluster
     finally:
         src.stop()
     replay = Replay().apply(cluster.binlogs())
-    assert replay.checksums() == oracle.checksum(mdb.url_for(db), schema=replay.schema())
+    assert replay.checksums() == checksum.checksum(mdb.url_for(db), schema=replay.schema())
     info, rows = replay.table("alltypes")
     row1 = next(r for r in rows if r["id"] == 1)
     assert row1["bu"] == 2**64 - 1 and row1["bn"] == b"\x01\x02\x00\x00" and row1["st"] == ""

@@ -9,8 +9,9 @@ import pathlib
 import pytest
 from srckit import Cluster, Replay, SourceThread, sql
 
-from binlake import errors, oracle
+from binlake import errors
 from binlake.source.mysql.source import MySQLSource
+from binlake.sql import checksum
 from binlake.testing.devdb import LocalMariaDB
 
 pytestmark = pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
@@ -43,7 +44,7 @@ def wait_caught_up(mdb: LocalMariaDB, src: MySQLSource, timeout: float = 60) -> 
 
 def check_equal(mdb: LocalMariaDB, cluster: Cluster, db: str) -> Replay:
     replay = Replay().apply(cluster.binlogs())
-    up = oracle.checksum(mdb.url_for(db), schema=replay.schema())
+    up = checksum.checksum(mdb.url_for(db), schema=replay.schema())
     assert replay.checksums() == up
     return replay
 
@@ -150,7 +151,7 @@ def test_ddl_in_the_middle_of_dml(mdb: LocalMariaDB, cluster: Cluster, tmp_path:
         src.stop()
     binlogs = cluster.binlogs()
     replay = Replay().apply(binlogs)
-    up = oracle.checksum(mdb.url_for(db), schema=replay.schema())
+    up = checksum.checksum(mdb.url_for(db), schema=replay.schema())
     got = replay.checksums()
     assert got == up
     assert sorted(got) == ["other_db_style", "t1", "t3", "tr"]
@@ -195,7 +196,7 @@ def test_dm_causality_case_as_plain_sql(mdb: LocalMariaDB, cluster: Cluster, tmp
     tid = info.table_id
     replay.rows[tid] = {(1,): {"id": 1, "uk": 1, "v": "a"}, (2,): {"id": 2, "uk": 2, "v": "b"}}
     replay.apply(binlogs)
-    assert replay.checksums() == oracle.checksum(mdb.url_for(db), schema=replay.schema())
+    assert replay.checksums() == checksum.checksum(mdb.url_for(db), schema=replay.schema())
 
 
 @pytest.mark.slow

@@ -18,9 +18,10 @@ from pumpkit import wait_until
 from srckit import Cluster, Replay, SourceThread
 from test_postgres_snapshot import dsn_of, run_sql, started
 
-from binlake import cli, errors, oracle
+from binlake import cli, errors
 from binlake.registry.client import RegistryClient
 from binlake.source.postgres.source import PostgresSource
+from binlake.sql import checksum
 from binlake.testing.devdb import LocalPostgres
 
 pytestmark = [pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQL not installed (apt-get install "
@@ -68,7 +69,7 @@ def test_added_columns_read_their_defaults_downstream(pg: LocalPostgres, cluster
                 "INSERT INTO t (id, v, n, label) VALUES (201, 'new', 1, 'own')", "INSERT INTO t (id, v) VALUES (202, 'x')")
         wait_until(lambda: _has_row(cluster, 202), timeout=60, what="the source to send row 202")
         ts1 = _ts(cluster)
-        sums1 = oracle.checksum(url, schema=Replay().apply(cluster.binlogs()).schema())
+        sums1 = checksum.checksum(url, schema=Replay().apply(cluster.binlogs()).schema())
         run_sql(url, "ALTER TABLE t ALTER COLUMN n SET DEFAULT 9, ALTER COLUMN label DROP DEFAULT",
                 "UPDATE t SET v = 'later' WHERE id = 2", "INSERT INTO t (id, v, label) VALUES (203, 'after', 'l')")
         wait_until(lambda: _has_row(cluster, 203), timeout=60, what="the source to send row 203")
@@ -82,7 +83,7 @@ def test_added_columns_read_their_defaults_downstream(pg: LocalPostgres, cluster
     cols = {c.name: c for c in schema["t"].columns}
     assert cols["n"].default_value.value.int_value == 9 and cols["n"].existing_value.int_value == 7
     assert cols["created"].default_value.expr == "now()" and cols["created"].existing_value.datetime_micros > 0
-    assert replay.checksums() == oracle.checksum(url, schema=schema)
+    assert replay.checksums() == checksum.checksum(url, schema=schema)
 
     def passed() -> bool:
         try:
@@ -95,10 +96,10 @@ def test_added_columns_read_their_defaults_downstream(pg: LocalPostgres, cluster
     lake = str(tmp_path / "lake")
     ingest.ingest_window(spark, lake, cluster.registry.addr, t0, end + 1, partitions=1)
     # Restored after the ADD COLUMNs and before SET DEFAULT, then at the end: equal to the upstream then.
-    for ts, want in ((ts1, sums1), (end, oracle.checksum(url, ["t"], schema=schema))):
+    for ts, want in ((ts1, sums1), (end, checksum.checksum(url, ["t"], schema=schema))):
         target = f"sqlite:///{tmp_path / f'r{ts}.db'}"
         assert cli.main(["restore", "--lake", lake, "--ts", str(ts), "--target", target]) == 0
-        assert oracle.checksum(target, ["t"], schema=schema) == want
+        assert checksum.checksum(target, ["t"], schema=schema) == want
     # An apply to another PostgreSQL database: binlake diff finds nothing.
     applied = pg.create_database("pgdefaults_applied")
     runner.Applier(spark, task.Task(name="pgdefaults", lake=lake, target=applied, mode="consistent")).run()

@@ -29,11 +29,12 @@ import pytest
 from pumpkit import Processes, wait_until
 from srckit import Cluster, Replay, SourceThread, journal_prewrites
 
-from binlake import cli, errors, failpoint, oracle
+from binlake import cli, errors, failpoint
 from binlake.proto import binlog_pb2
 from binlake.source.journal import SourceState
 from binlake.source.postgres import snapshot as snap
 from binlake.source.postgres.source import SNAPSHOT_SLOT, PostgresSource
+from binlake.sql import checksum
 from binlake.testing.devdb import LocalPostgres
 
 pytestmark = pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQL not installed (apt-get install "
@@ -97,7 +98,7 @@ def verify(url: str, binlogs: list[binlog_pb2.Binlog]) -> Replay:
     assert len({b.start_ts for b in rows}) == len(rows)
     assert [b.commit_ts for b in binlogs] == sorted(b.commit_ts for b in binlogs)
     replay = Replay().apply(binlogs)  # asserts no insert of a key already there, before images equal
-    assert replay.checksums() == oracle.checksum(url, schema=replay.schema())
+    assert replay.checksums() == checksum.checksum(url, schema=replay.schema())
     return replay
 
 

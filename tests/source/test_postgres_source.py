@@ -13,8 +13,9 @@ import pytest
 from pumpkit import wait_until
 from srckit import Cluster, Replay, SourceThread
 
-from binlake import errors, oracle
+from binlake import errors
 from binlake.source.postgres.source import PostgresSource
+from binlake.sql import checksum
 from binlake.testing.devdb import LocalPostgres
 
 pytestmark = pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQL not installed (apt-get install "
@@ -66,7 +67,7 @@ def test_types_ddl_truncate_and_restart(pg: LocalPostgres, cluster: Cluster, tmp
         src.stop()
     binlogs = cluster.binlogs()
     replay = Replay().apply(binlogs)
-    assert replay.checksums() == oracle.checksum(url, schema=replay.schema())
+    assert replay.checksums() == checksum.checksum(url, schema=replay.schema())
     assert sum(1 for b in binlogs if not b.ddl_query) == 6
     info, rows = replay.table("t")
     assert [r["id"] for r in rows] == [5] and info.previous_table_id  # truncated: a new table id

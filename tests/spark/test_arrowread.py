@@ -116,8 +116,9 @@ def test_bad_input_and_what_it_cannot_read(spark: SparkSession, tmp_path: pathli
 def test_apply_reads_through_spark_when_in_process_cannot(spark: SparkSession, tmp_path: pathlib.Path) -> None:
     """A lake whose change table has deletion vectors: the apply says so in its log,
     reads through Spark, and the target holds exactly the rows the vectors left."""
-    from binlake.replicate import runner, sink, task
+    from binlake.replicate import runner, task
     from binlake.sql import schema as sc
+    from binlake.sql.url import open_target
 
     lake = str(tmp_path / "lake")
     info = sc.new_table(7, "main", "t", [sc.ColumnDef("id", "int", False), sc.ColumnDef("v", "string")],
@@ -143,6 +144,6 @@ def test_apply_reads_through_spark_when_in_process_cannot(spark: SparkSession, t
     assert summary.changes == 8
     assert applier.reader._readers[ingest.CHANGES] is None  # it fell back to Spark
     assert applier.reader._readers[ingest.WINDOWS] is not None  # ... for that table only
-    with sink.open_target(url) as t, t.engine.connect() as c:
+    with open_target(url) as t, t.engine.connect() as c:
         ids = sorted(r[0] for r in c.exec_driver_sql("SELECT id FROM t"))
     assert ids == [i for i in range(12) if i % 3 != 1]

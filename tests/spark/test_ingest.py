@@ -24,7 +24,7 @@ import pytest
 from pumpkit import commit, prewrite, wait_until, write_one
 from pyspark.sql import SparkSession
 
-from binlake import errors, failpoint, oracle, tso
+from binlake import errors, failpoint, tso
 from binlake.client.reader import pull_window
 from binlake.lake import checkpoint, ingest
 from binlake.lake import pump_source as lake_source
@@ -36,6 +36,7 @@ from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
+from binlake.sql import checksum
 from binlake.testing.devcluster import DevCluster
 
 PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
@@ -129,7 +130,7 @@ def _pk(info: binlog_pb2.TableInfo) -> list[str]:
 
 
 def lake_checksums(spark: SparkSession, lake: str, current: dict[str, binlog_pb2.TableInfo]) -> dict[str, tuple[int, str]]:
-    """oracle.checksum's figures for the replayed lake, columns mapped by id to the current definitions."""
+    """checksum.checksum's figures for the replayed lake, columns mapped by id to the current definitions."""
     state = replay(spark, lake)
     out = {}
     for name, info in current.items():
@@ -139,7 +140,7 @@ def lake_checksums(spark: SparkSession, lake: str, current: dict[str, binlog_pb2
             values = image_values(after, old)
             by_id = {c.id: values[c.name] for c in old.columns}
             row = {c.name: by_id.get(c.id) for c in info.columns}
-            h = oracle.row_hash(row, json_cols)
+            h = checksum.row_hash(row, json_cols)
             total, xor, count = (total + h) & ((1 << 64) - 1), xor ^ h, count + 1
         out[name] = (count, f"{total:016x}{xor:016x}")
     return out
@@ -188,8 +189,8 @@ def test_windows_hold_exactly_the_workloads_row_changes(
 def test_replayed_changes_equal_the_upstreams_final_rows(
     spark: SparkSession, upstream: dict[str, Any], lake_in_order: dict[str, Any]
 ) -> None:
-    current = oracle.load_schema(upstream["url"])
-    expected = oracle.checksum(upstream["url"])
+    current = checksum.load_schema(upstream["url"])
+    expected = checksum.checksum(upstream["url"])
     assert set(expected) == set(current) and all(rows > 0 for rows, _ in expected.values())
     assert lake_checksums(spark, lake_in_order["lake"], current) == expected
 
@@ -306,7 +307,7 @@ def test_transaction_on_two_pumps_is_read_once(
 ) -> None:
     """A prewrite retried on a second Pump (both stored it; both resolved it to the
     same commit_ts) is one transaction in the lake, kept from the lowest pump id."""
-    info = sorted(oracle.load_schema(upstream["url"]).values(), key=lambda t: t.table_id)[0]
+    info = sorted(checksum.load_schema(upstream["url"]).values(), key=lambda t: t.table_id)[0]
     row = {c.name: None for c in info.columns}
     key_cols = {c.id: c for c in info.columns}
     for col_id in info.primary_key:

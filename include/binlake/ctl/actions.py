@@ -264,15 +264,15 @@ def _readable(reg: RegistryClient, nodes: list[NodeRecord], start: int, end: int
 
 
 def _checksum(args: argparse.Namespace) -> int:
-    from binlake import oracle
+    from binlake.sql import checksum
 
     tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else None
     if args.tables is not None and not tables:
         raise errors.InvalidArgument("--tables needs at least one table name (comma-separated)")
     if args.schema_from is not None and not args.schema_from.strip():
         raise errors.InvalidArgument("--schema-from is empty: give the SQLAlchemy URL of the upstream")
-    schema = oracle.load_schema(args.schema_from) if args.schema_from else None
-    sums = oracle.checksum(args.url, tables, include_internal=args.include_internal, schema=schema)
+    schema = checksum.load_schema(args.schema_from) if args.schema_from else None
+    sums = checksum.checksum(args.url, tables, include_internal=args.include_internal, schema=schema)
     if args.json:
         for name, (rows, digest) in sums.items():
             print(json.dumps({"table": name, "rows": rows, "checksum": digest}))

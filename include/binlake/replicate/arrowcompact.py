@@ -23,7 +23,7 @@ Here the same DM rules run as whole-array operations:
 
 Only the final changes cross back to Python, and for PostgreSQL not even those:
 ``Compacted.rows_table`` gives the final rows as a typed Arrow table that
-``sink.copy_arrow`` streams with COPY as CSV.
+``targets.PostgreSQL.insert_arrow`` streams with COPY as CSV.
 
 What Arrow cannot type the way ``decode.image_values`` does is not guessed:
 ``Unsupported`` (key columns other than integers and strings; a table with

@@ -16,19 +16,20 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from binlake import failpoint
-from binlake.replicate import checkpoint, sink, target_ddl
+from binlake.replicate import checkpoint, target_ddl
 from binlake.replicate.batch import Batch, DDLChange
 from binlake.replicate.report import ApplySummary
 from binlake.replicate.table_write import Mismatch, diagnose, write_changes
+from binlake.sql import targets
 
 
-def apply_window(target: sink.Target, task_name: str, batches: list[Batch], a: int, b: int, safe: bool,
+def apply_window(target: targets.Target, task_name: str, batches: list[Batch], a: int, b: int, safe: bool,
                  summary: ApplySummary, ddl_change: Callable[[dict[str, Any]], DDLChange | None]) -> None:
     """Window ``[a, b)`` (its ``batches``) and the checkpoint at ``b`` in one target
     transaction (on MySQL/MariaDB, one per DDL: see the module docstring); a
     target that does not match the log raises ``TargetDiverged``, nothing of the
     window committed."""
-    transactional = sink_transactional(target)
+    transactional = target.transactional_ddl
     with target.engine.connect() as conn:
         conn.begin()
         try:
@@ -57,15 +58,9 @@ def apply_window(target: sink.Target, task_name: str, batches: list[Batch], a: i
             conn.rollback()
             raise diagnose(target, m, f"window [{a}, {b})") from None
 
-def write_batch(target: sink.Target, conn: Connection, batch: Batch, safe: bool) -> int:
+def write_batch(target: targets.Target, conn: Connection, batch: Batch, safe: bool) -> int:
     """A batch's changes, table after table, in the caller's transaction; rows written."""
     n = 0
     for name, changes in batch.tables.items():
         n += write_changes(target, conn, batch.infos[name], changes, safe, batch.compacted)
     return n
-
-
-
-def sink_transactional(target: sink.Target) -> bool:
-    """Whether the target runs DDL inside a transaction (PostgreSQL, SQLite)."""
-    return target.dialect in ("postgresql", "sqlite")

@@ -19,17 +19,15 @@ a difference.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import decimal
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from binlake import codec, errors, oracle
+from binlake import errors
 from binlake.proto import binlog_pb2
-from binlake.sql import dialect as dl
+from binlake.sql import checksum, targets
 from binlake.sql.url import normalize_url
 
 OK, DIFF, MISSING = "OK", "DIFF", "MISSING"
@@ -113,10 +111,11 @@ def diff_databases(source_url: str, target_url: str, tables: Sequence[str] | Non
         tgt_schema = _schema(target_url, tgt_engine)
         with src_engine.connect() as src, tgt_engine.connect() as tgt:
             for c in (src, tgt):
-                if c.dialect.name in ("postgresql", "mysql"):
-                    c.execution_options(isolation_level="REPEATABLE READ")
-            src_names = [n for n in sa.inspect(src).get_table_names() if not n.startswith(oracle.INTERNAL_PREFIX)]
-            tgt_names = [n for n in sa.inspect(tgt).get_table_names() if not n.startswith(oracle.INTERNAL_PREFIX)]
+                level = targets.kind(c.dialect.name).snapshot_isolation
+                if level is not None:
+                    c.execution_options(isolation_level=level)
+            src_names = [n for n in sa.inspect(src).get_table_names() if not n.startswith(targets.INTERNAL_PREFIX)]
+            tgt_names = [n for n in sa.inspect(tgt).get_table_names() if not n.startswith(targets.INTERNAL_PREFIX)]
             if tables:
                 unknown = [t for t in tables if t not in src_names and t not in tgt_names]
                 if unknown:
@@ -133,7 +132,7 @@ def diff_databases(source_url: str, target_url: str, tables: Sequence[str] | Non
                     src_t = _typed(src, name, src_schema.get(name))
                     results[-1].source_rows = src.execute(sa.select(sa.func.count()).select_from(src_t)).scalar_one()
                     if name in src_schema:
-                        fixes.extend(s + ";" for s in dl.create_table_sql(tgt_engine, src_schema[name]))
+                        fixes.extend(s + ";" for s in _kind(tgt_engine).create_table_sql(tgt_engine, src_schema[name]))
                         fixes.extend(_insert_sql(tgt_engine, name, dict(r._mapping))
                                      for r in src.execute(sa.select(src_t)))
                     continue
@@ -185,7 +184,7 @@ def _q(engine: sa.Engine, name: str) -> str:
 
 def _schema(url: str, engine: sa.Engine) -> dict[str, binlog_pb2.TableInfo]:
     """binlake's table definitions in the database (the upstream writer's or the sink's)."""
-    return oracle.load_schema(engine.url.render_as_string(hide_password=False))
+    return checksum.load_schema(engine.url.render_as_string(hide_password=False))
 
 
 def _typed(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> sa.Table:
@@ -196,7 +195,7 @@ def _typed(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> sa
             renamed = binlog_pb2.TableInfo()
             renamed.CopyFrom(info)
             renamed.name = name
-            return dl.sa_table(renamed, conn.dialect.name)
+            return targets.kind(conn.dialect.name).sa_table(renamed)
     return sa.Table(name, sa.MetaData(), autoload_with=conn)
 
 
@@ -243,8 +242,8 @@ def _diff_table(src: Connection, tgt: Connection, name: str, src_info: binlog_pb
         trows = [dict(r._mapping) for r in tgt.execute(q)]
         result.source_rows += len(rows)
         result.target_rows += len(trows)
-        shash = [oracle.row_hash(r, src_json) for r in rows]
-        thash = [oracle.row_hash(r, tgt_json) for r in trows]
+        shash = [checksum.row_hash(r, src_json) for r in rows]
+        thash = [checksum.row_hash(r, tgt_json) for r in trows]
         if len(rows) == len(trows) and _fold(shash) == _fold(thash):
             continue
         result.chunks_differing += 1
@@ -286,7 +285,7 @@ def _fold(hashes: Sequence[int]) -> tuple[int, int]:
 
 
 def _key_text(row: Mapping[str, Any], key: Sequence[str], json_cols: Sequence[str]) -> tuple[str | None, ...]:
-    return tuple(oracle.canonical(row[k], k in json_cols) for k in key)
+    return tuple(checksum.canonical(row[k], k in json_cols) for k in key)
 
 
 def _source_chunks(conn: Connection, table: sa.Table, keys: Sequence[sa.ColumnElement[Any]], size: int
@@ -313,43 +312,17 @@ def _source_chunks(conn: Connection, table: sa.Table, keys: Sequence[sa.ColumnEl
 
 
 # ---------------------------------------------------------------- fix statements
-def _literal(engine: sa.Engine, value: Any) -> str:
-    d = engine.dialect.name
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return ("TRUE" if value else "FALSE") if d == "postgresql" else ("1" if value else "0")
-    if isinstance(value, int):
-        # SQLite keeps 64-bit unsigned values as text (its integers are signed 64-bit).
-        return f"'{value}'" if d == "sqlite" and not -2**63 <= value < 2**63 else str(value)
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, decimal.Decimal):
-        return f"'{value}'" if d == "sqlite" else str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        raw = bytes(value).hex()
-        return f"'\\x{raw}'::bytea" if d == "postgresql" else f"X'{raw}'"
-    if isinstance(value, dt.datetime):
-        text = value.isoformat(sep=" ", timespec="microseconds")
-    elif isinstance(value, (dt.date, dt.time)):
-        text = value.isoformat()
-    elif isinstance(value, (dict, list)):
-        text = codec.canonical_json(value)
-    else:
-        text = str(value)
-    text = text.replace("'", "''")
-    if d == "mysql":
-        text = text.replace("\\", "\\\\")
-    return f"'{text}'"
+def _kind(engine: sa.Engine) -> type[targets.Target]:
+    return targets.kind(engine.dialect.name)
 
 
 def _insert_sql(engine: sa.Engine, table: str, row: Mapping[str, Any]) -> str:
     cols = ", ".join(_q(engine, c) for c in row)
-    vals = ", ".join(_literal(engine, v) for v in row.values())
+    vals = ", ".join(_kind(engine).literal(v) for v in row.values())
     return f"INSERT INTO {_q(engine, table)} ({cols}) VALUES ({vals});"
 
 
 def _delete_sql(engine: sa.Engine, table: str, key: Sequence[str], row: Mapping[str, Any]) -> str:
-    cond = " AND ".join(f"{_q(engine, k)} IS NULL" if row[k] is None else f"{_q(engine, k)} = {_literal(engine, row[k])}"
+    cond = " AND ".join(f"{_q(engine, k)} IS NULL" if row[k] is None else f"{_q(engine, k)} = {_kind(engine).literal(row[k])}"
                         for k in key)
     return f"DELETE FROM {_q(engine, table)} WHERE {cond};"

@@ -3,7 +3,9 @@ reads an image JSON with, so a predicate sees the table's columns typed.
 
 Decimals and unsigned integers read as exact decimals, datetimes as
 timestamps without a zone (images are UTC wall-clock), dates as dates; times,
-bytes and JSON documents as their text.
+bytes and JSON documents as their text. A decimal wider than Spark's 38 digits
+(MySQL allows 65) reads as its exact text, as the restore types it: Spark has
+no decimal type for it, and a rounded one would compare wrong.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from typing import Any
 
 from binlake.proto import binlog_pb2
 from binlake.sql.schema import column_def
+
+# Spark's widest decimal.
+SPARK_DECIMAL_MAX_PRECISION = 38
 
 
 def spark_type(col: binlog_pb2.ColumnInfo) -> str:
@@ -26,7 +31,9 @@ def spark_type(col: binlog_pb2.ColumnInfo) -> str:
         return "double"
     if t == binlog_pb2.DECIMAL:
         cd = column_def(col)
-        return f"decimal({cd.precision or 38},{cd.scale or 0})"
+        if (cd.precision or 0) > SPARK_DECIMAL_MAX_PRECISION:
+            return "string"
+        return f"decimal({cd.precision or SPARK_DECIMAL_MAX_PRECISION},{cd.scale or 0})"
     if t == binlog_pb2.DATE:
         return "date"
     if t == binlog_pb2.DATETIME:

@@ -36,7 +36,7 @@ from sqlalchemy.engine import Connection
 
 from binlake import errors, failpoint
 from binlake.proto import binlog_pb2
-from binlake.replicate import arrowcompact, causality, checkpoint, sink, target_ddl
+from binlake.replicate import arrowcompact, causality, checkpoint, target_ddl
 from binlake.replicate.batch import Batch, DDLChange
 from binlake.replicate.compactor import Change
 from binlake.replicate.report import ApplySummary
@@ -49,9 +49,11 @@ from binlake.replicate.table_write import (
     write_final,
 )
 from binlake.replicate.task import Task
+from binlake.sql import targets
+from binlake.sql.url import open_target
 
 
-def apply_window(spark: Any, target: sink.Target, target_url: str, task: Task, batches: list[Batch], a: int,
+def apply_window(spark: Any, target: targets.Target, target_url: str, task: Task, batches: list[Batch], a: int,
                  b: int, safe: bool, summary: ApplySummary,
                  ddl_change: Callable[[dict[str, Any]], DDLChange | None]) -> None:
     """Window ``[a, b)``: each batch's buckets by the worker threads, then its DDL and
@@ -138,13 +140,13 @@ def buckets(groups: list[list[Change]], tasks: int, done: set[int]) -> Iterator[
             yield checkpoint.bucket_id(i, count), part
 
 
-def arrow_parallel(target: sink.Target, batch: Batch, safe: bool) -> bool:
-    """Whether a batch goes to the workers as Arrow: PostgreSQL or SQLite
-    (whose workers take its one write lock in turn), normal mode, every table
+def arrow_parallel(target: targets.Target, batch: Batch, safe: bool) -> bool:
+    """Whether a batch goes to the workers as Arrow: a target that writes Arrow
+    natively (SQLite's and DuckDB's workers take its one write lock in turn), normal mode, every table
     compacted as Arrow with a CSV form, and no unique key but the primary key.
     Two final changes of a batch are then on different keys and can never
     conflict: any split of the keys is a split into conflict groups."""
-    if target.dialect not in ("postgresql", "sqlite") or safe or not batch.tables:
+    if not target.native_arrow or safe or not batch.tables:
         return False
     for name, final in batch.tables.items():
         if not isinstance(final, arrowcompact.Compacted) or not final.copyable:
@@ -181,7 +183,7 @@ def apply_arrow_buckets(url: str, task_name: str, infos: Mapping[str, binlog_pb2
     """Run by a worker: the Arrow buckets it was given (``arrow_buckets``: per
     table the keys to delete, then the rows to insert) that are not in yet."""
 
-    def write(target: sink.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
+    def write(target: targets.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
         n = 0
         for _g, parts in todo:
             for name, gone, inserted, rows in parts:
@@ -200,7 +202,7 @@ def apply_groups(url: str, task_name: str, infos: Mapping[str, binlog_pb2.TableI
     of its groups as one set of batched statements (each group's changes keep their
     order); concurrency is between the workers."""
 
-    def write(target: sink.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
+    def write(target: targets.Target, conn: Connection, todo: list[tuple[int, Any]]) -> int:
         by_table: dict[str, list[Change]] = {}
         for _g, changes in todo:
             for c in changes:
@@ -211,12 +213,12 @@ def apply_groups(url: str, task_name: str, infos: Mapping[str, binlog_pb2.TableI
 
 
 def _apply_buckets(url: str, task_name: str, seg_end: int, a: int, b: int, items: Iterable[tuple[int, Any]],
-                   write: Callable[[sink.Target, Connection, list[tuple[int, Any]]], int]
+                   write: Callable[[targets.Target, Connection, list[tuple[int, Any]]], int]
                    ) -> Iterator[tuple[int, int, str]]:
     """The buckets of ``items`` (checkpoint id, its changes) not in yet, written by
     ``write`` in one target transaction with one checkpoint row per bucket; yields
     (buckets applied, rows written, error message or "")."""
-    target = sink.open_target(url)
+    target = open_target(url)
     try:
         with target.engine.connect() as conn:
             conn.begin()

@@ -30,11 +30,13 @@ from typing import Any
 
 from binlake import errors, failpoint, tso
 from binlake.lake import decode, location
-from binlake.replicate import checkpoint, consistent, parallel, rules, sink, target_ddl
+from binlake.replicate import checkpoint, consistent, parallel, rules, target_ddl
 from binlake.replicate.batch import Batch, Batcher
 from binlake.replicate.read import LakeReader
 from binlake.replicate.report import ApplySummary, progress_bar
 from binlake.replicate.task import Task
+from binlake.sql import targets
+from binlake.sql.url import open_target
 
 Progress = Callable[[str], None]
 
@@ -86,7 +88,7 @@ class Applier:
 
     def status(self) -> dict[str, Any]:
         """The task's checkpoint against the lake: windows behind, lag."""
-        target = sink.open_target(self.target_url)
+        target = open_target(self.target_url)
         try:
             with target.engine.connect() as conn:
                 cp = checkpoint.read(conn, self.task.name)
@@ -106,7 +108,7 @@ class Applier:
     def run(self, until_ts: int | None = None) -> ApplySummary:
         """Apply every window after the checkpoint (up to ``until_ts``)."""
         began = time.monotonic()
-        target = sink.open_target(self.target_url)
+        target = open_target(self.target_url)
         summary = ApplySummary(self.task.name, str(target))
         try:
             checkpoint.ensure(target.engine)
@@ -167,7 +169,7 @@ class Applier:
         rows = self.reader.window_rows(windows, n, lo, batcher.history)
         return batcher.batches(rows, lo, hi, counted, safe), safe, counted
 
-    def _bootstrap(self, target: sink.Target, batcher: Batcher, first_start: int, summary: ApplySummary) -> None:
+    def _bootstrap(self, target: targets.Target, batcher: Batcher, first_start: int, summary: ApplySummary) -> None:
         """A target with no checkpoint, applied from the lake's first window: create
         the tables whose DDLs precede it (the lake holds them in ddl_history)."""
         with target.engine.connect() as conn:

@@ -24,8 +24,9 @@ from sqlalchemy.engine import Connection
 
 from binlake import errors
 from binlake.proto import binlog_pb2
-from binlake.replicate import arrowcompact, causality, compactor, sink
+from binlake.replicate import arrowcompact, causality, compactor
 from binlake.replicate.compactor import INSERT, Change
+from binlake.sql import targets
 
 
 class TargetDiverged(errors.Conflict):
@@ -54,13 +55,13 @@ def table_keys(info: binlog_pb2.TableInfo) -> causality.TableKeys:
                                tuple((k.name, tuple(by_id[i] for i in k.column_ids)) for k in info.unique_keys))
 
 
-def write_changes(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo,
+def write_changes(target: targets.Target, conn: Connection, info: binlog_pb2.TableInfo,
                   changes: Sequence[Change] | arrowcompact.Compacted, safe: bool, compacted: bool = False) -> int:
     """Write one table's changes (commit order) in the caller's transaction; rows written.
     ``compacted``: the changes already are one final change per key (``rawcompact``,
     or an ``arrowcompact.Compacted``, which is always final)."""
     if isinstance(changes, arrowcompact.Compacted):
-        if target.dialect in ("postgresql", "sqlite") and not safe:
+        if target.native_arrow and not safe:
             return _write_arrow(target, conn, info, changes)
         changes, compacted = changes.changes(), True
     key = key_names(info)
@@ -98,12 +99,13 @@ def write_changes(target: sink.Target, conn: Connection, info: binlog_pb2.TableI
     return len(keys) + len(rows)
 
 
-def _write_arrow(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo,
+def _write_arrow(target: targets.Target, conn: Connection, info: binlog_pb2.TableInfo,
                  final: arrowcompact.Compacted) -> int:
-    """PostgreSQL and SQLite, normal mode: the deletes in one statement, then the
-    final rows straight from Arrow (PostgreSQL: one COPY of CSV written by Arrow;
-    SQLite: one prepared INSERT over the columns' values) when every column has a
-    CSV form; otherwise row by row from the decoded final changes."""
+    """A target that writes Arrow natively (``Target.native_arrow``), normal mode: the
+    deletes in one statement, then the final rows straight from Arrow (PostgreSQL:
+    one COPY of CSV written by Arrow; SQLite: one prepared INSERT over the columns'
+    values; DuckDB: an insert from the Arrow table) when every column has a CSV
+    form; otherwise row by row from the decoded final changes."""
     rows = final.rows_table()
     write_rows: Callable[[], int] = (
         functools.partial(target.insert_arrow, conn, info, rows) if rows is not None else
@@ -111,7 +113,7 @@ def _write_arrow(target: sink.Target, conn: Connection, info: binlog_pb2.TableIn
     return write_final(target, conn, info, final.gone_keys(), final.insert_keys, write_rows)
 
 
-def write_final(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo, keys: list[tuple[Any, ...]],
+def write_final(target: targets.Target, conn: Connection, info: binlog_pb2.TableInfo, keys: list[tuple[Any, ...]],
                  insert_keys: Callable[[], list[tuple[Any, ...]]], write_rows: Callable[[], int]) -> int:
     """Final changes of one table (one per key): delete ``keys`` (each must be
     there), then ``write_rows`` (none of ``insert_keys`` may be there); rows written.
@@ -130,7 +132,7 @@ def write_final(target: sink.Target, conn: Connection, info: binlog_pb2.TableInf
     return len(keys) + n
 
 
-def _write_keyless(target: sink.Target, conn: Connection, info: binlog_pb2.TableInfo,
+def _write_keyless(target: targets.Target, conn: Connection, info: binlog_pb2.TableInfo,
                    changes: Sequence[Change]) -> int:
     """A table without a key: each change on its own, in commit order."""
     n = 0
@@ -151,7 +153,7 @@ class Mismatch(Exception):
         self.info, self.must_exist, self.must_not_exist, self.detail = info, must_exist, must_not_exist, detail
 
 
-def diagnose(target: sink.Target, m: Mismatch, where: str) -> TargetDiverged:
+def diagnose(target: targets.Target, m: Mismatch, where: str) -> TargetDiverged:
     """What ``m`` found, looked up in the target (after the rollback) and named."""
     key = key_names(m.info)
 

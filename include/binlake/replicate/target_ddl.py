@@ -19,9 +19,9 @@ from sqlalchemy.engine import Connection
 
 from binlake import codec, coldefault
 from binlake.proto import binlog_pb2
-from binlake.replicate.sink import Target
 from binlake.sql import dialect as dl
 from binlake.sql.schema import column_def
+from binlake.sql.targets import Target
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Checksums of restored Spark tables in ``binlake.oracle``'s terms.
 
-``frame_checksum`` gives the (rows, checksum) ``oracle.checksum`` gives for a
+``frame_checksum`` gives the (rows, checksum) ``checksum.checksum`` gives for a
 database table holding the same rows, so a restored Delta table can be
 compared with the upstream's own state without loading it anywhere.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from binlake import oracle
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
+from binlake.sql import checksum
 
 
 def frame_checksum(df: Any, info: binlog_pb2.TableInfo) -> tuple[int, str]:
@@ -37,8 +37,8 @@ def rows_checksum(rows: Iterable[Sequence[Any]], info: binlog_pb2.TableInfo) -> 
     """(row count, checksum hex) of typed rows (values in ``info``'s column order)."""
     cols = C.columns_of(info)
     json_cols = [c.name for c in cols if c.type == binlog_pb2.JSON]
-    acc = oracle._Acc()
+    acc = checksum._Acc()
     for row in rows:
         values = {c.name: C.python_value(row[i], c.type) for i, c in enumerate(cols)}
-        acc.add(oracle.row_hash(values, json_cols))
+        acc.add(checksum.row_hash(values, json_cols))
     return acc.rows, acc.hex()

@@ -16,7 +16,7 @@ Steps (each a function, so the ``binlake_restore`` DAG runs them as tasks):
 4. ``write_out``    Delta tables ``OUT/<db>.<table>``, then ``OUT/_binlake_restore.json``
                     (written last: its presence says the restore completed)
    ``load_target``  tables created from the definitions at T and bulk-loaded through
-                    the apply sinks (``binlake.replicate.sink``)
+                    the target's ``Target`` (``binlake.sql.targets``)
 5. ``verify``       ``binlake diff`` of the target against a source database
 """
 
@@ -26,7 +26,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import shutil
 import threading
 import time
 import zoneinfo
@@ -40,6 +39,8 @@ from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import coverage, history, layout, onepass, rebuild, snapshot
 from binlake.restore import direct as _direct
+from binlake.sql import targets
+from binlake.sql import url as sql_url
 
 Progress = Callable[[str], None]
 MANIFEST = "_binlake_restore.json"
@@ -312,21 +313,12 @@ def write_out(spark: Any, p: Plan, out: str, replace: bool = False, progress: Pr
     return result
 
 
-def _sink() -> Any:
-    try:
-        from binlake.replicate import sink
-    except ImportError:
-        raise errors.FailedPrecondition(
-            "--target needs binlake.replicate.sink (the apply sinks), which this build does not have; "
-            "restore with --out DIR instead") from None
-    return sink
-
-
-def open_target(url: str) -> Any:
+def open_target(url: str) -> targets.Target:
     """Connect to the target first: an unreachable one is refused before any work."""
     if not isinstance(url, str) or "://" not in url:
-        raise errors.InvalidArgument(f"target must be a SQLAlchemy URL such as sqlite:///restored.db, got {url!r}")
-    return _sink().open_target(url)
+        raise errors.InvalidArgument(f"target must be a database URL such as sqlite:///restored.db or "
+                                     f"duckdb:///restored.duckdb, got {url!r}")
+    return sql_url.open_target(url)
 
 
 def python_rows(df: Any, info: binlog_pb2.TableInfo) -> Iterator[dict[str, Any]]:
@@ -336,10 +328,10 @@ def python_rows(df: Any, info: binlog_pb2.TableInfo) -> Iterator[dict[str, Any]]
         yield {c.name: C.python_value(r[i], c.type) for i, c in enumerate(cols)}
 
 
-def load_table(target: Any, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
+def load_table(target: targets.Target, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
     """Create table ``info`` in ``target`` (refused when it exists) and load ``rows``, in
-    one transaction: where DDL is transactional (PostgreSQL, SQLite) a crash leaves
-    no table at all rather than an empty or partial one; MySQL commits its DDL."""
+    one transaction: where DDL is transactional (``Target.transactional_ddl``) a crash
+    leaves no table at all rather than an empty or partial one; MySQL commits its DDL."""
     with target.engine.connect() as conn:
         conn.begin()
         target.create_table_in(conn, info, if_exists="fail")
@@ -348,7 +340,7 @@ def load_table(target: Any, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[s
     return n
 
 
-def load_target(spark: Any, p: Plan, target: Any, url: str, progress: Progress | None = None,
+def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress: Progress | None = None,
                 parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
     """Create every table from its definition at T and bulk-load its rows, up to
     ``parallelism`` tables at once. Tables rebuilt from the lake's changes alone are
@@ -356,8 +348,8 @@ def load_target(spark: Any, p: Plan, target: Any, url: str, progress: Progress |
     job per table); tables with base rows (a snapshot, the history tables) or a
     retyped column take the typed Spark rebuild (``frames``)."""
     onepass.check_parallelism(parallelism)
-    if getattr(target, "dialect", None) == "sqlite":
-        parallelism = 1  # one writer at a time: concurrent loads would only wait on its lock
+    if not target.concurrent_writers:
+        parallelism = 1  # one writer at a time (SQLite, DuckDB): concurrent loads would only wait on its lock
     say = progress or (lambda _m: None)
     started = time.monotonic()
     say(f"reading the lake once for {len(p.tables)} table(s)")
@@ -405,7 +397,8 @@ def run(spark: Any, lake: str, ts: int, *, tables: Sequence[str] | None = None, 
     try:
         say(f"planning the restore to {tso.format_ts(ts)}")
         p = plan(spark, lake, ts, tables, source)
-        if out is not None:
+        if conn is None:
+            assert out is not None  # exactly one destination, checked above
             check_out(spark, out, p, replace)
             result = write_out(spark, p, out, replace, say, parallelism)
         else:
@@ -421,11 +414,6 @@ def run(spark: Any, lake: str, ts: int, *, tables: Sequence[str] | None = None, 
             raise errors.FailedPrecondition(f"restore verified against {verify_url}: the tables differ: {text}")
     result.elapsed_s = time.monotonic() - started
     return result
-
-
-def remove_out(out: str) -> None:
-    """Delete a local restore output directory (tests, the demo)."""
-    shutil.rmtree(out, ignore_errors=True)
 
 
 __all__ = ["Plan", "RestoreResult", "coverage", "layout", "plan", "resolve_ts", "run"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from binlake import codec, coldefault, oracle
+from binlake import codec, coldefault
 from binlake.proto import binlog_pb2
+from binlake.sql import checksum
 from binlake.sql import schema as sc
 
 
@@ -95,10 +96,10 @@ class Replay:
     def checksums(self) -> dict[str, tuple[int, str]]:
         out = {}
         for tid, info in self.infos.items():
-            acc = oracle._Acc()
+            acc = checksum._Acc()
             js = [c.name for c in info.columns if c.type == binlog_pb2.JSON]
             for r in self.rows[tid].values():
-                acc.add(oracle.row_hash(r, js))
+                acc.add(checksum.row_hash(r, js))
             out[info.name] = (acc.rows, acc.hex())
         return out
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from binlake import cli, errors, oracle
+from binlake import cli, errors
+from binlake.sql import checksum
 from binlake.sql import dialect as dl
 from binlake.sql import schema as sc
 
@@ -51,14 +52,14 @@ def _db(path: pathlib.Path, rows: list[dict[str, Any]], extra_internal: bool = F
 def test_same_rows_in_any_order_same_checksum(tmp_path: pathlib.Path) -> None:
     a = _db(tmp_path / "a.db", ROWS)
     b = _db(tmp_path / "b.db", list(reversed(ROWS[20:])) + ROWS[:20], extra_internal=True)
-    sa_, sb = oracle.checksum(a), oracle.checksum(b)
+    sa_, sb = checksum.checksum(a), checksum.checksum(b)
     assert sa_ == sb  # binlake's own tables are skipped
     assert sa_["items"][0] == 40
     assert sa_["empty"] == (0, "0" * 32)
-    assert "_binlake_meta" in oracle.checksum(b, include_internal=True)
-    assert oracle.checksum(a, ["items"]) == {"items": sa_["items"]}
+    assert "_binlake_meta" in checksum.checksum(b, include_internal=True)
+    assert checksum.checksum(a, ["items"]) == {"items": sa_["items"]}
     with pytest.raises(errors.NotFound, match="nope"):
-        oracle.checksum(a, ["nope"])
+        checksum.checksum(a, ["nope"])
 
 
 @pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")
@@ -69,38 +70,38 @@ def test_same_rows_in_any_order_same_checksum(tmp_path: pathlib.Path) -> None:
 def test_one_changed_value_changes_the_checksum(tmp_path: pathlib.Path, column: str, value: Any) -> None:
     changed = [dict(r) for r in ROWS]
     changed[6][column] = value
-    a = oracle.checksum(_db(tmp_path / "a.db", ROWS), ["items"])
-    b = oracle.checksum(_db(tmp_path / "b.db", changed), ["items"])
+    a = checksum.checksum(_db(tmp_path / "a.db", ROWS), ["items"])
+    b = checksum.checksum(_db(tmp_path / "b.db", changed), ["items"])
     assert a["items"][0] == b["items"][0]
     assert a["items"][1] != b["items"][1]
 
 
 @pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")
 def test_missing_row_changes_the_checksum(tmp_path: pathlib.Path) -> None:
-    a = oracle.checksum(_db(tmp_path / "a.db", ROWS), ["items"])
-    b = oracle.checksum(_db(tmp_path / "b.db", ROWS[1:]), ["items"])
+    a = checksum.checksum(_db(tmp_path / "a.db", ROWS), ["items"])
+    b = checksum.checksum(_db(tmp_path / "b.db", ROWS[1:]), ["items"])
     assert a["items"] != b["items"]
 
 
 def test_canonical_values() -> None:
-    assert oracle.canonical(Decimal("1.50")) == oracle.canonical(Decimal("1.5")) == "1.5"
-    assert oracle.canonical(Decimal("0.00")) == oracle.canonical(Decimal("-0")) == "0"
-    assert oracle.canonical(Decimal("1E+2")) == oracle.canonical(Decimal("100.000")) == "100"
-    assert oracle.canonical(True) == oracle.canonical(1) == "1"
-    assert oracle.canonical(b"\x00\xff") == "00ff"
-    assert oracle.canonical(dt.datetime(2024, 1, 1)) == "2024-01-01T00:00:00.000000"
-    assert oracle.canonical(dt.timedelta(hours=1, microseconds=5)) == oracle.canonical(dt.time(1, 0, 0, 5))
-    assert oracle.canonical({"b": 1, "a": [True]}) == '{"a":[true],"b":1}'
-    assert oracle.canonical("x", json_column=True) == '"x"'
-    assert oracle.canonical(None) is None
-    assert oracle.row_hash({"v": Decimal("1.5")}) == oracle.row_hash({"v": Decimal("1.50")})
+    assert checksum.canonical(Decimal("1.50")) == checksum.canonical(Decimal("1.5")) == "1.5"
+    assert checksum.canonical(Decimal("0.00")) == checksum.canonical(Decimal("-0")) == "0"
+    assert checksum.canonical(Decimal("1E+2")) == checksum.canonical(Decimal("100.000")) == "100"
+    assert checksum.canonical(True) == checksum.canonical(1) == "1"
+    assert checksum.canonical(b"\x00\xff") == "00ff"
+    assert checksum.canonical(dt.datetime(2024, 1, 1)) == "2024-01-01T00:00:00.000000"
+    assert checksum.canonical(dt.timedelta(hours=1, microseconds=5)) == checksum.canonical(dt.time(1, 0, 0, 5))
+    assert checksum.canonical({"b": 1, "a": [True]}) == '{"a":[true],"b":1}'
+    assert checksum.canonical("x", json_column=True) == '"x"'
+    assert checksum.canonical(None) is None
+    assert checksum.row_hash({"v": Decimal("1.5")}) == checksum.row_hash({"v": Decimal("1.50")})
 
 
 def test_null_is_not_the_string_null() -> None:
-    hashes = {oracle.row_hash({"a": v}) for v in (None, "NULL", "", "\x00")}
+    hashes = {checksum.row_hash({"a": v}) for v in (None, "NULL", "", "\x00")}
     assert len(hashes) == 4
     # Values are framed: moving text between columns changes the row.
-    assert oracle.row_hash({"a": "xy", "b": ""}) != oracle.row_hash({"a": "x", "b": "y"})
+    assert checksum.row_hash({"a": "xy", "b": ""}) != checksum.row_hash({"a": "x", "b": "y"})
 
 
 def _binlake_table(path: pathlib.Path, prices: list[str]) -> tuple[str, dict[str, Any]]:
@@ -123,10 +124,10 @@ def test_binlake_types_make_text_decimals_compare_by_value(tmp_path: pathlib.Pat
     a, schema = _binlake_table(tmp_path / "a.db", ["1.50", "2", "0.00"])
     b, _ = _binlake_table(tmp_path / "b.db", ["1.5", "2.00", "0"])
     # Reflected, the column is TEXT: the strings differ.
-    assert oracle.checksum(a) != oracle.checksum(b)
+    assert checksum.checksum(a) != checksum.checksum(b)
     # Typed by binlake's definition, they are the same decimals.
-    assert oracle.checksum(a, schema=schema) == oracle.checksum(b, schema=schema)
-    assert oracle.checksum(a, schema=schema)["money"][0] == 3
+    assert checksum.checksum(a, schema=schema) == checksum.checksum(b, schema=schema)
+    assert checksum.checksum(a, schema=schema)["money"][0] == 3
 
 
 @pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")
@@ -135,7 +136,7 @@ def test_ctl_checksum_cli(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[
     assert cli.main(["ctl", "checksum", url, "--tables", "items,empty", "--json"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert lines == [{"table": "empty", "rows": 0, "checksum": "0" * 32},
-                     {"table": "items", "rows": 40, "checksum": oracle.checksum(url)["items"][1]}]
+                     {"table": "items", "rows": 40, "checksum": checksum.checksum(url)["items"][1]}]
     assert cli.main(["ctl", "checksum", url]) == 0
     out = capsys.readouterr().out
     assert "items" in out and "40" in out

@@ -1,6 +1,6 @@
-"""The checksum oracle: one number per table that is equal exactly when two
-databases hold the same rows, computed the same way on SQLite, PostgreSQL and
-MySQL/MariaDB.
+"""Table checksums: one number per table that is equal exactly when two
+databases hold the same rows, computed the same way on every database binlake
+has a target for (SQLite, PostgreSQL, MySQL/MariaDB, DuckDB).
 
 Each value is normalised to a canonical text by its type (so a decimal 1.50
 read from PostgreSQL equals 1.5 read from SQLite), each row is hashed over its
@@ -29,9 +29,10 @@ from sqlalchemy.engine import Connection
 
 from binlake import codec, errors
 from binlake.proto import binlog_pb2
+from binlake.sql import targets
+from binlake.sql.targets.base import INTERNAL_PREFIX, recorded_schema
+from binlake.sql.url import normalize_url
 
-INTERNAL_PREFIX = "_binlake_"
-_SCHEMA_TABLE = "_binlake_schema"
 _MASK = (1 << 64) - 1
 _NULL = b"\x00"  # a NULL is one tag byte; a value is another tag plus its framed text
 _VALUE = b"\x01"
@@ -119,24 +120,11 @@ def load_schema(url: str) -> dict[str, binlog_pb2.TableInfo]:
     engine = _engine(url)
     try:
         with engine.connect() as conn:
-            return _binlake_tables(conn)
+            return recorded_schema(conn)
     except sa.exc.OperationalError as exc:
         raise errors.Unavailable(f"cannot read {_show(engine)}: {errors.first_line(exc)}") from None
     finally:
         engine.dispose()
-
-
-def _binlake_tables(conn: Connection) -> dict[str, binlog_pb2.TableInfo]:
-    if not sa.inspect(conn).has_table(_SCHEMA_TABLE):
-        return {}
-    t = sa.table(_SCHEMA_TABLE, sa.column("info"), sa.column("dropped"))
-    out: dict[str, binlog_pb2.TableInfo] = {}
-    for info_bytes, dropped in conn.execute(sa.select(t.c.info, t.c.dropped)):
-        if dropped:
-            continue
-        info = binlog_pb2.TableInfo.FromString(bytes(info_bytes))
-        out[info.name] = info
-    return out
 
 
 def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal: bool = False,
@@ -148,9 +136,10 @@ def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal:
     engine = _engine(url)
     try:
         with engine.connect() as conn:
-            if engine.dialect.name in ("postgresql", "mysql"):
-                # One snapshot for every table, so the checksums belong to one moment.
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            # One snapshot for every table, so the checksums belong to one moment.
+            level = targets.kind(engine.dialect.name).snapshot_isolation
+            if level is not None:
+                conn = conn.execution_options(isolation_level=level)
             names = sa.inspect(conn).get_table_names()
             if tables:
                 missing = [t for t in tables if t not in names]
@@ -160,7 +149,7 @@ def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal:
                 wanted = list(dict.fromkeys(tables))
             else:
                 wanted = [n for n in names if include_internal or not n.startswith(INTERNAL_PREFIX)]
-            defs = dict(schema) if schema is not None else _binlake_tables(conn)
+            defs = dict(schema) if schema is not None else recorded_schema(conn)
             return {name: _table_checksum(conn, name, defs.get(name)) for name in sorted(wanted)}
     except sa.exc.OperationalError as exc:
         raise errors.Unavailable(f"cannot read {_show(engine)}: {errors.first_line(exc)}") from None
@@ -184,21 +173,20 @@ def _typed_table(conn: Connection, name: str, info: binlog_pb2.TableInfo | None)
     """binlake's Table for ``info`` if the stored table has exactly its columns."""
     if info is None:
         return None
-    from binlake.sql import dialect as dl
-
     stored = {c["name"] for c in sa.inspect(conn).get_columns(name)}
     if stored != {c.name for c in info.columns}:
         return None
     renamed = binlog_pb2.TableInfo()
     renamed.CopyFrom(info)
     renamed.name = name
-    return dl.sa_table(renamed, conn.dialect.name)
+    return targets.kind(conn.dialect.name).sa_table(renamed)
 
 
 def _engine(url: str) -> sa.Engine:
+    parsed = normalize_url(url)
     try:
-        return sa.create_engine(url)
-    except (ImportError, sa.exc.ArgumentError) as exc:
+        return sa.create_engine(parsed)
+    except ImportError as exc:
         raise errors.InvalidArgument(f"cannot use database URL {url!r}: {exc}") from None
 
 

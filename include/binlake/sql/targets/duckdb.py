@@ -1,0 +1,232 @@
+"""DuckDB: a file an analyst opens on a laptop (``duckdb:///restored.duckdb``).
+
+Through ``duckdb-engine`` (SQLAlchemy's dialect for DuckDB, which speaks
+PostgreSQL's SQL). Unsigned 64-bit integers are UBIGINT and JSON is DuckDB's
+JSON type; DECIMAL stops at 38 digits, so a wider decimal is kept as its exact
+text. DDL is transactional. Rows are written as Arrow: each batch of rows
+becomes an Arrow table the database reads in place (``INSERT ... SELECT`` from
+it), so a load costs DuckDB's columnar insert, not a statement per row.
+
+One process writes a DuckDB file at a time (DuckDB locks the file), and inside
+that process binlake writes through one connection at a time
+(``concurrent_writers``): concurrent transactions of DuckDB conflict rather
+than wait.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import itertools
+import json
+import pathlib
+import threading
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as sa_pg
+from sqlalchemy.engine import Connection
+
+from binlake import codec
+from binlake.proto import binlog_pb2
+from binlake.sql.schema import ColumnDef, column_def
+from binlake.sql.targets.base import Target, key_names
+
+# DuckDB's widest DECIMAL.
+MAX_PRECISION = 38
+# Rows per Arrow batch handed to DuckDB: a few MB of typical rows.
+BATCH_ROWS = 50_000
+
+
+class _UBigInt(sa.types.UserDefinedType[int]):
+    """DuckDB's unsigned 64-bit integer."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **_kw: Any) -> str:
+        return "UBIGINT"
+
+
+class _DecimalText(sa.types.TypeDecorator[Any]):
+    """Decimals wider than DuckDB's DECIMAL(38): kept as their exact text."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else str(decimal.Decimal(value))
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else decimal.Decimal(value)
+
+
+class DuckDB(Target):
+    name = "duckdb"
+    title = "DuckDB"
+    schemes: ClassVar[Mapping[str, str]] = {"duckdb": "duckdb"}
+    drivers = frozenset({"duckdb"})
+    example_url = "duckdb:///PATH"
+    transactional_ddl = True
+    native_arrow = True
+    concurrent_writers = False
+    file_database = True
+
+    @classmethod
+    def engine_options(cls, url: sa.engine.URL) -> dict[str, Any]:
+        pathlib.Path(url.database or "").parent.mkdir(parents=True, exist_ok=True)
+        return {"pool_pre_ping": True}
+
+    @classmethod
+    def prepare_engine(cls, engine: sa.Engine) -> None:
+        # One writing transaction at a time: a transaction takes the engine's lock when
+        # it begins and gives it back when it ends, as SQLite's BEGIN IMMEDIATE does,
+        # so the apply's parallel workers queue instead of conflicting. Re-entrant: a
+        # thread may read on a second connection while its own transaction is open.
+        lock = threading.RLock()
+        sa.event.listen(engine, "begin", lambda _conn: lock.acquire())
+        sa.event.listen(engine, "commit", lambda _conn: _release(lock))
+        sa.event.listen(engine, "rollback", lambda _conn: _release(lock))
+
+    @classmethod
+    def sa_type(cls, col: ColumnDef, keyed: bool = False) -> sa.types.TypeEngine[Any]:
+        if col.type == "uint":
+            return _UBigInt()
+        if col.type == "decimal" and (col.precision or 0) > MAX_PRECISION:
+            return _DecimalText()
+        return super().sa_type(col, keyed)
+
+    @classmethod
+    def text_stored(cls, col: ColumnDef) -> bool:
+        return col.type == "decimal" and (col.precision or 0) > MAX_PRECISION
+
+    @classmethod
+    def bytes_literal(cls, value: bytes) -> str:
+        return "'" + "".join(f"\\x{b:02x}" for b in value) + "'::BLOB"
+
+    @classmethod
+    def literal(cls, value: Any) -> str:
+        if isinstance(value, (dict, list)):
+            return cls.quote_text(codec.canonical_json(value)) + "::JSON"
+        return super().literal(value)
+
+    @classmethod
+    def change_column_type_sql(cls, engine: sa.Engine, table: str, col: ColumnDef,
+                               info: binlog_pb2.TableInfo | None = None) -> list[str]:
+        t, c = cls.q(engine, table), cls.q(engine, col.name)
+        ty = cls.type_sql(engine, col)
+        return [f"ALTER TABLE {t} ALTER COLUMN {c} TYPE {ty} USING CAST({c} AS {ty})",
+                f"ALTER TABLE {t} ALTER COLUMN {c} {'DROP' if col.nullable else 'SET'} NOT NULL"]
+
+    # ------------------------------------------------------------ rows
+    def insert_rows(self, conn: Connection, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
+        """The rows in Arrow batches of ``BATCH_ROWS``, each inserted by DuckDB from Arrow."""
+        cols = [column_def(c) for c in info.columns]
+        n = 0
+        it = iter(rows)
+        while batch := list(itertools.islice(it, BATCH_ROWS)):
+            arrays = [pa.array([_transport(r.get(c.name), c) for r in batch], type=_arrow_type(c)) for c in cols]
+            n += self._insert_from(conn, info.name, pa.Table.from_arrays(arrays, names=[c.name for c in cols]))
+        return n
+
+    def insert_arrow(self, conn: Connection, info: binlog_pb2.TableInfo, rows: pa.Table) -> int:
+        """DuckDB reads the Arrow columns in place; it casts each to the column's type
+        (decimals given as text included)."""
+        if not isinstance(rows, pa.Table):
+            raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
+        n = 0
+        for batch in rows.to_batches(max_chunksize=BATCH_ROWS):
+            n += self._insert_from(conn, info.name, pa.Table.from_batches([batch]))
+        return n
+
+    def _insert_from(self, conn: Connection, table: str, rows: pa.Table) -> int:
+        q = conn.dialect.identifier_preparer.quote
+        raw: Any = conn.connection.dbapi_connection
+        view = f"_binlake_rows_{uuid.uuid4().hex[:12]}"
+        names = ", ".join(q(n) for n in rows.column_names)
+        raw.register(view, rows)
+        try:
+            raw.execute(f"INSERT INTO {q(table)} ({names}) SELECT {names} FROM {q(view)}")
+        finally:
+            raw.unregister(view)
+        return int(rows.num_rows)
+
+    def upsert_statement(self, table: sa.Table, batch: list[dict[str, Any]], names: Sequence[str],
+                         key: Sequence[str]) -> Any:
+        # duckdb-engine compiles PostgreSQL's INSERT ... ON CONFLICT, which DuckDB runs as is.
+        ins = sa_pg.insert(table).values(batch)
+        if len(names) == len(key):
+            return ins.on_conflict_do_nothing(index_elements=list(key))
+        return ins.on_conflict_do_update(index_elements=list(key),
+                                         set_={c: ins.excluded[c] for c in names if c not in key})
+
+    def delete_keys(self, conn: Connection, info: binlog_pb2.TableInfo, keys: Sequence[tuple[Any, ...]]) -> int:
+        """The keys as one Arrow table per batch, deleted with one join (``DELETE ... USING``)."""
+        if not keys:
+            return 0
+        names = key_names(info)
+        by_name = {c.name: column_def(c) for c in info.columns}
+        q = conn.dialect.identifier_preparer.quote
+        raw: Any = conn.connection.dbapi_connection
+        n = 0
+        for i in range(0, len(keys), BATCH_ROWS):
+            chunk = keys[i:i + BATCH_ROWS]
+            arrays = [pa.array([_transport(k[j], by_name[name]) for k in chunk], type=_arrow_type(by_name[name]))
+                      for j, name in enumerate(names)]
+            view = f"_binlake_keys_{uuid.uuid4().hex[:12]}"
+            raw.register(view, pa.Table.from_arrays(arrays, names=names))
+            try:
+                on = " AND ".join(f"{q(info.name)}.{q(c)} = {q(view)}.{q(c)}" for c in names)
+                result = raw.execute(f"DELETE FROM {q(info.name)} USING {q(view)} WHERE {on}").fetchone()
+                n += int(result[0]) if result else 0
+            finally:
+                raw.unregister(view)
+        return n
+
+
+def _release(lock: Any) -> None:
+    try:
+        lock.release()
+    except RuntimeError:  # a rollback of a transaction this thread never began (a pool reset)
+        pass
+
+
+def _arrow_type(col: ColumnDef) -> pa.DataType:
+    """The Arrow type a column's values travel in; DuckDB casts it to the column's type."""
+    t = col.type
+    if t == "int":
+        return pa.int64()
+    if t == "uint":
+        return pa.uint64()
+    if t == "bool":
+        return pa.bool_()
+    if t == "float":
+        return pa.float64()
+    if t == "bytes":
+        return pa.binary()
+    if t == "date":
+        return pa.date32()
+    if t == "datetime":
+        return pa.timestamp("us")
+    if t == "time":
+        return pa.time64("us")
+    return pa.string()  # string; decimal and JSON as their exact text
+
+
+def _transport(value: Any, col: ColumnDef) -> Any:
+    """``value`` (a codec Python value) as ``_arrow_type(col)`` takes it."""
+    if value is None:
+        return None
+    t = col.type
+    if t == "decimal":
+        return str(decimal.Decimal(value))
+    if t == "json":
+        # The document's own JSON text: a string value is the JSON string "…".
+        return codec.canonical_json(value) if not isinstance(value, str) else json.dumps(value)
+    if t == "datetime" and getattr(value, "tzinfo", None) is not None:
+        return value.astimezone(dt.UTC).replace(tzinfo=None)
+    if t == "time" and not hasattr(value, "hour"):
+        return (dt.datetime(1970, 1, 1) + value).time()  # a timedelta inside one day
+    return value
