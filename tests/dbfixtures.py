@@ -89,3 +89,21 @@ def upstream_url(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
     # Looked up lazily, so a SQLite-only run never starts (or skips on) a server.
     server = request.getfixturevalue("postgres_server" if kind == "postgresql" else "mariadb_server")
     return server.create_database(f"up_{uuid.uuid4().hex[:16]}")
+
+
+# Every database binlake has a target for (binlake.sql.targets), as the target tests name them.
+TARGETS = ("sqlite", "postgresql", "mariadb", "duckdb")
+
+
+def new_target_url(kind: str, request: pytest.FixtureRequest, tmp_path: pathlib.Path, prefix: str = "t") -> str:
+    """A SQLAlchemy URL of a new, empty target database of ``kind`` (one of ``TARGETS``):
+    a file in ``tmp_path``, or a database of the test run's server."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / (name + '.db')}"
+    if kind == "duckdb":
+        return f"duckdb:///{tmp_path / (name + '.duckdb')}"
+    if kind not in TARGETS:
+        raise ValueError(f"unknown target kind {kind!r}")
+    server = request.getfixturevalue("postgres_server" if kind == "postgresql" else "mariadb_server")
+    return str(server.create_database(name))

@@ -1,6 +1,6 @@
 """End to end: a SQLite upstream driven by TxnWriter (a mixed workload with DDL,
 plus scripted sharded tables) -> two Pumps -> four ingested windows -> apply to
-SQLite, PostgreSQL and MariaDB targets in both modes -> ``binlake diff`` against
+SQLite, PostgreSQL, MariaDB and DuckDB targets in both modes -> ``binlake diff`` against
 the upstream finds no difference.
 
 Also: rules change exactly what they say; applying again changes nothing; a
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dbfixtures import mariadb_server, postgres_server  # noqa: F401
+from dbfixtures import TARGETS, mariadb_server, new_target_url, postgres_server  # noqa: F401
 from pumpkit import wait_until
 from pyspark.sql import SparkSession
 
@@ -120,24 +120,15 @@ def make_task(lake: str, target: str, mode: str = "consistent", **kw: Any) -> ta
     return task.Task(name=f"t{uuid.uuid4().hex[:6]}", lake=lake, target=target, mode=mode, **kw)
 
 
-def new_target(kind: str, request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path / f'target-{uuid.uuid4().hex[:6]}.db'}"
-    server = request.getfixturevalue("postgres_server" if kind == "postgresql" else "mariadb_server")
-    return str(server.create_database(f"r_{uuid.uuid4().hex[:12]}"))
-
-
 def read_checkpoint(url: str, name: str) -> checkpoint.Checkpoint | None:
     with open_target(url) as t, t.engine.connect() as conn:
         return checkpoint.read(conn, name)
 
 
-@pytest.mark.parametrize("kind, mode", [("sqlite", "consistent"), ("sqlite", "parallel"),
-                                        ("postgresql", "consistent"), ("postgresql", "parallel"),
-                                        ("mariadb", "consistent"), ("mariadb", "parallel")])
+@pytest.mark.parametrize("kind, mode", [(kind, mode) for kind in TARGETS for mode in ("consistent", "parallel")])
 def test_apply_equals_upstream(spark: SparkSession, lake: str, upstream: dict[str, Any], kind: str, mode: str,
                                request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> None:
-    url = new_target(kind, request, tmp_path)
+    url = new_target_url(kind, request, tmp_path, "r")
     t = make_task(lake, url, mode)
     summary = runner.Applier(spark, t).run()
     assert summary.windows == 3
@@ -268,9 +259,10 @@ def _cli_apply(task_file: pathlib.Path, *extra: str, fail: str | None = None) ->
                           env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_kill_before_commit_then_rerun(spark: SparkSession, lake: str, upstream: dict[str, Any],
-                                       tmp_path: pathlib.Path) -> None:
-    url = f"sqlite:///{tmp_path / 'crash.db'}"
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_kill_before_commit_then_rerun(spark: SparkSession, lake: str, upstream: dict[str, Any], kind: str,
+                                       request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> None:
+    url = new_target_url(kind, request, tmp_path, "crash")
     w = upstream["windows"]
     task_file = tmp_path / "task.toml"
     task_file.write_text(f'name = "crash"\nlake = "{lake}"\ntarget = "{url}"\nmode = "consistent"\n')
@@ -287,9 +279,11 @@ def test_kill_before_commit_then_rerun(spark: SparkSession, lake: str, upstream:
     assert read_checkpoint(url, "crash").ts == w[-1][1]
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
 def test_workers_failed_after_their_groups_then_rerun(spark: SparkSession, lake: str, upstream: dict[str, Any],
+                                                    kind: str, request: pytest.FixtureRequest,
                                                     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"sqlite:///{tmp_path / 'pcrash.db'}"
+    url = new_target_url(kind, request, tmp_path, "pcrash")
     w = upstream["windows"]
     t = make_task(lake, url, "parallel")
     runner.Applier(spark, t).run(until_ts=w[0][1])

@@ -1,4 +1,4 @@
-"""The sink and diff against real targets: SQLite, PostgreSQL and MariaDB.
+"""Targets and diff against real databases: SQLite, PostgreSQL, MariaDB and DuckDB.
 
 Rows of every column type loaded through ``Target.bulk_load`` read back equal
 to a SQLite source holding the same rows (``diff`` OK, and the oracle's
@@ -11,12 +11,11 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import pathlib
-import uuid
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dbfixtures import mariadb_server, postgres_server  # noqa: F401
+from dbfixtures import TARGETS, mariadb_server, new_target_url, postgres_server  # noqa: F401
 
 from binlake import errors
 from binlake.proto import binlog_pb2
@@ -52,12 +51,9 @@ def rows(n: int) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
+@pytest.fixture(params=TARGETS)
 def target_url(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'target.db'}"
-    server = request.getfixturevalue("postgres_server" if request.param == "postgresql" else "mariadb_server")
-    return str(server.create_database(f"t_{uuid.uuid4().hex[:12]}"))
+    return new_target_url(request.param, request, tmp_path)
 
 
 def test_bulk_load_then_diff_ok_and_fix(target_url: str, tmp_path: pathlib.Path) -> None:
@@ -101,7 +97,7 @@ def test_bulk_load_then_diff_ok_and_fix(target_url: str, tmp_path: pathlib.Path)
     with engine.begin() as conn:
         for stmt in fix.read_text().splitlines():
             if stmt and not stmt.startswith("--"):
-                conn.exec_driver_sql(stmt.replace("%", "%%") if engine.dialect.name != "sqlite" else stmt)
+                conn.exec_driver_sql(stmt.replace("%", "%%") if engine.dialect.name not in ("sqlite", "duckdb") else stmt)
     engine.dispose()
     assert diff.diff_databases(source_url, target_url, chunk_size=40).ok
     assert checksum.checksum(source_url) == checksum.checksum(target_url)

@@ -5,11 +5,10 @@ of the target, safe mode's convergence, and keyless tables in commit order."""
 from __future__ import annotations
 
 import pathlib
-import uuid
 from typing import Any
 
 import pytest
-from dbfixtures import mariadb_server, postgres_server  # noqa: F401
+from dbfixtures import TARGETS, mariadb_server, new_target_url, postgres_server  # noqa: F401
 
 from binlake.proto import binlog_pb2
 from binlake.replicate import parallel, table_write
@@ -29,14 +28,9 @@ def r(i: int, u: Any, v: str = "x") -> dict[str, Any]:
     return {"id": i, "u": u, "v": v}
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
+@pytest.fixture(params=TARGETS)
 def target(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Any:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 't.db'}"
-    else:
-        server = request.getfixturevalue("postgres_server" if request.param == "postgresql" else "mariadb_server")
-        url = str(server.create_database(f"w_{uuid.uuid4().hex[:12]}"))
-    t = open_target(url)
+    t = open_target(new_target_url(request.param, request, tmp_path, "w"))
     t.create_table(info())
     yield t
     t.close()
@@ -136,17 +130,14 @@ def test_apply_groups_one_transaction_per_task_and_skips_groups_already_in(tmp_p
     t.close()
 
 
-@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "duckdb"])
 def test_delete_keys_of_any_text_and_integers(kind: str, request: pytest.FixtureRequest,
                                               tmp_path: pathlib.Path) -> None:
     """The deletes' one array (PostgreSQL sends it as a text literal it builds): keys
     with the literal's own syntax in them (quotes, backslashes, commas, braces,
     spaces, NULL as text, an empty string) delete exactly those rows; so do integer
     keys at both ends of the range."""
-    if kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 'k.db'}"
-    else:
-        url = str(request.getfixturevalue("postgres_server").create_database(f"k_{uuid.uuid4().hex[:12]}"))
+    url = new_target_url(kind, request, tmp_path, "k")
     keys = ['a"b', "back\\slash", "c,d", "{e}", " sp ", "NULL", "", "ü€😀", "plain", '\\"', "x\ty"]
     by_text = sc.new_table(6, "app", "s", [sc.ColumnDef("k", "string", False, length=40), sc.ColumnDef("n", "int")],
                            ["k"], None, 1)

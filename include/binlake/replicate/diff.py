@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection
 from binlake import errors
 from binlake.proto import binlog_pb2
 from binlake.sql import checksum, targets
-from binlake.sql.url import normalize_url
+from binlake.sql.url import reader_engine
 
 OK, DIFF, MISSING = "OK", "DIFF", "MISSING"
 _SHOW_KEYS = 10
@@ -163,8 +163,7 @@ def diff_databases(source_url: str, target_url: str, tables: Sequence[str] | Non
 
 
 def _engine(url: str, what: str) -> sa.Engine:
-    parsed = normalize_url(url)
-    engine = sa.create_engine(parsed)
+    engine = reader_engine(url)
     try:
         with engine.connect():
             pass
@@ -190,22 +189,20 @@ def _schema(url: str, engine: sa.Engine) -> dict[str, binlog_pb2.TableInfo]:
 def _typed(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> sa.Table:
     """binlake's Table for ``info`` when the stored table has exactly its columns, else reflected."""
     if info is not None:
-        stored = {c["name"] for c in sa.inspect(conn).get_columns(name)}
+        stored = set(targets.kind(conn.dialect.name).column_names(conn, name))
         if stored == {c.name for c in info.columns}:
             renamed = binlog_pb2.TableInfo()
             renamed.CopyFrom(info)
             renamed.name = name
             return targets.kind(conn.dialect.name).sa_table(renamed)
-    return sa.Table(name, sa.MetaData(), autoload_with=conn)
+    return targets.kind(conn.dialect.name).reflect(conn, name)
 
 
 def _key_columns(conn: Connection, table: sa.Table) -> list[str]:
     pk = [c.name for c in table.primary_key.columns]
     if pk:
         return pk
-    insp = sa.inspect(conn)
-    for uk in insp.get_unique_constraints(table.name) + [i for i in insp.get_indexes(table.name) if i.get("unique")]:
-        cols = [c for c in uk["column_names"] if c]
+    for cols in targets.kind(conn.dialect.name).unique_keys(conn, table.name):
         if cols and all(not table.c[c].nullable for c in cols):
             return cols
     return [c.name for c in table.columns]  # no key: the whole row is the key

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from binlake import codec, coldefault
@@ -24,17 +23,6 @@ from binlake.sql.schema import column_def
 from binlake.sql.targets import Target
 
 log = logging.getLogger(__name__)
-
-
-def _columns(conn: Connection, table: str) -> set[str]:
-    return {c["name"] for c in sa.inspect(conn).get_columns(table)}
-
-
-def _indexes(conn: Connection, table: str) -> set[str]:
-    insp = sa.inspect(conn)
-    names = {str(i["name"]) for i in insp.get_indexes(table) if i.get("name")}
-    names |= {str(u["name"]) for u in insp.get_unique_constraints(table) if u.get("name")}
-    return names
 
 
 def apply_ddl(target: Target, conn: Connection, kind: str, old: binlog_pb2.TableInfo | None,
@@ -81,20 +69,20 @@ def apply_ddl(target: Target, conn: Connection, kind: str, old: binlog_pb2.Table
     new_cols = {c.id: c for c in new.columns}
     old_uks = {k.name: k for k in old.unique_keys}
     new_uks = {k.name: k for k in new.unique_keys}
-    present_idx = _indexes(conn, name)
+    present_idx = target.index_names(conn, name)
     for uk in old_uks:
         if (uk not in new_uks or old_uks[uk] != new_uks[uk]) and uk in present_idx:
             ex(dl.drop_unique_key_sql(engine, name, uk))
-    present = _columns(conn, name)
+    present = set(target.column_names(conn, name))
     for cid, col in old_cols.items():
         if cid not in new_cols and col.name in present:
             ex(dl.drop_column_sql(engine, name, col.name))
-    present = _columns(conn, name)
+    present = set(target.column_names(conn, name))
     for cid, col in new_cols.items():
         was = old_cols.get(cid)
         if was is not None and was.name != col.name and was.name in present and col.name not in present:
             ex(dl.rename_column_sql(engine, name, was.name, col.name))
-    present = _columns(conn, name)
+    present = set(target.column_names(conn, name))
     for cid, col in new_cols.items():
         if cid not in old_cols and col.name not in present:
             # With its DEFAULT, so the target gives the rows it holds what the upstream gave its
@@ -108,7 +96,7 @@ def apply_ddl(target: Target, conn: Connection, kind: str, old: binlog_pb2.Table
             ex(dl.change_column_type_sql(engine, name, column_def(col), new))
         elif was is not None and was.default_value != col.default_value:
             ex(dl.set_default_sql(engine, name, column_def(col), new))
-    present_idx = _indexes(conn, name)
+    present_idx = target.index_names(conn, name)
     by_id = {c.id: c.name for c in new.columns}
     for uk, key in new_uks.items():
         if uk not in present_idx:

@@ -31,7 +31,7 @@ from binlake import codec, errors
 from binlake.proto import binlog_pb2
 from binlake.sql import targets
 from binlake.sql.targets.base import INTERNAL_PREFIX, recorded_schema
-from binlake.sql.url import normalize_url
+from binlake.sql.url import reader_engine
 
 _MASK = (1 << 64) - 1
 _NULL = b"\x00"  # a NULL is one tag byte; a value is another tag plus its framed text
@@ -160,7 +160,7 @@ def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal:
 def _table_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> tuple[int, str]:
     table = _typed_table(conn, name, info)
     if table is None:
-        table = sa.Table(name, sa.MetaData(), autoload_with=conn)
+        table = targets.kind(conn.dialect.name).reflect(conn, name)
     json_cols = [c.name for c in table.columns if isinstance(c.type, sa.JSON)]
     acc = _Acc()
     result = conn.execution_options(yield_per=_BATCH).execute(sa.select(table))
@@ -173,7 +173,7 @@ def _typed_table(conn: Connection, name: str, info: binlog_pb2.TableInfo | None)
     """binlake's Table for ``info`` if the stored table has exactly its columns."""
     if info is None:
         return None
-    stored = {c["name"] for c in sa.inspect(conn).get_columns(name)}
+    stored = set(targets.kind(conn.dialect.name).column_names(conn, name))
     if stored != {c.name for c in info.columns}:
         return None
     renamed = binlog_pb2.TableInfo()
@@ -183,11 +183,7 @@ def _typed_table(conn: Connection, name: str, info: binlog_pb2.TableInfo | None)
 
 
 def _engine(url: str) -> sa.Engine:
-    parsed = normalize_url(url)
-    try:
-        return sa.create_engine(parsed)
-    except ImportError as exc:
-        raise errors.InvalidArgument(f"cannot use database URL {url!r}: {exc}") from None
+    return reader_engine(url)
 
 
 def _show(engine: sa.Engine) -> str:

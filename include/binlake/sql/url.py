@@ -47,6 +47,19 @@ def target_kind(url: str) -> type[targets.Target]:
     return _parse(url)[0]
 
 
+def reader_engine(url: str) -> sa.engine.Engine:
+    """An engine that only reads the database at ``url`` (diff, checksums), not yet
+    connected: none of a writer's settings or locks."""
+    kind, parsed = _parse(url)
+    try:
+        engine = sa.create_engine(parsed)
+    except ImportError as exc:
+        raise errors.FailedPrecondition(f"database {parsed.render_as_string(hide_password=True)}: its driver "
+                                        f"is not installed ({exc}); run `make setup`") from None
+    kind.prepare_engine(engine, writer=False)
+    return engine
+
+
 def open_engine(url: str) -> sa.engine.Engine:
     """An engine for the database at ``url`` (a target, or one to check), answering now (one
     round trip); a file database's directory is created. ``errors.Unavailable`` if it does not."""

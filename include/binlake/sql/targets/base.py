@@ -112,8 +112,10 @@ class Target:
         return {"pool_pre_ping": True}
 
     @classmethod
-    def prepare_engine(cls, engine: Engine) -> None:
-        """Set up a new engine (event listeners) before its first connection."""
+    def prepare_engine(cls, engine: Engine, *, writer: bool = True) -> None:
+        """Set up a new engine (event listeners) before its first connection. ``writer``:
+        the engine writes (an apply, a restore); else it only reads (diff, checksums),
+        and must not take a writer's locks."""
 
     # ------------------------------------------------------------ types and literals
     @classmethod
@@ -266,6 +268,32 @@ class Target:
         # Unique keys are created as separate unique indexes (see create_table_sql):
         # that is the one form every database can later drop by name.
         return sa.Table(info.name, md, *cols, **cls.table_options())
+
+    # ------------------------------------------------------------ the catalog
+    @classmethod
+    def column_names(cls, conn: Connection, table: str) -> list[str]:
+        """The columns table ``table`` has now, in order."""
+        return [str(c["name"]) for c in sa.inspect(conn).get_columns(table)]
+
+    @classmethod
+    def index_names(cls, conn: Connection, table: str) -> set[str]:
+        """The names of table ``table``'s indexes and unique constraints."""
+        insp = sa.inspect(conn)
+        names = {str(i["name"]) for i in insp.get_indexes(table) if i.get("name")}
+        names |= {str(u["name"]) for u in insp.get_unique_constraints(table) if u.get("name")}
+        return names
+
+    @classmethod
+    def unique_keys(cls, conn: Connection, table: str) -> list[list[str]]:
+        """The column lists of table ``table``'s unique constraints and unique indexes."""
+        insp = sa.inspect(conn)
+        found = insp.get_unique_constraints(table) + [i for i in insp.get_indexes(table) if i.get("unique")]
+        return [[str(c) for c in uk["column_names"] if c] for uk in found]
+
+    @classmethod
+    def reflect(cls, conn: Connection, table: str) -> sa.Table:
+        """Table ``table`` as the database describes it (one binlake did not create)."""
+        return sa.Table(table, sa.MetaData(), autoload_with=conn)
 
     # ------------------------------------------------------------ DDL
     @staticmethod

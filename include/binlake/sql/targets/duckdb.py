@@ -16,13 +16,15 @@ than wait.
 from __future__ import annotations
 
 import datetime as dt
+import contextlib
 import decimal
+import functools
 import itertools
 import json
 import pathlib
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -80,7 +82,14 @@ class DuckDB(Target):
         return {"pool_pre_ping": True}
 
     @classmethod
-    def prepare_engine(cls, engine: sa.Engine) -> None:
+    def prepare_engine(cls, engine: sa.Engine, *, writer: bool = True) -> None:
+        # duckdb-engine quotes identifiers by PostgreSQL's list of reserved words, and
+        # DuckDB reserves others (AT, for one): quote every word DuckDB does not leave
+        # unreserved, so a column named like one is created and named right.
+        preparer = engine.dialect.identifier_preparer
+        preparer.reserved_words = set(preparer.reserved_words) | _duckdb_keywords()
+        if not writer:
+            return
         # One writing transaction at a time: a transaction takes the engine's lock when
         # it begins and gives it back when it ends, as SQLite's BEGIN IMMEDIATE does,
         # so the apply's parallel workers queue instead of conflicting. Re-entrant: a
@@ -97,6 +106,39 @@ class DuckDB(Target):
         if col.type == "decimal" and (col.precision or 0) > MAX_PRECISION:
             return _DecimalText()
         return super().sa_type(col, keyed)
+
+    # ------------------------------------------------------------ the catalog
+    # duckdb-engine's reflection runs PostgreSQL's catalog queries, which DuckDB's
+    # pg_catalog cannot all answer: read DuckDB's own catalog functions instead.
+    @classmethod
+    def column_names(cls, conn: Connection, table: str) -> list[str]:
+        return [str(name) for name, _type in _columns(conn, table)]
+
+    @classmethod
+    def index_names(cls, conn: Connection, table: str) -> set[str]:
+        rows = conn.exec_driver_sql(
+            "SELECT index_name FROM duckdb_indexes() WHERE table_name = ? AND schema_name = current_schema()",
+            (table,))
+        return {str(r[0]) for r in rows}
+
+    @classmethod
+    def unique_keys(cls, conn: Connection, table: str) -> list[list[str]]:
+        out = [list(cols) for cols in _constraint_columns(conn, table, "UNIQUE")]
+        rows = conn.exec_driver_sql(
+            "SELECT expressions FROM duckdb_indexes() WHERE table_name = ? AND schema_name = current_schema() "
+            "AND is_unique", (table,))
+        for (expressions,) in rows:
+            # "[a, b]" for an index on plain columns (an expression index names no column).
+            cols = [c.strip().strip('"') for c in str(expressions).strip("[]").split(",") if c.strip()]
+            out.append(cols)
+        return out
+
+    @classmethod
+    def reflect(cls, conn: Connection, table: str) -> sa.Table:
+        pk = set(next(iter(_constraint_columns(conn, table, "PRIMARY KEY")), []))
+        cols = [sa.Column(name, _sa_type_of(str(type_name)), primary_key=name in pk)
+                for name, type_name in _columns(conn, table)]
+        return sa.Table(table, sa.MetaData(), *cols)
 
     @classmethod
     def text_stored(cls, col: ColumnDef) -> bool:
@@ -146,11 +188,14 @@ class DuckDB(Target):
         raw: Any = conn.connection.dbapi_connection
         view = f"_binlake_rows_{uuid.uuid4().hex[:12]}"
         names = ", ".join(q(n) for n in rows.column_names)
-        raw.register(view, rows)
-        try:
-            raw.execute(f"INSERT INTO {q(table)} ({names}) SELECT {names} FROM {q(view)}")
-        finally:
-            raw.unregister(view)
+        sql = f"INSERT INTO {q(table)} ({names}) SELECT {names} FROM {q(view)}"
+        with _registered(raw, view, rows):
+            try:
+                raw.execute(sql)
+            except _duckdb().ConstraintException as exc:
+                # As SQLAlchemy reports it for a statement it ran: the apply tells a target
+                # that does not match the log (a key already there) by this.
+                raise sa.exc.IntegrityError(sql, None, exc) from None
         return int(rows.num_rows)
 
     def upsert_statement(self, table: sa.Table, batch: list[dict[str, Any]], names: Sequence[str],
@@ -176,14 +221,83 @@ class DuckDB(Target):
             arrays = [pa.array([_transport(k[j], by_name[name]) for k in chunk], type=_arrow_type(by_name[name]))
                       for j, name in enumerate(names)]
             view = f"_binlake_keys_{uuid.uuid4().hex[:12]}"
-            raw.register(view, pa.Table.from_arrays(arrays, names=names))
-            try:
+            with _registered(raw, view, pa.Table.from_arrays(arrays, names=names)):
                 on = " AND ".join(f"{q(info.name)}.{q(c)} = {q(view)}.{q(c)}" for c in names)
                 result = raw.execute(f"DELETE FROM {q(info.name)} USING {q(view)} WHERE {on}").fetchone()
                 n += int(result[0]) if result else 0
-            finally:
-                raw.unregister(view)
         return n
+
+
+def _duckdb() -> Any:
+    # Imported when a DuckDB target is used: every command loads the targets' registry,
+    # and most never touch DuckDB (its import costs about 0.1 s).
+    import duckdb
+
+    return duckdb
+
+
+@contextlib.contextmanager
+def _registered(raw: Any, view: str, rows: pa.Table) -> Iterator[None]:
+    """``rows`` readable as view ``view`` of connection ``raw`` while the block runs."""
+    raw.register(view, rows)
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        try:
+            raw.unregister(view)
+        except _duckdb().Error:
+            # A failed statement aborted the transaction, and DuckDB refuses every call
+            # until the rollback; the view goes with the connection (its name is unique).
+            if not failed:
+                raise
+
+
+def _columns(conn: Connection, table: str) -> list[tuple[str, str]]:
+    rows = conn.exec_driver_sql(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
+        "AND table_schema = current_schema() ORDER BY ordinal_position", (table,))
+    return [(str(r[0]), str(r[1])) for r in rows]
+
+
+def _constraint_columns(conn: Connection, table: str, kind: str) -> list[list[str]]:
+    rows = conn.exec_driver_sql(
+        "SELECT constraint_column_names FROM duckdb_constraints() WHERE table_name = ? "
+        "AND schema_name = current_schema() AND constraint_type = ?", (table, kind))
+    return [[str(c) for c in r[0]] for r in rows]
+
+
+def _sa_type_of(type_name: str) -> sa.types.TypeEngine[Any]:
+    """The SQLAlchemy type values of DuckDB's type ``type_name`` read back as."""
+    t = type_name.upper()
+    if t in ("BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT", "UINTEGER", "USMALLINT", "UTINYINT"):
+        return sa.BigInteger()
+    if t in ("UBIGINT", "UHUGEINT") or t.startswith("DECIMAL"):
+        return sa.Numeric()
+    if t in ("DOUBLE", "FLOAT", "REAL"):
+        return sa.Double()
+    if t == "BOOLEAN":
+        return sa.Boolean()
+    if t == "BLOB":
+        return sa.LargeBinary()
+    if t == "DATE":
+        return sa.Date()
+    if t.startswith("TIMESTAMP"):
+        return sa.DateTime()
+    if t.startswith("TIME"):
+        return sa.Time()
+    if t == "JSON":
+        return sa.JSON()
+    return sa.Text()
+
+
+@functools.cache
+def _duckdb_keywords() -> frozenset[str]:
+    rows = _duckdb().sql("SELECT keyword_name FROM duckdb_keywords() WHERE keyword_category <> 'unreserved'")
+    return frozenset(str(r[0]).lower() for r in rows.fetchall())
 
 
 def _release(lock: Any) -> None:

@@ -69,7 +69,9 @@ class SQLite(Target):
         return {"pool_pre_ping": True, "connect_args": {"timeout": 120}}
 
     @classmethod
-    def prepare_engine(cls, engine: Engine) -> None:
+    def prepare_engine(cls, engine: Engine, *, writer: bool = True) -> None:
+        if not writer:
+            return
         sa.event.listen(engine, "connect", _on_connect)
         sa.event.listen(engine, "begin", _on_begin)
 
