@@ -92,6 +92,9 @@ class Target:
     """Several connections can write at once without waiting on one lock (a restore's parallel loads)."""
     snapshot_isolation: ClassVar[str | None] = None
     """The isolation level that makes one connection's reads one snapshot (None: the default already does)."""
+    alter_keeps_indexes: ClassVar[bool] = True
+    """ALTER TABLE (rename, drop or retype a column, rename the table) works on a table that
+    has secondary indexes; else the apply drops them first and creates them again after."""
     file_database: ClassVar[bool] = False
     """The URL names a file (its directory is created; an in-memory database is refused)."""
 

@@ -7,6 +7,10 @@ text. DDL is transactional. Rows are written as Arrow: each batch of rows
 becomes an Arrow table the database reads in place (``INSERT ... SELECT`` from
 it), so a load costs DuckDB's columnar insert, not a statement per row.
 
+DuckDB refuses to rename a table or to rename, drop or retype a column while
+the table has a secondary index: the apply drops a table's unique indexes before
+such a DDL and creates them again after it (``alter_keeps_indexes``).
+
 One process writes a DuckDB file at a time (DuckDB locks the file), and inside
 that process binlake writes through one connection at a time
 (``concurrent_writers``): concurrent transactions of DuckDB conflict rather
@@ -74,6 +78,8 @@ class DuckDB(Target):
     transactional_ddl = True
     native_arrow = True
     concurrent_writers = False
+    # DuckDB refuses most ALTER TABLE on a table with an index ("entries that depend on it").
+    alter_keeps_indexes = False
     file_database = True
 
     @classmethod
