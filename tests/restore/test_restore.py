@@ -108,6 +108,31 @@ def test_restore_into_a_target_database_verified_by_diff(
     assert checksum.checksum(target, list(cap.checksums), schema=checksum.load_schema(source)) == cap.checksums
 
 
+def test_restore_into_duckdb_through_the_cli_then_diff(
+        spark: SparkSession, captured: tuple[Upstream, str, list[int]], tmp_path: pathlib.Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An analyst's restore: every table at a ts into a DuckDB file, verified, as the CLI runs it."""
+    up, lake, _ = captured
+    cap = up.captures[1]
+    assert cap.copy is not None
+    source = f"sqlite:///{cap.copy}"
+    target = f"duckdb:///{tmp_path / 'laptop' / 'restored.duckdb'}"
+    assert cli.main(["restore", "--lake", lake, "--ts", str(cap.ts), "--target", target, "--verify", source]) == 0
+    assert "clean" in capsys.readouterr().out
+    assert cli.main(["diff", source, target]) == 0
+    assert "all OK" in capsys.readouterr().out
+    assert checksum.checksum(target, list(cap.checksums), schema=checksum.load_schema(source)) == cap.checksums
+    # Its tables are plain DuckDB tables: the bank's total is one query away.
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "laptop" / "restored.duckdb"), read_only=True) as db:
+        total, n = db.execute(f"SELECT sum(balance), count(*) FROM {wl.BANK_TABLE}").fetchone() or (None, 0)
+    assert (total, n) == (cap.bank_total, cap.accounts)
+    # A second restore into the same file refuses the tables it holds, and changes nothing.
+    assert cli.main(["restore", "--lake", lake, "--ts", str(cap.ts), "--target", target]) != 0
+    assert checksum.checksum(target, list(cap.checksums), schema=checksum.load_schema(source)) == cap.checksums
+
+
 def test_bank_total_and_accounts_hold_at_many_ts(
         spark: SparkSession, captured: tuple[Upstream, str, list[int]]) -> None:
     up, lake, bounds = captured
