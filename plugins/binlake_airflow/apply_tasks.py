@@ -117,7 +117,7 @@ def resolve_target(target: str) -> str:
     except Exception as exc:
         raise AirflowFailException(f"target {target!r} is no URL and no Airflow Connection: {exc}") from None
     uri = conn.get_uri()
-    # Airflow spells PostgreSQL "postgres://"; binlake's sink maps both spellings.
+    # Airflow spells PostgreSQL "postgres://"; binlake.sql.url maps both spellings.
     return uri
 
 

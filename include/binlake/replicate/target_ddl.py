@@ -60,10 +60,10 @@ def apply_ddl(target: Target, conn: Connection, kind: str, old: binlog_pb2.Table
     if not target.alter_keeps_indexes:
         # The database cannot alter a table with indexes: drop them here; the end of
         # this function creates the new definition's unique keys again.
-        present = old.name if target.has_table(old.name, conn) else new.name
-        if target.has_table(present, conn):
-            for index in sorted(target.index_names(conn, present)):
-                ex(dl.drop_unique_key_sql(engine, present, index))
+        holder = old.name if target.has_table(old.name, conn) else new.name
+        if target.has_table(holder, conn):
+            for index in sorted(target.index_names(conn, holder)):
+                ex(dl.drop_unique_key_sql(engine, holder, index))
     if kind == "rename table":
         if old.name != new.name and target.has_table(old.name, conn) and not target.has_table(new.name, conn):
             ex(dl.rename_table_sql(engine, old.name, new.name))

@@ -116,7 +116,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     _time_args(p)
     dest = p.add_mutually_exclusive_group()
     dest.add_argument("--out", help="directory for the typed Delta tables")
-    dest.add_argument("--target", help="SQLAlchemy URL of a database to create and load the tables in")
+    dest.add_argument("--target", help="URL of a database to create and load the tables in: "
+                                       "sqlite:///FILE, postgresql://USER@HOST/DB, mysql://USER@HOST/DB or "
+                                       "duckdb:///FILE (a DuckDB file to query on a laptop)")
     p.add_argument("--verify", metavar="SOURCE_URL", help="after --target, compare with this database (binlake diff)")
     p.add_argument("--replace", action="store_true", help="overwrite tables already in --out")
     p.add_argument("--source", choices=["auto", "changes", "history"], default="auto",

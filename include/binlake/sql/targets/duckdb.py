@@ -19,8 +19,8 @@ than wait.
 
 from __future__ import annotations
 
-import datetime as dt
 import contextlib
+import datetime as dt
 import decimal
 import functools
 import itertools
