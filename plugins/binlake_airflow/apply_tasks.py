@@ -149,7 +149,7 @@ def diff(result: Mapping[str, Any]) -> dict[str, Any]:
     """Compare the task's target with its ``diff_source``, when the task file names one."""
     from binlake import errors
     from binlake.replicate import task
-    from binlake.replicate.diff import diff_databases
+    from binlake.sql.diff import diff_databases
 
     t = task.load(str(result["task_file"]))
     if not t.diff_source:

@@ -285,8 +285,9 @@ def test_history_tables_and_parallel_apply_over_connect(server: ConnectServer, c
 
     from binlake import codec
     from binlake.proto import binlog_pb2
-    from binlake.replicate import diff, runner, task
+    from binlake.replicate import runner, task
     from binlake.restore import columns, history, layout
+    from binlake.sql import diff
 
     lake = str(tmp_path / "lake")
     lo, hi = windows[0][0], windows[-1][1]

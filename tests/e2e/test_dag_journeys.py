@@ -245,7 +245,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def _restored_equal(upstream: str, target: str, tables: list[str] | None = None) -> None:
-    from binlake.replicate.diff import diff_databases
+    from binlake.sql.diff import diff_databases
 
     report = diff_databases(upstream, target, tables=tables)
     assert report.ok, report.summary()

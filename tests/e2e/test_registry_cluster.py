@@ -44,12 +44,12 @@ from binlake.lake import ingest
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
-from binlake.replicate import diff, runner, task
+from binlake.replicate import runner, task
 from binlake.source import workload as wl
 from binlake.source.replay import Replay
 from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 from binlake.source.txn_writer import TxnWriter
-from binlake.sql import checksum
+from binlake.sql import checksum, diff
 from binlake.sql.schema import ColumnDef
 from binlake.testing.etcdcluster import EtcdCluster
 from binlake.testing.netbed import Host, NetBed

@@ -49,13 +49,13 @@ from binlake.config import ClientSettings
 from binlake.lake import ingest
 from binlake.lake.pump_check import STATUS_TIMEOUT_S, plan_read
 from binlake.registry.client import RegistryClient
-from binlake.replicate import diff, runner, task
+from binlake.replicate import runner, task
 from binlake.restore import restore
 from binlake.source import workload as wl
 from binlake.source.replay import Replay
 from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 from binlake.source.txn_writer import TxnWriter
-from binlake.sql import checksum
+from binlake.sql import checksum, diff
 from binlake.testing.netbed import NetBed
 
 if TYPE_CHECKING:

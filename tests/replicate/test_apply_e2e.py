@@ -34,10 +34,10 @@ from binlake.lake import ingest
 from binlake.lake import pump_source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.registry.client import RegistryClient
-from binlake.replicate import checkpoint, diff, runner, table_write, task
+from binlake.replicate import checkpoint, runner, table_write, task
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
-from binlake.sql import checksum
+from binlake.sql import checksum, diff
 from binlake.sql import schema as sc
 from binlake.sql.url import open_target
 from binlake.testing.devcluster import DevCluster

@@ -19,8 +19,7 @@ from dbfixtures import TARGETS, mariadb_server, new_target_url, postgres_server 
 
 from binlake import errors
 from binlake.proto import binlog_pb2
-from binlake.replicate import diff
-from binlake.sql import checksum
+from binlake.sql import checksum, diff
 from binlake.sql import schema as sc
 from binlake.sql import url as sql_url
 from binlake.sql.url import open_target

@@ -22,10 +22,10 @@ from conftest import ingest_all, wait_safe
 from pyspark.sql import SparkSession
 
 from binlake.registry.client import RegistryClient
-from binlake.replicate import diff, runner, task
+from binlake.replicate import runner, task
 from binlake.restore import checks, history, restore, snapshot
 from binlake.source.txn_writer import TxnWriter
-from binlake.sql import checksum
+from binlake.sql import checksum, diff
 from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
 

@@ -60,7 +60,8 @@ def _wait_safe(cluster: Cluster, ts: int) -> None:
 def test_added_columns_read_their_defaults_downstream(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path,
                                                       spark: Any) -> None:
     from binlake.lake import ingest
-    from binlake.replicate import diff, runner, task
+    from binlake.replicate import runner, task
+    from binlake.sql import diff
 
     db = fresh_db(mdb)
     url = mdb.url_for(db)

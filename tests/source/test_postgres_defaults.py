@@ -54,7 +54,8 @@ def test_added_columns_read_their_defaults_downstream(pg: LocalPostgres, cluster
     from binlake.lake import ingest
     from binlake.lake import pump_source as lake_source
     from binlake.lake.planner import plan_window
-    from binlake.replicate import diff, runner, task
+    from binlake.replicate import runner, task
+    from binlake.sql import diff
 
     url = pg.create_database("pgdefaults")
     run_sql(url, "CREATE TABLE t (id INT PRIMARY KEY, v TEXT)", "ALTER TABLE t REPLICA IDENTITY FULL",

@@ -124,7 +124,8 @@ def test_snapshot_with_concurrent_writes_ingested_and_applied_equals_upstream(
     from binlake.lake import pump_source as lake_source
     from binlake.lake.planner import plan_window
     from binlake.registry.client import RegistryClient
-    from binlake.replicate import diff, runner, task
+    from binlake.replicate import runner, task
+    from binlake.sql import diff
 
     url, dsn = fresh_db(pg)
     during = [0]

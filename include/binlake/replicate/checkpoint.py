@@ -2,7 +2,11 @@
 
 ``_binlake_checkpoint`` rows are written in the same target transaction as the
 data they cover, so the checkpoint and the data can never disagree: after a
-crash anywhere, the checkpoint says exactly what the target holds.
+crash anywhere, the checkpoint says exactly what the target holds. That needs a
+target whose DML is transactional, which the ``Target`` interface requires of
+every database (``binlake.sql.targets.base``); where DDL is not transactional
+(MySQL/MariaDB), the checkpoint moves to each DDL's commit_ts right before it
+(``consistent``), and ``target_ddl`` makes a DDL applied twice harmless.
 
 Rows (primary key ``task, grp, seg_end``):
 

@@ -137,7 +137,7 @@ def _check_apply_args(args: argparse.Namespace) -> None:
 
 def diff_command(args: argparse.Namespace) -> int:
     from binlake import argcheck
-    from binlake.replicate.diff import diff_databases
+    from binlake.sql.diff import diff_databases
 
     argcheck.db_url("SOURCE", args.source)
     argcheck.db_url("TARGET", args.target)

@@ -41,6 +41,7 @@ from binlake.restore import coverage, history, layout, onepass, rebuild, snapsho
 from binlake.restore import direct as _direct
 from binlake.sql import targets
 from binlake.sql import url as sql_url
+from binlake.sql.diff import diff_databases
 
 Progress = Callable[[str], None]
 MANIFEST = "_binlake_restore.json"
@@ -372,11 +373,6 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
 
 def verify(source_url: str, target_url: str, tables: Sequence[str] | None = None) -> tuple[bool, str]:
     """``binlake diff`` of ``target_url`` against ``source_url`` on ``tables`` (None: every table)."""
-    try:
-        from binlake.replicate.diff import diff_databases
-    except ImportError:
-        raise errors.FailedPrecondition("--verify needs binlake.replicate.diff (binlake diff), not in this build") \
-            from None
     report = diff_databases(source_url, target_url, tables=list(tables) if tables is not None else None)
     return bool(report.ok), str(report.summary())
 
