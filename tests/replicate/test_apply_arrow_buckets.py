@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dbfixtures import postgres_server  # noqa: F401
+from dbfixtures import new_target_url, postgres_server  # noqa: F401
 from pyspark.sql import SparkSession
 
 from binlake import failpoint, tso
@@ -94,12 +94,6 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[
             "end": cuts[-1], "changes": len(changes)}
 
 
-def _target(kind: str, request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path / f'kv-{uuid.uuid4().hex[:6]}.db'}"
-    return str(request.getfixturevalue("postgres_server").create_database(f"kv_{uuid.uuid4().hex[:12]}"))
-
-
 def _rows(url: str) -> list[tuple[Any, ...]]:
     with open_target(url) as t, t.engine.connect() as c:
         return sorted(tuple(r) for r in c.exec_driver_sql("SELECT id, v, n FROM kv"))
@@ -112,11 +106,11 @@ def _checkpoint_ts(url: str, name: str) -> int:
 
 
 @pytest.mark.slow  # workers failed, then two reruns
-@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "duckdb"])
 def test_workers_failed_after_their_buckets_then_rerun(kind: str, spark: SparkSession, lake: dict[str, Any],
                                              request: pytest.FixtureRequest, tmp_path: pathlib.Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    url = _target(kind, request, tmp_path)
+    url = new_target_url(kind, request, tmp_path, "kv")
     t = task.Task(name=f"p{uuid.uuid4().hex[:6]}", lake=lake["path"], target=url, mode="parallel", parallel_tasks=3)
     taken: list[bool] = []
     real = parallel.arrow_parallel
@@ -151,10 +145,10 @@ def test_workers_failed_after_their_buckets_then_rerun(kind: str, spark: SparkSe
     assert _rows(url) == lake["final"]
 
 
-@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "duckdb"])
 def test_consistent_over_the_same_lake(kind: str, spark: SparkSession, lake: dict[str, Any],
                                        request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> None:
-    url = _target(kind, request, tmp_path)
+    url = new_target_url(kind, request, tmp_path, "kv")
     t = task.Task(name="c1", lake=lake["path"], target=url, mode="consistent")
     applier = runner.Applier(spark, t)
     summary = applier.run()

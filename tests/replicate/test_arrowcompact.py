@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import decimal
 import pathlib
-import uuid
 from typing import Any
 
 import pyarrow as pa
 import pytest
 import sqlalchemy as sa
-from dbfixtures import postgres_server  # noqa: F401
+from dbfixtures import new_target_url, postgres_server  # noqa: F401
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_rawcompact import image, play, reference, steps, table
@@ -184,19 +183,15 @@ def _rows(t: targets.Target, info: binlog_pb2.TableInfo) -> list[dict[str, Any]]
     return out
 
 
-@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "duckdb"])
 def test_arrow_rows_written_straight_to_the_target(kind: str, request: pytest.FixtureRequest,
                                                   tmp_path: pathlib.Path) -> None:
     """The Arrow write path end to end (PostgreSQL: COPY; SQLite: one prepared
-    INSERT over the columns): NULL and the empty string apart, CSV's special
+    INSERT over the columns; DuckDB: an insert from the Arrow table): NULL and the empty string apart, CSV's special
     characters, exact decimals, the largest uint, floats and booleans; and a
     target changed by hand is refused with the table and key named."""
     info = flat_table(["id"])
-    if kind == "postgresql":
-        url = str(request.getfixturevalue("postgres_server").create_database(f"a_{uuid.uuid4().hex[:12]}"))
-    else:
-        url = f"sqlite:///{tmp_path / 'arrow.db'}"
-    t = open_target(url)
+    t = open_target(new_target_url(kind, request, tmp_path, "a"))
     try:
         t.create_table(info)
         texts = ["", None, 'a,"b"\nc', "\\.", "\\N", "ü€ 😀", "NULL", " "]

@@ -124,6 +124,11 @@ def test_open_target_validates() -> None:
         open_target("not a url")
     assert sql_url.normalize_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
     assert sql_url.normalize_url("mysql://u@h/db").drivername == "mysql+pymysql"
+    assert sql_url.normalize_url("mariadb+pymysql://u@h/db").drivername == "mysql+pymysql"
+    assert sql_url.normalize_url("duckdb:///a/b.duckdb").drivername == "duckdb"
+    for memory in ("duckdb://", "duckdb:///:memory:", "sqlite://"):
+        with pytest.raises(errors.InvalidArgument, match="needs a file path"):
+            open_target(memory)
     with pytest.raises(errors.Unavailable, match=r"cannot reach target postgresql\+psycopg://u:\*\*\*@127.0.0.1:1/db"):
         open_target("postgresql://u:secret@127.0.0.1:1/db")
 
