@@ -195,25 +195,6 @@ def _cast(expr: Any, source: str, target: str) -> Any:
     return expr if source == target else expr.cast(target)
 
 
-def typed_image(image: Any, info: binlog_pb2.TableInfo, out: Sequence[Column]) -> list[Any]:
-    """Expressions for ``out`` (by column id) from the image JSON column ``image``
-    written with ``info``: a column ``info`` lacks is null."""
-    from pyspark.sql import functions as F
-
-    parsed = F.from_json(image, image_schema(info))
-    by_id = {c.id: c for c in info.columns}
-    exprs = []
-    for col in out:
-        target = col.spark_type()
-        src = by_id.get(col.id)
-        if src is None:
-            exprs.append(F.lit(None).cast(target).alias(col.name))
-            continue
-        value = _from_json_value(parsed.getField(src.name), src)
-        exprs.append(_cast(value, spark_type(src.type, src.sql_type), target).alias(col.name))
-    return exprs
-
-
 def typed_columns(source: Sequence[Column], out: Sequence[Column], fills: Mapping[int, Any] | None = None) -> list[Any]:
     """Expressions for ``out`` from a typed frame with columns ``source`` (matched by id);
     a column ``source`` lacks is its fill in ``fills`` (column id -> ``Fill``), else null."""
