@@ -38,6 +38,7 @@ import dataclasses
 import datetime as dt
 import decimal
 import json
+import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -69,6 +70,20 @@ schema_table = sa.Table(SCHEMA_TABLE, _md,
                         sa.Column("name", sa.String(128), nullable=False),
                         sa.Column("info", sa.LargeBinary, nullable=False),
                         sa.Column("dropped", sa.Boolean(create_constraint=False), nullable=False))
+
+
+class DecimalText(sa.types.TypeDecorator[Any]):
+    """Exact decimals kept as their text, where the database has no decimal type wide
+    enough (SQLite has none; DuckDB's stops at 38 digits)."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else str(decimal.Decimal(value))
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else decimal.Decimal(value)
 
 
 class Target:
@@ -111,7 +126,10 @@ class Target:
 
     @classmethod
     def engine_options(cls, url: sa.engine.URL) -> dict[str, Any]:
-        """Keyword arguments of ``sqlalchemy.create_engine`` for ``url``."""
+        """Keyword arguments of ``sqlalchemy.create_engine`` for ``url`` (a file database's
+        directory is created here)."""
+        if cls.file_database:
+            pathlib.Path(url.database or "").parent.mkdir(parents=True, exist_ok=True)
         return {"pool_pre_ping": True}
 
     @classmethod
@@ -600,6 +618,16 @@ def row_condition(table: sa.Table, info: binlog_pb2.TableInfo, row: Mapping[str,
     return sa.and_(*[table.c[c.name].is_(None) if row.get(c.name) is None
                      else table.c[c.name] == row[c.name] for c in info.columns
                      if c.type != binlog_pb2.JSON])
+
+
+def on_conflict_upsert(insert: Any, names: Sequence[str], key: Sequence[str]) -> Any:
+    """``insert`` (an ``INSERT ... ON CONFLICT`` construct: PostgreSQL's, SQLite's) made to
+    overwrite every non-key column of a row whose key exists (or to skip it, when every
+    column is the key)."""
+    if len(names) == len(key):
+        return insert.on_conflict_do_nothing(index_elements=list(key))
+    return insert.on_conflict_do_update(index_elements=list(key),
+                                        set_={c: insert.excluded[c] for c in names if c not in key})
 
 
 def bind_processors(table: sa.Table, names: Sequence[str], conn: Connection) -> list[Any]:

@@ -25,7 +25,6 @@ import decimal
 import functools
 import itertools
 import json
-import pathlib
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -39,7 +38,7 @@ from sqlalchemy.engine import Connection
 from binlake import codec
 from binlake.proto import binlog_pb2
 from binlake.sql.schema import ColumnDef, column_def
-from binlake.sql.targets.base import Target, key_names
+from binlake.sql.targets.base import DecimalText, Target, key_names, on_conflict_upsert
 
 # DuckDB's widest DECIMAL.
 MAX_PRECISION = 38
@@ -56,19 +55,6 @@ class _UBigInt(sa.types.UserDefinedType[int]):
         return "UBIGINT"
 
 
-class _DecimalText(sa.types.TypeDecorator[Any]):
-    """Decimals wider than DuckDB's DECIMAL(38): kept as their exact text."""
-
-    impl = sa.Text
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Any) -> Any:
-        return None if value is None else str(decimal.Decimal(value))
-
-    def process_result_value(self, value: Any, dialect: Any) -> Any:
-        return None if value is None else decimal.Decimal(value)
-
-
 class DuckDB(Target):
     name = "duckdb"
     title = "DuckDB"
@@ -81,11 +67,6 @@ class DuckDB(Target):
     # DuckDB refuses most ALTER TABLE on a table with an index ("entries that depend on it").
     alter_keeps_indexes = False
     file_database = True
-
-    @classmethod
-    def engine_options(cls, url: sa.engine.URL) -> dict[str, Any]:
-        pathlib.Path(url.database or "").parent.mkdir(parents=True, exist_ok=True)
-        return {"pool_pre_ping": True}
 
     @classmethod
     def prepare_engine(cls, engine: sa.Engine, *, writer: bool = True) -> None:
@@ -110,7 +91,7 @@ class DuckDB(Target):
         if col.type == "uint":
             return _UBigInt()
         if col.type == "decimal" and (col.precision or 0) > MAX_PRECISION:
-            return _DecimalText()
+            return DecimalText()  # wider than DuckDB's DECIMAL(38): its exact text
         return super().sa_type(col, keyed)
 
     # ------------------------------------------------------------ the catalog
@@ -207,11 +188,7 @@ class DuckDB(Target):
     def upsert_statement(self, table: sa.Table, batch: list[dict[str, Any]], names: Sequence[str],
                          key: Sequence[str]) -> Any:
         # duckdb-engine compiles PostgreSQL's INSERT ... ON CONFLICT, which DuckDB runs as is.
-        ins = sa_pg.insert(table).values(batch)
-        if len(names) == len(key):
-            return ins.on_conflict_do_nothing(index_elements=list(key))
-        return ins.on_conflict_do_update(index_elements=list(key),
-                                         set_={c: ins.excluded[c] for c in names if c not in key})
+        return on_conflict_upsert(sa_pg.insert(table).values(batch), names, key)
 
     def delete_keys(self, conn: Connection, info: binlog_pb2.TableInfo, keys: Sequence[tuple[Any, ...]]) -> int:
         """The keys as one Arrow table per batch, deleted with one join (``DELETE ... USING``)."""

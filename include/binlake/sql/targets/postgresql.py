@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from binlake.proto import binlog_pb2
 from binlake.sql.schema import ColumnDef
-from binlake.sql.targets.base import Target, bind_processors, key_names
+from binlake.sql.targets.base import Target, bind_processors, key_names, on_conflict_upsert
 
 # Rows per CSV slice of ``insert_arrow``: a few MB of text at a time.
 COPY_SLICE = 20_000
@@ -123,11 +123,7 @@ class PostgreSQL(Target):
 
     def upsert_statement(self, table: sa.Table, batch: list[dict[str, Any]], names: Sequence[str],
                          key: Sequence[str]) -> Any:
-        pg = sa_pg.insert(table).values(batch)
-        if len(names) == len(key):
-            return pg.on_conflict_do_nothing(index_elements=list(key))
-        return pg.on_conflict_do_update(index_elements=list(key),
-                                        set_={c: pg.excluded[c] for c in names if c not in key})
+        return on_conflict_upsert(sa_pg.insert(table).values(batch), names, key)
 
     def delete_keys(self, conn: Connection, info: binlog_pb2.TableInfo, keys: Sequence[tuple[Any, ...]]) -> int:
         """One-column keys: one ``DELETE ... = ANY(%s::type[])`` (one array parameter cast

@@ -10,7 +10,6 @@ IMMEDIATE``) and waits for it, so concurrent writers queue instead of failing.
 from __future__ import annotations
 
 import decimal
-import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -22,20 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from binlake import errors
 from binlake.proto import binlog_pb2
 from binlake.sql.schema import ColumnDef
-from binlake.sql.targets.base import Target, bind_processors, key_names
-
-
-class _DecimalText(sa.types.TypeDecorator[Any]):
-    """Exact decimals in SQLite (stored as text)."""
-
-    impl = sa.Text
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Any) -> Any:
-        return None if value is None else str(decimal.Decimal(value))
-
-    def process_result_value(self, value: Any, dialect: Any) -> Any:
-        return None if value is None else decimal.Decimal(value)
+from binlake.sql.targets.base import DecimalText, Target, bind_processors, key_names, on_conflict_upsert
 
 
 class _UintText(sa.types.TypeDecorator[Any]):
@@ -64,9 +50,8 @@ class SQLite(Target):
 
     @classmethod
     def engine_options(cls, url: sa.engine.URL) -> dict[str, Any]:
-        pathlib.Path(url.database or "").parent.mkdir(parents=True, exist_ok=True)
         # A parallel apply writes from several connections: wait for the lock, do not fail.
-        return {"pool_pre_ping": True, "connect_args": {"timeout": 120}}
+        return {**super().engine_options(url), "connect_args": {"timeout": 120}}
 
     @classmethod
     def prepare_engine(cls, engine: Engine, *, writer: bool = True) -> None:
@@ -80,7 +65,7 @@ class SQLite(Target):
         if col.type == "uint":
             return _UintText()
         if col.type == "decimal":
-            return _DecimalText()
+            return DecimalText()
         return super().sa_type(col, keyed)
 
     @classmethod
@@ -198,11 +183,7 @@ class SQLite(Target):
 
     def upsert_statement(self, table: sa.Table, batch: list[dict[str, Any]], names: Sequence[str],
                          key: Sequence[str]) -> Any:
-        lite = sa_sqlite.insert(table).values(batch)
-        if len(names) == len(key):
-            return lite.on_conflict_do_nothing(index_elements=list(key))
-        return lite.on_conflict_do_update(index_elements=list(key),
-                                          set_={c: lite.excluded[c] for c in names if c not in key})
+        return on_conflict_upsert(sa_sqlite.insert(table).values(batch), names, key)
 
     def delete_keys(self, conn: Connection, info: binlog_pb2.TableInfo, keys: Sequence[tuple[Any, ...]]) -> int:
         """One-column keys: one prepared DELETE run over every key (``executemany``)."""
