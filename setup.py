@@ -13,7 +13,23 @@ fail there, so CI notices a build that did not happen.
 
 from __future__ import annotations
 
-from setuptools import Extension, setup
+from typing import Any
+
+from setuptools import setup
+from setuptools.extension import Extension as _Extension
+
+# Every extension includes the headers in include/binlake/_native: binlake_native.h
+# (the helpers they share) and binlake_tags.h (the binlog.proto tags they read and write).
+NATIVE_INCLUDE = "include/binlake/_native"
+NATIVE_HEADERS = [f"{NATIVE_INCLUDE}/binlake_native.h", f"{NATIVE_INCLUDE}/binlake_tags.h"]
+
+
+def Extension(name: str, **kwargs: Any) -> _Extension:
+    """setuptools' Extension with the shared headers on its include path and as its
+    dependencies (a change to them rebuilds it; an sdist carries them). Named as the
+    class so that the list below reads as a plain list of extensions."""
+    return _Extension(name, include_dirs=[NATIVE_INCLUDE], depends=NATIVE_HEADERS, **kwargs)
+
 
 setup(
     ext_modules=[
