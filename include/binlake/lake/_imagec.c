@@ -1193,9 +1193,10 @@ done:
 
 static PyMethodDef columns_methods[] = {
     {"take", (PyCFunction)columns_take, METH_NOARGS,
-     "take() -> (rows, ((offsets, data, validity or None, null count) of op, keys, before, after)); empties the columns."},
+     "take($self, /)\n--\n\n"
+     "Returns (rows, ((offsets, data, validity or None, null count) of op, keys, before, after)); empties the columns."},
     {"extend", (PyCFunction)columns_extend, METH_VARARGS,
-     "extend(ops, keys, befores, afters): append rows decoded in Python (str or None)."},
+     "extend($self, ops, keys, befores, afters, /)\n--\n\nAppend rows decoded in Python (str or None)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1209,7 +1210,7 @@ static PyTypeObject ColumnsType = {
     .tp_basicsize = sizeof(ColumnsObject),
     .tp_dealloc = (destructor)columns_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Columns(): growing Arrow string buffers of change rows' op, keys, before and after.",
+    .tp_doc = "Columns()\n--\n\nGrowing Arrow string buffers of change rows' op, keys, before and after.",
     .tp_methods = columns_methods,
     .tp_as_sequence = &columns_as_sequence,
     .tp_init = (initproc)columns_init,
@@ -1365,11 +1366,12 @@ done:
 
 static PyMethodDef plan_methods[] = {
     {"images", (PyCFunction)plan_images, METH_O,
-     "images(row: bytes) -> (image, key image), or None when the Python path must decode the row."},
+     "images($self, row, /)\n--\n\nReturns (image, key image), or None when the Python path must decode the row."},
     {"update_images", (PyCFunction)plan_update_images, METH_O,
-     "update_images(data: bytes) -> (before, after, key image), or None when the Python path must decode it."},
+     "update_images($self, data, /)\n--\n\nReturns (before, after, key image), or None when the Python path must decode it."},
     {"mutation_into", (PyCFunction)plan_mutation_into, METH_VARARGS,
-     "mutation_into(columns, sequence, inserted, updated, deleted, fallback) -> rows appended to columns."},
+     "mutation_into($self, columns, sequence, inserted, updated, deleted, fallback, /)\n--\n\n"
+     "Returns the number of rows appended to columns."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1379,7 +1381,7 @@ static PyTypeObject PlanType = {
     .tp_basicsize = sizeof(PlanObject),
     .tp_dealloc = (destructor)plan_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Plan(cols, key_idx): one table definition's image plan (see binlake.lake.image.TablePlan).",
+    .tp_doc = "Plan(cols, key_idx)\n--\n\nOne table definition's image plan (see binlake.lake.image.TablePlan).",
     .tp_methods = plan_methods,
     .tp_init = (initproc)plan_init,
     .tp_new = PyType_GenericNew,

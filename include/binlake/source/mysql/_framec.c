@@ -269,10 +269,10 @@ static void Framer_dealloc(FramerObject *self) {
 }
 
 static PyMethodDef Framer_methods[] = {
-    {"feed", (PyCFunction)Framer_feed, METH_VARARGS, "feed(data) -> list of event tuples (module docstring)"},
+    {"feed", (PyCFunction)Framer_feed, METH_VARARGS, "feed($self, data, /)\n--\n\nReturns the list of event tuples (see the module docstring)."},
     {"set_post_header", (PyCFunction)Framer_set_post_header, METH_VARARGS,
-     "set_post_header(lengths): the FORMAT_DESCRIPTION's post-header lengths, index event type - 1"},
-    {"pending", (PyCFunction)Framer_pending, METH_NOARGS, "bytes received and not yet framed"},
+     "set_post_header($self, lengths, /)\n--\n\nThe FORMAT_DESCRIPTION's post-header lengths, index event type - 1."},
+    {"pending", (PyCFunction)Framer_pending, METH_NOARGS, "pending($self, /)\n--\n\nBytes received and not yet framed."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -281,7 +281,7 @@ static PyTypeObject FramerType = {
     .tp_name = "binlake.source.mysql._framec.Framer",
     .tp_basicsize = sizeof(FramerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Frames a replication stream into event tuples (see the module docstring).",
+    .tp_doc = "Framer(checksum)\n--\n\nFrames a replication stream into event tuples (see the module docstring).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Framer_init,
     .tp_dealloc = (destructor)Framer_dealloc,
@@ -297,7 +297,7 @@ static PyObject *mod_crc32(PyObject *Py_UNUSED(m), PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"crc32", mod_crc32, METH_VARARGS, "crc32(data) -> the binlog's CRC32 of data"},
+    {"crc32", mod_crc32, METH_VARARGS, "crc32(data, /)\n--\n\nReturns the binlog's CRC32 of data."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -595,8 +595,9 @@ static PyObject *Plan_len(PlanObject *self, PyObject *Py_UNUSED(ignored)) { retu
 
 static PyMethodDef Plan_methods[] = {
     {"decode", (PyCFunction)Plan_decode, METH_VARARGS,
-     "decode(body, start, end, update, bitmap1, bitmap2) -> list of serialized Row/UpdatedRow, or None"},
-    {"columns", (PyCFunction)Plan_len, METH_NOARGS, "number of columns in the plan"},
+     "decode($self, body, start, end, update, bitmap1, bitmap2, /)\n--\n\n"
+     "Returns a list of serialized Row/UpdatedRow, or None"},
+    {"columns", (PyCFunction)Plan_len, METH_NOARGS, "columns($self, /)\n--\n\nThe number of columns in the plan."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -605,7 +606,7 @@ static PyTypeObject PlanType = {
     .tp_name = "binlake.source.mysql._rowsc.Plan",
     .tp_basicsize = sizeof(PlanObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A table version's decoding plan (see the module docstring).",
+    .tp_doc = "Plan(cols)\n--\n\nA table version's decoding plan (see the module docstring).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Plan_init,
     .tp_dealloc = (destructor)Plan_dealloc,
@@ -707,7 +708,8 @@ done:
 
 static PyMethodDef rowsc_functions[] = {
     {"prewrite_value", mod_prewrite_value, METH_VARARGS,
-     "prewrite_value(schema_version, [(table_id, inserted, updated, deleted, sequence)]) -> serialized PrewriteValue"},
+     "prewrite_value(schema_version, mutations, /)\n--\n\n"
+     "Returns the serialized PrewriteValue of mutations: [(table_id, inserted, updated, deleted, sequence)]."},
     {NULL, NULL, 0, NULL},
 };
 

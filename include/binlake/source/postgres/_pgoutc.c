@@ -386,10 +386,10 @@ static PyObject *Plan_update(PlanObject *self, PyObject *args) { return decode(s
 static PyObject *Plan_len(PlanObject *self, PyObject *Py_UNUSED(ignored)) { return PyLong_FromSsize_t(self->ncols); }
 
 static PyMethodDef Plan_methods[] = {
-    {"row", (PyCFunction)Plan_row, METH_VARARGS, "row(data, offset) -> (serialized Row, offset after) or None"},
+    {"row", (PyCFunction)Plan_row, METH_VARARGS, "row($self, data, offset, /)\n--\n\nReturns (serialized Row, offset after) or None"},
     {"update", (PyCFunction)Plan_update, METH_VARARGS,
-     "update(data, offset) -> (serialized UpdatedRow, offset after the new tuple) or None"},
-    {"columns", (PyCFunction)Plan_len, METH_NOARGS, "number of columns in the plan"},
+     "update($self, data, offset, /)\n--\n\nReturns (serialized UpdatedRow, offset after the new tuple) or None"},
+    {"columns", (PyCFunction)Plan_len, METH_NOARGS, "columns($self, /)\n--\n\nThe number of columns in the plan."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -398,7 +398,7 @@ static PyTypeObject PlanType = {
     .tp_name = "binlake.source.postgres._pgoutc.Plan",
     .tp_basicsize = sizeof(PlanObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A table version's pgoutput tuple plan (see the module docstring).",
+    .tp_doc = "Plan(cols)\n--\n\nA table version's pgoutput tuple plan (see the module docstring).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Plan_init,
     .tp_dealloc = (destructor)Plan_dealloc,
