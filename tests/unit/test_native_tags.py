@@ -1,38 +1,29 @@
-"""The protobuf tags and enum values the C extensions hard-code
-(``include/binlake/_native/binlake_tags.h``) are binlog.proto's: every ``#define``
-there names a field or an enum value in its comment, and its name and value must
-be the ones the generated descriptors give. A change to binlog.proto that moves a
-field the extensions write or read fails here, not as bytes the parser misreads."""
+"""The protobuf tags the hand-written encoders and decoders use are binlog.proto's.
+
+``codec.wire_tag`` (where the Python paths take theirs) gives the byte the protobuf
+library itself writes first for every field. The C extensions' copies
+(``include/binlake/_native/binlake_tags.h``) agree with it: every ``#define`` there
+names a field or an enum value in its comment, and its name and value must be the
+ones the descriptors give. A change to binlog.proto that moves a field the
+extensions write or read fails here, not as bytes the parser misreads."""
 
 from __future__ import annotations
 
 import pathlib
 import re
+from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
-from binlake.proto import binlog_pb2
+from binlake import codec
+from binlake.client import wire
+from binlake.proto import binlog_pb2, pump_pb2
 
 HEADER = pathlib.Path(__file__).resolve().parents[2] / "include" / "binlake" / "_native" / "binlake_tags.h"
 DEFINE = re.compile(r"^#define (BL_\w+) (0x[0-9A-F]+|\d+) +/\* (\w+)\.(\w+)( \(packed\))? \*/$")
 
-# Protobuf's wire types: what follows a tag on the wire.
-_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
-_WIRE_TYPE = {
-    FieldDescriptor.TYPE_DOUBLE: _FIXED64, FieldDescriptor.TYPE_FIXED64: _FIXED64,
-    FieldDescriptor.TYPE_SFIXED64: _FIXED64, FieldDescriptor.TYPE_FLOAT: _FIXED32,
-    FieldDescriptor.TYPE_FIXED32: _FIXED32, FieldDescriptor.TYPE_SFIXED32: _FIXED32,
-    FieldDescriptor.TYPE_STRING: _LENGTH, FieldDescriptor.TYPE_BYTES: _LENGTH, FieldDescriptor.TYPE_MESSAGE: _LENGTH,
-}
-
-
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
-
-
-def _tag(field: FieldDescriptor) -> int:
-    # A packed repeated scalar (proto3's default) is one length-delimited field of all values.
-    return field.number << 3 | (_LENGTH if field.is_packed else _WIRE_TYPE.get(field.type, _VARINT))
 
 
 def problems(header: str) -> list[str]:
@@ -50,13 +41,14 @@ def problems(header: str) -> list[str]:
         name, value, owner, member, packed = m[1], int(m[2], 0), m[3], m[4], bool(m[5])
         if owner in messages:
             field = messages[owner].fields_by_name.get(member)
+            tag = codec.wire_tag(getattr(binlog_pb2, owner), member) if field is not None else 0
             if field is None:
                 out.append(f"{name}: binlog.proto has no field {owner}.{member}")
                 continue
             if name != f"BL_TAG_{_snake(owner)}_{member.upper()}":
                 out.append(f"{name} is not named after {owner}.{member}")
-            if value != _tag(field):
-                out.append(f"{name} is {value:#04x}; binlog.proto gives {owner}.{member} {_tag(field):#04x}")
+            if value != tag:
+                out.append(f"{name} is {value:#04x}; binlog.proto gives {owner}.{member} {tag:#04x}")
             if packed != field.is_packed:
                 out.append(f"{name}: '(packed)' must be said exactly of packed fields")
             if value >= 0x80:  # the C code writes and compares each tag as one byte
@@ -73,6 +65,34 @@ def problems(header: str) -> list[str]:
         else:
             out.append(f"{name}: binlog.proto has no message or enum {owner}")
     return out
+
+
+def _one_value(msg: Any, fd: FieldDescriptor) -> None:
+    """Sets field ``fd`` of ``msg`` to something the serializer writes (not the default)."""
+    if fd.type == FieldDescriptor.TYPE_MESSAGE:
+        (getattr(msg, fd.name).add() if fd.is_repeated else getattr(msg, fd.name).SetInParent())
+        return
+    value = {FieldDescriptor.TYPE_STRING: "x", FieldDescriptor.TYPE_BYTES: b"x", FieldDescriptor.TYPE_BOOL: True,
+             FieldDescriptor.TYPE_DOUBLE: 1.5, FieldDescriptor.TYPE_FLOAT: 1.5}.get(fd.type, 1)
+    if fd.is_repeated:
+        getattr(msg, fd.name).append(value)
+    else:
+        setattr(msg, fd.name, value)
+
+
+def test_wire_tag_is_what_the_library_writes() -> None:
+    checked = 0
+    for module in (binlog_pb2, pump_pb2):
+        for name, desc in module.DESCRIPTOR.message_types_by_name.items():
+            cls = getattr(module, name)
+            for fd in desc.fields:
+                msg = cls()
+                _one_value(msg, fd)
+                tag = codec.wire_tag(cls, fd.name)
+                data = msg.SerializeToString()
+                assert data.startswith(wire.varint(tag)), (name, fd.name, hex(tag), data[:4])
+                checked += 1
+    assert checked > 50
 
 
 def test_the_header_agrees_with_binlog_proto() -> None:
