@@ -3,11 +3,15 @@
 ``binlake.lake._imagec`` is the native image-JSON decoder that
 ``binlake.lake.decode`` uses when it imports; ``source.mysql._rowsc`` decodes
 row-event bodies and ``source.mysql._framec`` frames the replication stream
-for the MySQL/MariaDB source. Each has an identical pure-Python path used when
-it does not import. ``pip install -e .`` (``make setup``) builds them in place
-next to their sources. They are ``optional``: a machine without a C compiler
-still installs binlake, and the tests that check each was built
-(``tests/unit/test_lake_decode_native.py``, ``tests/source/test_native_rows_built.py``)
+for the MySQL/MariaDB source; ``source.postgres._pgoutc`` decodes pgoutput
+tuples for the PostgreSQL source. Each has an identical pure-Python path used
+when it does not import, and a type stub (``.pyi``) next to its source; all
+include the shared headers in ``include/binlake/_native``. ``pip install -e .``
+(``make setup``) builds them in place next to their sources. They are
+``optional``: a machine without a C compiler still installs binlake, and the
+tests that check each was built (``tests/unit/test_native_build.py`` for every
+extension listed here,
+``tests/unit/test_lake_decode_native.py``, ``tests/source/test_native_rows_built.py``)
 fail there, so CI notices a build that did not happen.
 """
 
