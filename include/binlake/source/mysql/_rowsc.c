@@ -286,7 +286,7 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
                 if (cp < 0) { PyMem_Free(s.p); return 0; }
                 if (put_utf8(&s, (uint32_t)cp) < 0) { PyMem_Free(s.p); return -1; }
             }
-            int r = bl_field(d, BL_TAG_DATUM_STRING_VALUE, s.p ? (const void *)s.p : "", s.len);
+            int r = bl_field(d, BL_TAG_DATUM_STRING_VALUE, s.p, s.len);
             PyMem_Free(s.p);
             if (r < 0) return -1;
         }
@@ -315,7 +315,7 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
             }
             first = 0;
         }
-        int r = bl_field(d, BL_TAG_DATUM_STRING_VALUE, s.p ? (const void *)s.p : "", s.len);
+        int r = bl_field(d, BL_TAG_DATUM_STRING_VALUE, s.p, s.len);
         PyMem_Free(s.p);
         if (r < 0) return -1;
         break;
