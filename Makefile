@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml setup.py include/binlake/lake/_imagec.c include/binlake
 	PY=$(PY) bash scripts/setup.sh
 	@touch $(STAMP)
 
+# The headers every C extension includes (setup.py): a change to them rebuilds the extensions too.
+$(STAMP): include/binlake/_native/binlake_native.h include/binlake/_native/binlake_tags.h
+
 test: setup
 	$(BIN)/pytest -q tests
 

@@ -87,7 +87,12 @@ class RowFactory:
 
     def __init__(self, table: Any, seed: int) -> None:
         from binlake import codec
+        from binlake.proto import binlog_pb2
 
+        # The tags of a Row's entries and an UpdatedRow's two rows (binlog.proto's).
+        self.row_tag = codec.wire_tag(binlog_pb2.Row, "columns")
+        self.old_tag = codec.wire_tag(binlog_pb2.UpdatedRow, "old")
+        self.new_tag = codec.wire_tag(binlog_pb2.UpdatedRow, "new")
         rng = random.Random(seed)
         alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 é漢"
         self.bodies: list[bytes] = []
@@ -109,20 +114,20 @@ class RowFactory:
                                   (self.bodies_c, {"c": values["c"][::-1]})):
                 row = {**values, **changed}
                 pool.append(b"".join(
-                    _field(0x0A, codec_column(c.id, codec.encode_value(row[c.name], c.type, c.name)))
+                    _field(self.row_tag, codec_column(c.id, codec.encode_value(row[c.name], c.type, c.name)))
                     for c in body_cols))
         self.id_col = table.columns[0].id
 
     def row(self, key: int, variant: int, bodies: list[bytes] | None = None) -> bytes:
         from binlake.proto import binlog_pb2
 
-        id_entry = _field(0x0A, codec_column(self.id_col, binlog_pb2.Datum(int_value=key)))
+        id_entry = _field(self.row_tag, codec_column(self.id_col, binlog_pb2.Datum(int_value=key)))
         return id_entry + (bodies or self.bodies)[variant % POOL]
 
     def update(self, key: int, variant: int, column: str) -> bytes:
         """An UpdatedRow of ``key`` changing one column (``k`` or ``c``)."""
         new = self.bodies_k if column == "k" else self.bodies_c
-        return _field(0x0A, self.row(key, variant)) + _field(0x12, self.row(key, variant, new))
+        return _field(self.old_tag, self.row(key, variant)) + _field(self.new_tag, self.row(key, variant, new))
 
 
 def codec_column(col_id: int, datum: Any) -> bytes:

@@ -36,6 +36,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from google.protobuf.descriptor import FieldDescriptor
+
 from binlake.proto import binlog_pb2
 
 ColumnType = binlog_pb2.ColumnType
@@ -66,6 +68,28 @@ def type_code(name: str) -> int:
         return TYPE_NAMES[name]
     except KeyError:
         raise ValueError(f"unknown column type {name!r}; expected one of {', '.join(TYPE_NAMES)}") from None
+
+
+# Protobuf wire types by field type (what follows a tag): 1 fixed64, 5 fixed32, 2
+# length-delimited; every other scalar is a varint (0).
+_WIRE_TYPES = {
+    FieldDescriptor.TYPE_DOUBLE: 1, FieldDescriptor.TYPE_FIXED64: 1, FieldDescriptor.TYPE_SFIXED64: 1,
+    FieldDescriptor.TYPE_FLOAT: 5, FieldDescriptor.TYPE_FIXED32: 5, FieldDescriptor.TYPE_SFIXED32: 5,
+    FieldDescriptor.TYPE_STRING: 2, FieldDescriptor.TYPE_BYTES: 2, FieldDescriptor.TYPE_MESSAGE: 2,
+}
+
+
+def wire_tag(message: Any, field: str) -> int:
+    """The tag (field number << 3 | wire type) that starts ``field`` of ``message`` (a
+    generated message class, e.g. ``binlog_pb2.Datum``) in its serialization.
+
+    The paths that read or write serialized rows and binlogs by hand (the lake's
+    image fast path, ``client.wire``) take their tags from here, so they follow
+    binlog.proto; the C extensions' copies (``include/binlake/_native/binlake_tags.h``)
+    are checked against this by tests/unit/test_native_tags.py."""
+    fd = message.DESCRIPTOR.fields_by_name[field]
+    # A packed repeated scalar (proto3's default) is one length-delimited field of all values.
+    return int(fd.number) << 3 | (2 if fd.is_packed else _WIRE_TYPES.get(fd.type, 0))
 
 
 def _micros(delta: dt.timedelta) -> int:

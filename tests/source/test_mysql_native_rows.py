@@ -325,7 +325,7 @@ def test_without_the_extension_everything_takes_the_python_path(monkeypatch: pyt
 
 
 def test_plan_refuses_bad_entries() -> None:
-    from binlake.source.mysql import _rowsc  # type: ignore[attr-defined]
+    from binlake.source.mysql import _rowsc
 
     with pytest.raises(ValueError, match="invalid plan entry"):
         _rowsc.Plan([(rowsplan.OP_INT, 5, 0, 0, 1, True, False, None, None)])
@@ -343,7 +343,7 @@ def test_utf8_check_across_ascii_runs() -> None:
     multi-byte sequence at every offset around those eight-byte steps is judged as
     Python's strict decoder judges it (declined, or the same Row)."""
     from binlake.proto import binlog_pb2
-    from binlake.source.mysql import _rowsc  # type: ignore[attr-defined]
+    from binlake.source.mysql import _rowsc
 
     plan = _rowsc.Plan([(rowsplan.OP_STRING, 1, 0, 0, 1, False, False, None, None)])
     for tail in (b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", b"\xc3", b"\xff", b"\xed\xa0\x80", b"\xc0\xaf"):
@@ -397,7 +397,7 @@ def test_partial_column_bitmaps_read_missing_columns_as_null() -> None:
     NULL, as mysql-replication reports it: NULL datum, '' for a NOT NULL SET, and
     the event declined where the column may not be NULL."""
     from binlake.proto import binlog_pb2
-    from binlake.source.mysql import _rowsc  # type: ignore[attr-defined]
+    from binlake.source.mysql import _rowsc
 
     def plan(nullable_b: bool) -> Any:
         return _rowsc.Plan([(rowsplan.OP_INT, 4, 0, 0, 1, True, False, None, None),

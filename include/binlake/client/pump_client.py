@@ -112,6 +112,10 @@ class SentGroup:
             return [i for i, r in enumerate(self.results) if r is False]
 
 
+# The second byte of a commit or rollback binlog (its tp, after the tag): the type, each below 128.
+_OUTCOME_TYPES = (bytes([binlog_pb2.COMMIT]), bytes([binlog_pb2.ROLLBACK]))
+
+
 class _Item:
     """One binlog queued for a Pump; its outcome goes to its own future or, sent in a
     group, to the group's slot ``index``."""
@@ -123,7 +127,7 @@ class _Item:
         # A commit or rollback (a Pump answers it without waiting for an fsync), told
         # from the bytes: ``tp`` is field 1, serialized first, and absent (0) in a
         # prewrite. Only the batching looks at it (``PumpConn._take_batch``).
-        self.outcome = payload[:1] == b"\x08" and payload[1:2] in (b"\x01", b"\x02")
+        self.outcome = payload[:1] == wire.BINLOG_TP and payload[1:2] in _OUTCOME_TYPES
         self.group = group
         self.index = index
         self.future: concurrent.futures.Future[None] | None = (

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from binlake.codec import wire_tag
+from binlake.proto import binlog_pb2, pump_pb2
+
 
 def varint(n: int) -> bytes:
     """``n`` (0 <= n < 2**64; a negative int64 as its two's complement) as a protobuf varint."""
@@ -29,6 +32,16 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
+# The one-byte tags of the fields written here (codec.wire_tag: binlog.proto's and pump.proto's).
+BINLOG_TP = bytes([wire_tag(binlog_pb2.Binlog, "tp")])
+_START_TS = bytes([wire_tag(binlog_pb2.Binlog, "start_ts")])
+_PREWRITE_KEY = bytes([wire_tag(binlog_pb2.Binlog, "prewrite_key")])
+_PREWRITE_VALUE = bytes([wire_tag(binlog_pb2.Binlog, "prewrite_value")])
+_CLUSTER_ID = bytes([wire_tag(pump_pb2.WriteBinlogsReq, "cluster_id")])
+_PAYLOADS = bytes([wire_tag(pump_pb2.WriteBinlogsReq, "payloads")])
+_BATCH_ID = bytes([wire_tag(pump_pb2.WriteBinlogsReq, "batch_id")])
+
+
 class EncodedPrewrite(NamedTuple):
     """A PREWRITE binlog already serialized (``prewrite``), with the start_ts the
     PumpClient places it by."""
@@ -42,11 +55,11 @@ def prewrite(start_ts: int, key: bytes, value: bytes) -> EncodedPrewrite:
     serialized (tp PREWRITE is 0: not written)."""
     if isinstance(start_ts, bool) or not isinstance(start_ts, int) or start_ts <= 0:
         raise ValueError(f"start_ts must be a positive integer, got {start_ts!r}")
-    parts = [b"\x10", varint(start_ts)]
+    parts = [_START_TS, varint(start_ts)]
     if key:
-        parts += [b"\x22", varint(len(key)), key]
+        parts += [_PREWRITE_KEY, varint(len(key)), key]
     if value:
-        parts += [b"\x2a", varint(len(value)), value]
+        parts += [_PREWRITE_VALUE, varint(len(value)), value]
     return EncodedPrewrite(start_ts, b"".join(parts))
 
 
@@ -54,9 +67,9 @@ def write_binlogs_req(cluster_id: int, payloads: list[bytes], batch_id: int) -> 
     """``WriteBinlogsReq(cluster_id=..., payloads=..., batch_id=...)`` serialized."""
     parts: list[bytes] = []
     if cluster_id:
-        parts += [b"\x08", varint(cluster_id)]
+        parts += [_CLUSTER_ID, varint(cluster_id)]
     for p in payloads:
-        parts += [b"\x12", varint(len(p)), p]
+        parts += [_PAYLOADS, varint(len(p)), p]
     if batch_id:
-        parts += [b"\x18", varint(batch_id)]
+        parts += [_BATCH_ID, varint(batch_id)]
     return b"".join(parts)

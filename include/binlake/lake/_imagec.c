@@ -67,7 +67,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define BOOL_TYPE 11 /* binlake.binlog.ColumnType.BOOL */
+#include "binlake_native.h"
+
 #define DIRECT_MAX 4096 /* column ids below this are looked up in a table */
 
 /* Return codes of the internal functions: OK, FALLBACK (let Python decode this
@@ -141,35 +142,16 @@ static inline int buf_put(Buf *b, const char *s, Py_ssize_t n) {
 #define PUT_LIT(b, lit) buf_put((b), (lit), (Py_ssize_t)(sizeof(lit) - 1))
 
 /* ------------------------------------------------------------------ varints */
-/* A varint of at most 10 bytes whose value fits 64 bits; returns the bytes it
- * took, 0 when there is none (truncated, longer, or wider than 64 bits: the
- * Python reader would give another answer or an error, so those rows go to it). */
-static inline int read_varint(const uint8_t *p, const uint8_t *end, uint64_t *out) {
-    uint64_t v = 0;
-    for (int i = 0; i < 10; i++) {
-        if (p + i >= end) return 0;
-        uint8_t c = p[i];
-        if (i == 9 && c > 1) return 0;
-        v |= (uint64_t)(c & 0x7F) << (7 * i);
-        if (c < 0x80) {
-            *out = v;
-            return i + 1;
-        }
-    }
-    return 0;
-}
-
-/* As read_varint, and minimally encoded (no trailing zero groups): the only
+/* bl_read_varint (binlake_native.h) declines a varint the Python reader would read
+ * otherwise or refuse (truncated, longer than 10 bytes, wider than 64 bits): those
+ * rows go to it. */
+/* As bl_read_varint, and minimally encoded (no trailing zero groups): the only
  * encoding of a value protobuf writes, used where Python reads through a full
  * protobuf parse. */
 static inline int read_varint_min(const uint8_t *p, const uint8_t *end, uint64_t *out) {
-    int n = read_varint(p, end, out);
+    int n = bl_read_varint(p, end, out);
     if (n > 1 && p[n - 1] == 0) return 0;
     return n;
-}
-
-static inline int64_t unzigzag(uint64_t v) {
-    return (int64_t)((v >> 1) ^ (~(v & 1) + 1));
 }
 
 /* Floor division and modulo (Python's // and %) for a positive divisor. */
@@ -231,36 +213,6 @@ static int put_02d(Buf *b, int64_t v) {
 }
 
 /* ------------------------------------------------------------------ UTF-8 and quoting */
-/* The length of the strictly valid UTF-8 sequence at s (as CPython's strict
- * decoder accepts: no overlongs, no surrogates, nothing above U+10FFFF), 0 if
- * invalid. s[0] >= 0x80. */
-static inline int utf8_seq(const uint8_t *s, const uint8_t *end) {
-    uint8_t c = s[0];
-    Py_ssize_t left = end - s;
-    if (c < 0xC2) return 0;
-    if (c < 0xE0) {
-        if (left < 2 || (s[1] & 0xC0) != 0x80) return 0;
-        return 2;
-    }
-    if (c < 0xF0) {
-        if (left < 3) return 0;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (c == 0xE0) lo = 0xA0;
-        else if (c == 0xED) hi = 0x9F;
-        if (s[1] < lo || s[1] > hi || (s[2] & 0xC0) != 0x80) return 0;
-        return 3;
-    }
-    if (c < 0xF5) {
-        if (left < 4) return 0;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (c == 0xF0) lo = 0x90;
-        else if (c == 0xF4) hi = 0x8F;
-        if (s[1] < lo || s[1] > hi || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80) return 0;
-        return 4;
-    }
-    return 0;
-}
-
 /* 0: copied as is; 1: escaped; 2: first byte of a multi-byte sequence. */
 static uint8_t byte_class[256];
 /* The short escapes of encode_basestring, 0 where \u00xx is used. */
@@ -282,17 +234,11 @@ static void init_tables(void) {
  * non-ASCII, or - for quoting - needs an escape. A false "maybe" only sends the
  * word through the byte-by-byte loop, which decides exactly. */
 #define ONES 0x0101010101010101ULL
-#define HIGHS 0x8080808080808080ULL
-static inline uint64_t load8(const uint8_t *p) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    return w;
-}
 static inline int has_zero_byte(uint64_t w) {
-    return ((w - ONES) & ~w & HIGHS) != 0;
+    return ((w - ONES) & ~w & BL_HIGH_BITS) != 0;
 }
 static inline int plain8(uint64_t w) {
-    return !((w & HIGHS) || ((w - ONES * 0x20) & ~w & HIGHS) || has_zero_byte(w ^ (ONES * '"')) ||
+    return !((w & BL_HIGH_BITS) || ((w - ONES * 0x20) & ~w & BL_HIGH_BITS) || has_zero_byte(w ^ (ONES * '"')) ||
              has_zero_byte(w ^ (ONES * '\\')));
 }
 
@@ -304,12 +250,12 @@ static int put_quoted(Buf *b, const uint8_t *s, Py_ssize_t n) {
     b->data[b->len++] = '"';
     while (p < end) {
         /* a run of bytes copied as they are: eight at a time, then one by one */
-        while (end - p >= 8 && plain8(load8(p))) p += 8;
+        while (end - p >= 8 && plain8(bl_load8(p))) p += 8;
         while (p < end && byte_class[*p] == 0) p++;
         if (p >= end) break;
         uint8_t cls = byte_class[*p];
         if (cls == 2) {
-            int k = utf8_seq(p, end);
+            int k = bl_utf8_seq(p, end);
             if (!k) return FALLBACK;
             b->extra += k - 1;
             if (*p > b->maxlead) b->maxlead = *p;
@@ -345,10 +291,10 @@ static int put_quoted(Buf *b, const uint8_t *s, Py_ssize_t n) {
 static int put_raw_utf8(Buf *b, const uint8_t *s, Py_ssize_t n) {
     const uint8_t *end = s + n, *p = s;
     while (p < end) {
-        while (end - p >= 8 && !(load8(p) & HIGHS)) p += 8;
+        while (end - p >= 8 && !(bl_load8(p) & BL_HIGH_BITS)) p += 8;
         while (p < end && *p < 0x80) p++;
         if (p >= end) break;
-        int k = utf8_seq(p, end);
+        int k = bl_utf8_seq(p, end);
         if (!k) return FALLBACK;
         b->extra += k - 1;
         if (*p > b->maxlead) b->maxlead = *p;
@@ -390,26 +336,12 @@ static int put_base64(Buf *b, const uint8_t *s, Py_ssize_t n) {
     return OK;
 }
 
-/* Proleptic Gregorian civil date of days since 1970-01-01 (the algorithm of
- * H. Hinnant's "chrono-compatible low-level date algorithms", written out). */
-static void civil_from_days(int64_t days, int64_t *y, int *m, int *d) {
-    int64_t z = days + 719468;
-    int64_t era = (z >= 0 ? z : z - 146096) / 146097;
-    int64_t doe = z - era * 146097;                                  /* [0, 146096] */
-    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365; /* [0, 399] */
-    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);          /* [0, 365] */
-    int64_t mp = (5 * doy + 2) / 153;                                /* [0, 11] */
-    *d = (int)(doy - (153 * mp + 2) / 5 + 1);
-    *m = (int)(mp < 10 ? mp + 3 : mp - 9);
-    *y = yoe + era * 400 + (*m <= 2);
-}
-
 /* "YYYY-MM-DD" into b (no quotes), FALLBACK outside datetime.date's years 1..9999
  * (where Python raises OverflowError). */
 static int put_date(Buf *b, int64_t days) {
     int64_t y;
     int m, d;
-    civil_from_days(days, &y, &m, &d);
+    bl_civil_from_days(days, &y, &m, &d);
     if (y < 1 || y > 9999) return FALLBACK;
     if (buf_reserve(b, 10) != OK) return ERROR;
     char *o = b->data + b->len;
@@ -427,9 +359,7 @@ static int put_date(Buf *b, int64_t days) {
     return OK;
 }
 
-static const int64_t DAY_US = 86400000000LL;
-
-/* "HH:MM:SS.ffffff" of microseconds within a day (0 <= us < DAY_US). */
+/* "HH:MM:SS.ffffff" of microseconds within a day (0 <= us < BL_DAY_US). */
 static int put_clock(Buf *b, int64_t us) {
     int64_t h = us / 3600000000LL, mi = us / 60000000LL % 60, s = us / 1000000 % 60, f = us % 1000000;
     if (buf_reserve(b, 15) != OK) return ERROR;
@@ -453,7 +383,7 @@ static int put_clock(Buf *b, int64_t us) {
 
 /* (_EPOCH + timedelta(microseconds=v)).isoformat(timespec="microseconds"), quoted. */
 static int put_datetime(Buf *b, int64_t v) {
-    int64_t days = floordiv(v, DAY_US), rest = floormod(v, DAY_US);
+    int64_t days = floordiv(v, BL_DAY_US), rest = floormod(v, BL_DAY_US);
     int r;
     if (PUT_LIT(b, "\"") != OK) return ERROR;
     if ((r = put_date(b, days)) != OK) return r;
@@ -491,7 +421,7 @@ static inline int whole_string(const uint8_t *b, const uint8_t *end, const uint8
         n = b[1];
         k = 1;
     } else {
-        k = read_varint(b + 1, end, &n);
+        k = bl_read_varint(b + 1, end, &n);
         if (!k) return FALLBACK;
     }
     if (n != (uint64_t)(end - b - 1 - k)) return FALLBACK;
@@ -507,53 +437,52 @@ static int datum_json(Buf *out, const uint8_t *b, Py_ssize_t n, int col_type) {
     int k;
     if (n == 0) return PUT_LIT(out, "null");
     switch (b[0]) {
-    case 0x32: /* string_value */
-    case 0x2A: /* decimal_value */
+    case BL_TAG_DATUM_STRING_VALUE:
+    case BL_TAG_DATUM_DECIMAL_VALUE:
         if (whole_string(b, end, &payload, &len) != OK) return FALLBACK;
         return put_quoted(out, payload, (Py_ssize_t)len);
-    case 0x10: /* int_value */
-        k = read_varint(b + 1, end, &v);
+    case BL_TAG_DATUM_INT_VALUE:
+        k = bl_read_varint(b + 1, end, &v);
         if (!k || 1 + k != n) return FALLBACK;
-        if (col_type == BOOL_TYPE) return v ? PUT_LIT(out, "true") : PUT_LIT(out, "false");
-        return put_i64(out, unzigzag(v));
-    case 0x08: /* is_null: the Python fast path answers null without reading on */
+        if (col_type == BL_COLUMN_TYPE_BOOL) return v ? PUT_LIT(out, "true") : PUT_LIT(out, "false");
+        return put_i64(out, bl_unzigzag(v));
+    case BL_TAG_DATUM_IS_NULL: /* the Python fast path answers null without reading on */
         return PUT_LIT(out, "null");
-    case 0x48: /* datetime_micros */
-        k = read_varint(b + 1, end, &v);
+    case BL_TAG_DATUM_DATETIME_MICROS:
+        k = bl_read_varint(b + 1, end, &v);
         if (!k || 1 + k != n) return FALLBACK;
-        return put_datetime(out, unzigzag(v));
-    case 0x5A: /* json_value */
+        return put_datetime(out, bl_unzigzag(v));
+    case BL_TAG_DATUM_JSON_VALUE:
         if (whole_string(b, end, &payload, &len) != OK) return FALLBACK;
         return put_raw_utf8(out, payload, (Py_ssize_t)len);
     /* The kinds Python reads with a full protobuf parse: the single minimal field only. */
-    case 0x18: /* uint_value */
+    case BL_TAG_DATUM_UINT_VALUE:
         k = read_varint_min(b + 1, end, &v);
         if (!k || 1 + k != n) return FALLBACK;
         return put_u64(out, v);
-    case 0x21: { /* float_value: fixed64, little-endian */
+    case BL_TAG_DATUM_FLOAT_VALUE: { /* fixed64, little-endian */
         if (n != 9) return FALLBACK;
-        uint64_t bits = 0;
-        for (int i = 8; i >= 1; i--) bits = (bits << 8) | b[i];
+        uint64_t bits = bl_le(b + 1, 8);
         double x;
         memcpy(&x, &bits, sizeof x);
         return put_float(out, x);
     }
-    case 0x3A: /* bytes_value */
+    case BL_TAG_DATUM_BYTES_VALUE:
         k = read_varint_min(b + 1, end, &len);
         if (!k || len != (uint64_t)(n - 1 - k)) return FALLBACK;
         return put_base64(out, b + 1 + k, (Py_ssize_t)len);
-    case 0x40: { /* date_micros */
+    case BL_TAG_DATUM_DATE_MICROS: {
         k = read_varint_min(b + 1, end, &v);
         if (!k || 1 + k != n) return FALLBACK;
         int r;
         if (PUT_LIT(out, "\"") != OK) return ERROR;
-        if ((r = put_date(out, floordiv(unzigzag(v), DAY_US))) != OK) return r;
+        if ((r = put_date(out, floordiv(bl_unzigzag(v), BL_DAY_US))) != OK) return r;
         return PUT_LIT(out, "\"");
     }
-    case 0x50: /* time_micros */
+    case BL_TAG_DATUM_TIME_MICROS:
         k = read_varint_min(b + 1, end, &v);
         if (!k || 1 + k != n) return FALLBACK;
-        return put_time(out, unzigzag(v));
+        return put_time(out, bl_unzigzag(v));
     default:
         return FALLBACK;
     }
@@ -581,7 +510,7 @@ static void utf8_stats(const char *s, Py_ssize_t n, Py_ssize_t *extra, int *maxl
         TYPE *o = (TYPE *)PyUnicode_DATA(str);                                                 \
         Py_ssize_t i = 0;                                                                      \
         while (p < end) {                                                                      \
-            while (end - p >= 8 && nchars - i >= 8 && !(load8(p) & HIGHS)) {                   \
+            while (end - p >= 8 && nchars - i >= 8 && !(bl_load8(p) & BL_HIGH_BITS)) {         \
                 for (int j = 0; j < 8; j++) o[i + j] = (TYPE)p[j];                             \
                 i += 8;                                                                        \
                 p += 8;                                                                        \
@@ -807,20 +736,20 @@ static int row_spans(const PlanObject *plan, const uint8_t *p, const uint8_t *en
     while (p < end) {
         uint64_t len, key;
         int k;
-        if (*p != 0x0A) return FALLBACK;
-        k = read_varint(p + 1, end, &len);
+        if (*p != BL_TAG_ROW_COLUMNS) return FALLBACK;
+        k = bl_read_varint(p + 1, end, &len);
         if (!k || len > (uint64_t)(end - p - 1 - k)) return FALLBACK;
         const uint8_t *e = p + 1 + k, *e_end = e + len;
         p = e_end;
-        if (e == e_end || *e != 0x08) return FALLBACK;
-        k = read_varint(e + 1, e_end, &key);
+        if (e == e_end || *e != BL_TAG_COLUMN_ID) return FALLBACK;
+        k = bl_read_varint(e + 1, e_end, &key);
         if (!k) return FALLBACK;
         e += 1 + k;
         const uint8_t *val = e;
         uint64_t vlen = 0;
         if (e < e_end) {
-            if (*e != 0x12) return FALLBACK;
-            k = read_varint(e + 1, e_end, &vlen);
+            if (*e != BL_TAG_COLUMN_VALUE) return FALLBACK;
+            k = bl_read_varint(e + 1, e_end, &vlen);
             if (!k || vlen != (uint64_t)(e_end - e - 1 - k)) return FALLBACK;
             val = e + 1 + k;
         }
@@ -956,10 +885,10 @@ static PyObject *row_images(const PlanObject *plan, Scratch *s, const uint8_t *d
 static int updated_spans(const PlanObject *plan, const uint8_t *p, const uint8_t *end, Scratch *s) {
     const uint8_t *rows[3] = {NULL, NULL, NULL}, *ends[3] = {NULL, NULL, NULL};
     while (p < end) {
-        int field = *p == 0x0A ? 1 : (*p == 0x12 ? 2 : 0);
+        int field = *p == BL_TAG_UPDATED_ROW_OLD ? 1 : (*p == BL_TAG_UPDATED_ROW_NEW ? 2 : 0);
         uint64_t len;
         if (!field || rows[field]) return FALLBACK;
-        int k = read_varint(p + 1, end, &len);
+        int k = bl_read_varint(p + 1, end, &len);
         if (!k || len > (uint64_t)(end - p - 1 - k)) return FALLBACK;
         rows[field] = p + 1 + k;
         ends[field] = rows[field] + len;
@@ -1264,9 +1193,10 @@ done:
 
 static PyMethodDef columns_methods[] = {
     {"take", (PyCFunction)columns_take, METH_NOARGS,
-     "take() -> (rows, ((offsets, data, validity or None, null count) of op, keys, before, after)); empties the columns."},
+     "take($self, /)\n--\n\n"
+     "Returns (rows, ((offsets, data, validity or None, null count) of op, keys, before, after)); empties the columns."},
     {"extend", (PyCFunction)columns_extend, METH_VARARGS,
-     "extend(ops, keys, befores, afters): append rows decoded in Python (str or None)."},
+     "extend($self, ops, keys, befores, afters, /)\n--\n\nAppend rows decoded in Python (str or None)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1280,7 +1210,7 @@ static PyTypeObject ColumnsType = {
     .tp_basicsize = sizeof(ColumnsObject),
     .tp_dealloc = (destructor)columns_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Columns(): growing Arrow string buffers of change rows' op, keys, before and after.",
+    .tp_doc = "Columns()\n--\n\nGrowing Arrow string buffers of change rows' op, keys, before and after.",
     .tp_methods = columns_methods,
     .tp_as_sequence = &columns_as_sequence,
     .tp_init = (initproc)columns_init,
@@ -1436,11 +1366,12 @@ done:
 
 static PyMethodDef plan_methods[] = {
     {"images", (PyCFunction)plan_images, METH_O,
-     "images(row: bytes) -> (image, key image), or None when the Python path must decode the row."},
+     "images($self, row, /)\n--\n\nReturns (image, key image), or None when the Python path must decode the row."},
     {"update_images", (PyCFunction)plan_update_images, METH_O,
-     "update_images(data: bytes) -> (before, after, key image), or None when the Python path must decode it."},
+     "update_images($self, data, /)\n--\n\nReturns (before, after, key image), or None when the Python path must decode it."},
     {"mutation_into", (PyCFunction)plan_mutation_into, METH_VARARGS,
-     "mutation_into(columns, sequence, inserted, updated, deleted, fallback) -> rows appended to columns."},
+     "mutation_into($self, columns, sequence, inserted, updated, deleted, fallback, /)\n--\n\n"
+     "Returns the number of rows appended to columns."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1450,7 +1381,7 @@ static PyTypeObject PlanType = {
     .tp_basicsize = sizeof(PlanObject),
     .tp_dealloc = (destructor)plan_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Plan(cols, key_idx): one table definition's image plan (see binlake.lake.image.TablePlan).",
+    .tp_doc = "Plan(cols, key_idx)\n--\n\nOne table definition's image plan (see binlake.lake.image.TablePlan).",
     .tp_methods = plan_methods,
     .tp_init = (initproc)plan_init,
     .tp_new = PyType_GenericNew,

@@ -125,6 +125,10 @@ def _flat_messages() -> tuple[Any, Any]:
 
 _FlatRow, _FlatUpdatedRow = _flat_messages()
 _TD = dt.timedelta
+# The first byte of a serialized Datum: the tag of the one field it holds.
+_IS_NULL, _INT, _DECIMAL, _STRING, _DATETIME, _JSON = (
+    codec.wire_tag(binlog_pb2.Datum, f)
+    for f in ("is_null", "int_value", "decimal_value", "string_value", "datetime_micros", "json_value"))
 
 
 def _varint(b: bytes, i: int) -> tuple[int, int]:
@@ -150,7 +154,7 @@ def _datum_bytes_json(b: bytes, col_type: int) -> str:
     if not b:
         return "null"
     tag = b[0]
-    if tag == 0x32 or tag == 0x2A:  # string_value / decimal_value
+    if tag == _STRING or tag == _DECIMAL:
         n = b[1]
         if n < 0x80:
             if n + 2 == len(b):
@@ -160,7 +164,7 @@ def _datum_bytes_json(b: bytes, col_type: int) -> str:
             if n + i == len(b):
                 return _quote(b[i:].decode())
         return _slow_json(b, col_type)
-    if tag == 0x10:  # int_value (zigzag)
+    if tag == _INT:  # zigzag
         v, i = _varint(b, 1)
         if i != len(b):
             return _slow_json(b, col_type)
@@ -168,14 +172,14 @@ def _datum_bytes_json(b: bytes, col_type: int) -> str:
         if col_type == binlog_pb2.BOOL:
             return "true" if v else "false"
         return str(v)
-    if tag == 0x08:  # is_null
+    if tag == _IS_NULL:
         return "null"
-    if tag == 0x48:  # datetime_micros (zigzag)
+    if tag == _DATETIME:  # zigzag
         v, i = _varint(b, 1)
         if i != len(b):
             return _slow_json(b, col_type)
         return '"' + (_EPOCH + _TD(microseconds=(v >> 1) ^ -(v & 1))).isoformat(timespec="microseconds") + '"'
-    if tag == 0x5A:  # json_value: already canonical JSON text
+    if tag == _JSON:  # already canonical JSON text
         n = b[1]
         if n < 0x80:
             if n + 2 == len(b):

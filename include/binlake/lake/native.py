@@ -23,10 +23,13 @@ import array
 import os
 import struct
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
+# The extension module (typed by its .pyi), or None where it was not built.
+_imagec: ModuleType | None
 try:  # the native image decoder; optional: without it the pure-Python path does everything
-    from binlake.lake import _imagec  # type: ignore[attr-defined, unused-ignore]
+    from binlake.lake import _imagec
     _IMAGEC_ERROR = ""
 except ImportError as _exc:  # not built (no C compiler when installed), or built for another Python
     _imagec = None

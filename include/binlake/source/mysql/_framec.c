@@ -44,6 +44,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "binlake_native.h"
+
 enum {
     EV_QUERY = 2, EV_ROTATE = 4, EV_FORMAT = 15, EV_XID = 16, EV_TABLE_MAP = 19,
     EV_WRITE1 = 23, EV_UPDATE1 = 24, EV_DELETE1 = 25, EV_HEARTBEAT = 27,
@@ -86,12 +88,6 @@ static uint32_t crc32_of(const unsigned char *p, size_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
-static uint64_t le(const unsigned char *p, int n) {
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
 typedef struct {
     PyObject_HEAD
     unsigned char *buf;   /* bytes received and not yet consumed: buf[off:len] */
@@ -103,17 +99,6 @@ typedef struct {
     unsigned char post[256];
     int npost;
 } FramerObject;
-
-static int grow(unsigned char **p, size_t *cap, size_t need) {
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap : 65536;
-    while (c < need) c *= 2;
-    unsigned char *q = PyMem_Realloc(*p, c);
-    if (!q) { PyErr_NoMemory(); return -1; }
-    *p = q;
-    *cap = c;
-    return 0;
-}
 
 static int append(PyObject *list, PyObject *item) {
     if (!item) return -1;
@@ -136,7 +121,7 @@ static int one_payload(FramerObject *self, const unsigned char *p, size_t n, PyO
     const unsigned char *e = p + 1;
     size_t en = n - 1;
     if (en < 19) return append(out, raw(-1, 0, 0, p, n));
-    uint64_t ts = le(e, 4), size = le(e + 9, 4), pos = le(e + 13, 4);
+    uint64_t ts = bl_le(e, 4), size = bl_le(e + 9, 4), pos = bl_le(e + 13, 4);
     int type = e[4];
     if (size != en) return append(out, raw(type, ts, pos, p, n));
     size_t known;
@@ -157,16 +142,16 @@ static int one_payload(FramerObject *self, const unsigned char *p, size_t n, PyO
     /* Every logged event carries its CRC32; the server's artificial ROTATE and
        heartbeats are not checked (they are not binlog content). */
     if (self->checksum && type != EV_ROTATE && type != EV_HEARTBEAT &&
-        crc32_of(e, size - 4) != (uint32_t)le(e + size - 4, 4))
+        crc32_of(e, size - 4) != (uint32_t)bl_le(e + size - 4, 4))
         return append(out, Py_BuildValue("(iiK)", K_BADSUM, type, (unsigned long long)pos));
     switch (type) {
     case EV_XID: case EV_HEARTBEAT: case EV_GTID: case EV_MARIADB_GTID:
         return append(out, Py_BuildValue("(iKK)", type, (unsigned long long)ts, (unsigned long long)pos));
     case EV_ROTATE:
         return append(out, Py_BuildValue("(iKKKy#)", type, (unsigned long long)ts, (unsigned long long)pos,
-                                         (unsigned long long)le(b, 8), (const char *)b + 8, (Py_ssize_t)(blen - 8)));
+                                         (unsigned long long)bl_le(b, 8), (const char *)b + 8, (Py_ssize_t)(blen - 8)));
     case EV_QUERY: {
-        size_t sl = b[8], svl = le(b + 11, 2);
+        size_t sl = b[8], svl = bl_le(b + 11, 2);
         if (13 + svl + sl + 1 > blen) return append(out, raw(type, ts, pos, p, n));
         const unsigned char *s = b + 13 + svl, *q = s + sl + 1;
         return append(out, Py_BuildValue("(iKKy#y#)", type, (unsigned long long)ts, (unsigned long long)pos,
@@ -175,14 +160,14 @@ static int one_payload(FramerObject *self, const unsigned char *p, size_t n, PyO
     }
     case EV_TABLE_MAP:
         return append(out, Py_BuildValue("(iKKKy#y#)", type, (unsigned long long)ts, (unsigned long long)pos,
-                                         (unsigned long long)le(b, 6), (const char *)b, (Py_ssize_t)blen,
+                                         (unsigned long long)bl_le(b, 6), (const char *)b, (Py_ssize_t)blen,
                                          (const char *)p, (Py_ssize_t)n));
     default: break;
     }
     /* rows events */
     size_t at = known;
     if (known == 10) {
-        size_t extra = le(b + 8, 2);
+        size_t extra = bl_le(b + 8, 2);
         if (extra != 2) return append(out, raw(type, ts, pos, p, n)); /* extra row info: mysql-replication */
     }
     if (at >= blen) return append(out, raw(type, ts, pos, p, n));
@@ -192,7 +177,7 @@ static int one_payload(FramerObject *self, const unsigned char *p, size_t n, PyO
     else {
         int w = c == 252 ? 2 : c == 253 ? 3 : c == 254 ? 8 : 0;
         if (!w || at + w > blen) return append(out, raw(type, ts, pos, p, n));
-        ncols = le(b + at, w);
+        ncols = bl_le(b + at, w);
         at += w;
     }
     size_t bm = (size_t)((ncols + 7) / 8);
@@ -206,7 +191,7 @@ static int one_payload(FramerObject *self, const unsigned char *p, size_t n, PyO
     PyObject *bm2obj = bm2 ? PyBytes_FromStringAndSize((const char *)bm2, (Py_ssize_t)bm) : Py_NewRef(Py_None);
     if (!bm2obj) return -1;
     PyObject *t = Py_BuildValue("(iKKKy#nnKy#N)", type, (unsigned long long)ts, (unsigned long long)pos,
-                                (unsigned long long)le(b, 6), (const char *)p, (Py_ssize_t)n, base + (Py_ssize_t)at,
+                                (unsigned long long)bl_le(b, 6), (const char *)p, (Py_ssize_t)n, base + (Py_ssize_t)at,
                                 base + (Py_ssize_t)blen, (unsigned long long)ncols, (const char *)bm1,
                                 (Py_ssize_t)bm, bm2obj);
     return append(out, t);
@@ -216,20 +201,20 @@ static PyObject *Framer_feed(FramerObject *self, PyObject *args) {
     Py_buffer data;
     if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
     PyObject *out = NULL;
-    if (grow(&self->buf, &self->cap, self->len + (size_t)data.len) < 0) goto done;
+    if (bl_grow(&self->buf, &self->cap, self->len + (size_t)data.len, 65536) < 0) goto done;
     memcpy(self->buf + self->len, data.buf, (size_t)data.len);
     self->len += (size_t)data.len;
     out = PyList_New(0);
     if (!out) goto done;
     while (self->len - self->off >= 4) {
         const unsigned char *h = self->buf + self->off;
-        size_t plen = le(h, 3);
+        size_t plen = bl_le(h, 3);
         if (self->len - self->off < 4 + plen) break;
         const unsigned char *payload = h + 4;
         self->off += 4 + plen;
         if (plen == 0xFFFFFF || self->in_multi) {
             /* A payload of 16 MiB - 1 continues in the next packet (PyMySQL joins them the same way). */
-            if (grow(&self->multi, &self->mcap, self->mlen + plen) < 0) { Py_CLEAR(out); goto done; }
+            if (bl_grow(&self->multi, &self->mcap, self->mlen + plen, 65536) < 0) { Py_CLEAR(out); goto done; }
             memcpy(self->multi + self->mlen, payload, plen);
             self->mlen += plen;
             self->in_multi = plen == 0xFFFFFF;
@@ -284,10 +269,10 @@ static void Framer_dealloc(FramerObject *self) {
 }
 
 static PyMethodDef Framer_methods[] = {
-    {"feed", (PyCFunction)Framer_feed, METH_VARARGS, "feed(data) -> list of event tuples (module docstring)"},
+    {"feed", (PyCFunction)Framer_feed, METH_VARARGS, "feed($self, data, /)\n--\n\nReturns the list of event tuples (see the module docstring)."},
     {"set_post_header", (PyCFunction)Framer_set_post_header, METH_VARARGS,
-     "set_post_header(lengths): the FORMAT_DESCRIPTION's post-header lengths, index event type - 1"},
-    {"pending", (PyCFunction)Framer_pending, METH_NOARGS, "bytes received and not yet framed"},
+     "set_post_header($self, lengths, /)\n--\n\nThe FORMAT_DESCRIPTION's post-header lengths, index event type - 1."},
+    {"pending", (PyCFunction)Framer_pending, METH_NOARGS, "pending($self, /)\n--\n\nBytes received and not yet framed."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -296,7 +281,7 @@ static PyTypeObject FramerType = {
     .tp_name = "binlake.source.mysql._framec.Framer",
     .tp_basicsize = sizeof(FramerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Frames a replication stream into event tuples (see the module docstring).",
+    .tp_doc = "Framer(checksum)\n--\n\nFrames a replication stream into event tuples (see the module docstring).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Framer_init,
     .tp_dealloc = (destructor)Framer_dealloc,
@@ -312,12 +297,16 @@ static PyObject *mod_crc32(PyObject *Py_UNUSED(m), PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"crc32", mod_crc32, METH_VARARGS, "crc32(data) -> the binlog's CRC32 of data"},
+    {"crc32", mod_crc32, METH_VARARGS, "crc32(data, /)\n--\n\nReturns the binlog's CRC32 of data."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef framec_module = {
-    PyModuleDef_HEAD_INIT, "_framec", "Native framing of the MySQL/MariaDB replication stream.", -1, module_methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_framec",
+    .m_doc = "Native framing of the MySQL/MariaDB replication stream.",
+    .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__framec(void) {

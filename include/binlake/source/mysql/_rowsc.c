@@ -35,7 +35,8 @@
  *   prewrite_value(schema_version, [(table_id, inserted, updated, deleted, sequence)])
  *                -> a transaction's serialized PrewriteValue (see the function)
  *
- * Wire format written (what the upb serializer writes for these messages):
+ * Wire format written (what the upb serializer writes for these messages; the
+ * tags are binlake_tags.h's):
  *   Row        = { 0x0A len Column }*
  *   Column     = [0x08 varint(id)] (omitted for id 0) 0x12 len Datum
  *   Datum      = one oneof field: is_null 0x08 01, int 0x10 zigzag, uint 0x18,
@@ -51,6 +52,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "binlake_native.h"
 
 enum {
     OP_INT = 1,       /* size 1,2,3,4,8 little-endian; a: unsigned read; b: uint out */
@@ -87,87 +90,7 @@ typedef struct {
     Col *cols;
 } PlanObject;
 
-/* ------------------------------------------------------------------ buffers */
-
-typedef struct {
-    unsigned char *p;
-    size_t len, cap;
-} Buf;
-
-static int buf_reserve(Buf *b, size_t extra) {
-    if (b->len + extra <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra) cap *= 2;
-    unsigned char *p = PyMem_Realloc(b->p, cap);
-    if (!p) { PyErr_NoMemory(); return -1; }
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int buf_put(Buf *b, const void *data, size_t n) {
-    if (buf_reserve(b, n) < 0) return -1;
-    memcpy(b->p + b->len, data, n);
-    b->len += n;
-    return 0;
-}
-
-static int buf_byte(Buf *b, unsigned char c) { return buf_put(b, &c, 1); }
-
-static int buf_varint(Buf *b, uint64_t v) {
-    unsigned char tmp[10];
-    int n = 0;
-    do {
-        unsigned char c = v & 0x7F;
-        v >>= 7;
-        tmp[n++] = v ? (c | 0x80) : c;
-    } while (v);
-    return buf_put(b, tmp, n);
-}
-
-static size_t varint_len(uint64_t v) {
-    size_t n = 1;
-    while (v >= 0x80) { v >>= 7; n++; }
-    return n;
-}
-
-static uint64_t zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
-
-/* A length-delimited field: tag, length, bytes. */
-static int buf_field(Buf *b, unsigned char tag, const void *data, size_t n) {
-    if (buf_byte(b, tag) < 0 || buf_varint(b, n) < 0) return -1;
-    return buf_put(b, data, n);
-}
-
 /* ------------------------------------------------------------------ helpers */
-
-/* Days from 1970-01-01 to a valid proleptic Gregorian date. */
-static int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
-    y -= m <= 2;
-    int64_t era = (y >= 0 ? y : y - 399) / 400;
-    int64_t yoe = y - era * 400;
-    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    return era * 146097 + doe - 719468;
-}
-
-static int days_in_month(int y, int m) {
-    static const int dm[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-    if (m == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0)) return 29;
-    return dm[m - 1];
-}
-
-static uint64_t rd_le(const unsigned char *p, int n) {
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t rd_be(const unsigned char *p, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
-    return v;
-}
 
 /* The fractional seconds of DATETIME2/TIME2/TIMESTAMP2 as microseconds (as the
    library reads them: big-endian, odd precisions stored with one more digit). */
@@ -176,7 +99,7 @@ static int read_fsp(const unsigned char **pp, const unsigned char *end, int fsp,
     *us = 0;
     if (n == 0) return 0;
     if (end - *pp < n) return -1;
-    int64_t v = (int64_t)rd_be(*pp, n);
+    int64_t v = (int64_t)bl_be(*pp, n);
     *pp += n;
     if (v >= ((int64_t)1 << (8 * n - 1))) return -1; /* a negative fraction: not a plain value */
     if (fsp % 2) v /= 10;
@@ -185,52 +108,14 @@ static int read_fsp(const unsigned char **pp, const unsigned char *end, int fsp,
     return 0;
 }
 
-/* Strict UTF-8 as Python's decoder checks it (no surrogates, no over-long forms, <= U+10FFFF). */
-static int utf8_valid(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        /* ASCII runs (most text) eight bytes at a time: no byte has its high bit set. */
-        while (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            if (w & 0x8080808080808080ull) break;
-            i += 8;
-        }
-        if (i >= n) break;
-        unsigned char c = s[i];
-        if (c < 0x80) { i++; continue; }
-        if (c >= 0xC2 && c <= 0xDF) {
-            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return 0;
-            i += 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            if (i + 2 >= n) return 0;
-            unsigned char c1 = s[i + 1];
-            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80) return 0;
-            if (c == 0xE0 && c1 < 0xA0) return 0;
-            if (c == 0xED && c1 > 0x9F) return 0;
-            i += 3;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            if (i + 3 >= n) return 0;
-            unsigned char c1 = s[i + 1];
-            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80) return 0;
-            if (c == 0xF0 && c1 < 0x90) return 0;
-            if (c == 0xF4 && c1 > 0x8F) return 0;
-            i += 4;
-        } else {
-            return 0;
-        }
-    }
-    return 1;
-}
-
-static int put_utf8(Buf *b, uint32_t cp) {
+static int put_utf8(BlBuf *b, uint32_t cp) {
     unsigned char t[4];
     int n;
     if (cp < 0x80) { t[0] = cp; n = 1; }
     else if (cp < 0x800) { t[0] = 0xC0 | (cp >> 6); t[1] = 0x80 | (cp & 0x3F); n = 2; }
     else if (cp < 0x10000) { t[0] = 0xE0 | (cp >> 12); t[1] = 0x80 | ((cp >> 6) & 0x3F); t[2] = 0x80 | (cp & 0x3F); n = 3; }
     else { t[0] = 0xF0 | (cp >> 18); t[1] = 0x80 | ((cp >> 12) & 0x3F); t[2] = 0x80 | ((cp >> 6) & 0x3F); t[3] = 0x80 | (cp & 0x3F); n = 4; }
-    return buf_put(b, t, n);
+    return bl_put(b, t, n);
 }
 
 /* ------------------------------------------------------------------ DECIMAL */
@@ -239,7 +124,7 @@ static const int DIG2BYTES[10] = {0, 1, 1, 2, 2, 3, 3, 4, 4, 4};
 
 /* MySQL's binary DECIMAL -> str(decimal.Decimal(text the library builds)).
    Returns bytes consumed, 0 for "ask Python", -1 on error. */
-static int decimal_text(const unsigned char *p, const unsigned char *end, int precision, int scale, Buf *out) {
+static int decimal_text(const unsigned char *p, const unsigned char *end, int precision, int scale, BlBuf *out) {
     int integral = precision - scale;
     int ui = integral / 9, uf = scale / 9, ci = integral - ui * 9, cf = scale - uf * 9;
     int size = DIG2BYTES[ci] + ui * 4 + uf * 4 + DIG2BYTES[cf];
@@ -255,23 +140,23 @@ static int decimal_text(const unsigned char *p, const unsigned char *end, int pr
     static const uint32_t POW10[10] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000};
     /* integral part: the leading group without padding, then 9-digit groups */
     if (DIG2BYTES[ci]) {
-        uint32_t v = (uint32_t)rd_be(b + k, DIG2BYTES[ci]);
+        uint32_t v = (uint32_t)bl_be(b + k, DIG2BYTES[ci]);
         k += DIG2BYTES[ci];
         if (v >= POW10[ci]) return 0;
         nd += snprintf(digits + nd, sizeof digits - nd, "%u", v);
     }
     for (int i = 0; i < ui; i++, k += 4) {
-        uint32_t v = (uint32_t)rd_be(b + k, 4);
+        uint32_t v = (uint32_t)bl_be(b + k, 4);
         if (v >= POW10[9]) return 0;
         nd += snprintf(digits + nd, sizeof digits - nd, "%09u", v);
     }
     for (int i = 0; i < uf; i++, k += 4) {
-        uint32_t v = (uint32_t)rd_be(b + k, 4);
+        uint32_t v = (uint32_t)bl_be(b + k, 4);
         if (v >= POW10[9]) return 0;
         nd += snprintf(digits + nd, sizeof digits - nd, "%09u", v);
     }
     if (DIG2BYTES[cf]) {
-        uint32_t v = (uint32_t)rd_be(b + k, DIG2BYTES[cf]);
+        uint32_t v = (uint32_t)bl_be(b + k, DIG2BYTES[cf]);
         if (v >= POW10[cf]) return 0;
         nd += snprintf(digits + nd, sizeof digits - nd, "%0*u", cf, v);
     }
@@ -306,7 +191,7 @@ static int decimal_text(const unsigned char *p, const unsigned char *end, int pr
         t += clen - dotplace;
     }
     if (leftdigits != dotplace) t += snprintf(text + t, sizeof text - t, "E%+d", leftdigits - dotplace);
-    if (buf_field(out, 0x2A, text, t) < 0) return -1;
+    if (bl_field(out, BL_TAG_DATUM_DECIMAL_VALUE, text, t) < 0) return -1;
     return size;
 }
 
@@ -314,15 +199,15 @@ static int decimal_text(const unsigned char *p, const unsigned char *end, int pr
 
 /* Decodes one non-NULL value at *pp into the Datum buffer d.
    Returns 1 done, 0 ask Python, -1 error (exception set). */
-static int decode_value(const Col *c, const unsigned char **pp, const unsigned char *end, Buf *d) {
+static int decode_value(const Col *c, const unsigned char **pp, const unsigned char *end, BlBuf *d) {
     const unsigned char *p = *pp;
     switch (c->op) {
     case OP_INT: {
         if (end - p < c->size) return 0;
-        uint64_t u = rd_le(p, c->size);
+        uint64_t u = bl_le(p, c->size);
         p += c->size;
         if (c->b) {
-            if (buf_byte(d, 0x18) < 0 || buf_varint(d, u) < 0) return -1;
+            if (bl_tagged_varint(d, BL_TAG_DATUM_UINT_VALUE, u) < 0) return -1;
         } else {
             int64_t v;
             if (c->a) v = (int64_t)u; /* an unsigned read under an int column: fits below 2^63 */
@@ -331,7 +216,7 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
                 v = bits == 64 ? (int64_t)u : (int64_t)(u ^ ((uint64_t)1 << (bits - 1))) - ((int64_t)1 << (bits - 1));
             }
             if (c->a && c->size == 8 && u > (uint64_t)INT64_MAX) return 0;
-            if (buf_byte(d, 0x10) < 0 || buf_varint(d, zigzag(v)) < 0) return -1;
+            if (bl_tagged_varint(d, BL_TAG_DATUM_INT_VALUE, bl_zigzag(v)) < 0) return -1;
         }
         break;
     }
@@ -339,7 +224,7 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
         if (end - p < 1) return 0;
         int64_t v = (int64_t)p[0] + 1900;
         p += 1;
-        if (buf_byte(d, 0x10) < 0 || buf_varint(d, zigzag(v)) < 0) return -1;
+        if (bl_tagged_varint(d, BL_TAG_DATUM_INT_VALUE, bl_zigzag(v)) < 0) return -1;
         break;
     }
     case OP_FLOAT32: {
@@ -359,7 +244,7 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
                 if ((double)y == v) { out = t; break; }
             }
         }
-        if (buf_byte(d, 0x21) < 0 || buf_put(d, &out, 8) < 0) return -1;
+        if (bl_byte(d, BL_TAG_DATUM_FLOAT_VALUE) < 0 || bl_put(d, &out, 8) < 0) return -1;
         break;
     }
     case OP_DOUBLE: {
@@ -368,7 +253,7 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
         memcpy(&v, p, 8);
         p += 8;
         if (!isfinite(v)) return 0;
-        if (buf_byte(d, 0x21) < 0 || buf_put(d, &v, 8) < 0) return -1;
+        if (bl_byte(d, BL_TAG_DATUM_FLOAT_VALUE) < 0 || bl_put(d, &v, 8) < 0) return -1;
         break;
     }
     case OP_DECIMAL: {
@@ -380,28 +265,28 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
     case OP_STRING:
     case OP_BYTES: {
         if (end - p < c->size) return 0;
-        uint64_t n = rd_le(p, c->size);
+        uint64_t n = bl_le(p, c->size);
         p += c->size;
         if ((uint64_t)(end - p) < n) return 0;
         if (c->op == OP_BYTES) {
             size_t pad = (c->a > 0 && n < (uint64_t)c->a) ? (size_t)c->a - n : 0;
-            if (buf_byte(d, 0x3A) < 0 || buf_varint(d, n + pad) < 0 || buf_put(d, p, n) < 0) return -1;
+            if (bl_tagged_varint(d, BL_TAG_DATUM_BYTES_VALUE, n + pad) < 0 || bl_put(d, p, n) < 0) return -1;
             if (pad) {
-                if (buf_reserve(d, pad) < 0) return -1;
+                if (bl_reserve(d, pad) < 0) return -1;
                 memset(d->p + d->len, 0, pad);
                 d->len += pad;
             }
         } else if (!c->has_table) {
-            if (!utf8_valid(p, n)) return 0;
-            if (buf_field(d, 0x32, p, n) < 0) return -1;
+            if (!bl_utf8_valid(p, n)) return 0;
+            if (bl_field(d, BL_TAG_DATUM_STRING_VALUE, p, n) < 0) return -1;
         } else {
-            Buf s = {0};
+            BlBuf s = {0};
             for (uint64_t i = 0; i < n; i++) {
                 int32_t cp = c->table[p[i]];
                 if (cp < 0) { PyMem_Free(s.p); return 0; }
                 if (put_utf8(&s, (uint32_t)cp) < 0) { PyMem_Free(s.p); return -1; }
             }
-            int r = buf_field(d, 0x32, s.p ? (const void *)s.p : "", s.len);
+            int r = bl_field(d, BL_TAG_DATUM_STRING_VALUE, s.p, s.len);
             PyMem_Free(s.p);
             if (r < 0) return -1;
         }
@@ -410,27 +295,27 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
     }
     case OP_ENUM: {
         if (end - p < c->size) return 0;
-        uint64_t i = rd_le(p, c->size);
+        uint64_t i = bl_le(p, c->size);
         p += c->size;
         if (i >= (uint64_t)c->nmembers) return 0;
-        if (buf_field(d, 0x32, c->members[i], c->mlen[i]) < 0) return -1;
+        if (bl_field(d, BL_TAG_DATUM_STRING_VALUE, c->members[i], c->mlen[i]) < 0) return -1;
         break;
     }
     case OP_SET: {
         if (end - p < c->size) return 0;
-        uint64_t mask = rd_le(p, c->size);
+        uint64_t mask = bl_le(p, c->size);
         p += c->size;
-        Buf s = {0};
+        BlBuf s = {0};
         int first = 1;
         for (Py_ssize_t i = 0; i < c->nmembers && i < 64; i++) {
             if (!(mask & ((uint64_t)1 << i))) continue;
-            if ((!first && buf_byte(&s, ',') < 0) || buf_put(&s, c->members[i], c->mlen[i]) < 0) {
+            if ((!first && bl_byte(&s, ',') < 0) || bl_put(&s, c->members[i], c->mlen[i]) < 0) {
                 PyMem_Free(s.p);
                 return -1;
             }
             first = 0;
         }
-        int r = buf_field(d, 0x32, s.p ? (const void *)s.p : "", s.len);
+        int r = bl_field(d, BL_TAG_DATUM_STRING_VALUE, s.p, s.len);
         PyMem_Free(s.p);
         if (r < 0) return -1;
         break;
@@ -453,56 +338,56 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
                 o[j] = v[i];
             }
         }
-        if (buf_field(d, 0x3A, o, c->b) < 0) return -1;
+        if (bl_field(d, BL_TAG_DATUM_BYTES_VALUE, o, c->b) < 0) return -1;
         break;
     }
     case OP_DATE: {
         if (end - p < 3) return 0;
-        uint32_t t = (uint32_t)rd_le(p, 3);
+        uint32_t t = (uint32_t)bl_le(p, 3);
         p += 3;
         int y = (t >> 9) & 0x7FFF, m = (t >> 5) & 0xF, dd = t & 0x1F;
-        if (y < 1 || y > 9999 || m < 1 || m > 12 || dd < 1 || dd > days_in_month(y, m)) return 0;
-        int64_t micros = days_from_civil(y, m, dd) * INT64_C(86400000000);
-        if (buf_byte(d, 0x40) < 0 || buf_varint(d, zigzag(micros)) < 0) return -1;
+        if (y < 1 || y > 9999 || m < 1 || m > 12 || dd < 1 || dd > bl_days_in_month(y, m)) return 0;
+        int64_t micros = bl_days_from_civil(y, m, dd) * BL_DAY_US;
+        if (bl_tagged_varint(d, BL_TAG_DATUM_DATE_MICROS, bl_zigzag(micros)) < 0) return -1;
         break;
     }
     case OP_DATETIME2: {
         if (end - p < 5) return 0;
-        uint64_t v = rd_be(p, 5);
+        uint64_t v = bl_be(p, 5);
         p += 5;
         int ym = (int)((v >> 22) & 0x1FFFF);
         int y = ym / 13, m = ym % 13, dd = (v >> 17) & 0x1F, hh = (v >> 12) & 0x1F, mi = (v >> 6) & 0x3F,
             ss = v & 0x3F;
         int64_t us;
         if (read_fsp(&p, end, c->a, &us) < 0) return 0;
-        if (y < 1 || y > 9999 || m < 1 || dd < 1 || dd > days_in_month(y, m) || hh > 23 || mi > 59 || ss > 59)
+        if (y < 1 || y > 9999 || m < 1 || dd < 1 || dd > bl_days_in_month(y, m) || hh > 23 || mi > 59 || ss > 59)
             return 0;
-        int64_t micros = (days_from_civil(y, m, dd) * 86400 + hh * 3600 + mi * 60 + ss) * INT64_C(1000000) + us;
-        if (buf_byte(d, 0x48) < 0 || buf_varint(d, zigzag(micros)) < 0) return -1;
+        int64_t micros = (bl_days_from_civil(y, m, dd) * 86400 + hh * 3600 + mi * 60 + ss) * INT64_C(1000000) + us;
+        if (bl_tagged_varint(d, BL_TAG_DATUM_DATETIME_MICROS, bl_zigzag(micros)) < 0) return -1;
         break;
     }
     case OP_TIMESTAMP2:
     case OP_TIMESTAMP: {
         if (end - p < 4) return 0;
-        int64_t secs = c->op == OP_TIMESTAMP2 ? (int64_t)(int32_t)(uint32_t)rd_be(p, 4) : (int64_t)rd_le(p, 4);
+        int64_t secs = c->op == OP_TIMESTAMP2 ? (int64_t)(int32_t)(uint32_t)bl_be(p, 4) : (int64_t)bl_le(p, 4);
         p += 4;
         int64_t us = 0;
         if (c->op == OP_TIMESTAMP2 && read_fsp(&p, end, c->a, &us) < 0) return 0;
         if (secs < 0) return 0;
         int64_t micros = secs * INT64_C(1000000) + us;
-        if (buf_byte(d, 0x48) < 0 || buf_varint(d, zigzag(micros)) < 0) return -1;
+        if (bl_tagged_varint(d, BL_TAG_DATUM_DATETIME_MICROS, bl_zigzag(micros)) < 0) return -1;
         break;
     }
     case OP_TIME2: {
         if (end - p < 3) return 0;
-        uint32_t v = (uint32_t)rd_be(p, 3);
+        uint32_t v = (uint32_t)bl_be(p, 3);
         p += 3;
         if (!(v & 0x800000)) return 0; /* negative: outside what binlake's time carries */
         int64_t hh = (v >> 12) & 0x3FF, mi = (v >> 6) & 0x3F, ss = v & 0x3F, us;
         if (read_fsp(&p, end, c->a, &us) < 0) return 0;
         int64_t micros = ((hh * 60 + mi) * 60 + ss) * INT64_C(1000000) + us;
-        if (micros < 0 || micros >= INT64_C(86400000000)) return 0;
-        if (buf_byte(d, 0x50) < 0 || buf_varint(d, zigzag(micros)) < 0) return -1;
+        if (micros < 0 || micros >= BL_DAY_US) return 0;
+        if (bl_tagged_varint(d, BL_TAG_DATUM_TIME_MICROS, bl_zigzag(micros)) < 0) return -1;
         break;
     }
     default:
@@ -515,7 +400,7 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
 /* One row image: the null bitmap, then each present, non-NULL column. Appends
    the serialized Row to r. Returns 1, 0 (ask Python) or -1. */
 static int decode_image(const PlanObject *pl, const unsigned char **pp, const unsigned char *end,
-                        const unsigned char *bitmap, Buf *r, Buf *d) {
+                        const unsigned char *bitmap, BlBuf *r, BlBuf *d) {
     const unsigned char *p = *pp;
     Py_ssize_t n = pl->ncols, present = 0;
     for (Py_ssize_t i = 0; i < n; i++) present += (bitmap[i / 8] >> (i % 8)) & 1;
@@ -534,9 +419,9 @@ static int decode_image(const PlanObject *pl, const unsigned char **pp, const un
         d->len = 0;
         if (isnull) {
             if (c->null_empty) {
-                if (buf_field(d, 0x32, "", 0) < 0) return -1;
+                if (bl_field(d, BL_TAG_DATUM_STRING_VALUE, "", 0) < 0) return -1;
             } else if (c->nullable) {
-                if (buf_byte(d, 0x08) < 0 || buf_byte(d, 0x01) < 0) return -1;
+                if (bl_tagged_varint(d, BL_TAG_DATUM_IS_NULL, 1) < 0) return -1;
             } else {
                 return 0;
             }
@@ -544,11 +429,7 @@ static int decode_image(const PlanObject *pl, const unsigned char **pp, const un
             int rc = decode_value(c, &p, end, d);
             if (rc <= 0) return rc;
         }
-        /* Column { id, value } inside Row.columns */
-        size_t clen = (c->cid ? 1 + varint_len((uint64_t)c->cid) : 0) + 1 + varint_len(d->len) + d->len;
-        if (buf_byte(r, 0x0A) < 0 || buf_varint(r, clen) < 0) return -1;
-        if (c->cid && (buf_byte(r, 0x08) < 0 || buf_varint(r, (uint64_t)c->cid) < 0)) return -1;
-        if (buf_field(r, 0x12, d->p, d->len) < 0) return -1;
+        if (bl_row_column(r, c->cid, d) < 0) return -1;
     }
     *pp = p;
     return 1;
@@ -654,7 +535,7 @@ static PyObject *Plan_decode(PlanObject *self, PyObject *args) {
     PyObject *bm2obj;
     if (!PyArg_ParseTuple(args, "y*nnpy*O", &body, &start, &stop, &update, &bm1, &bm2obj)) return NULL;
     PyObject *result = NULL;
-    Buf r1 = {0}, r2 = {0}, d = {0}, u = {0};
+    BlBuf r1 = {0}, r2 = {0}, d = {0}, u = {0};
     int have2 = 0;
     if (update) {
         if (PyObject_GetBuffer(bm2obj, &bm2, PyBUF_SIMPLE) < 0) goto done;
@@ -678,8 +559,7 @@ static PyObject *Plan_decode(PlanObject *self, PyObject *args) {
             rc = decode_image(self, &p, end, bm2.buf, &r2, &d);
             if (rc > 0) {
                 u.len = 0;
-                if (buf_field(&u, 0x0A, r1.p ? (const void *)r1.p : "", r1.len) < 0 ||
-                    buf_field(&u, 0x12, r2.p ? (const void *)r2.p : "", r2.len) < 0)
+                if (bl_updated_row(&u, &r1, &r2) < 0)
                     rc = -1;
                 else
                     item = PyBytes_FromStringAndSize((const char *)u.p, u.len);
@@ -715,8 +595,9 @@ static PyObject *Plan_len(PlanObject *self, PyObject *Py_UNUSED(ignored)) { retu
 
 static PyMethodDef Plan_methods[] = {
     {"decode", (PyCFunction)Plan_decode, METH_VARARGS,
-     "decode(body, start, end, update, bitmap1, bitmap2) -> list of serialized Row/UpdatedRow, or None"},
-    {"columns", (PyCFunction)Plan_len, METH_NOARGS, "number of columns in the plan"},
+     "decode($self, body, start, end, update, bitmap1, bitmap2, /)\n--\n\n"
+     "Returns a list of serialized Row/UpdatedRow, or None"},
+    {"columns", (PyCFunction)Plan_len, METH_NOARGS, "columns($self, /)\n--\n\nThe number of columns in the plan."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -725,7 +606,7 @@ static PyTypeObject PlanType = {
     .tp_name = "binlake.source.mysql._rowsc.Plan",
     .tp_basicsize = sizeof(PlanObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A table version's decoding plan (see the module docstring).",
+    .tp_doc = "Plan(cols)\n--\n\nA table version's decoding plan (see the module docstring).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Plan_init,
     .tp_dealloc = (destructor)Plan_dealloc,
@@ -750,15 +631,9 @@ static int rows_size(PyObject *list, size_t *size) {
         PyObject *r = PyList_GET_ITEM(list, i);
         if (!PyBytes_Check(r)) { PyErr_SetString(PyExc_TypeError, "rows must be a list of bytes"); return -1; }
         size_t len = (size_t)PyBytes_GET_SIZE(r);
-        *size += 1 + varint_len(len) + len;
+        *size += 1 + bl_varint_len(len) + len;
     }
     return 0;
-}
-
-static unsigned char *put_varint(unsigned char *o, uint64_t v) {
-    while (v >= 0x80) { *o++ = (unsigned char)(v | 0x80); v >>= 7; }
-    *o++ = (unsigned char)v;
-    return o;
 }
 
 static unsigned char *put_rows(unsigned char *o, unsigned char tag, PyObject *list) {
@@ -767,7 +642,7 @@ static unsigned char *put_rows(unsigned char *o, unsigned char tag, PyObject *li
         PyObject *r = PyList_GET_ITEM(list, i);
         size_t len = (size_t)PyBytes_GET_SIZE(r);
         *o++ = tag;
-        o = put_varint(o, len);
+        o = bl_write_varint(o, len);
         memcpy(o, PyBytes_AS_STRING(r), len);
         o += len;
     }
@@ -782,7 +657,7 @@ static PyObject *mod_prewrite_value(PyObject *Py_UNUSED(m), PyObject *args) {
     size_t *sizes = PyMem_Calloc(nm ? (size_t)nm : 1, sizeof(size_t));
     if (!sizes) return PyErr_NoMemory();
     PyObject *result = NULL;
-    size_t total = sv ? 1 + varint_len((uint64_t)sv) : 0;
+    size_t total = sv ? 1 + bl_varint_len((uint64_t)sv) : 0;
     for (Py_ssize_t k = 0; k < nm; k++) {
         PyObject *t = PyList_GET_ITEM(muts, k);
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5 || !PyLong_Check(PyTuple_GET_ITEM(t, 0)) ||
@@ -792,7 +667,7 @@ static PyObject *mod_prewrite_value(PyObject *Py_UNUSED(m), PyObject *args) {
         }
         long long tid = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 0));
         if (tid == -1 && PyErr_Occurred()) goto done;
-        size_t size = tid ? 1 + varint_len((uint64_t)tid) : 0;
+        size_t size = tid ? 1 + bl_varint_len((uint64_t)tid) : 0;
         for (int f = 1; f <= 3; f++)
             if (rows_size(PyTuple_GET_ITEM(t, f), &size) < 0) goto done;
         PyObject *seq = PyTuple_GET_ITEM(t, 4);
@@ -800,28 +675,28 @@ static PyObject *mod_prewrite_value(PyObject *Py_UNUSED(m), PyObject *args) {
         const unsigned char *sp = (const unsigned char *)PyBytes_AS_STRING(seq);
         for (size_t i = 0; i < ns; i++)
             if (sp[i] >= 0x80) { PyErr_SetString(PyExc_ValueError, "a sequence value past 127"); goto done; }
-        if (ns) size += 1 + varint_len(ns) + ns;
+        if (ns) size += 1 + bl_varint_len(ns) + ns;
         sizes[k] = size;
-        total += 1 + varint_len(size) + size;
+        total += 1 + bl_varint_len(size) + size;
     }
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (!result) goto done;
     unsigned char *o = (unsigned char *)PyBytes_AS_STRING(result);
-    if (sv) { *o++ = 0x08; o = put_varint(o, (uint64_t)sv); }
+    if (sv) { *o++ = BL_TAG_PREWRITE_VALUE_SCHEMA_VERSION; o = bl_write_varint(o, (uint64_t)sv); }
     for (Py_ssize_t k = 0; k < nm; k++) {
         PyObject *t = PyList_GET_ITEM(muts, k);
-        *o++ = 0x12;
-        o = put_varint(o, sizes[k]);
+        *o++ = BL_TAG_PREWRITE_VALUE_MUTATIONS;
+        o = bl_write_varint(o, sizes[k]);
         long long tid = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 0));
-        if (tid) { *o++ = 0x08; o = put_varint(o, (uint64_t)tid); }
-        o = put_rows(o, 0x12, PyTuple_GET_ITEM(t, 1));
-        o = put_rows(o, 0x1A, PyTuple_GET_ITEM(t, 2));
-        o = put_rows(o, 0x32, PyTuple_GET_ITEM(t, 3));
+        if (tid) { *o++ = BL_TAG_TABLE_MUTATION_TABLE_ID; o = bl_write_varint(o, (uint64_t)tid); }
+        o = put_rows(o, BL_TAG_TABLE_MUTATION_INSERTED_ROWS, PyTuple_GET_ITEM(t, 1));
+        o = put_rows(o, BL_TAG_TABLE_MUTATION_UPDATED_ROWS, PyTuple_GET_ITEM(t, 2));
+        o = put_rows(o, BL_TAG_TABLE_MUTATION_DELETED_ROWS, PyTuple_GET_ITEM(t, 3));
         PyObject *seq = PyTuple_GET_ITEM(t, 4);
         size_t ns = (size_t)PyBytes_GET_SIZE(seq);
         if (ns) {
-            *o++ = 0x3A;
-            o = put_varint(o, ns);
+            *o++ = BL_TAG_TABLE_MUTATION_SEQUENCE;
+            o = bl_write_varint(o, ns);
             memcpy(o, PyBytes_AS_STRING(seq), ns);
             o += ns;
         }
@@ -833,12 +708,17 @@ done:
 
 static PyMethodDef rowsc_functions[] = {
     {"prewrite_value", mod_prewrite_value, METH_VARARGS,
-     "prewrite_value(schema_version, [(table_id, inserted, updated, deleted, sequence)]) -> serialized PrewriteValue"},
+     "prewrite_value(schema_version, mutations, /)\n--\n\n"
+     "Returns the serialized PrewriteValue of mutations: [(table_id, inserted, updated, deleted, sequence)]."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef rowsc_module = {
-    PyModuleDef_HEAD_INIT, "_rowsc", "Native decoder of MySQL/MariaDB row-event bodies into binlake Rows.", -1, rowsc_functions,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_rowsc",
+    .m_doc = "Native decoder of MySQL/MariaDB row-event bodies into binlake Rows.",
+    .m_size = -1,
+    .m_methods = rowsc_functions,
 };
 
 PyMODINIT_FUNC PyInit__rowsc(void) {

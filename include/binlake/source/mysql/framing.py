@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 import pymysql
@@ -46,8 +47,10 @@ from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateR
 
 from binlake.source.readburst import BURST_BYTES
 
+# The extension module (typed by its .pyi), or None where it was not built.
+_framec: ModuleType | None
 try:  # optional: built by `pip install -e .` (setup.py); without it mysql-replication reads everything
-    from binlake.source.mysql import _framec  # type: ignore[attr-defined, unused-ignore]
+    from binlake.source.mysql import _framec
     _IMPORT_ERROR = ""
 except ImportError as _exc:
     _framec = None
@@ -131,6 +134,7 @@ class NativeReader:
     def __init__(self, stream: BinLogStreamReader, burst_s: float = 0.0) -> None:
         if _framec is None:
             raise RuntimeError(f"the native framer is not built: {_IMPORT_ERROR}")
+        self._framec = _framec
         if not 0 <= burst_s <= 0.1:
             raise ValueError(f"burst_s must be in [0, 0.1] seconds, got {burst_s!r}")
         self.stream = stream
@@ -147,7 +151,7 @@ class NativeReader:
         # replica registration, the dump command; nothing of the dump is read yet.
         s._BinLogStreamReader__connect_to_stream()
         s._BinLogStreamReader__connect_to_ctl()
-        self.framer = _framec.Framer(bool(s._BinLogStreamReader__use_checksum))
+        self.framer = self._framec.Framer(bool(s._BinLogStreamReader__use_checksum))
         # PyMySQL's buffered reader over the socket: whatever it already holds comes first.
         self._rfile = s._stream_connection._rfile
 

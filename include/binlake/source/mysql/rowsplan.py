@@ -26,6 +26,7 @@ when a source starts); without the built extension it is the only path.
 from __future__ import annotations
 
 import os
+from types import ModuleType
 from typing import Any
 
 from pymysqlreplication.constants import BINLOG, FIELD_TYPE
@@ -34,8 +35,10 @@ from pymysqlreplication.row_event import UpdateRowsEvent
 from binlake.source.mysql.tables import MyTable
 from binlake.source.mysql.values import _PY_CHARSET, RowEncoder
 
+# The extension module (typed by its .pyi), or None where it was not built.
+_rowsc: ModuleType | None
 try:  # optional: built by `pip install -e .` (setup.py); without it everything runs in Python
-    from binlake.source.mysql import _rowsc  # type: ignore[attr-defined, unused-ignore]
+    from binlake.source.mysql import _rowsc
     _IMPORT_ERROR = ""
 except ImportError as _exc:
     _rowsc = None

@@ -31,7 +31,8 @@
  *   plan.update(data, offset)  -> (serialized UpdatedRow, offset after both tuples) or None
  *                                 (offset: the old tuple; the 'N' byte and the new tuple follow)
  *
- * Wire format written (what the upb serializer writes, as _rowsc.c):
+ * Wire format written (what the upb serializer writes, as _rowsc.c; the tags are
+ * binlake_tags.h's):
  *   Row        = { 0x0A len Column }*
  *   Column     = [0x08 varint(id)] (omitted for id 0) 0x12 len Datum
  *   Datum      = is_null 0x08 01, int 0x10 zigzag, uint 0x18, float 0x21 fixed64,
@@ -46,6 +47,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "binlake_native.h"
 
 enum {
     K_INT = 1,      /* int2/int4/int8 */
@@ -73,93 +76,7 @@ typedef struct {
     Col *cols;
 } PlanObject;
 
-/* ------------------------------------------------------------------ buffers */
-
-typedef struct {
-    unsigned char *p;
-    size_t len, cap;
-} Buf;
-
-static int buf_reserve(Buf *b, size_t extra) {
-    if (b->len + extra <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra) cap *= 2;
-    unsigned char *p = PyMem_Realloc(b->p, cap);
-    if (!p) { PyErr_NoMemory(); return -1; }
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int buf_put(Buf *b, const void *data, size_t n) {
-    if (buf_reserve(b, n) < 0) return -1;
-    if (n) memcpy(b->p + b->len, data, n);
-    b->len += n;
-    return 0;
-}
-
-static int buf_byte(Buf *b, unsigned char c) { return buf_put(b, &c, 1); }
-
-static int buf_varint(Buf *b, uint64_t v) {
-    unsigned char tmp[10];
-    int n = 0;
-    do {
-        unsigned char c = v & 0x7F;
-        v >>= 7;
-        tmp[n++] = v ? (c | 0x80) : c;
-    } while (v);
-    return buf_put(b, tmp, n);
-}
-
-static size_t varint_len(uint64_t v) {
-    size_t n = 1;
-    while (v >= 0x80) { v >>= 7; n++; }
-    return n;
-}
-
-static uint64_t zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
-
-static int buf_field(Buf *b, unsigned char tag, const void *data, size_t n) {
-    if (buf_byte(b, tag) < 0 || buf_varint(b, n) < 0) return -1;
-    return buf_put(b, data, n);
-}
-
-static int buf_tagged_varint(Buf *b, unsigned char tag, uint64_t v) {
-    if (buf_byte(b, tag) < 0) return -1;
-    return buf_varint(b, v);
-}
-
 /* ------------------------------------------------------------------ text helpers */
-
-/* Strict UTF-8 as Python's decoder checks it (no surrogates, no over-long forms, <= U+10FFFF). */
-static int utf8_valid(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        if (c < 0x80) { i++; continue; }
-        if (c >= 0xC2 && c <= 0xDF) {
-            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return 0;
-            i += 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            if (i + 2 >= n) return 0;
-            unsigned char c1 = s[i + 1];
-            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80) return 0;
-            if (c == 0xE0 && c1 < 0xA0) return 0;
-            if (c == 0xED && c1 > 0x9F) return 0;
-            i += 3;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            if (i + 3 >= n) return 0;
-            unsigned char c1 = s[i + 1];
-            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80) return 0;
-            if (c == 0xF0 && c1 < 0x90) return 0;
-            if (c == 0xF4 && c1 > 0x8F) return 0;
-            i += 4;
-        } else {
-            return 0;
-        }
-    }
-    return 1;
-}
 
 static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 
@@ -173,28 +90,12 @@ static int64_t digits(const unsigned char *s, int n) {
     return v;
 }
 
-/* Days from 1970-01-01 to a valid proleptic Gregorian date. */
-static int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
-    y -= m <= 2;
-    int64_t era = (y >= 0 ? y : y - 399) / 400;
-    int64_t yoe = y - era * 400;
-    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    return era * 146097 + doe - 719468;
-}
-
-static int days_in_month(int64_t y, int64_t m) {
-    static const int dm[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-    if (m == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0)) return 29;
-    return dm[m - 1];
-}
-
 /* "YYYY-MM-DD" (years 1..9999) -> days since the epoch; 0 ok, -1 not canonical. */
 static int parse_date(const unsigned char *s, size_t n, int64_t *days, int64_t *year) {
     if (n != 10 || s[4] != '-' || s[7] != '-') return -1;
     int64_t y = digits(s, 4), m = digits(s + 5, 2), d = digits(s + 8, 2);
-    if (y < 1 || m < 1 || m > 12 || d < 1 || d > days_in_month(y, m)) return -1;
-    *days = days_from_civil(y, m, d);
+    if (y < 1 || m < 1 || m > 12 || d < 1 || d > bl_days_in_month(y, m)) return -1;
+    *days = bl_days_from_civil(y, m, d);
     *year = y;
     return 0;
 }
@@ -252,7 +153,7 @@ static int decimal_plain(const unsigned char *s, size_t n) {
 /* ------------------------------------------------------------------ values */
 
 /* One column's text -> its Datum in d. Returns 1, 0 (ask Python) or -1 (error set). */
-static int encode_text(const Col *c, const unsigned char *s, size_t n, Buf *d) {
+static int encode_text(const Col *c, const unsigned char *s, size_t n, BlBuf *d) {
     switch (c->kind) {
     case K_INT:
     case K_UINT: {
@@ -267,15 +168,15 @@ static int encode_text(const Col *c, const unsigned char *s, size_t n, Buf *d) {
             if (v > (UINT64_MAX - dgt) / 10) return 0;
             v = v * 10 + dgt;
         }
-        if (c->kind == K_UINT) return buf_tagged_varint(d, 0x18, v) < 0 ? -1 : 1;
+        if (c->kind == K_UINT) return bl_tagged_varint(d, BL_TAG_DATUM_UINT_VALUE, v) < 0 ? -1 : 1;
         if ((!neg && v > (uint64_t)INT64_MAX) || (neg && v > (uint64_t)INT64_MAX + 1)) return 0;
         int64_t sv = neg ? (int64_t)(0 - v) : (int64_t)v;
-        return buf_tagged_varint(d, 0x10, zigzag(sv)) < 0 ? -1 : 1;
+        return bl_tagged_varint(d, BL_TAG_DATUM_INT_VALUE, bl_zigzag(sv)) < 0 ? -1 : 1;
     }
     case K_BOOL:
         /* Python: text == "t" (anything else is False, but not all of it is text) */
         if (n != 1 || (s[0] != 't' && s[0] != 'f')) return 0;
-        return buf_tagged_varint(d, 0x10, s[0] == 't' ? 2 : 0) < 0 ? -1 : 1;
+        return bl_tagged_varint(d, BL_TAG_DATUM_INT_VALUE, s[0] == 't' ? 2 : 0) < 0 ? -1 : 1;
     case K_FLOAT: {
         char tmp[64];
         if (n == 0 || n >= sizeof tmp) return 0;
@@ -293,21 +194,21 @@ static int encode_text(const Col *c, const unsigned char *s, size_t n, Buf *d) {
         uint64_t bits;
         memcpy(&bits, &v, 8);
         for (int i = 0; i < 8; i++) le[i] = (unsigned char)(bits >> (8 * i));
-        if (buf_byte(d, 0x21) < 0 || buf_put(d, le, 8) < 0) return -1;
+        if (bl_byte(d, BL_TAG_DATUM_FLOAT_VALUE) < 0 || bl_put(d, le, 8) < 0) return -1;
         return 1;
     }
     case K_DECIMAL:
         if (!decimal_plain(s, n)) return 0;
-        return buf_field(d, 0x2A, s, n) < 0 ? -1 : 1;
+        return bl_field(d, BL_TAG_DATUM_DECIMAL_VALUE, s, n) < 0 ? -1 : 1;
     case K_STRING:
-        if (!utf8_valid(s, n)) return 0;
-        return buf_field(d, 0x32, s, n) < 0 ? -1 : 1;
+        if (!bl_utf8_valid(s, n)) return 0;
+        return bl_field(d, BL_TAG_DATUM_STRING_VALUE, s, n) < 0 ? -1 : 1;
     case K_BYTES: {
-        if (!utf8_valid(s, n)) return 0;
+        if (!bl_utf8_valid(s, n)) return 0;
         if (n >= 2 && s[0] == '\\' && s[1] == 'x') {
             size_t m = n - 2;
             if (m % 2) return 0;
-            if (buf_byte(d, 0x3A) < 0 || buf_varint(d, m / 2) < 0 || buf_reserve(d, m / 2) < 0) return -1;
+            if (bl_byte(d, BL_TAG_DATUM_BYTES_VALUE) < 0 || bl_varint(d, m / 2) < 0 || bl_reserve(d, m / 2) < 0) return -1;
             for (size_t i = 2; i < n; i += 2) {
                 int hv[2];
                 for (int k = 0; k < 2; k++) {
@@ -320,12 +221,12 @@ static int encode_text(const Col *c, const unsigned char *s, size_t n, Buf *d) {
             }
             return 1;
         }
-        return buf_field(d, 0x3A, s, n) < 0 ? -1 : 1;
+        return bl_field(d, BL_TAG_DATUM_BYTES_VALUE, s, n) < 0 ? -1 : 1;
     }
     case K_DATE: {
         int64_t days, year;
         if (parse_date(s, n, &days, &year) < 0) return 0;
-        return buf_tagged_varint(d, 0x40, zigzag(days * 86400000000LL)) < 0 ? -1 : 1;
+        return bl_tagged_varint(d, BL_TAG_DATUM_DATE_MICROS, bl_zigzag(days * BL_DAY_US)) < 0 ? -1 : 1;
     }
     case K_TIMESTAMP:
     case K_TIMESTAMPTZ: {
@@ -352,14 +253,14 @@ static int encode_text(const Col *c, const unsigned char *s, size_t n, Buf *d) {
         } else if (i != n) {
             return 0;
         }
-        int64_t v = days * 86400000000LL + us - off;
-        return buf_tagged_varint(d, 0x48, zigzag(v)) < 0 ? -1 : 1;
+        int64_t v = days * BL_DAY_US + us - off;
+        return bl_tagged_varint(d, BL_TAG_DATUM_DATETIME_MICROS, bl_zigzag(v)) < 0 ? -1 : 1;
     }
     case K_TIME: {
         int64_t us;
         Py_ssize_t t = parse_time(s, n, &us);
         if (t < 0 || (size_t)t != n) return 0;
-        return buf_tagged_varint(d, 0x50, zigzag(us)) < 0 ? -1 : 1;
+        return bl_tagged_varint(d, BL_TAG_DATUM_TIME_MICROS, bl_zigzag(us)) < 0 ? -1 : 1;
     }
     }
     return 0;
@@ -367,7 +268,7 @@ static int encode_text(const Col *c, const unsigned char *s, size_t n, Buf *d) {
 
 /* One TupleData at *pp: Int16 count, then per column 'n' | 'u' | 't' Int32 len text.
    Appends the serialized Row to r. Returns 1, 0 (ask Python) or -1. */
-static int decode_tuple(const PlanObject *pl, const unsigned char **pp, const unsigned char *end, Buf *r, Buf *d) {
+static int decode_tuple(const PlanObject *pl, const unsigned char **pp, const unsigned char *end, BlBuf *r, BlBuf *d) {
     const unsigned char *p = *pp;
     if (end - p < 2) return 0;
     Py_ssize_t n = (Py_ssize_t)(((unsigned)p[0] << 8) | p[1]);
@@ -380,7 +281,7 @@ static int decode_tuple(const PlanObject *pl, const unsigned char **pp, const un
         d->len = 0;
         if (k == 'n') {
             if (!c->nullable) return 0;
-            if (buf_byte(d, 0x08) < 0 || buf_byte(d, 0x01) < 0) return -1;
+            if (bl_tagged_varint(d, BL_TAG_DATUM_IS_NULL, 1) < 0) return -1;
         } else if (k == 't') {
             if (end - p < 4) return 0;
             uint32_t len = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
@@ -392,10 +293,7 @@ static int decode_tuple(const PlanObject *pl, const unsigned char **pp, const un
         } else {
             return 0; /* 'u' (unchanged TOAST) or a binary value: Python says what it means */
         }
-        size_t clen = (c->cid ? 1 + varint_len((uint64_t)c->cid) : 0) + 1 + varint_len(d->len) + d->len;
-        if (buf_byte(r, 0x0A) < 0 || buf_varint(r, clen) < 0) return -1;
-        if (c->cid && (buf_byte(r, 0x08) < 0 || buf_varint(r, (uint64_t)c->cid) < 0)) return -1;
-        if (buf_field(r, 0x12, d->p ? (const void *)d->p : "", d->len) < 0) return -1;
+        if (bl_row_column(r, c->cid, d) < 0) return -1;
     }
     *pp = p;
     return 1;
@@ -445,7 +343,7 @@ static PyObject *decode(PlanObject *self, PyObject *args, int update) {
     Py_ssize_t offset;
     if (!PyArg_ParseTuple(args, "y*n", &data, &offset)) return NULL;
     PyObject *result = NULL;
-    Buf r1 = {0}, r2 = {0}, d = {0}, u = {0};
+    BlBuf r1 = {0}, r2 = {0}, d = {0}, u = {0};
     if (offset < 0 || offset > data.len) {
         result = Py_NewRef(Py_None);
         goto done;
@@ -467,9 +365,7 @@ static PyObject *decode(PlanObject *self, PyObject *args, int update) {
     }
     PyObject *bytes;
     if (update) {
-        if (buf_field(&u, 0x0A, r1.p ? (const void *)r1.p : "", r1.len) < 0 ||
-            buf_field(&u, 0x12, r2.p ? (const void *)r2.p : "", r2.len) < 0)
-            goto done;
+        if (bl_updated_row(&u, &r1, &r2) < 0) goto done;
         bytes = PyBytes_FromStringAndSize((const char *)u.p, u.len);
     } else {
         bytes = PyBytes_FromStringAndSize(r1.p ? (const char *)r1.p : "", r1.len);
@@ -490,10 +386,10 @@ static PyObject *Plan_update(PlanObject *self, PyObject *args) { return decode(s
 static PyObject *Plan_len(PlanObject *self, PyObject *Py_UNUSED(ignored)) { return PyLong_FromSsize_t(self->ncols); }
 
 static PyMethodDef Plan_methods[] = {
-    {"row", (PyCFunction)Plan_row, METH_VARARGS, "row(data, offset) -> (serialized Row, offset after) or None"},
+    {"row", (PyCFunction)Plan_row, METH_VARARGS, "row($self, data, offset, /)\n--\n\nReturns (serialized Row, offset after) or None"},
     {"update", (PyCFunction)Plan_update, METH_VARARGS,
-     "update(data, offset) -> (serialized UpdatedRow, offset after the new tuple) or None"},
-    {"columns", (PyCFunction)Plan_len, METH_NOARGS, "number of columns in the plan"},
+     "update($self, data, offset, /)\n--\n\nReturns (serialized UpdatedRow, offset after the new tuple) or None"},
+    {"columns", (PyCFunction)Plan_len, METH_NOARGS, "columns($self, /)\n--\n\nThe number of columns in the plan."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -502,7 +398,7 @@ static PyTypeObject PlanType = {
     .tp_name = "binlake.source.postgres._pgoutc.Plan",
     .tp_basicsize = sizeof(PlanObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A table version's pgoutput tuple plan (see the module docstring).",
+    .tp_doc = "Plan(cols)\n--\n\nA table version's pgoutput tuple plan (see the module docstring).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Plan_init,
     .tp_dealloc = (destructor)Plan_dealloc,
@@ -510,7 +406,10 @@ static PyTypeObject PlanType = {
 };
 
 static struct PyModuleDef pgoutc_module = {
-    PyModuleDef_HEAD_INIT, "_pgoutc", "Native decoder of pgoutput tuples into binlake Rows.", -1, NULL,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_pgoutc",
+    .m_doc = "Native decoder of pgoutput tuples into binlake Rows.",
+    .m_size = -1,
 };
 
 PyMODINIT_FUNC PyInit__pgoutc(void) {

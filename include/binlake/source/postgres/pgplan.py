@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 from binlake.proto import binlog_pb2
 from binlake.source.mysql.tables import MyTable
 
+# The extension module (typed by its .pyi), or None where it was not built.
+_pgoutc: ModuleType | None
 try:  # optional: built by `pip install -e .` (setup.py); without it everything runs in Python
-    from binlake.source.postgres import _pgoutc  # type: ignore[attr-defined, unused-ignore]
+    from binlake.source.postgres import _pgoutc
     _IMPORT_ERROR = ""
 except ImportError as _exc:
     _pgoutc = None
