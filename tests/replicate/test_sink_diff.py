@@ -155,3 +155,45 @@ def test_cli_diff_and_apply_exit_codes(tmp_path: pathlib.Path, capsys: pytest.Ca
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"binlake apply: error: task file {bad}: colour: unknown key "
                    "(config/task.sample.toml lists every key)"]
+
+
+def test_diff_against_an_empty_target_streams_its_fix_sql(tmp_path: pathlib.Path) -> None:
+    """A table the target holds empty and one it lacks: the report counts every key and
+    lists only the first ones, the fix SQL (every row's INSERT) goes to its file as it
+    is found, and this process's memory stays far below the rows' size; applied, the
+    fix makes the target equal."""
+    import tracemalloc
+
+    n = 25_000
+    narrow = [sc.ColumnDef("id", "int", False), sc.ColumnDef("note", "string")]
+    kept = sc.new_table(201, "app", "kept", narrow, ["id"], None, 1)
+    lost = sc.new_table(202, "app", "lost", narrow, ["id"], None, 1)
+    source_url, target_url = f"sqlite:///{tmp_path / 'big.db'}", f"sqlite:///{tmp_path / 'empty.db'}"
+    with open_target(source_url) as src:
+        for info in (kept, lost):
+            src.create_table(info)
+            src.bulk_load(info, ({"id": i, "note": f"row {i:07d} " + "x" * 40} for i in range(n)))
+    with open_target(target_url) as tgt:
+        tgt.create_table(kept)
+    fix = tmp_path / "fix.sql"
+    tracemalloc.start()
+    try:
+        report = diff.diff_databases(source_url, target_url, chunk_size=500, fix_sql=str(fix), keep_keys=3)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    by_name = {t.name: t for t in report.tables}
+    assert (by_name["kept"].status, by_name["kept"].missing_count, by_name["kept"].source_rows) == ("DIFF", n, n)
+    assert by_name["kept"].only_in_source == [{"id": "0"}, {"id": "1"}, {"id": "10"}]
+    assert (by_name["lost"].status, by_name["lost"].source_rows) == ("MISSING", n)
+    assert f"{n - 10} more missing" in report.summary()
+    assert report.fix_statements == 2 * n + 1  # the CREATE TABLE of "lost", every row's INSERT
+    size = fix.stat().st_size
+    assert size > 2 * n * 60
+    # The rows and their statements are on disk; memory held a chunk and the first keys.
+    assert peak < size / 3, (peak, size)
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "empty.db") as db:
+        db.executescript("BEGIN;\n" + fix.read_text() + "COMMIT;\n")  # as `sqlite3 empty.db < fix.sql` would
+    assert diff.diff_databases(source_url, target_url).ok

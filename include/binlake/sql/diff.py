@@ -14,12 +14,27 @@ two databases order keys differently (different collations), a row may fall in
 another chunk on one side: keys reported missing on one side and extra on the
 other with the same row hash are reconciled at the end, so that never shows as
 a difference.
+
+Memory holds one chunk of source rows and one batch of target rows, never a
+table: the target's rows of a chunk's range are streamed and matched against
+the chunk by key; a key on one side only (or differing) goes to a spill file
+on disk (SQLite, with the fix statement it needs when ``--fix-sql`` asks),
+where the cross-chunk reconciliation runs once the table is read. The report
+keeps exact counts and the first ``keep_keys`` keys of each kind; fix
+statements stream from the spill to their file (a table's deletes before its
+inserts), and a table missing in the target streams its rows' INSERTs
+straight there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+import json
+import os
+import sqlite3
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,6 +47,10 @@ from binlake.sql.url import reader_engine
 
 OK, DIFF, MISSING = "OK", "DIFF", "MISSING"
 _SHOW_KEYS = 10
+# Differing keys of each kind a table's report keeps (the counts are always exact).
+KEEP_KEYS = 100
+# Target rows fetched at a time while a chunk's range streams in.
+_TARGET_BATCH = 2_000
 
 
 @dataclasses.dataclass
@@ -44,22 +63,22 @@ class TableDiff:
     target_rows: int = 0
     chunks: int = 0
     chunks_differing: int = 0
+    # The first ``keep_keys`` keys of each kind (in key order); the counts are exact.
     only_in_source: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     only_in_target: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     differing: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    missing_count: int = 0
+    extra_count: int = 0
+    differing_count: int = 0
     note: str = ""
-
-    @property
-    def differing_keys(self) -> list[dict[str, Any]]:
-        return self.only_in_source + self.only_in_target + self.differing
 
     def line(self) -> str:
         head = f"{self.name:<32} {self.status:<8} source {self.source_rows:>9,} rows  target {self.target_rows:>9,} rows"
         if self.status == MISSING:
             return f"{head}  ({self.note})"
         if self.status == DIFF:
-            head += (f"  ({len(self.only_in_source)} missing in target, {len(self.only_in_target)} extra, "
-                     f"{len(self.differing)} different; {self.chunks_differing}/{self.chunks} chunks)")
+            head += (f"  ({self.missing_count} missing in target, {self.extra_count} extra, "
+                     f"{self.differing_count} different; {self.chunks_differing}/{self.chunks} chunks)")
         return head
 
 
@@ -78,12 +97,13 @@ class DiffReport:
         lines = [f"diff {self.source} -> {self.target}"]
         for t in self.tables:
             lines.append("  " + t.line())
-            for label, keys in (("missing", t.only_in_source), ("extra", t.only_in_target),
-                                ("different", t.differing)):
+            for label, keys, count in (("missing", t.only_in_source, t.missing_count),
+                                       ("extra", t.only_in_target, t.extra_count),
+                                       ("different", t.differing, t.differing_count)):
                 for k in keys[:_SHOW_KEYS]:
                     lines.append(f"      {label:<9} {_show_key(k)}")
-                if len(keys) > _SHOW_KEYS:
-                    lines.append(f"      ... {len(keys) - _SHOW_KEYS} more {label}")
+                if count > _SHOW_KEYS:
+                    lines.append(f"      ... {count - _SHOW_KEYS} more {label}")
         bad = sum(t.status != OK for t in self.tables)
         lines.append(f"{len(self.tables)} table(s): " + ("all OK" if not bad else f"{bad} differ"))
         if self.fix_statements:
@@ -96,16 +116,19 @@ def _show_key(key: Mapping[str, Any]) -> str:
 
 
 def diff_databases(source_url: str, target_url: str, tables: Sequence[str] | None = None,
-                   chunk_size: int = 10_000, fix_sql: str | None = None) -> DiffReport:
+                   chunk_size: int = 10_000, fix_sql: str | None = None, keep_keys: int = KEEP_KEYS) -> DiffReport:
     """Compare every table (or ``tables``) of ``source_url`` with ``target_url``.
-    With ``fix_sql``, write the statements that make the target equal to that file."""
+    With ``fix_sql``, write the statements that make the target equal to that file.
+    ``keep_keys``: how many differing keys of each kind a table's report lists."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise errors.InvalidArgument(f"chunk size must be a positive integer, got {chunk_size!r}")
+    if isinstance(keep_keys, bool) or not isinstance(keep_keys, int) or keep_keys < 0:
+        raise errors.InvalidArgument(f"keep_keys must be a count of keys (0 or more), got {keep_keys!r}")
     if tables is not None and (isinstance(tables, str) or not all(isinstance(t, str) and t for t in tables)):
         raise errors.InvalidArgument(f"tables must be a list of table names, got {tables!r}")
     src_engine = _engine(source_url, "source")
     tgt_engine = _engine(target_url, "target")
-    fixes: list[str] = []
+    fixes = _Fixes(fix_sql, f"-- statements that make {_show(tgt_engine)} equal to {_show(src_engine)}\n")
     try:
         src_schema = _schema(source_url, src_engine)
         tgt_schema = _schema(target_url, tgt_engine)
@@ -131,35 +154,31 @@ def diff_databases(source_url: str, target_url: str, tables: Sequence[str] | Non
                     results.append(TableDiff(name, MISSING, note="not in the target"))
                     src_t = _typed(src, name, src_schema.get(name))
                     results[-1].source_rows = src.execute(sa.select(sa.func.count()).select_from(src_t)).scalar_one()
-                    if name in src_schema:
-                        fixes.extend(s + ";" for s in _kind(tgt_engine).create_table_sql(tgt_engine, src_schema[name]))
-                        fixes.extend(_insert_sql(tgt_engine, name, dict(r._mapping))
-                                     for r in src.execute(sa.select(src_t)))
+                    if name in src_schema and fixes.wanted:
+                        for stmt in _kind(tgt_engine).create_table_sql(tgt_engine, src_schema[name]):
+                            fixes.write(stmt + ";")
+                        rows = src.execution_options(yield_per=chunk_size).execute(sa.select(src_t))
+                        for r in rows:
+                            fixes.write(_insert_sql(tgt_engine, name, dict(r._mapping)))
                     continue
                 if name not in src_names:
                     tgt_t = _typed(tgt, name, tgt_schema.get(name))
                     n = tgt.execute(sa.select(sa.func.count()).select_from(tgt_t)).scalar_one()
                     results.append(TableDiff(name, MISSING, target_rows=n, note="not in the source"))
-                    fixes.append(f"DROP TABLE {_q(tgt_engine, name)};")
+                    fixes.write(f"DROP TABLE {_q(tgt_engine, name)};")
                     continue
                 # A source without binlake's definitions (a MariaDB/PostgreSQL upstream followed by
                 # a source) is read with the target's, when its columns are the same: values then
                 # compare by type (a JSON document, not its text as the upstream kept it).
                 results.append(_diff_table(src, tgt, name, src_schema.get(name) or tgt_schema.get(name),
-                                           tgt_schema.get(name), chunk_size, fixes, tgt_engine))
+                                           tgt_schema.get(name), chunk_size, fixes, tgt_engine, keep_keys))
     except sa.exc.OperationalError as exc:
         raise errors.Unavailable(f"diff: {errors.first_line(exc)}") from None
     finally:
+        fixes.close()
         src_engine.dispose()
         tgt_engine.dispose()
-    report = DiffReport(_show(src_engine), _show(tgt_engine), results)
-    if fix_sql is not None:
-        with open(fix_sql, "w", encoding="utf-8") as f:
-            f.write(f"-- statements that make {report.target} equal to {report.source}\n")
-            for stmt in fixes:
-                f.write(stmt + "\n")
-        report.fix_statements = len(fixes)
-    return report
+    return DiffReport(_show(src_engine), _show(tgt_engine), results, fix_statements=fixes.count)
 
 
 def _engine(url: str, what: str) -> sa.Engine:
@@ -209,8 +228,8 @@ def _key_columns(conn: Connection, table: sa.Table) -> list[str]:
 
 
 def _diff_table(src: Connection, tgt: Connection, name: str, src_info: binlog_pb2.TableInfo | None,
-                tgt_info: binlog_pb2.TableInfo | None, chunk_size: int, fixes: list[str],
-                tgt_engine: sa.Engine) -> TableDiff:
+                tgt_info: binlog_pb2.TableInfo | None, chunk_size: int, fixes: _Fixes,
+                tgt_engine: sa.Engine, keep_keys: int) -> TableDiff:
     src_t = _typed(src, name, src_info)
     tgt_t = _typed(tgt, name, tgt_info)
     key = _key_columns(src, src_t)
@@ -224,61 +243,136 @@ def _diff_table(src: Connection, tgt: Connection, name: str, src_info: binlog_pb
         result.source_rows = src.execute(sa.select(sa.func.count()).select_from(src_t)).scalar_one()
         result.target_rows = tgt.execute(sa.select(sa.func.count()).select_from(tgt_t)).scalar_one()
         return result
-    # key text -> (row hash, row) of rows seen on one side only (or differing), across chunks
-    only_src: dict[tuple[str | None, ...], tuple[int, dict[str, Any]]] = {}
-    only_tgt: dict[tuple[str | None, ...], tuple[int, dict[str, Any]]] = {}
     src_keys = [src_t.c[k] for k in key]
-    for lo, hi, rows in _source_chunks(src, src_t, src_keys, chunk_size):
-        result.chunks += 1
-        tgt_keys = [tgt_t.c[k] for k in key]
-        q = sa.select(tgt_t)
-        if lo is not None:
-            q = q.where(sa.tuple_(*tgt_keys) >= sa.tuple_(*lo) if len(key) > 1 else tgt_keys[0] >= lo[0])
-        if hi is not None:
-            q = q.where(sa.tuple_(*tgt_keys) < sa.tuple_(*hi) if len(key) > 1 else tgt_keys[0] < hi[0])
-        trows = [dict(r._mapping) for r in tgt.execute(q)]
-        result.source_rows += len(rows)
-        result.target_rows += len(trows)
-        shash = [checksum.row_hash(r, src_json) for r in rows]
-        thash = [checksum.row_hash(r, tgt_json) for r in trows]
-        if len(rows) == len(trows) and _fold(shash) == _fold(thash):
-            continue
-        result.chunks_differing += 1
-        s_map = {_key_text(r, key, src_json): (h, r) for r, h in zip(rows, shash, strict=True)}
-        t_map = {_key_text(r, key, tgt_json): (h, r) for r, h in zip(trows, thash, strict=True)}
-        for k, v in s_map.items():
-            if t_map.get(k, (None,))[0] != v[0]:
-                only_src[k] = v
-        for k, v in t_map.items():
-            if s_map.get(k, (None,))[0] != v[0]:
-                only_tgt[k] = v
-    # Reconcile rows that fell into different chunks on the two sides (collation order).
-    for k in list(only_src):
-        if k in only_tgt and only_tgt[k][0] == only_src[k][0]:
-            del only_src[k], only_tgt[k]
-    for k in sorted(set(only_src) | set(only_tgt), key=lambda t: tuple("" if v is None else v for v in t)):
-        shown = dict(zip(key, k, strict=True))
-        if k in only_src and k in only_tgt:
-            result.differing.append(shown)
-        elif k in only_src:
-            result.only_in_source.append(shown)
-        else:
-            result.only_in_target.append(shown)
-        if k in only_tgt:
-            fixes.append(_delete_sql(tgt_engine, name, key, only_tgt[k][1]))
-        if k in only_src:
-            fixes.append(_insert_sql(tgt_engine, name, only_src[k][1]))
-    if only_src or only_tgt:
+    tgt_keys = [tgt_t.c[k] for k in key]
+    with _Spill(fixes.wanted) as spill:
+        for lo, hi, rows in _source_chunks(src, src_t, src_keys, chunk_size):
+            result.chunks += 1
+            result.source_rows += len(rows)
+            q = sa.select(tgt_t)
+            if lo is not None:
+                q = q.where(sa.tuple_(*tgt_keys) >= sa.tuple_(*lo) if len(key) > 1 else tgt_keys[0] >= lo[0])
+            if hi is not None:
+                q = q.where(sa.tuple_(*tgt_keys) < sa.tuple_(*hi) if len(key) > 1 else tgt_keys[0] < hi[0])
+            # key text -> (row hash, row) of the chunk's source rows not yet met in the target
+            pending = {_key_text(r, key, src_json): (checksum.row_hash(r, src_json), r) for r in rows}
+            differs = False
+            for tr in tgt.execution_options(yield_per=_TARGET_BATCH).execute(q):
+                trow = dict(tr._mapping)
+                result.target_rows += 1
+                k = _key_text(trow, key, tgt_json)
+                h = checksum.row_hash(trow, tgt_json)
+                met = pending.pop(k, None)
+                if met is not None and met[0] == h:
+                    continue
+                differs = True
+                if met is not None:
+                    spill.add(_SRC, k, met[0], key, functools.partial(_insert_sql, tgt_engine, name, met[1]))
+                spill.add(_TGT, k, h, key, functools.partial(_delete_sql, tgt_engine, name, key, trow))
+            for k, (h, r) in pending.items():
+                differs = True
+                spill.add(_SRC, k, h, key, functools.partial(_insert_sql, tgt_engine, name, r))
+            result.chunks_differing += differs
+        # Rows that fell into different chunks on the two sides (collation order) meet here.
+        spill.reconcile()
+        result.missing_count, result.extra_count, result.differing_count = spill.counts()
+        result.only_in_source, result.only_in_target, result.differing = spill.first_keys(keep_keys)
+        for stmt in spill.statements():
+            fixes.write(stmt)
+    if result.missing_count or result.extra_count or result.differing_count:
         result.status = DIFF
     return result
 
 
-def _fold(hashes: Sequence[int]) -> tuple[int, int]:
-    total = xor = 0
-    for h in hashes:
-        total = (total + h) & 0xFFFFFFFFFFFFFFFF
-        xor ^= h
-    return total, xor
+_SRC, _TGT = 0, 1
+
+
+class _Spill:
+    """The keys of one table found on one side only (or differing), on disk: a SQLite
+    file in a temporary directory, so a table that differs everywhere (an empty target)
+    costs disk, not memory. With ``statements``, each row keeps the fix statement it
+    needs (an INSERT of a source row, a DELETE of a target row's key)."""
+
+    def __init__(self, statements: bool) -> None:
+        self.statements_wanted = statements
+        self._dir = tempfile.TemporaryDirectory(prefix="binlake-diff-")
+        self._db = sqlite3.connect(os.path.join(self._dir.name, "spill.db"), isolation_level=None)
+        self._db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;"
+                               "CREATE TABLE p (side INTEGER, k TEXT, h INTEGER, shown TEXT, stmt TEXT,"
+                               " same INTEGER DEFAULT 0, other INTEGER DEFAULT 0); BEGIN")
+        self._batch: list[tuple[int, str, int, str, str | None]] = []
+
+    def __enter__(self) -> _Spill:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._db.close()
+        self._dir.cleanup()
+
+    def add(self, side: int, k: tuple[str | None, ...], h: int, key: Sequence[str],
+            stmt: Callable[[], str]) -> None:
+        text = json.dumps(k)
+        shown = json.dumps(dict(zip(key, k, strict=True)))
+        # SQLite integers are signed 64-bit: the hash is stored shifted into that range.
+        self._batch.append((side, text, h - (1 << 63), shown, stmt() if self.statements_wanted else None))
+        if len(self._batch) >= 1_000:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._db.executemany("INSERT INTO p (side, k, h, shown, stmt) VALUES (?, ?, ?, ?, ?)", self._batch)
+        self._batch = []
+
+    def reconcile(self) -> None:
+        """Mark each row whose key is on the other side too (``other``), and with the same
+        hash there (``same``: the same row, met in another chunk: no difference)."""
+        self._flush()
+        self._db.executescript(
+            "CREATE INDEX p_k ON p (k, side, h);"
+            "UPDATE p SET other = EXISTS (SELECT 1 FROM p q WHERE q.k = p.k AND q.side <> p.side),"
+            " same = EXISTS (SELECT 1 FROM p q WHERE q.k = p.k AND q.side <> p.side AND q.h = p.h);")
+
+    def counts(self) -> tuple[int, int, int]:
+        """(missing in the target, extra in the target, differing) keys."""
+        row = self._db.execute(
+            "SELECT coalesce(sum(side = 0 AND NOT other), 0), coalesce(sum(side = 1 AND NOT other), 0),"
+            " count(DISTINCT CASE WHEN other AND NOT same THEN k END) FROM p").fetchone()
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def first_keys(self, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        def keys(where: str) -> list[dict[str, Any]]:
+            rows = self._db.execute(f"SELECT DISTINCT k, shown FROM p WHERE {where} ORDER BY k LIMIT ?", (n,))
+            return [json.loads(shown) for _k, shown in rows]
+
+        return (keys("side = 0 AND NOT other"), keys("side = 1 AND NOT other"), keys("other AND NOT same"))
+
+    def statements(self) -> Iterator[str]:
+        """The fix statements, the target's deletes before the source's inserts (a key that
+        differs is deleted, then inserted as the source has it)."""
+        for side in (_TGT, _SRC):
+            for (stmt,) in self._db.execute(
+                    "SELECT stmt FROM p WHERE side = ? AND NOT same AND stmt IS NOT NULL ORDER BY k", (side,)):
+                yield str(stmt)
+
+
+class _Fixes:
+    """The fix SQL file, written as statements are found (none kept in memory); with no
+    file asked for, nothing is built or written."""
+
+    def __init__(self, path: str | None, header: str) -> None:
+        self.wanted = path is not None
+        self.count = 0
+        self._out = open(path, "w", encoding="utf-8") if path is not None else None
+        if self._out is not None:
+            self._out.write(header)
+
+    def write(self, stmt: str) -> None:
+        if self._out is not None:
+            self._out.write(stmt + "\n")
+            self.count += 1
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
 
 
 def _key_text(row: Mapping[str, Any], key: Sequence[str], json_cols: Sequence[str]) -> tuple[str | None, ...]:
