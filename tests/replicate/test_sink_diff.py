@@ -1,7 +1,7 @@
 """Targets and diff against real databases: SQLite, PostgreSQL, MariaDB and DuckDB.
 
 Rows of every column type loaded through ``Target.bulk_load`` read back equal
-to a SQLite source holding the same rows (``diff`` OK, and the oracle's
+to a SQLite source holding the same rows (``diff`` OK, and the checksums'
 checksums agree); a row changed, deleted or added by hand in the target is
 reported by key, and the ``--fix-sql`` statements make the target equal again.
 """

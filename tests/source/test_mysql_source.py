@@ -1,6 +1,6 @@
 """The MariaDB row-binlog source against a real MariaDB (log-bin, ROW, FULL
 images) and a real registry + Pump on loopback: what the Pump serves, replayed
-from the binlogs alone, equals the upstream tables (binlake.oracle checksums)."""
+from the binlogs alone, equals the upstream tables (binlake.sql.checksum checksums)."""
 
 from __future__ import annotations
 

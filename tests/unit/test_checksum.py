@@ -1,4 +1,4 @@
-"""The checksum oracle: equal rows give equal checksums whatever the insertion
+"""Table checksums (binlake.sql.checksum): equal rows give equal checksums whatever the insertion
 order; any changed value changes it; values are compared by meaning (1.5 ==
 1.50), and NULL is never confused with a string."""
 

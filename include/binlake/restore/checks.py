@@ -1,4 +1,4 @@
-"""Checksums of restored Spark tables in ``binlake.oracle``'s terms.
+"""Checksums of restored Spark tables in ``binlake.sql.checksum``'s terms.
 
 ``frame_checksum`` gives the (rows, checksum) ``checksum.checksum`` gives for a
 database table holding the same rows, so a restored Delta table can be

@@ -1,7 +1,7 @@
 """Rows rebuilt from binlogs alone, in memory: table -> {primary key: row},
 each change decoded with the table definition of its DDL binlog (as the lake's
 schema history does). Used to check a source end to end (tests, the demo):
-its checksums (``binlake.oracle`` row hashes) must equal the upstream's.
+its checksums (``binlake.sql.checksum`` row hashes) must equal the upstream's.
 An insert of a key already there, or an update/delete whose before image
 differs from the row held, raises AssertionError: either means a transaction
 was served twice or out of order."""

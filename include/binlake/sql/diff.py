@@ -2,9 +2,9 @@
 sync-diff-inspector: split each table by ranges of its key, compare one
 checksum per chunk, and look at single rows only inside chunks that differ.
 
-Values are normalised by ``binlake.oracle`` (canonical text per type, the
+Values are normalised by ``binlake.sql.checksum`` (canonical text per type, the
 same row hash), so a SQLite source and a PostgreSQL target holding the same
-rows compare equal, and a table is OK here exactly when the oracle's checksums
+rows compare equal, and a table is OK here exactly when the table checksums
 of both sides agree. Because the checksum must be the same on every dialect,
 it is computed by this process over the streamed rows, not by SQL functions.
 
