@@ -12,7 +12,7 @@ scan; a restore killed (exit as kill -9) while tables are being written must lea
 only whole tables, and its rerun must finish.
 
 The checks read the restored Delta tables with delta-rs (``checks.delta_checksum``)
-and the databases with ``oracle``: no Spark job per table.
+and the databases with ``binlake.sql.checksum``: no Spark job per table.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Compare two databases table by table, chunk by chunk, in the manner of
-sync-diff-inspector: split each table by ranges of its key, compare one
-checksum per chunk, and look at single rows only inside chunks that differ.
+sync-diff-inspector: split each table by ranges of its key, and match each
+range's rows on the two sides by key and row hash.
 
 Values are normalised by ``binlake.sql.checksum`` (canonical text per type, the
 same row hash), so a SQLite source and a PostgreSQL target holding the same
