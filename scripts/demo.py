@@ -65,9 +65,9 @@ from binlake.ctl.actions import binlog_to_json, pumps_table
 from binlake.proto import binlog_pb2 as bp
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
-from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 from binlake.stack.supervisor import local_airflow
 from binlake.testing.devcluster import DevCluster
+from binlake.writer.txn_status import MemoryStatusProvider, TxnStatusServer
 
 WRITERS = 8
 RUN_SECONDS = 6.0
@@ -288,8 +288,8 @@ def replay(binlogs: list[bp.Binlog], url: str) -> dict[str, int]:
 
 def act2(cluster: DevCluster, root: pathlib.Path) -> tuple[int, Any]:
     from binlake import oracle
-    from binlake.source import workload
-    from binlake.source.txn_writer import TxnWriter
+    from binlake.workload import api as workload
+    from binlake.writer.txn_writer import TxnWriter
 
     print()
     upstream = f"sqlite:///{root}/upstream.db"

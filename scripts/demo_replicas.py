@@ -110,8 +110,8 @@ def _ingest_child(registry: str, lake: str) -> int:
 
 
 def act_replicas(cluster: DevCluster, root: pathlib.Path) -> int:
-    from binlake.source import workload
-    from binlake.source.txn_writer import TxnWriter
+    from binlake.workload import api as workload
+    from binlake.writer.txn_writer import TxnWriter
 
     reg = RegistryClient(cluster.registry_addr)
     ingester: Ingester | None = None

@@ -34,9 +34,9 @@ from binlake.lake.connect_server import ConnectServer
 from binlake.lake.planner import plan_window
 from binlake.lake.pump_check import check_pumps
 from binlake.lake.rows import CHANGES_DDL
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import api as wl
+from binlake.writer.txn_writer import TxnWriter
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,8 @@ from pyspark.sql import SparkSession
 
 from binlake import tso
 from binlake.client.reader import pull_window
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
+from binlake.workload import api as wl
+from binlake.writer.txn_writer import TxnWriter
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

@@ -45,13 +45,13 @@ from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
 from binlake.replicate import diff, runner, task
-from binlake.source import workload as wl
 from binlake.source.replay import Replay
-from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql.schema import ColumnDef
 from binlake.testing.etcdcluster import EtcdCluster
 from binlake.testing.netbed import Host, NetBed
+from binlake.workload import api as wl
+from binlake.writer.txn_status import MemoryStatusProvider, TxnStatusServer
+from binlake.writer.txn_writer import TxnWriter
 
 # The nemesis rounds take ~70 s, the ingest, apply and diff at the end ~40-60 s
 # with the shared Spark session (minutes on a loaded machine).

@@ -51,11 +51,11 @@ from binlake.lake.pump_check import STATUS_TIMEOUT_S, plan_read
 from binlake.registry.client import RegistryClient
 from binlake.replicate import diff, runner, task
 from binlake.restore import restore
-from binlake.source import workload as wl
 from binlake.source.replay import Replay
-from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
-from binlake.source.txn_writer import TxnWriter
 from binlake.testing.netbed import NetBed
+from binlake.workload import api as wl
+from binlake.writer.txn_status import MemoryStatusProvider, TxnStatusServer
+from binlake.writer.txn_writer import TxnWriter
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -14,9 +14,9 @@ import pytest
 
 from binlake import cli, oracle
 from binlake.client.reader import pull_window
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import api as wl
+from binlake.writer.txn_writer import TxnWriter
 
 ARGS = ["--profile", "mixed", "--txns", "300", "--tables", "2", "--seed", "7", "--large-txn-rows", "300",
         "--large-txn-every", "100", "--table-rows", "200", "--accounts", "50"]

@@ -35,10 +35,10 @@ from binlake.lake import pump_source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.registry.client import RegistryClient
 from binlake.replicate import checkpoint, diff, runner, sink, table_write, task
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import api as wl
+from binlake.writer.txn_writer import TxnWriter
 
 # One cluster, upstream and lake for the module: the setup is most of the time.
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]

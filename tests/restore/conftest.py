@@ -24,9 +24,9 @@ from binlake import errors, oracle
 from binlake.lake import ingest
 from binlake.lake import pump_source as lake_source
 from binlake.lake.planner import plan_window
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import api as wl
+from binlake.writer.txn_writer import TxnWriter
 
 PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
 

@@ -25,9 +25,9 @@ from binlake import oracle
 from binlake.registry.client import RegistryClient
 from binlake.replicate import diff, runner, task
 from binlake.restore import checks, history, restore, snapshot
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
+from binlake.writer.txn_writer import TxnWriter
 
 # A cluster, a TxnWriter upstream and four ingests: minutes on two loaded cores.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -26,8 +26,8 @@ from pyspark.sql import functions as F
 from binlake import cli, errors, failpoint, oracle, tso
 from binlake.lake.ingest import read_windows
 from binlake.restore import checks, history, layout, restore, snapshot
-from binlake.source import workload as wl
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import api as wl
 
 ACCOUNTS = 20
 # One workload, four captures, three ingests, then many Spark restores: minutes on two cores.

@@ -12,9 +12,9 @@ from dbfixtures import postgres_server  # noqa: F401
 from pyspark.sql import SparkSession
 
 from binlake.restore import checks, restore
-from binlake.source import workload as wl
 from binlake.testing.devcluster import DevCluster
 from binlake.testing.devdb import LocalPostgres
+from binlake.workload import api as wl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -33,8 +33,9 @@ from srckit import Cluster, SourceThread, sql
 from binlake import errors
 from binlake.source.mysql import rowsplan
 from binlake.source.mysql.source import MySQLSource, _Txn, load_catalog
-from binlake.source.mysql.tables import TableFilter, assign_ids
+from binlake.source.mysql.tables import TableFilter
 from binlake.source.mysql.values import prepare_table_map
+from binlake.source.tables import assign_ids
 from binlake.testing.devdb import LocalMariaDB
 
 _needs_server = pytest.mark.skipif(not LocalMariaDB.available(),

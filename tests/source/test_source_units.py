@@ -12,9 +12,10 @@ import pytest
 
 from binlake import cli, errors
 from binlake.proto import binlog_pb2
-from binlake.source import txn_status
 from binlake.source.journal import SourceState
-from binlake.source.mysql.tables import Catalog, TableFilter, assign_ids
+from binlake.source.mysql.tables import Catalog, TableFilter
+from binlake.source.tables import assign_ids
+from binlake.writer import txn_status
 
 WANT = TableFilter("app.*")
 

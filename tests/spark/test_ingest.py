@@ -34,9 +34,9 @@ from binlake.lake.pump_check import check_pumps
 from binlake.lake.rows import OPS
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import api as wl
+from binlake.writer.txn_writer import TxnWriter
 
 PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
 

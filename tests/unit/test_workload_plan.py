@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from binlake import errors
-from binlake.source import workload as wl
+from binlake.workload import api as wl
 
 SMALL = {"large_txn_rows": 50, "large_txn_every": 40, "table_rows": 30, "accounts": 20}
 

@@ -62,10 +62,11 @@ from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
 from binlake.source.mysql import framing, rowsplan, snapshot
 from binlake.source.mysql import server as srv
-from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
+from binlake.source.mysql.tables import Catalog, DdlChange, TableFilter
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
 from binlake.source.pipeline import PACE_S, GroupPipeline, Item, check_steps
 from binlake.source.readburst import read_burst_s
+from binlake.source.tables import SourceTable, assign_ids
 
 log = logging.getLogger(__name__)
 
@@ -405,11 +406,11 @@ class MySQLSource:
         reader = framing.NativeReader(stream, burst_s=self.burst_s) if self.native_framing else None
         events = iter(reader) if reader is not None else framing.library_events(stream)
         txn: _Txn | None = None
-        tables: dict[int, MyTable | None] = {}
+        tables: dict[int, SourceTable | None] = {}
         plans: dict[int, Any] = {}  # binlog table id -> native plan (absent: Python path)
         # A TABLE_MAP's body -> (table, plan, mysql-replication's table): a table's maps repeat
         # byte for byte in every transaction, so each is parsed once (until a DDL or ROTATE).
-        maps: dict[bytes, tuple[MyTable | None, Any, Any]] = {}
+        maps: dict[bytes, tuple[SourceTable | None, Any, Any]] = {}
         file = self.file
         last_progress = time.monotonic()
         events_at = 0
@@ -504,7 +505,7 @@ class MySQLSource:
             pipeline.close()
             stream.close()
 
-    def _table_map(self, ev: Any) -> tuple[MyTable | None, Any, Any]:
+    def _table_map(self, ev: Any) -> tuple[SourceTable | None, Any, Any]:
         """A TABLE_MAP (mysql-replication's event): the tracked table it names (None: not
         wanted), its native plan (None: the Python path), mysql-replication's table."""
         t = self.catalog.get(ev.schema, ev.table)
@@ -520,7 +521,7 @@ class MySQLSource:
         return t, plan, ev.get_table()
 
     # ------------------------------------------------------------------ transactions
-    def _add_rows(self, txn: _Txn, t: MyTable, kind: int, rows: list[bytes]) -> None:
+    def _add_rows(self, txn: _Txn, t: SourceTable, kind: int, rows: list[bytes]) -> None:
         m = txn.mut(t.table_id)
         if kind in framing.WRITES:
             m.inserted_rows += rows
@@ -533,7 +534,7 @@ class MySQLSource:
             m.sequence += _DELETES * len(rows)
         txn.rows += len(rows)
 
-    def _rows(self, txn: _Txn, t: MyTable, ev: Any, plan: Any = None) -> None:
+    def _rows(self, txn: _Txn, t: SourceTable, ev: Any, plan: Any = None) -> None:
         if plan is not None:
             rows = rowsplan.decode(plan, ev)
             if rows is not None:
@@ -563,7 +564,7 @@ class MySQLSource:
         except (TypeError, ValueError) as exc:
             raise errors.FailedPrecondition(f"{t.full_name}: a value binlake cannot carry: {exc}") from None
 
-    def _encoder(self, t: MyTable) -> RowEncoder:
+    def _encoder(self, t: SourceTable) -> RowEncoder:
         key = (t.table_id, t.schema_version)
         enc = self._encoders.get(key)
         if enc is None:

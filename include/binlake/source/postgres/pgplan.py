@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from binlake.proto import binlog_pb2
-from binlake.source.mysql.tables import MyTable
+from binlake.source.tables import SourceTable
 
 try:  # optional: built by `pip install -e .` (setup.py); without it everything runs in Python
     from binlake.source.postgres import _pgoutc  # type: ignore[attr-defined, unused-ignore]
@@ -54,7 +54,7 @@ def enabled() -> bool:
     return _pgoutc is not None and os.environ.get(NATIVE_PGOUTPUT_ENV, "").strip() != "0"
 
 
-def build_plan(table: MyTable, oids: Sequence[int], info: binlog_pb2.TableInfo) -> Any | None:
+def build_plan(table: SourceTable, oids: Sequence[int], info: binlog_pb2.TableInfo) -> Any | None:
     """The decoder's plan for ``table`` (its columns' type ``oids``, in the order pgoutput
     sends them) encoded against ``info``, or None when a column needs the Python path."""
     if _pgoutc is None or len(oids) != len(table.columns) or len(info.columns) != len(table.columns):

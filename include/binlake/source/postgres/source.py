@@ -72,13 +72,13 @@ from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
-from binlake.source.mysql.tables import MyTable, assign_ids
 from binlake.source.pipeline import PACE_S, GroupPipeline, Item, check_steps
 from binlake.source.postgres import pgplan, values
 from binlake.source.postgres import snapshot as snap
 from binlake.source.postgres.values import UNCHANGED, Attr, Unchanged
 from binlake.source.readburst import BURST_BYTES, read_burst_s
 from binlake.source.snapshot_group import MARKER, SnapshotGroup, decided_marker, resend_commits
+from binlake.source.tables import SourceTable, assign_ids
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ SNAPSHOT_SLOT = "snapshot_slot"
 # state.json keys of the checkpoint. Invariants: ``lsn`` is the end LSN of a
 # transaction whose commit a Pump acknowledged, every earlier one acknowledged
 # too (the slot is confirmed only up to it); ``tables``/``oids`` are the
-# definitions (relation oid -> MyTable / column type oids) as of ``lsn``.
+# definitions (relation oid -> SourceTable / column type oids) as of ``lsn``.
 _CHECKPOINT_KEYS = ("lsn", "tables", "oids")
 # What a snapshot attempt leaves in memory (and in a marker nobody decided).
 _ATTEMPT_KEYS = (MARKER, "tables", "oids", "ddl_seen", "schema_version", "next_table_id")
@@ -173,11 +173,11 @@ class PostgresSource:
         # Set once the start position is fixed (the snapshot, if any, sent) and the slot streams.
         self.ready = threading.Event()
         self.emitter: Emitter | None = None
-        self.tables: dict[int, MyTable] = {}  # relation oid -> definition
+        self.tables: dict[int, SourceTable] = {}  # relation oid -> definition
         self.oids: dict[int, list[int]] = {}  # relation oid -> column type oids
         # relation oid -> (the table version, its (table_id, schema_version), its TableInfo)
         # Per table: (version, its (table_id, schema_version), TableInfo, native plan or None).
-        self._infos: dict[int, tuple[MyTable, tuple[int, int], binlog_pb2.TableInfo, Any]] = {}
+        self._infos: dict[int, tuple[SourceTable, tuple[int, int], binlog_pb2.TableInfo, Any]] = {}
         self.native = pgplan.enabled()
         self.native_changes = 0  # row changes decoded natively / on the Python path
         self.python_changes = 0
@@ -311,7 +311,7 @@ class PostgresSource:
         st = self.state.state
         self.lsn = int(st.get("lsn", 0))
         for k, v in st.get("tables", {}).items():
-            self.tables[int(k)] = MyTable.from_json(v)
+            self.tables[int(k)] = SourceTable.from_json(v)
         self.oids = {int(k): v for k, v in st.get("oids", {}).items()}
         st.setdefault("next_table_id", FIRST_TABLE_ID)
         assert self.emitter is not None
@@ -542,7 +542,7 @@ class PostgresSource:
                   key=key, group=group)
         self.oids[oid] = oids
 
-    def _ddl(self, oid: int, new: MyTable | None, old: MyTable | None, sql: str, key: str,
+    def _ddl(self, oid: int, new: SourceTable | None, old: SourceTable | None, sql: str, key: str,
              truncate: bool = False, group: SnapshotGroup | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
@@ -613,7 +613,7 @@ class PostgresSource:
         old = self.tables.get(oid)
         if old is None:
             return
-        new = MyTable.from_json(old.to_json())
+        new = SourceTable.from_json(old.to_json())
         self._ddl(oid, new, old, f"TRUNCATE TABLE {old.db}.{old.name}", key=f"truncate:{oid}:{lsn}", truncate=True)
 
     def _change(self, kind: str, r: _Reader, txn: dict[int, binlog_pb2.TableMutation]) -> None:
@@ -621,7 +621,7 @@ class PostgresSource:
         t = self.tables[oid]
         oids = self.oids[oid]
         # The TableInfo the rows are encoded against, built once per table version (a DDL
-        # puts a new MyTable in self.tables), not once per row change (measured: a tenth
+        # puts a new SourceTable in self.tables), not once per row change (measured: a tenth
         # of the source's CPU on small transactions).
         cached = self._infos.get(oid)
         if cached is None or cached[0] is not t or cached[1] != (t.table_id, t.schema_version):

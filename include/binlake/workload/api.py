@@ -23,10 +23,10 @@ Profiles: ``oltp`` (sysbench-like tables ``sbtest{i}``), ``bank`` (transfers
 between accounts; the sum of balances never changes), ``ddl`` (oltp with
 schema changes every ~50 transactions) and ``mixed`` (all of them).
 
-The plan lives in ``binlake.source.workload_plan`` (operations and values in
-``workload_ops``), the runner and its summary in ``binlake.source.workload_run``;
+The plan lives in ``binlake.workload.plan`` (operations and values in
+``binlake.workload.ops``), the runner and its summary in ``binlake.workload.run``;
 this module is the ``binlake workload`` command and keeps every public name
-importable from here.
+importable from here (its parser is ``binlake.workload.commands``).
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from binlake.source.txn_writer import TxnWriter
-from binlake.source.workload_ops import (
+from binlake.workload.ops import (
     BANK_INITIAL_BALANCE,
     BANK_TABLE,
     DDL,
@@ -55,8 +54,9 @@ from binlake.source.workload_ops import (
     UpdateRange,
     WideUpdate,
 )
-from binlake.source.workload_plan import plan
-from binlake.source.workload_run import Summary, bank_total, format_summary, run
+from binlake.workload.plan import plan
+from binlake.workload.run import Summary, bank_total, format_summary, run
+from binlake.writer.txn_writer import TxnWriter
 
 __all__ = [
     "BANK_INITIAL_BALANCE", "BANK_TABLE", "DDL", "PROFILES", "WIDE_BYTES", "ChangeKey", "Delete", "DeleteRange",

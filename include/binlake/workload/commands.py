@@ -1,6 +1,6 @@
 """``binlake workload`` and ``binlake bench writer``: the parsers and their checks.
 
-The command itself is ``binlake.source.workload.command``, imported when it runs
+The command itself is ``binlake.workload.api.command``, imported when it runs
 (it needs SQLAlchemy), so that building the parser stays cheap.
 """
 
@@ -84,7 +84,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from binlake.source import workload
+    from binlake.workload import api as workload
 
     if not args.upstream:
         raise errors.InvalidArgument(
