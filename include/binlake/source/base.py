@@ -16,7 +16,8 @@ lives in the framework beside this module:
 * ``pipeline.GroupPipeline``: the reader thread hands finished transactions to
   a sender thread, which sends them in groups and calls back once a group's
   commits are acknowledged;
-* ``snapshot_group``: the all-or-nothing commit of an initial snapshot;
+* ``snapshot_group``: the all-or-nothing commit of an initial snapshot (the
+  MySQL source still runs the same protocol through the emitter directly);
 * ``tables``: the table definitions (``SourceTable``) a source tracks and sends
   as DDL binlogs;
 * ``Source`` below: the process's life (``run`` until ``stop``) and the
@@ -66,7 +67,7 @@ from binlake.source.journal import SourceState
 from binlake.source.pipeline import PACE_S, Item, check_steps
 from binlake.source.readburst import read_burst_s
 
-# The table id of the first table a source defines (those below are left to TxnWriter's).
+# The table id of the first table a source defines (TxnWriter starts at the same).
 FIRST_TABLE_ID = 100
 # Checkpoint at least this often while transactions flow (and at every DDL):
 # a longer gap only means more transactions re-read (and deduplicated) after a crash.
