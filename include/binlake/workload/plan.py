@@ -3,7 +3,7 @@ from its arguments to the list of logical transactions of a run.
 
 It keeps a model of the schema and of the primary keys that exist "on paper"
 and draws every transaction from one ``random.Random(seed)``, so equal
-arguments always give an equal plan (see ``binlake.workload.api``).
+arguments always give an equal plan (see ``binlake.workload``).
 """
 
 from __future__ import annotations
