@@ -20,8 +20,9 @@ lives in the framework beside this module:
   MySQL source still runs the same protocol through the emitter directly);
 * ``tables``: the table definitions (``SourceTable``) a source tracks and sends
   as DDL binlogs;
-* ``Source`` below: the process's life (``run`` until ``stop``) and the
-  checkpoint moved as groups are acknowledged.
+* ``Source`` below: the process's life (``run`` until ``stop``), the
+  checkpoint moved as groups are acknowledged, and the identity (table id,
+  schema version, column ids) of each definition a DDL binlog carries.
 
 A new source is one module with a subclass of ``Source`` and one with its
 command line (``commands.SourceCommand``), listed in ``commands.SOURCES``.
@@ -40,7 +41,8 @@ writer id's prefix, its log lines) and implements:
   never changes) to a ``GroupPipeline`` made with ``self.acked`` and
   ``self.idle``; a definition change waits until everything before it is
   acknowledged (``pipeline.drain``) and is sent as a DDL binlog with the
-  resulting TableInfo; set ``self.ready`` once streaming;
+  resulting TableInfo (``table_definition`` gives it its identity); set
+  ``self.ready`` once streaming;
 * ``acknowledged(items, results)``: a group's commits are acknowledged: move
   the acknowledged position to the end of its last item;
 * ``checkpoint_fields()``: what ``state.json`` holds at the acknowledged
@@ -62,10 +64,12 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from binlake import errors
 from binlake.config import ClientSettings
+from binlake.proto import binlog_pb2
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
 from binlake.source.pipeline import PACE_S, Item, check_steps
 from binlake.source.readburst import read_burst_s
+from binlake.source.tables import SourceTable, assign_ids
 
 # The table id of the first table a source defines (TxnWriter starts at the same).
 FIRST_TABLE_ID = 100
@@ -173,6 +177,43 @@ class Source(abc.ABC, Generic[P]):
         """Sender thread, nothing to send for a moment: save a checkpoint still due."""
         with self._lock:
             self.checkpoint(force=self._dirty)
+
+    def table_definition(self, key: str, before: SourceTable | None, after: SourceTable | None,
+                         truncated: bool = False) -> tuple[binlog_pb2.TableInfo, int, int]:
+        """The TableInfo the DDL binlog KEY carries for a table going from ``before`` to
+        ``after`` (None: created, dropped; ``truncated``: a new table id whose previous is
+        the old one), with the schema version and the next table id after it; ``after``
+        gets its identity (``tables.assign_ids``). The caller sends it and then saves the
+        two numbers in ``self.state``."""
+        assert self.emitter is not None
+        st = self.state.state
+        version = int(st.get("schema_version", 0)) + 1
+        next_id = int(st.get("next_table_id", FIRST_TABLE_ID))
+        decided = self.emitter.ddl_decision(key)
+        if after is None:
+            assert before is not None
+            info = before.to_info()
+            info.dropped = True
+            info.schema_version = version
+        else:
+            if before is None or truncated:
+                tid, next_id = next_id, next_id + 1
+            else:
+                tid = before.table_id
+            assign_ids(after, before, tid, version)
+            info = after.to_info()
+            if truncated and before is not None:
+                info.previous_table_id = before.table_id
+        if decided:
+            # Sent before a crash: the copy downstream has these definitions; keep them.
+            info = decided[0]
+            version = info.schema_version
+            next_id = max(next_id, info.table_id + 1)
+            if after is not None:
+                after.table_id, after.schema_version = info.table_id, info.schema_version
+                after.column_ids = {c.name: c.id for c in info.columns}
+                after.next_column_id = info.next_column_id
+        return info, version, next_id
 
     def checkpoint(self, force: bool = False) -> None:
         """Save the checkpoint: when ``force``d, else when something moved and

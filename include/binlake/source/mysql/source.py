@@ -65,7 +65,7 @@ from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, TableFilter
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
 from binlake.source.pipeline import PACE_S, GroupPipeline, Item
-from binlake.source.tables import SourceTable, assign_ids
+from binlake.source.tables import SourceTable
 
 log = logging.getLogger(__name__)
 
@@ -575,32 +575,7 @@ class MySQLSource(Source[tuple[str, int]]):
     def _send_ddl(self, key: str, sql: str, ch: DdlChange, group: list[tuple[str, int, str]] | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
-        version = int(st.get("schema_version", 0)) + 1
-        next_id = int(st.get("next_table_id", FIRST_TABLE_ID))
-        decided = self.emitter.ddl_decision(key)
-        if ch.after is None:
-            assert ch.before is not None
-            info = ch.before.to_info()
-            info.dropped = True
-            info.schema_version = version
-        else:
-            if ch.before is None or ch.truncated:
-                tid, next_id = next_id, next_id + 1
-            else:
-                tid = ch.before.table_id
-            assign_ids(ch.after, ch.before, tid, version)
-            info = ch.after.to_info()
-            if ch.truncated and ch.before is not None:
-                info.previous_table_id = ch.before.table_id
-        if decided:
-            # Sent before a crash: the copy downstream has these definitions; keep them.
-            info = decided[0]
-            version = info.schema_version
-            next_id = max(next_id, info.table_id + 1)
-            if ch.after is not None:
-                ch.after.table_id, ch.after.schema_version = info.table_id, info.schema_version
-                ch.after.column_ids = {c.name: c.id for c in info.columns}
-                ch.after.next_column_id = info.next_column_id
+        info, version, next_id = self.table_definition(key, ch.before, ch.after, ch.truncated)
         if group is None:
             self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
         else:  # part of the snapshot's group: decided with it

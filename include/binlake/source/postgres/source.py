@@ -77,7 +77,7 @@ from binlake.source.postgres import snapshot as snap
 from binlake.source.postgres.values import UNCHANGED, Attr, Unchanged
 from binlake.source.readburst import BURST_BYTES
 from binlake.source.snapshot_group import MARKER, SnapshotGroup, decided_marker, resend_commits
-from binlake.source.tables import SourceTable, assign_ids
+from binlake.source.tables import SourceTable
 
 log = logging.getLogger(__name__)
 
@@ -499,30 +499,7 @@ class PostgresSource(Source[int]):
              truncate: bool = False, group: SnapshotGroup | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
-        version = int(st.get("schema_version", 0)) + 1
-        next_id = int(st.get("next_table_id", FIRST_TABLE_ID))
-        decided = self.emitter.ddl_decision(key)
-        if new is None:
-            assert old is not None
-            info = old.to_info()
-            info.dropped = True
-        else:
-            tid = old.table_id if old is not None and not truncate else next_id
-            if tid == next_id:
-                next_id += 1
-            assign_ids(new, old, tid, version)
-            info = new.to_info()
-            if truncate and old is not None:
-                info.previous_table_id = old.table_id
-        info.schema_version = version
-        if decided:
-            info = decided[0]
-            if new is not None:
-                new.table_id, new.schema_version = info.table_id, info.schema_version
-                new.column_ids = {c.name: c.id for c in info.columns}
-                new.next_column_id = info.next_column_id
-            version = info.schema_version
-            next_id = max(next_id, info.table_id + 1)
+        info, version, next_id = self.table_definition(key, old, new, truncate)
         value = binlog_pb2.PrewriteValue(schema_version=version)
         if group is None:
             self.emitter.emit(key, value, ddl=(sql, [info]))
