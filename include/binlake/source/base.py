@@ -16,8 +16,7 @@ lives in the framework beside this module:
 * ``pipeline.GroupPipeline``: the reader thread hands finished transactions to
   a sender thread, which sends them in groups and calls back once a group's
   commits are acknowledged;
-* ``snapshot_group``: the all-or-nothing commit of an initial snapshot (the
-  MySQL source still runs the same protocol through the emitter directly);
+* ``snapshot_group``: the all-or-nothing commit of an initial snapshot;
 * ``tables``: the table definitions (``SourceTable``) a source tracks and sends
   as DDL binlogs;
 * ``Source`` below: the process's life (``run`` until ``stop``), the

@@ -65,6 +65,7 @@ from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, TableFilter
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
 from binlake.source.pipeline import PACE_S, GroupPipeline, Item
+from binlake.source.snapshot_group import MARKER, SnapshotGroup, decided_marker, resend_commits
 from binlake.source.tables import SourceTable
 
 log = logging.getLogger(__name__)
@@ -191,13 +192,13 @@ class MySQLSource(Source[tuple[str, int]]):
                 self.file, self.pos = st["position"]
                 srv.check_position(conn, self.file, self.pos)
                 self.catalog = Catalog.from_json(st["schema"])
-            elif st.get("snapshot") and self._snapshot_decided(st["snapshot"]):
+            elif (marker := decided_marker(self.state)) is not None:
                 if st.get("server") != info.identity:
                     raise errors.FailedPrecondition(
                         f"the server's identity changed ({st.get('server')} -> {info.identity}) during the snapshot "
                         f"in {self.state.dir}; start a new --data-dir"
                     )
-                self._finish_snapshot(conn)
+                self._finish_snapshot(conn, marker)
             else:
                 self._first_start(conn, info)
         finally:
@@ -230,17 +231,17 @@ class MySQLSource(Source[tuple[str, int]]):
         self.checkpoint(force=True)
 
     # ------------------------------------------------------------------ snapshot
-    # The snapshot is one all-or-nothing group: every DDL and row batch is
-    # prewritten (journaled start_ts, Pumps hold it as running), then the
-    # ``snapshot`` marker is saved, then all commit_ts are decided in ONE journal
-    # line (the commit point), then the commits are sent, then the checkpoint
-    # moves to the snapshot's position and the marker goes. A crash before the
-    # commit point: the journal's load rolls every start_ts back (TxnStatus says
-    # so to the Pumps), nothing was served, and the restart takes a new snapshot.
-    # After it: the marker names the decided keys, and the restart re-sends their
-    # commits with the journaled (start_ts, commit_ts), which the Pumps/reader
-    # drop as copies, then streams from the marker's position. No row is served
-    # twice, none lost.
+    # The snapshot is one all-or-nothing group (``source.snapshot_group``): every
+    # DDL and row batch is prewritten (journaled start_ts, Pumps hold it as
+    # running), then the ``snapshot`` marker is saved, then all commit_ts are
+    # decided in ONE journal line (the commit point), then the commits are sent,
+    # then the checkpoint moves to the snapshot's position and the marker goes. A
+    # crash before the commit point: the journal's load rolls every start_ts back
+    # (TxnStatus says so to the Pumps), nothing was served, and the restart takes
+    # a new snapshot. After it: the marker names the decided keys, and the restart
+    # re-sends their commits with the journaled (start_ts, commit_ts), which the
+    # Pumps/reader drop as copies, then streams from the marker's position. No row
+    # is served twice, none lost.
 
     def _take_snapshot(self, info: srv.ServerInfo) -> None:
         assert self.emitter is not None
@@ -255,7 +256,7 @@ class MySQLSource(Source[tuple[str, int]]):
             snapshot.raw_results(conn)
             self.state.save(server=info.identity, next_table_id=FIRST_TABLE_ID, schema_version=0)
             tag = f"snap:{self.file}:{self.pos}"
-            group: list[tuple[str, int, str]] = []
+            group = SnapshotGroup(self.emitter, self.state)
             for name in sorted(ddls):
                 t = self.catalog.tables[name]
                 self.catalog.remove(t.db, t.name)
@@ -273,43 +274,32 @@ class MySQLSource(Source[tuple[str, int]]):
                     m.sequence.extend([binlog_pb2.INSERT] * len(batch))
                     value = binlog_pb2.PrewriteValue(schema_version=int(self.state.state["schema_version"]),
                                                      mutations=[m])
-                    key = f"{tag}:{name}:{n}"
-                    start_ts, pump = self.emitter.prewrite(key, value)
-                    group.append((key, start_ts, pump))
+                    group.prewrite(f"{tag}:{name}:{n}", value)
                     rows += len(batch)
                     if self._stop.is_set():
                         # Nothing decided yet: stopping here is a rollback; the next start snapshots again.
                         raise SnapshotStopped
         finally:
             conn.close()  # ends the snapshot transaction (read only)
-        # The marker: the position, the definitions there, and the group's keys.
-        self.state.save(snapshot={"position": [self.file, self.pos], "schema": self.catalog.to_json(),
-                                  "keys": [list(g) for g in group], "rows": rows})
-        self.emitter.commit_group(group)
-        self.transactions += len(group)
+        # The marker: the position, the definitions there (and the group's keys).
+        group.commit(position=[self.file, self.pos], schema=self.catalog.to_json(), rows=rows)
+        self.transactions += len(group.items)
         self.row_changes += rows
         log.info("mysql source: snapshot of %d tables, %d rows in %d transactions at %s:%d", len(ddls), rows,
-                 len(group), self.file, self.pos)
-        self.state.state.pop("snapshot", None)
+                 len(group.items), self.file, self.pos)
+        self.state.state.pop(MARKER, None)
         self.checkpoint(force=True)
 
-    def _snapshot_decided(self, marker: dict[str, Any]) -> bool:
-        keys = marker.get("keys") or []
-        # Decided in one journal line: the first key stands for all.
-        return not keys or self.state.decision(str(keys[0][0])) is not None
-
-    def _finish_snapshot(self, conn: Any) -> None:
+    def _finish_snapshot(self, conn: Any, marker: dict[str, Any]) -> None:
         """Restart after the snapshot's commit point: re-send its commits with the journaled TSOs."""
         assert self.emitter is not None
-        marker = self.state.state["snapshot"]
-        for key, _start, _pump in marker["keys"]:
-            self.emitter.emit(str(key), binlog_pb2.PrewriteValue())  # decided: re-sends only the commit
+        n = resend_commits(self.emitter, marker)
         self.file, self.pos = str(marker["position"][0]), int(marker["position"][1])
         srv.check_position(conn, self.file, self.pos)
         self.catalog = Catalog.from_json(marker["schema"])
-        self.state.state.pop("snapshot", None)
+        self.state.state.pop(MARKER, None)
         log.info("mysql source: snapshot at %s:%d completed after a restart (%d commits re-sent)", self.file,
-                 self.pos, len(marker["keys"]))
+                 self.pos, n)
         self.checkpoint(force=True)
 
     # ------------------------------------------------------------------ main loop
@@ -572,16 +562,14 @@ class MySQLSource(Source[tuple[str, int]]):
         self._dirty = True
         self.checkpoint(force=True)
 
-    def _send_ddl(self, key: str, sql: str, ch: DdlChange, group: list[tuple[str, int, str]] | None = None) -> None:
+    def _send_ddl(self, key: str, sql: str, ch: DdlChange, group: SnapshotGroup | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
         info, version, next_id = self.table_definition(key, ch.before, ch.after, ch.truncated)
         if group is None:
             self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
         else:  # part of the snapshot's group: decided with it
-            start_ts, pump = self.emitter.prewrite(key, binlog_pb2.PrewriteValue(schema_version=version),
-                                                   ddl=(sql, [info]))
-            group.append((key, start_ts, pump))
+            group.prewrite(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
         if ch.before is not None:
             self.catalog.remove(ch.before.db, ch.before.name)
         if ch.after is not None:
