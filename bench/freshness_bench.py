@@ -148,8 +148,8 @@ def _workload(registry: str, root: pathlib.Path, start: dt.datetime, rows_per_s:
     from ``start`` (the first window's start) until ``stop``."""
     try:
         from binlake.registry.client import RegistryClient
-        from binlake.source.txn_writer import TxnWriter
         from binlake.sql.schema import ColumnDef as C
+        from binlake.writer.txn_writer import TxnWriter
 
         deadline = time.monotonic() + 300
         while True:  # the stack's registry and its Pumps come up first

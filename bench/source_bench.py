@@ -560,9 +560,9 @@ def _pgoutput_only(rows: int) -> int:
     import struct
 
     from binlake.proto import binlog_pb2
-    from binlake.source.mysql.tables import assign_ids
     from binlake.source.postgres import pgplan, values
     from binlake.source.postgres.source import PostgresSource, _Reader
+    from binlake.source.tables import assign_ids
 
     if not pgplan.available():
         print(f"the native pgoutput decoder (_pgoutc) is not built: {pgplan.import_error()}", file=sys.stderr)

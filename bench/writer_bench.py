@@ -66,7 +66,7 @@ def _measure(clients: int, seconds: float, one_txn: Callable[[int, int], None]) 
 
 def run_db(name: str, url_plain: str, url_binlog: str, registry: str, clients_list: list[int],
            seconds: float) -> list[dict]:
-    from binlake.source.txn_writer import TxnWriter
+    from binlake.writer.txn_writer import TxnWriter
 
     rows = []
     plain = _plain_setup(url_plain)

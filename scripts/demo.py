@@ -65,9 +65,9 @@ from binlake.ctl.actions import binlog_to_json, pumps_table
 from binlake.proto import binlog_pb2 as bp
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
-from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 from binlake.stack.supervisor import local_airflow
 from binlake.testing.devcluster import DevCluster
+from binlake.writer.txn_status import MemoryStatusProvider, TxnStatusServer
 
 WRITERS = 8
 RUN_SECONDS = 6.0
@@ -287,25 +287,26 @@ def replay(binlogs: list[bp.Binlog], url: str) -> dict[str, int]:
 
 
 def act2(cluster: DevCluster, root: pathlib.Path) -> tuple[int, Any]:
-    from binlake.source import workload
-    from binlake.source.txn_writer import TxnWriter
     from binlake.sql import checksum
+    from binlake.workload import plan as wplan
+    from binlake.workload import run as wrun
+    from binlake.writer.txn_writer import TxnWriter
 
     print()
     upstream = f"sqlite:///{root}/upstream.db"
     replica = f"sqlite:///{root}/replica.db"
-    txns = workload.plan("mixed", tables=2, txns=2500, seed=2026, large_txn_rows=2000, large_txn_every=800,
-                         table_rows=300, accounts=50)
+    txns = wplan.plan("mixed", tables=2, txns=2500, seed=2026, large_txn_rows=2000, large_txn_every=800,
+                      table_rows=300, accounts=50)
     # Act 3 ingests whole 10-second windows: start on a window boundary, so
     # act 1's transactions (a table no DDL ever defined) fall in none of them.
     time.sleep(WINDOW_S - time.time() % WINDOW_S + 0.05)
     say(f"act 2: workload 'mixed' (bank + oltp + DDL), {len(txns)} planned transactions, seed 2026, "
         f"4 clients -> SQLite upstream {upstream}")
     with TxnWriter(upstream, registry=cluster.registry_addr) as writer:
-        summary = workload.run(writer, txns, clients=4, progress=True)
+        summary = wrun.run(writer, txns, clients=4, progress=True)
         writer.flush()
-    print(workload.format_summary(summary))
-    total_after = workload.bank_total(upstream)
+    print(wrun.format_summary(summary))
+    total_after = wrun.bank_total(upstream)
     say(f"reading [{summary.start_ts}, {summary.end_ts}) back from every pump")
     got = list(pull_window(cluster.pump_addrs, summary.start_ts, summary.end_ts, wait=True, wait_timeout_s=120))
     say(f"{len(got)} transactions read ({summary.transactions} written); replaying them into an empty database")

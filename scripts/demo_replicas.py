@@ -110,8 +110,9 @@ def _ingest_child(registry: str, lake: str) -> int:
 
 
 def act_replicas(cluster: DevCluster, root: pathlib.Path) -> int:
-    from binlake.source import workload
-    from binlake.source.txn_writer import TxnWriter
+    from binlake.workload import plan as wplan
+    from binlake.workload import run as wrun
+    from binlake.writer.txn_writer import TxnWriter
 
     reg = RegistryClient(cluster.registry_addr)
     ingester: Ingester | None = None
@@ -133,15 +134,15 @@ def act_replicas(cluster: DevCluster, root: pathlib.Path) -> int:
         say(f"  ingested in {took:.0f}s (Spark's start included)")
 
         upstream = f"sqlite:///{root}/upstream7.db"
-        txns = workload.plan("mixed", tables=2, txns=200, seed=7, large_txn_rows=50, large_txn_every=100,
-                             table_rows=40, accounts=10)
+        txns = wplan.plan("mixed", tables=2, txns=200, seed=7, large_txn_rows=50, large_txn_every=100,
+                          table_rows=40, accounts=10)
         say(f"workload 'mixed', {len(txns)} transactions at 40/s, 2 clients, through TxnWriter -> {upstream}")
         outcome: dict[str, Any] = {}
 
         def run() -> None:
             try:
                 with TxnWriter(upstream, registry=cluster.registry_addr) as writer:
-                    outcome["summary"] = workload.run(writer, txns, clients=2, rate=40, progress=False)
+                    outcome["summary"] = wrun.run(writer, txns, clients=2, rate=40, progress=False)
                     writer.flush()
             except BaseException as exc:  # reported below
                 outcome["error"] = exc

@@ -21,8 +21,8 @@ from pumpkit import Processes, PumpFactory, Upstream, register_writer, start_reg
 
 from binlake.registry.client import RegistryClient
 from binlake.registry.server import RegistryServer
-from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
 from binlake.testing.netbed import NetBed
+from binlake.writer.txn_status import MemoryStatusProvider, TxnStatusServer
 
 if TYPE_CHECKING:
     # pyspark is imported when a test first asks for ``spark``: suites without

@@ -34,7 +34,7 @@ from binlake.pump.node import PumpNode
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
 from binlake.registry.server import RegistryServer
-from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
+from binlake.writer.txn_status import MemoryStatusProvider, TxnStatusServer
 
 T = TypeVar("T")
 

@@ -34,9 +34,10 @@ from binlake.lake.connect_server import ConnectServer
 from binlake.lake.planner import plan_window
 from binlake.lake.pump_check import check_pumps
 from binlake.lake.rows import CHANGES_DDL
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import plan as wplan
+from binlake.workload import run as wrun
+from binlake.writer.txn_writer import TxnWriter
 
 pytestmark = pytest.mark.slow
 
@@ -80,9 +81,9 @@ def upstream_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def windows(cluster: DevCluster, upstream_url: str) -> list[tuple[int, int]]:
     url = upstream_url
-    plan = wl.plan("ddl", 2, 60, 3, large_txn_rows=50, large_txn_every=30, ddl_every=15, table_rows=30)
+    plan = wplan.plan("ddl", 2, 60, 3, large_txn_rows=50, large_txn_every=30, ddl_every=15, table_rows=30)
     with TxnWriter(url, registry=cluster.registry_addr) as writer:
-        summary = wl.run(writer, plan, clients=2, progress=False)
+        summary = wrun.run(writer, plan, clients=2, progress=False)
     assert summary.errors == 0, summary.error_messages
 
     def passed() -> bool:

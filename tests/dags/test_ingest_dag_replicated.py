@@ -25,8 +25,9 @@ from pyspark.sql import SparkSession
 
 from binlake import tso
 from binlake.client.reader import pull_window
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
+from binlake.workload import plan as wplan
+from binlake.workload import run as wrun
+from binlake.writer.txn_writer import TxnWriter
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -86,17 +87,17 @@ def test_ingest_dag_keeps_producing_windows_without_a_dead_pump(
     # The upstream writes (R = W = 2) in slices until the last window is ingested.
     upstream = f"sqlite:///{tmp_path / 'upstream.db'}"
     stop = threading.Event()
-    slices: list[wl.Summary] = []
+    slices: list[wrun.Summary] = []
     failure: list[BaseException] = []
 
     def write() -> None:
         try:
-            plan = wl.plan("mixed", 2, 3000, 5, large_txn_every=0, table_rows=20, accounts=10)
+            plan = wplan.plan("mixed", 2, 3000, 5, large_txn_every=0, table_rows=20, accounts=10)
             with TxnWriter(upstream, registry=reg_addr) as tw:
                 for i in range(0, len(plan), 30):
                     if stop.is_set():
                         break
-                    slices.append(wl.run(tw, plan[i:i + 30], clients=2, rate=10, progress=False))
+                    slices.append(wrun.run(tw, plan[i:i + 30], clients=2, rate=10, progress=False))
         except BaseException as exc:  # reported below
             failure.append(exc)
 

@@ -43,9 +43,9 @@ from binlake import tso
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
 from binlake.registry.server import RegistryServer
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql.schema import ColumnDef as C
 from binlake.testing.devcluster import DevCluster
+from binlake.writer.txn_writer import TxnWriter
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

@@ -97,8 +97,8 @@ class Upstream:
     """A SQLite upstream written through the cluster's Pump, and copies of it."""
 
     def __init__(self, root: pathlib.Path, registry: str) -> None:
-        from binlake.source.txn_writer import TxnWriter
         from binlake.sql.schema import ColumnDef as C
+        from binlake.writer.txn_writer import TxnWriter
 
         self.path = root / "app.db"
         self.url = f"sqlite:///{self.path}"

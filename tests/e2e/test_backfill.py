@@ -73,9 +73,9 @@ from binlake.lake.image import image_values
 from binlake.lake.rows import OPS
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql.schema import ColumnDef as C
 from binlake.testing.devdb import LocalPostgres
+from binlake.writer.txn_writer import TxnWriter
 
 # Short windows keep the workload (three of them) about as long as Spark's and
 # Airflow's start, during which it runs.

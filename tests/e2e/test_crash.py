@@ -35,7 +35,7 @@ from binlake.pump.vlog import HEADER, MAGIC, encode_record
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeState
 from binlake.registry.server import RegistryServer
-from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
+from binlake.writer.txn_status import MemoryStatusProvider, TxnStatusServer
 
 pytestmark = pytest.mark.slow
 

@@ -45,14 +45,16 @@ from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord
 from binlake.replicate import runner, task
-from binlake.source import workload as wl
 from binlake.source.replay import Replay
-from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql import checksum, diff
 from binlake.sql.schema import ColumnDef
 from binlake.testing.etcdcluster import EtcdCluster
 from binlake.testing.netbed import Host, NetBed
+from binlake.workload import ops as wops
+from binlake.workload import plan as wplan
+from binlake.workload import run as wrun
+from binlake.writer.txn_status import MemoryStatusProvider, TxnStatusServer
+from binlake.writer.txn_writer import TxnWriter
 
 # The nemesis rounds take ~70 s, the ingest, apply and diff at the end ~40-60 s
 # with the shared Spark session (minutes on a loaded machine).
@@ -222,9 +224,9 @@ def test_registry_group_survives_kill_and_partition(bed: NetBed, tmp_path: pathl
     def run_workload() -> None:
         try:
             with TxnWriter(upstream, registry=reg_list, status_addr=f"{bed.gateway}:0") as tw:
-                plan = wl.plan("mixed", 2, 2000, 11, large_txn_rows=50, large_txn_every=200, table_rows=50,
-                               accounts=20)
-                workload["summary"] = wl.run(tw, plan, clients=2, rate=14, progress=False, stop=workload_stop)
+                plan = wplan.plan("mixed", 2, 2000, 11, large_txn_rows=50, large_txn_every=200, table_rows=50,
+                                  accounts=20)
+                workload["summary"] = wrun.run(tw, plan, clients=2, rate=14, progress=False, stop=workload_stop)
         except BaseException as exc:  # reported by the assertions below
             workload["error"] = exc
 
@@ -330,12 +332,12 @@ def test_registry_group_survives_kill_and_partition(bed: NetBed, tmp_path: pathl
         # and every transaction it committed is in the Pumps, in order.
         assert "error" not in workload, workload.get("error")
         summary = workload["summary"]
-        assert isinstance(summary, wl.Summary)
+        assert isinstance(summary, wrun.Summary)
         assert summary.errors == 0 and not summary.gave_up, summary.error_messages[:3]
         # Still running when the nemesis was over (stopped then, after the transactions in flight).
         assert summary.interrupted and 0 < summary.done < summary.planned, summary
         assert summary.done == summary.committed + summary.empty + summary.ddls
-        assert wl.bank_total(upstream) == 20 * wl.BANK_INITIAL_BALANCE
+        assert wrun.bank_total(upstream) == 20 * wops.BANK_INITIAL_BALANCE
         binlogs = [b for b in pull_window(pump_addrs, summary.start_ts, summary.end_ts, wait=True)
                    if b.start_ts not in writers.committed]
         assert len(binlogs) == summary.committed + summary.ddls

@@ -51,12 +51,13 @@ from binlake.lake.pump_check import STATUS_TIMEOUT_S, plan_read
 from binlake.registry.client import RegistryClient
 from binlake.replicate import runner, task
 from binlake.restore import restore
-from binlake.source import workload as wl
 from binlake.source.replay import Replay
-from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql import checksum, diff
 from binlake.testing.netbed import NetBed
+from binlake.workload import plan as wplan
+from binlake.workload import run as wrun
+from binlake.writer.txn_status import MemoryStatusProvider, TxnStatusServer
+from binlake.writer.txn_writer import TxnWriter
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -352,9 +353,9 @@ def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(bed: NetBed, 
             try:
                 with TxnWriter(upstream, registry=registry.addr, status_addr=f"{bed.gateway}:0") as tw:
                     workload["writer"] = tw
-                    plan = wl.plan("mixed", 2, 150, 7, large_txn_rows=20, large_txn_every=60, table_rows=30,
-                                   accounts=10)
-                    workload["summary"] = wl.run(tw, plan, clients=2, rate=15, progress=False)
+                    plan = wplan.plan("mixed", 2, 150, 7, large_txn_rows=20, large_txn_every=60, table_rows=30,
+                                      accounts=10)
+                    workload["summary"] = wrun.run(tw, plan, clients=2, rate=15, progress=False)
             except BaseException as exc:  # reported by the assertions below
                 workload["error"] = exc
 
@@ -403,7 +404,7 @@ def test_partitioned_host_catches_up_and_a_lost_host_loses_nothing(bed: NetBed, 
         assert max(waits) < 3.0 + STATUS_TIMEOUT_S + 7.0 and min(waits) < 3.0, waits
         assert "error" not in workload, workload.get("error")
         summary = workload["summary"]
-        assert isinstance(summary, wl.Summary)
+        assert isinstance(summary, wrun.Summary)
         assert summary.errors == 0 and not summary.gave_up, summary.error_messages[:3]
         # p2 caught up: its safe ts passes the end and nothing is pending on it.
         end = max([*load.acked.values(), summary.end_ts]) + 1
@@ -482,17 +483,17 @@ def test_lake_goes_on_through_a_lost_pump_host_then_apply_and_restore_equal_the_
     try:
         lake_start = reg.get_ts()
         upstream = f"sqlite:///{tmp_path / 'upstream.db'}"
-        plan = wl.plan("mixed", 2, 180, 21, large_txn_rows=20, large_txn_every=60, table_rows=30, accounts=10)
+        plan = wplan.plan("mixed", 2, 180, 21, large_txn_rows=20, large_txn_every=60, table_rows=30, accounts=10)
         slices = [plan[0:60], plan[60:120], plan[120:180]]
         captures: list[tuple[int, pathlib.Path, dict[str, tuple[int, str]]]] = []
-        summaries: list[wl.Summary] = []
+        summaries: list[wrun.Summary] = []
         workload: dict[str, BaseException] = {}
 
         def run_workload() -> None:
             try:
                 with TxnWriter(upstream, registry=reg_addr) as tw, RegistryClient(reg_addr) as wreg:
                     for i, part in enumerate(slices):
-                        summaries.append(wl.run(tw, part, clients=2, rate=10, progress=False))
+                        summaries.append(wrun.run(tw, part, clients=2, rate=10, progress=False))
                         # Every writer is idle: all committed so far are below ts, all later above.
                         ts = wreg.get_ts()
                         copy = tmp_path / f"cut{i}.db"

@@ -42,10 +42,10 @@ def _rows(spark: SparkSession, lake: str) -> tuple[list[tuple[Any, ...]], list[t
 def test_ingest_on_a_cluster_across_hosts_survives_a_lost_worker(
         bed: NetBed, spark: SparkSession, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from binlake.lake import location
-    from binlake.source.txn_writer import TxnWriter
     from binlake.sql.schema import ColumnDef as C
     from binlake.testing.devcluster import DevCluster
     from binlake.testing.sparkcluster import SparkCluster
+    from binlake.writer.txn_writer import TxnWriter
 
     master_host, worker1, worker2, s3_host = bed.hosts
     monkeypatch.setenv("BINLAKE_PUMP_HEARTBEAT_INTERVAL_S", "0.3")

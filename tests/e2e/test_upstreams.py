@@ -44,9 +44,9 @@ from binlake.client.reader import pull_window
 from binlake.proto import binlog_pb2
 from binlake.pump.node import PumpNode
 from binlake.registry.server import RegistryServer
-from binlake.source.txn_writer import STATUS_TABLE, CommitInfo, Txn, TxnWriter
 from binlake.sql import schema as sc
 from binlake.sql.schema import ColumnDef as C
+from binlake.writer.txn_writer import STATUS_TABLE, CommitInfo, Txn, TxnWriter
 
 D = decimal.Decimal
 OPS = {binlog_pb2.INSERT: "insert", binlog_pb2.UPDATE: "update", binlog_pb2.DELETE_ROW: "delete"}
@@ -433,7 +433,7 @@ def test_ddl_binlogs_decode_every_later_row(writer: TxnWriter, cluster: Cluster)
 
 CRASH_WRITER = textwrap.dedent("""
     import sys
-    from binlake.source.txn_writer import TxnWriter
+    from binlake.writer.txn_writer import TxnWriter
 
     url, registry, writer_id = sys.argv[1:4]
     w = TxnWriter(url, registry=registry, writer_id=writer_id).start()

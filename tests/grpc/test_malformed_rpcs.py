@@ -17,7 +17,7 @@ from google.protobuf import message_factory
 from pumpkit import PumpFactory, start_registry
 
 from binlake.proto import pump_pb2, registry_pb2, upstream_pb2
-from binlake.source import txn_status
+from binlake.writer import txn_status
 
 HUGE = 4 << 20  # bytes: far above any id or query, well below the message limits
 CLEAR = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,

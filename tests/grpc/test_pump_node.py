@@ -107,7 +107,7 @@ def test_missing_commit_running_keeps_waiting(
     # The ghost writer registers late and answers: then everything moves on.
     from pumpkit import register_writer
 
-    from binlake.source.txn_status import MemoryStatusProvider, TxnStatusServer
+    from binlake.writer.txn_status import MemoryStatusProvider, TxnStatusServer
 
     ghost_provider = MemoryStatusProvider()
     ghost_server = TxnStatusServer(ghost_provider).start()

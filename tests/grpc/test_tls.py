@@ -20,7 +20,7 @@ from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_window
 from binlake.proto import registry_pb2, registry_pb2_grpc
 from binlake.registry.client import RegistryClient
-from binlake.source import txn_status
+from binlake.writer import txn_status
 
 
 @pytest.fixture

@@ -35,12 +35,13 @@ from binlake.lake import pump_source as lake_source
 from binlake.lake.planner import plan_window
 from binlake.registry.client import RegistryClient
 from binlake.replicate import checkpoint, runner, table_write, task
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql import checksum, diff
 from binlake.sql import schema as sc
 from binlake.sql.url import open_target
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import plan as wplan
+from binlake.workload import run as wrun
+from binlake.writer.txn_writer import TxnWriter
 
 # One cluster, upstream and lake for the module: the setup is most of the time.
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
@@ -86,10 +87,10 @@ def upstream(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> d
     url = f"sqlite:///{tmp_path_factory.mktemp('upstream') / 'up.db'}"
     with RegistryClient(cluster.registry_addr) as reg:
         t0 = reg.get_ts()
-    plan = wl.plan("mixed", 2, 90, 3, large_txn_rows=60, large_txn_every=40, ddl_every=8, table_rows=40)
+    plan = wplan.plan("mixed", 2, 90, 3, large_txn_rows=60, large_txn_every=40, ddl_every=8, table_rows=40)
     with TxnWriter(url, registry=cluster.registry_addr) as writer:
         _script(writer)
-        summary = wl.run(writer, plan, clients=2, progress=False)
+        summary = wrun.run(writer, plan, clients=2, progress=False)
     assert summary.errors == 0, summary.error_messages
     assert summary.ddls >= 8
     end = summary.end_ts

@@ -24,10 +24,11 @@ from binlake import errors
 from binlake.lake import ingest
 from binlake.lake import pump_source as lake_source
 from binlake.lake.planner import plan_window
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql import checksum
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import ops as wops
+from binlake.workload import run as wrun
+from binlake.writer.txn_writer import TxnWriter
 
 PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
 
@@ -70,18 +71,18 @@ def bank_state(url: str) -> tuple[Any, int]:
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            if not sa.inspect(conn).has_table(wl.BANK_TABLE):
+            if not sa.inspect(conn).has_table(wops.BANK_TABLE):
                 return None, 0
             # Balances are decimals stored as text in SQLite: sum them exactly in Python.
             from decimal import Decimal
 
-            rows = conn.execute(sa.text(f"SELECT balance FROM {wl.BANK_TABLE}")).all()
+            rows = conn.execute(sa.text(f"SELECT balance FROM {wops.BANK_TABLE}")).all()
             return sum((Decimal(str(r[0])) for r in rows), Decimal(0)), len(rows)
     finally:
         engine.dispose()
 
 
-def run_captured(url: str, registry: str, plan: list[wl.LogicalTxn], cuts: int, copies: pathlib.Path | None,
+def run_captured(url: str, registry: str, plan: list[wops.LogicalTxn], cuts: int, copies: pathlib.Path | None,
                  clients: int = 2, at: list[int] | None = None) -> Upstream:
     """Run ``plan`` in ``cuts`` slices, capturing the upstream after each (``at``: the
     indexes where the slices end instead, before the last)."""
@@ -93,7 +94,7 @@ def run_captured(url: str, registry: str, plan: list[wl.LogicalTxn], cuts: int, 
     start_ts = end_ts = 0
     with TxnWriter(url, registry=registry) as writer, RegistryClient(registry) as reg:
         for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-            summary = wl.run(writer, plan[a:b], clients=clients, progress=False)
+            summary = wrun.run(writer, plan[a:b], clients=clients, progress=False)
             assert summary.errors == 0, summary.error_messages
             start_ts = start_ts or summary.start_ts
             ts = reg.get_ts()  # every writer is idle: all committed so far are below ts

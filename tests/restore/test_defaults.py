@@ -24,10 +24,10 @@ from pyspark.sql import SparkSession
 from binlake.registry.client import RegistryClient
 from binlake.replicate import runner, task
 from binlake.restore import checks, history, restore, snapshot
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql import checksum, diff
 from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
+from binlake.writer.txn_writer import TxnWriter
 
 # A cluster, a TxnWriter upstream and four ingests: minutes on two loaded cores.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

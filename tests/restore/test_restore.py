@@ -26,9 +26,10 @@ from pyspark.sql import functions as F
 from binlake import cli, errors, failpoint, tso
 from binlake.lake.ingest import read_windows
 from binlake.restore import checks, history, layout, restore, snapshot
-from binlake.source import workload as wl
 from binlake.sql import checksum
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import ops as wops
+from binlake.workload import plan as wplan
 
 ACCOUNTS = 20
 # One workload, four captures, three ingests, then many Spark restores: minutes on two cores.
@@ -39,8 +40,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 def captured(cluster: DevCluster, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[tuple[Upstream, str, list[int]]]:
     root = tmp_path_factory.mktemp("restore")
-    plan = wl.plan("mixed", 2, 180, 5, large_txn_rows=150, large_txn_every=60, ddl_every=8, table_rows=60,
-                   accounts=ACCOUNTS)
+    plan = wplan.plan("mixed", 2, 180, 5, large_txn_rows=150, large_txn_every=60, ddl_every=8, table_rows=60,
+                      accounts=ACCOUNTS)
     up = run_captured(f"sqlite:///{root / 'up.db'}", cluster.registry_addr, plan, 4, root)
     a, b = up.start_ts, up.end_ts
     bounds = [a + (b - a) * i // 3 for i in range(4)]
@@ -81,7 +82,7 @@ def test_restore_out_writes_typed_delta_tables_and_a_manifest(
     for t in schema:
         df = spark.read.format("delta").load(restore.out_path(str(out), t.info))
         assert checks.frame_checksum(df, t.info) == cap.checksums[t.info.name]
-    accounts = spark.read.format("delta").load(str(out / f"main.{wl.BANK_TABLE}"))
+    accounts = spark.read.format("delta").load(str(out / f"main.{wops.BANK_TABLE}"))
     types = dict(accounts.dtypes)
     assert types["id"] == "bigint" and types["balance"] == "decimal(20,2)" and types["owner"] == "string"
     # Restoring into the same --out again is refused unless --replace.
@@ -126,7 +127,7 @@ def test_restore_into_duckdb_through_the_cli_then_diff(
     import duckdb
 
     with duckdb.connect(str(tmp_path / "laptop" / "restored.duckdb"), read_only=True) as db:
-        total, n = db.execute(f"SELECT sum(balance), count(*) FROM {wl.BANK_TABLE}").fetchone() or (None, 0)
+        total, n = db.execute(f"SELECT sum(balance), count(*) FROM {wops.BANK_TABLE}").fetchone() or (None, 0)
     assert (total, n) == (cap.bank_total, cap.accounts)
     # A second restore into the same file refuses the tables it holds, and changes nothing.
     assert cli.main(["restore", "--lake", lake, "--ts", str(cap.ts), "--target", target]) != 0
@@ -142,7 +143,7 @@ def test_bank_total_and_accounts_hold_at_many_ts(
     for ts in points:
         if ts < up.captures[0].ts // 2:
             continue
-        p = restore.plan(spark, lake, ts, [wl.BANK_TABLE])
+        p = restore.plan(spark, lake, ts, [wops.BANK_TABLE])
         df = restore.frames(spark, p)[p.tables[0].table_id]
         row = df.agg(F.sum("balance").alias("total"), F.count("*").alias("n")).collect()[0]
         if row["n"] == 0:  # before the accounts were loaded
@@ -190,7 +191,7 @@ def test_history_tables_are_plain_sql_at_any_ts_and_idempotent(
              for tid, row in history.catalog(spark, lake).items()}
     assert after == before
     # The documented query, in plain Spark SQL, on the bank table.
-    bank = next(row for row in cat.values() if row["tbl"] == wl.BANK_TABLE)
+    bank = next(row for row in cat.values() if row["tbl"] == wops.BANK_TABLE)
     for cap in up.captures:
         total, n = spark.sql(
             f"SELECT sum(balance), count(*) FROM delta.`{bank['path']}` "

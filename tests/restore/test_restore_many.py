@@ -32,10 +32,10 @@ from pyspark.sql import functions as F
 
 from binlake.registry.client import RegistryClient
 from binlake.restore import checks, direct, restore
-from binlake.source.txn_writer import Txn, TxnWriter
 from binlake.sql import checksum
 from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
+from binlake.writer.txn_writer import Txn, TxnWriter
 
 TABLES = 300
 ROWS = 4  # per table: the point is the table count, not the rows

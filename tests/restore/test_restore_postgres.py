@@ -12,9 +12,9 @@ from dbfixtures import postgres_server  # noqa: F401
 from pyspark.sql import SparkSession
 
 from binlake.restore import checks, restore
-from binlake.source import workload as wl
 from binlake.testing.devcluster import DevCluster
 from binlake.testing.devdb import LocalPostgres
+from binlake.workload import plan as wplan
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -23,7 +23,7 @@ def test_restore_equals_a_postgresql_upstream_at_each_capture(
         spark: SparkSession, cluster: DevCluster, postgres_server: LocalPostgres,  # noqa: F811
         tmp_path: pathlib.Path) -> None:
     url = postgres_server.create_database("restore_up")
-    plan = wl.plan("ddl", 2, 90, 11, large_txn_rows=100, large_txn_every=45, ddl_every=6, table_rows=40)
+    plan = wplan.plan("ddl", 2, 90, 11, large_txn_rows=100, large_txn_every=45, ddl_every=6, table_rows=40)
     up = run_captured(url, cluster.registry_addr, plan, 3, None, clients=2)
     lake = str(tmp_path / "lake")
     ingest_all(spark, lake, cluster.registry_addr, [up.start_ts, (up.start_ts + up.end_ts) // 2, up.end_ts])

@@ -33,8 +33,9 @@ from srckit import Cluster, SourceThread, sql
 from binlake import errors
 from binlake.source.mysql import rowsplan
 from binlake.source.mysql.source import MySQLSource, _Txn, load_catalog
-from binlake.source.mysql.tables import TableFilter, assign_ids
+from binlake.source.mysql.tables import TableFilter
 from binlake.source.mysql.values import prepare_table_map
+from binlake.source.tables import assign_ids
 from binlake.testing.devdb import LocalMariaDB
 
 _needs_server = pytest.mark.skipif(not LocalMariaDB.available(),
@@ -268,8 +269,8 @@ def test_source_sends_the_same_with_and_without_native(mdb: LocalMariaDB, cluste
     (DDL in the stream: test_mysql_source, which runs the default, native path)."""
     from pumpkit import wait_until
 
+    from binlake.source import base as source_mod  # the Emitter every source makes
     from binlake.source.mysql import framing
-    from binlake.source.mysql import source as source_mod
 
     sent: dict[str, list[tuple[str, bytes]]] = {}
 

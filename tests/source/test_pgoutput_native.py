@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from binlake import codec, errors
-from binlake.source.mysql.tables import assign_ids
 from binlake.source.postgres import pgplan, values
 from binlake.source.postgres.source import _Reader
+from binlake.source.tables import assign_ids
 
 pytestmark = pytest.mark.skipif(not pgplan.available(), reason=f"_pgoutc not built: {pgplan.import_error()}")
 

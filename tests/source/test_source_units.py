@@ -12,9 +12,10 @@ import pytest
 
 from binlake import cli, errors
 from binlake.proto import binlog_pb2
-from binlake.source import txn_status
 from binlake.source.journal import SourceState
-from binlake.source.mysql.tables import Catalog, TableFilter, assign_ids
+from binlake.source.mysql.tables import Catalog, TableFilter
+from binlake.source.tables import assign_ids
+from binlake.writer import txn_status
 
 WANT = TableFilter("app.*")
 
@@ -241,3 +242,28 @@ def test_pgoutput_numeric_text_it_cannot_read_is_one_clear_error(text: str) -> N
     if pgplan.available():
         plan = pgplan.build_plan(t, [23, 1700], t.to_info())
         assert plan is not None and plan.row(data, 0) is None
+
+
+def test_every_registered_source_builds_a_source(tmp_path: pathlib.Path) -> None:
+    """``binlake source KIND`` offers exactly the sources in ``commands.SOURCES``, and each
+    one's command builds a ``base.Source`` of its kind (no connection: ``run`` is not called)."""
+    import importlib
+
+    from binlake.source import commands
+    from binlake.source.base import Source
+
+    parser = cli.build_parser()
+    names = []
+    for module in commands.SOURCES:
+        cmd = importlib.import_module(module).COMMAND
+        names.append(cmd.name)
+        extra = {"mysql": ["--server-id", "3"], "postgres": ["--slot", "s", "--publication", "p"]}[cmd.name]
+        dsn = {"mysql": "mysql://root@127.0.0.1:1", "postgres": "postgresql://u@127.0.0.1:1/d"}[cmd.name]
+        args = parser.parse_args(["source", cmd.name, "--dsn", dsn, *extra, "--data-dir", str(tmp_path / cmd.name)])
+        assert args.data_dir == str(tmp_path / cmd.name) and args.snapshot_batch_rows == 10_000
+        source = cmd.build(args, 0.025, None)
+        try:
+            assert isinstance(source, Source) and source.kind == cmd.name and not source.ready.is_set()
+        finally:
+            source.state.close()
+    assert names == ["mysql", "postgres"]

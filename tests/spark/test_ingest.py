@@ -34,10 +34,11 @@ from binlake.lake.pump_check import check_pumps
 from binlake.lake.rows import OPS
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
-from binlake.source import workload as wl
-from binlake.source.txn_writer import TxnWriter
 from binlake.sql import checksum
 from binlake.testing.devcluster import DevCluster
+from binlake.workload import plan as wplan
+from binlake.workload import run as wrun
+from binlake.writer.txn_writer import TxnWriter
 
 PUMP_ARGS = ["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.3"]
 
@@ -62,9 +63,9 @@ def wait_safe(cluster: DevCluster, ts: int) -> None:
 @pytest.fixture(scope="module")
 def upstream(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     url = f"sqlite:///{tmp_path_factory.mktemp('upstream') / 'up.db'}"
-    plan = wl.plan("ddl", 2, 110, 5, large_txn_rows=150, large_txn_every=40, ddl_every=9, table_rows=60)
+    plan = wplan.plan("ddl", 2, 110, 5, large_txn_rows=150, large_txn_every=40, ddl_every=9, table_rows=60)
     with TxnWriter(url, registry=cluster.registry_addr) as writer:
-        summary = wl.run(writer, plan, clients=2, progress=False)
+        summary = wrun.run(writer, plan, clients=2, progress=False)
     assert summary.errors == 0, summary.error_messages
     assert summary.ddls >= 12  # two CREATE TABLEs and about ten schema changes
     wait_safe(cluster, summary.end_ts)

@@ -177,8 +177,8 @@ def test_update_pair_round_trip() -> None:
 def test_writer_json_string_documents_round_trip(tmp_path) -> None:
     """Through TxnWriter a str in a JSON column is a JSON string document (SQLAlchemy's
     meaning), and it reaches the binlog as that document."""
-    from binlake.source.txn_writer import Txn
     from binlake.sql.schema import ColumnDef, new_table
+    from binlake.writer.txn_writer import Txn
 
     info = new_table(1, "db", "t", [ColumnDef("id", "int"), ColumnDef("doc", "json")], ["id"], None, 1)
     data = Txn._encode(None, info, {"id": 1, "doc": "plain text, not JSON"})  # type: ignore[arg-type]

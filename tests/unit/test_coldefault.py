@@ -13,7 +13,8 @@ from binlake import codec, coldefault, errors
 from binlake.lake.schema_history import SchemaHistory
 from binlake.proto import binlog_pb2
 from binlake.restore import fills
-from binlake.source.mysql.tables import Catalog, TableFilter, assign_ids
+from binlake.source.mysql.tables import Catalog, TableFilter
+from binlake.source.tables import assign_ids
 from binlake.sql import dialect as dl
 from binlake.sql import schema as sc
 

@@ -17,24 +17,26 @@ import pytest
 import sqlalchemy as sa
 
 from binlake import errors
-from binlake.source import workload as wl
+from binlake.workload import ops as wops
+from binlake.workload import plan as wplan
+from binlake.workload import run as wrun
 
 SMALL = {"large_txn_rows": 50, "large_txn_every": 40, "table_rows": 30, "accounts": 20}
 
 
-@pytest.mark.parametrize("profile", wl.PROFILES)
+@pytest.mark.parametrize("profile", wops.PROFILES)
 def test_same_arguments_same_plan(profile: str) -> None:
-    a = wl.plan(profile, 3, 400, 11, **SMALL)
-    b = wl.plan(profile, 3, 400, 11, **SMALL)
+    a = wplan.plan(profile, 3, 400, 11, **SMALL)
+    b = wplan.plan(profile, 3, 400, 11, **SMALL)
     assert a == b
     assert len(a) > 400  # setup first, then the 400 workload transactions
     assert [t.seq for t in a] == list(range(len(a)))
 
 
-@pytest.mark.parametrize("profile", wl.PROFILES)
+@pytest.mark.parametrize("profile", wops.PROFILES)
 def test_seed_changes_plan(profile: str) -> None:
-    a = wl.plan(profile, 2, 200, 1, **SMALL)
-    b = wl.plan(profile, 2, 200, 2, **SMALL)
+    a = wplan.plan(profile, 2, 200, 1, **SMALL)
+    b = wplan.plan(profile, 2, 200, 2, **SMALL)
     assert a != b
     # The setup's schema is the same; the transactions are not.
     assert [t.label for t in a[:3]] == [t.label for t in b[:3]]
@@ -42,27 +44,27 @@ def test_seed_changes_plan(profile: str) -> None:
 
 def test_plan_rejects_bad_arguments() -> None:
     with pytest.raises(errors.InvalidArgument, match="profile"):
-        wl.plan("tpcc", 1, 10, 1)
+        wplan.plan("tpcc", 1, 10, 1)
     with pytest.raises(errors.InvalidArgument, match="tables"):
-        wl.plan("oltp", 0, 10, 1)
+        wplan.plan("oltp", 0, 10, 1)
     with pytest.raises(errors.InvalidArgument, match="accounts"):
-        wl.plan("bank", 1, 10, 1, accounts=1)
+        wplan.plan("bank", 1, 10, 1, accounts=1)
 
 
-def _bank_balances(plan: list[wl.LogicalTxn]) -> dict[int, Decimal]:
+def _bank_balances(plan: list[wops.LogicalTxn]) -> dict[int, Decimal]:
     balances: dict[int, Decimal] = {}
     for ltx in plan:
         for op in ltx.ops:
-            if isinstance(op, wl.Insert) and op.table == wl.BANK_TABLE:
+            if isinstance(op, wops.Insert) and op.table == wops.BANK_TABLE:
                 for row in op.rows:
                     balances[row["id"]] = row["balance"]
     return balances
 
 
-def _apply_transfers(balances: dict[int, Decimal], txns: list[wl.LogicalTxn], total: Decimal) -> None:
+def _apply_transfers(balances: dict[int, Decimal], txns: list[wops.LogicalTxn], total: Decimal) -> None:
     for ltx in txns:
         for op in ltx.ops:
-            if not isinstance(op, wl.Transfer):
+            if not isinstance(op, wops.Transfer):
                 continue
             assert 1 <= len(op.legs) <= 3
             for src, dst, amount in op.legs:
@@ -79,12 +81,12 @@ def _apply_transfers(balances: dict[int, Decimal], txns: list[wl.LogicalTxn], to
 
 @pytest.mark.parametrize("profile", ["bank", "mixed"])
 def test_bank_plan_keeps_the_total_in_any_order(profile: str) -> None:
-    plan = wl.plan(profile, 2, 600, 5, **SMALL)
+    plan = wplan.plan(profile, 2, 600, 5, **SMALL)
     balances = _bank_balances(plan)
     assert len(balances) == SMALL["accounts"]
-    total = SMALL["accounts"] * wl.BANK_INITIAL_BALANCE
+    total = SMALL["accounts"] * wops.BANK_INITIAL_BALANCE
     assert sum(balances.values()) == total
-    transfers = [t for t in plan if any(isinstance(op, wl.Transfer) for op in t.ops)]
+    transfers = [t for t in plan if any(isinstance(op, wops.Transfer) for op in t.ops)]
     assert len(transfers) > (100 if profile == "mixed" else 500)
     _apply_transfers(dict(balances), transfers, total)
     # Concurrent clients may run them in another order: still the same total.
@@ -103,7 +105,7 @@ class _Schema:
         self.index_names: set[str] = set()
         self.seen_uids = 0
 
-    def ddl(self, op: wl.DDL) -> None:
+    def ddl(self, op: wops.DDL) -> None:
         t = op.table
         if op.action == "create_table":
             assert t not in self.tables, f"create of existing {t}"
@@ -165,7 +167,7 @@ class _Schema:
 
 @pytest.mark.parametrize("profile", ["ddl", "mixed"])
 def test_ddl_plan_dml_refers_to_the_schema_of_its_point(profile: str) -> None:
-    plan = wl.plan(profile, 3, 1500, 3, **SMALL)
+    plan = wplan.plan(profile, 3, 1500, 3, **SMALL)
     schema = _Schema()
     actions: set[str] = set()
     fresh: dict[int, set[int]] = {}  # logical table -> primary keys handed out as new
@@ -173,7 +175,7 @@ def test_ddl_plan_dml_refers_to_the_schema_of_its_point(profile: str) -> None:
         if ltx.is_ddl:
             assert len(ltx.ops) == 1, "a DDL runs alone"
             op = ltx.ops[0]
-            assert isinstance(op, wl.DDL)
+            assert isinstance(op, wops.DDL)
             schema.ddl(op)
             actions.add(op.action)
             continue
@@ -182,18 +184,18 @@ def test_ddl_plan_dml_refers_to_the_schema_of_its_point(profile: str) -> None:
             cols = schema.tables[op.table]
             missing = [c for c in op.columns() if c not in cols]
             assert not missing, f"txn {ltx.seq} ({ltx.label}) names missing columns {missing} of {op.table}"
-            if isinstance(op, (wl.Update, wl.UpdateRange, wl.Reinsert)):
+            if isinstance(op, (wops.Update, wops.UpdateRange, wops.Reinsert)):
                 for name, value in op.values.items():
                     if cols[name] == "decimal" and value is not None:
                         assert isinstance(value, Decimal)
                     if cols[name] == "int" and value is not None:
                         assert isinstance(value, int)
-            if op.table == wl.BANK_TABLE:
+            if op.table == wops.BANK_TABLE:
                 continue
             # Keys handed out as new are new for good: valid in any execution order.
-            new = {wl.Insert: lambda o: [r["id"] for r in o.rows],
-                   wl.Generate: lambda o: range(o.first_id, o.first_id + o.count),
-                   wl.ChangeKey: lambda o: [o.new_key]}.get(type(op))
+            new = {wops.Insert: lambda o: [r["id"] for r in o.rows],
+                   wops.Generate: lambda o: range(o.first_id, o.first_id + o.count),
+                   wops.ChangeKey: lambda o: [o.new_key]}.get(type(op))
             if new is not None:
                 seen = fresh.setdefault(schema.uid[op.table], set())
                 keys = list(new(op))
@@ -204,7 +206,7 @@ def test_ddl_plan_dml_refers_to_the_schema_of_its_point(profile: str) -> None:
 
 
 def test_oltp_plan_has_every_kind_and_large_txns() -> None:
-    plan = wl.plan("oltp", 2, 800, 9, **SMALL)
+    plan = wplan.plan("oltp", 2, 800, 9, **SMALL)
     labels = {t.label for t in plan}
     for kind in ("insert", "point update", "delete", "range update", "range delete", "primary-key change",
                  "unique swap", "delete and re-insert", "unique null", "sysbench write"):
@@ -212,14 +214,14 @@ def test_oltp_plan_has_every_kind_and_large_txns() -> None:
     assert {"wide insert", "wide update"} & labels
     large = [t for t in plan if t.label.startswith("large")]
     assert len(large) == 800 // SMALL["large_txn_every"]
-    inserts = [op for t in large for op in t.ops if isinstance(op, wl.Generate)]
+    inserts = [op for t in large for op in t.ops if isinstance(op, wops.Generate)]
     assert inserts and all(op.count == SMALL["large_txn_rows"] for op in inserts)
     assert any(t.label.startswith("large delete") for t in large)
     assert not any(t.is_ddl for t in plan[len(plan) - 800:])  # oltp has no DDL after the setup
-    nulls = [op for t in plan for op in t.ops if isinstance(op, wl.Update) and op.values.get("pad", 1) is None]
+    nulls = [op for t in plan for op in t.ops if isinstance(op, wops.Update) and op.values.get("pad", 1) is None]
     assert nulls
     # Generated rows are a pure function of the op; wide rows are ~64 KiB.
-    wide = next(op for t in plan for op in t.ops if isinstance(op, wl.Generate) and op.wide)
+    wide = next(op for t in plan for op in t.ops if isinstance(op, wops.Generate) and op.wide)
     assert list(wide.rows()) == list(wide.rows())
     assert len(next(wide.rows())["data"]) > 60_000
 
@@ -321,9 +323,9 @@ class _FakeWriter:
 
 
 def test_run_keeps_ddl_a_barrier_and_counts() -> None:
-    plan = wl.plan("mixed", 2, 300, 4, **{**SMALL, "large_txn_every": 0}, ddl_every=10)
+    plan = wplan.plan("mixed", 2, 300, 4, **{**SMALL, "large_txn_every": 0}, ddl_every=10)
     writer = _FakeWriter()
-    summary = wl.run(writer, plan, clients=6, progress=False)
+    summary = wrun.run(writer, plan, clients=6, progress=False)
     assert writer.overlaps == 0
     ddls = [t for t in plan if t.is_ddl]
     assert summary.ddls == len(ddls) > 20
@@ -334,34 +336,34 @@ def test_run_keeps_ddl_a_barrier_and_counts() -> None:
     assert summary.committed + summary.ddls + summary.empty == summary.done
     assert summary.inserts and summary.updates and summary.deletes
     assert summary.start_ts < summary.end_ts
-    assert "committed" in wl.format_summary(summary)
+    assert "committed" in wrun.format_summary(summary)
 
 
 def test_run_counts_refused_transactions_and_throttles() -> None:
-    plan = wl.plan("bank", 1, 60, 4, **SMALL)
+    plan = wplan.plan("bank", 1, 60, 4, **SMALL)
     writer = _FakeWriter(fail_every=7)
     started = time.monotonic()
-    summary = wl.run(writer, plan, clients=3, rate=200.0, progress=False)
+    summary = wrun.run(writer, plan, clients=3, rate=200.0, progress=False)
     elapsed = time.monotonic() - started
     assert summary.errors == sum(1 for i in range(1, writer.count + 1) if i % 7 == 0) > 0
     assert summary.done == len(plan)
     assert 1 <= len(summary.error_messages) <= 5
     assert "UNIQUE constraint failed" in summary.error_messages[0]
     assert elapsed >= (len(plan) - 10) / 200.0  # the token bucket holds ~200 txn/s
-    text = wl.format_summary(summary)
+    text = wrun.format_summary(summary)
     assert "errors" in text and "UNIQUE" in text
 
 
 def test_run_retries_deadlock_victims() -> None:
-    plan = wl.plan("bank", 1, 90, 4, **SMALL)
+    plan = wplan.plan("bank", 1, 90, 4, **SMALL)
     writer = _FakeWriter(deadlock_every=3)  # a retry is the next call: it succeeds
     # One client: with several, other clients' calls can land a retry on the next
     # multiple of 3 again and again until its retries run out (seen in CI).
-    summary = wl.run(writer, plan, clients=1, progress=False)
+    summary = wrun.run(writer, plan, clients=1, progress=False)
     assert summary.errors == 0
     assert summary.retries == writer.count // 3 > 0
     assert summary.done == len(plan)
-    assert "deadlock retries" in wl.format_summary(summary)
+    assert "deadlock retries" in wrun.format_summary(summary)
 
 
 def test_run_refuses_an_upstream_that_has_the_tables() -> None:
@@ -370,4 +372,4 @@ def test_run_refuses_an_upstream_that_has_the_tables() -> None:
             return [type("Info", (), {"name": "sbtest1"})()]
 
     with pytest.raises(errors.FailedPrecondition, match="sbtest1"):
-        wl.run(Existing(), wl.plan("oltp", 1, 5, 1, **SMALL), clients=1, progress=False)
+        wrun.run(Existing(), wplan.plan("oltp", 1, 5, 1, **SMALL), clients=1, progress=False)

@@ -51,7 +51,7 @@ _CORE_COMMAND_MODULES: tuple[str, ...] = (
     "binlake.pump.commands",
     "binlake.stack.commands",
     "binlake.ctl.commands",
-    "binlake.source.workload_command",
+    "binlake.workload.commands",
     "binlake.lake.commands",
 )
 

@@ -3,7 +3,7 @@
 A Pump that holds a prewrite whose commit never came asks the writer named by
 the prewrite's ``prewrite_key``: committed (with its commit_ts), rolled back,
 or still running. The server side (what a writer serves) is
-``binlake.source.txn_status``; this module is all a Pump needs, so ``pump/``
+``binlake.writer.txn_status``; this module is all a Pump needs, so ``pump/``
 does not depend on the upstream role.
 """
 

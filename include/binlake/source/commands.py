@@ -1,30 +1,61 @@
-"""``binlake source mysql|postgres`` and ``binlake bench source``: back up an
-existing database without touching its application."""
+"""``binlake source KIND`` (one per source in ``SOURCES``) and ``binlake bench
+source``: back up an existing database without touching its application.
+
+Each source's command line is a ``SourceCommand`` in its own module (e.g.
+``source.mysql.commands``): its name, words, own options and checks, and how
+they build its ``source.base.Source``. The options every source has, the
+checks before any connection, and running a source until a signal stops it
+are here, once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import importlib
 import logging
 import signal
 import sys
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from binlake import errors
 from binlake.cli.args import number_in, positive_float, positive_int, scratch_dir
 from binlake.net import DEFAULT_REGISTRY_ADDR
 
+if TYPE_CHECKING:  # the sources are imported when one runs, not to build the parser
+    from binlake.source.base import Source
+
 log = logging.getLogger(__name__)
 
+# The sources ``binlake source`` offers, in --help's order: modules with a ``COMMAND``
+# (a SourceCommand). A new source adds its module here.
+SOURCES: tuple[str, ...] = (
+    "binlake.source.mysql.commands",
+    "binlake.source.postgres.commands",
+)
 
-def _server_id(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in 1..4294967295, got {text!r}") from None
-    if not 1 <= v < 2**32:
-        raise argparse.ArgumentTypeError(f"expected a number in 1..4294967295, got {v}")
-    return v
+
+@dataclasses.dataclass(frozen=True)
+class SourceCommand:
+    """A source's command line, ``binlake source NAME``. The options every source
+    has (--dsn, --registry, --start, --snapshot-batch-rows, --data-dir, --status-addr,
+    --step-ms, --max-step-ms) are added by ``register`` in this record's words;
+    ``add_arguments`` adds the source's own (after --dsn); ``check`` refuses what it
+    cannot use before any connection; ``build`` makes the source (importing its
+    database drivers only then)."""
+
+    name: str
+    help: str
+    epilog: str
+    dsn_help: str
+    start_help: str
+    batch_rows_type: Callable[[str], int]
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    check: Callable[[argparse.Namespace], None]
+    build: Callable[[argparse.Namespace, float, float | None], Source[Any]]
 
 
 _step_ms = number_in(float, 0, 1000, "milliseconds")
@@ -46,70 +77,23 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     src = sub.add_parser("source", help="read an existing database's log into the Pumps (no application changes)",
                          formatter_class=fmt)
     ssub = src.add_subparsers(dest="source_command", metavar="KIND", required=True)
-    m = ssub.add_parser(
-        "mysql", help="MySQL/MariaDB row binlog -> Pumps (as a replica)", formatter_class=fmt,
-        epilog=(
-            "The server needs log_bin, binlog_format=ROW and binlog_row_image=FULL; the user needs\n"
-            "REPLICATION SLAVE, REPLICATION CLIENT and SELECT.\n\n"
-            "Examples:\n"
-            "  binlake source mysql --dsn mysql://repl:pw@db1:3306 --server-id 4001 --registry 127.0.0.1:8230 \\\n"
-            "      --data-dir data/source-db1 --tables 'shop.*'\n"
-            "  binlake source mysql --dsn mysql://root@127.0.0.1:3306 --server-id 4001 --start binlog.000042:4\n"
-            "  binlake source mysql --dsn mysql://root@127.0.0.1:3306 --server-id 4001 --start snapshot \\\n"
-            "      --tables 'shop.*'   # the rows already there first, then the binlog from that snapshot\n"
-        ),
-    )
-    m.add_argument("--dsn", required=True, help="mysql://USER[:PASSWORD]@HOST[:PORT]")
-    m.add_argument("--server-id", type=_server_id, required=True,
-                   help="this replica's server id (unique among the server's replicas)")
-    m.add_argument("--registry", default=DEFAULT_REGISTRY_ADDR,
-                   help=f"registry HOST:PORT or a group HOST:PORT,HOST:PORT,... (default {DEFAULT_REGISTRY_ADDR})")
-    m.add_argument("--start", default=None,
-                   help="where a new --data-dir starts: now (default), snapshot (the chosen tables' rows "
-                        "first, then the binlog from that snapshot), FILE:POS or gtid:SET; "
-                        "ignored once a checkpoint exists")
-    m.add_argument("--snapshot-batch-rows", type=int, default=10_000,
-                   help="rows per transaction of a --start snapshot (default 10000)")
-    m.add_argument("--tables", default=None, help="DB.TABLE globs, comma-separated (default: every non-system table)")
-    m.add_argument("--data-dir", default="data/source-mysql",
-                   help="checkpoint and TSO journal (default data/source-mysql)")
-    m.add_argument("--status-addr", default="127.0.0.1:0",
-                   help="HOST:PORT of the TxnStatus service the Pumps ask (default: any free loopback port)")
-    m.add_argument("--step-ms", type=_step_ms, default=None, help=_STEP_HELP)
-    m.add_argument("--max-step-ms", type=_max_step_ms, default=None, help=_MAX_STEP_HELP)
-    m.set_defaults(handler=_run_mysql)
-
-    pg = ssub.add_parser(
-        "postgres", help="PostgreSQL logical decoding (pgoutput) -> Pumps", formatter_class=fmt,
-        epilog=(
-            "The server needs wal_level=logical; every published table REPLICA IDENTITY FULL.\n\n"
-            "Examples:\n"
-            "  binlake source postgres --dsn postgresql://repl@db1:5432/shop --slot binlake --publication binlake \\\n"
-            "      --create --registry 127.0.0.1:8230 --data-dir data/source-pg\n"
-            "  binlake source postgres --dsn postgresql://repl@db1:5432/shop --slot binlake --publication binlake \\\n"
-            "      --start snapshot   # the rows already there first (a new slot's snapshot), then the slot\n"
-        ),
-    )
-    pg.add_argument("--dsn", required=True, help="postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
-    pg.add_argument("--slot", required=True, help="logical replication slot (pgoutput)")
-    pg.add_argument("--publication", required=True, help="publication naming the tables to back up")
-    pg.add_argument("--create", action="store_true",
-                    help="create the publication FOR ALL TABLES, and the slot (--start snapshot always creates "
-                         "its own), if missing")
-    pg.add_argument("--registry", default=DEFAULT_REGISTRY_ADDR,
-                    help=f"registry HOST:PORT or a group HOST:PORT,HOST:PORT,... (default {DEFAULT_REGISTRY_ADDR})")
-    pg.add_argument("--start", default=None,
-                    help="where a new --data-dir starts: now (default: stream from the slot) or snapshot (creates "
-                         "the slot with an exported snapshot, sends the published tables' rows, then streams from "
-                         "that snapshot; refused if the slot exists); ignored once a checkpoint exists")
-    pg.add_argument("--snapshot-batch-rows", type=positive_int, default=10_000,
-                    help="rows per transaction of a --start snapshot (default 10000)")
-    pg.add_argument("--data-dir", default="data/source-postgres",
-                    help="checkpoint and TSO journal (default data/source-postgres)")
-    pg.add_argument("--status-addr", default="127.0.0.1:0", help="HOST:PORT of the TxnStatus service")
-    pg.add_argument("--step-ms", type=_step_ms, default=None, help=_STEP_HELP)
-    pg.add_argument("--max-step-ms", type=_max_step_ms, default=None, help=_MAX_STEP_HELP)
-    pg.set_defaults(handler=_run_postgres)
+    for module in SOURCES:
+        cmd: SourceCommand = importlib.import_module(module).COMMAND
+        p = ssub.add_parser(cmd.name, help=cmd.help, formatter_class=fmt, epilog=cmd.epilog)
+        p.add_argument("--dsn", required=True, help=cmd.dsn_help)
+        cmd.add_arguments(p)
+        p.add_argument("--registry", default=DEFAULT_REGISTRY_ADDR,
+                       help=f"registry HOST:PORT or a group HOST:PORT,HOST:PORT,... (default {DEFAULT_REGISTRY_ADDR})")
+        p.add_argument("--start", default=None, help=cmd.start_help)
+        p.add_argument("--snapshot-batch-rows", type=cmd.batch_rows_type, default=10_000,
+                       help="rows per transaction of a --start snapshot (default 10000)")
+        p.add_argument("--data-dir", default=f"data/source-{cmd.name}",
+                       help=f"checkpoint and TSO journal (default data/source-{cmd.name})")
+        p.add_argument("--status-addr", default="127.0.0.1:0",
+                       help="HOST:PORT of the TxnStatus service the Pumps ask (default: any free loopback port)")
+        p.add_argument("--step-ms", type=_step_ms, default=None, help=_STEP_HELP)
+        p.add_argument("--max-step-ms", type=_max_step_ms, default=None, help=_MAX_STEP_HELP)
+        p.set_defaults(handler=functools.partial(_run_source, cmd))
 
     b = bench.add_parser(
         "source", help="MariaDB source row changes/s vs mysqlbinlog, and its overhead on the upstream",
@@ -162,32 +146,11 @@ def _check_args(args: argparse.Namespace) -> None:
         raise errors.InvalidArgument("--dsn is empty: give the database's URL (see --help)")
 
 
-def _run_mysql(args: argparse.Namespace) -> int:
-    from binlake import argcheck
-    from binlake.source.mysql.source import MySQLSource
-
+def _run_source(cmd: SourceCommand, args: argparse.Namespace) -> int:
+    """``binlake source NAME``: every check, then the source until a signal stops it."""
     _check_args(args)
-    argcheck.names("--tables", args.tables, "shop.*,app.orders")
-    source = MySQLSource(args.dsn, server_id=args.server_id, registry=args.registry, data_dir=args.data_dir,
-                         start=args.start, tables=args.tables, status_addr=args.status_addr,
-                         snapshot_batch_rows=args.snapshot_batch_rows, pace_s=_pace(args),
-                         max_pace_s=_max_pace(args))
-    return _run(source)
-
-
-def _run_postgres(args: argparse.Namespace) -> int:
-    from binlake.source.postgres.source import PostgresSource
-
-    _check_args(args)
-    for flag, name in (("--slot", args.slot), ("--publication", args.publication)):
-        if len(name) > 63:  # PostgreSQL truncates longer identifiers silently
-            raise errors.InvalidArgument(f"{flag} {name[:20]}...: at most 63 characters, got {len(name)}")
-
-    source = PostgresSource(args.dsn, slot=args.slot, publication=args.publication, registry=args.registry,
-                            data_dir=args.data_dir, create=args.create, start=args.start,
-                            snapshot_batch_rows=args.snapshot_batch_rows, status_addr=args.status_addr,
-                            pace_s=_pace(args), max_pace_s=_max_pace(args))
-    return _run(source)
+    cmd.check(args)
+    return _run(cmd.build(args, _pace(args), _max_pace(args)))
 
 
 def _pace(args: argparse.Namespace) -> float:
@@ -207,7 +170,7 @@ def _max_pace(args: argparse.Namespace) -> float | None:
     return float(args.max_step_ms) / 1000
 
 
-def _run(source: Any) -> int:
+def _run(source: Source[Any]) -> int:
     def _stop(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping after the current transaction", signum)
         source.stop()

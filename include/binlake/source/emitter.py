@@ -32,8 +32,8 @@ from binlake.client.pump_client import PumpClient
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
 from binlake.registry.model import NodeRecord
-from binlake.source import txn_status
 from binlake.source.journal import SourceState
+from binlake.writer import txn_status
 
 log = logging.getLogger(__name__)
 

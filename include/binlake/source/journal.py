@@ -99,7 +99,7 @@ from typing import Any
 
 from binlake import errors
 from binlake.proto import binlog_pb2
-from binlake.source import txn_status
+from binlake.writer import txn_status
 
 JOURNAL = "journal.log"
 STATE = "state.json"

@@ -6,7 +6,7 @@ WRITE/UPDATE/DELETE_ROWS body and which Datum it writes, so that the result is
 byte for byte the serialized Row that ``values.RowEncoder`` builds from
 mysql-replication's parse (the contract is stated in ``_rowsc.c``). It is
 built once per TABLE_MAP (mysql-replication's binlog column types and
-metadata + the tracked ``MyTable`` + the table version's ``RowEncoder``); a
+metadata + the tracked ``SourceTable`` + the table version's ``RowEncoder``); a
 table with any column the decoder does not cover gets no plan, and all its
 events take the Python path.
 
@@ -32,8 +32,8 @@ from typing import Any
 from pymysqlreplication.constants import BINLOG, FIELD_TYPE
 from pymysqlreplication.row_event import UpdateRowsEvent
 
-from binlake.source.mysql.tables import MyTable
 from binlake.source.mysql.values import _PY_CHARSET, RowEncoder
+from binlake.source.tables import SourceTable
 
 # The extension module (typed by its .pyi), or None where it was not built.
 _rowsc: ModuleType | None
@@ -95,7 +95,7 @@ def _string_entry(size: int, charset: str | None) -> tuple[int, int, int, int, A
     return None
 
 
-def build_plan(binlog_columns: list[Any], table: MyTable, enc: RowEncoder) -> Any | None:
+def build_plan(binlog_columns: list[Any], table: SourceTable, enc: RowEncoder) -> Any | None:
     """The decoder's plan for one TABLE_MAP of ``table`` (its columns already named
     by ``values.prepare_table_map``), or None when any column needs the Python path."""
     if _rowsc is None or len(binlog_columns) != len(enc.plan):

@@ -35,7 +35,7 @@ import pymysql.cursors
 
 from binlake import errors
 from binlake.source.mysql.server import Dsn
-from binlake.source.mysql.tables import MyColumn, MyTable
+from binlake.source.tables import SourceColumn, SourceTable
 
 # Rows per snapshot transaction: bounds the size of each prewrite the Pumps keep.
 BATCH_ROWS = 10_000
@@ -81,7 +81,7 @@ def raw_results(conn: Any) -> None:
         cur.execute("SET SESSION character_set_results = binary")
 
 
-def batches(conn: Any, table: MyTable, rows: int) -> Iterator[list[dict[str, Any]]]:
+def batches(conn: Any, table: SourceTable, rows: int) -> Iterator[list[dict[str, Any]]]:
     """The table's rows, ``rows`` at a time, as the binlog reader would hand them over."""
     cols = [c.name for c in table.columns]
     select = ", ".join(f"`{c.replace('`', '``')}`" for c in cols)
@@ -94,7 +94,7 @@ def batches(conn: Any, table: MyTable, rows: int) -> Iterator[list[dict[str, Any
             yield [{c.name: as_binlog_value(v, c) for c, v in zip(table.columns, r, strict=True)} for r in got]
 
 
-def as_binlog_value(v: Any, c: MyColumn) -> Any:
+def as_binlog_value(v: Any, c: SourceColumn) -> Any:
     """A SELECT value (raw bytes for text) -> what the binlog reader yields for that column."""
     if v is None or not isinstance(v, (bytes, bytearray)):
         return v

@@ -1,6 +1,8 @@
 """The MySQL/MariaDB row-binlog source (the Syncer role): registers as a
 replica, reads ROW events, and sends every upstream transaction to the Pumps
-as a prewrite + commit pair with TSOs taken in binlog order.
+as a prewrite + commit pair with TSOs taken in binlog order. ``MySQLSource``
+is a ``source.base.Source`` (which runs it and moves its checkpoint); its
+position is a binlog (file, offset).
 
 The stream is read through ``framing``: mysql-replication connects and
 registers as a replica, the C framer (``_framec``) reads the events after
@@ -45,7 +47,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,21 +59,17 @@ from pymysqlreplication.row_event import UpdateRowsEvent, WriteRowsEvent
 from binlake import errors
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
-from binlake.source.emitter import Emitter
-from binlake.source.journal import SourceState
+from binlake.source.base import FIRST_TABLE_ID, SnapshotStopped, Source
 from binlake.source.mysql import framing, rowsplan, snapshot
 from binlake.source.mysql import server as srv
-from binlake.source.mysql.tables import Catalog, DdlChange, MyTable, TableFilter, assign_ids
+from binlake.source.mysql.tables import Catalog, DdlChange, TableFilter
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
-from binlake.source.pipeline import PACE_S, GroupPipeline, Item, check_steps
-from binlake.source.readburst import read_burst_s
+from binlake.source.pipeline import PACE_S, GroupPipeline, Item
+from binlake.source.snapshot_group import MARKER, SnapshotGroup, decided_marker, resend_commits
+from binlake.source.tables import SourceTable
 
 log = logging.getLogger(__name__)
 
-FIRST_TABLE_ID = 100
-# Checkpoint at least this often while transactions flow (and at every DDL):
-# a longer gap only means more transactions re-read (and deduplicated) after a crash.
-CHECKPOINT_INTERVAL_S = 1.0
 PROGRESS_INTERVAL_S = 10.0
 # A row change's MutationType as one byte of a TableMutation's packed sequence.
 _INSERTS, _UPDATES, _DELETES = bytes([binlog_pb2.INSERT]), bytes([binlog_pb2.UPDATE]), bytes([binlog_pb2.DELETE_ROW])
@@ -94,10 +91,6 @@ def parse_start(start: str | None) -> tuple[str, Any]:
             f"--start {start!r}: expected now, FILE:POS (e.g. binlog.000003:1234, POS >= 4), gtid:SET or snapshot"
         )
     return "pos", (file, int(pos))
-
-
-class _SnapshotStopped(Exception):
-    """stop() during the snapshot, before its commit point."""
 
 
 class _Mutation:
@@ -136,8 +129,11 @@ class _Txn:
             for m in self.mutations.values()], native)
 
 
-class MySQLSource:
-    """One source process: ``run()`` until ``stop()`` (or an error)."""
+class MySQLSource(Source[tuple[str, int]]):
+    """One source process: ``run()`` until ``stop()`` (or an error); its position is
+    a binlog (file, offset)."""
+
+    kind = "mysql"
 
     def __init__(self, dsn: str, *, server_id: int, registry: str, data_dir: str, start: str | None = None,
                  tables: str | None = None, status_addr: str = "127.0.0.1:0",
@@ -147,38 +143,23 @@ class MySQLSource:
             raise errors.InvalidArgument(f"--server-id must be in 1..4294967295, got {server_id!r}")
         self.dsn = srv.parse_dsn(dsn)
         self.server_id = server_id
-        if not isinstance(snapshot_batch_rows, int) or snapshot_batch_rows < 1:
-            raise errors.InvalidArgument(f"--snapshot-batch-rows must be a positive number, got {snapshot_batch_rows!r}")
-        self.snapshot_batch_rows = snapshot_batch_rows
-        self.pace_s, self.max_pace_s = check_steps(pace_s, max_pace_s)
-        self.burst_s = read_burst_s()  # source.readburst; a bad BINLAKE_READ_BURST_MS is refused here
-        self.registry_addr = registry
         self.start_kind, self.start_value = parse_start(start)
         self.filter = TableFilter(tables)
         self.heartbeat_s = heartbeat_s
-        self._stop = threading.Event()
-        # Set once the start position is fixed and the initial definitions were sent.
-        self.ready = threading.Event()
-        self.state = SourceState(data_dir)
-        self._status_addr = status_addr
-        self._client_settings = client_settings
-        self.emitter: Emitter | None = None
+        super().__init__(registry=registry, data_dir=data_dir, status_addr=status_addr,
+                         client_settings=client_settings, snapshot_batch_rows=snapshot_batch_rows, pace_s=pace_s,
+                         max_pace_s=max_pace_s)
         self.catalog = Catalog()
         # The acknowledged position: the end of the last transaction whose commit a
         # Pump acknowledged (every earlier one too); the checkpoint saves it, and a
         # reconnect reads on from it. The reader is ahead of it by the groups in flight.
         self.file = ""
         self.pos = 0
-        # Held while the checkpoint is written (sender thread) and while a DDL changes
-        # the catalog (reader thread), so a checkpoint never sees half a DDL.
-        self._lock = threading.Lock()
         self.pipeline: GroupPipeline | None = None
-        self.transactions = 0
         self.row_changes = 0
         self.events = 0
         self.lag_s = 0.0
-        self._last_save = 0.0
-        self._dirty = False
+        self._info: srv.ServerInfo | None = None  # the server, as start_position found it
         self._encoders: dict[tuple[int, int], RowEncoder] = {}
         # Rows events decoded by the native decoder / by mysql-replication + RowEncoder.
         self.native = rowsplan.enabled()
@@ -188,10 +169,14 @@ class MySQLSource:
         self.python_events = 0
         self.on_transaction: Callable[[int, int], None] | None = None  # (start_ts, commit_ts), for tests/bench
 
-    def stop(self) -> None:
-        self._stop.set()
+    @property
+    def position(self) -> tuple[str, int]:
+        return self.file, self.pos
 
     # ------------------------------------------------------------------ start-up
+    def start_position(self) -> None:
+        self._info = self._open()
+
     def _open(self) -> srv.ServerInfo:
         conn = self.dsn.connect()
         try:
@@ -207,13 +192,13 @@ class MySQLSource:
                 self.file, self.pos = st["position"]
                 srv.check_position(conn, self.file, self.pos)
                 self.catalog = Catalog.from_json(st["schema"])
-            elif st.get("snapshot") and self._snapshot_decided(st["snapshot"]):
+            elif (marker := decided_marker(self.state)) is not None:
                 if st.get("server") != info.identity:
                     raise errors.FailedPrecondition(
                         f"the server's identity changed ({st.get('server')} -> {info.identity}) during the snapshot "
                         f"in {self.state.dir}; start a new --data-dir"
                     )
-                self._finish_snapshot(conn)
+                self._finish_snapshot(conn, marker)
             else:
                 self._first_start(conn, info)
         finally:
@@ -243,20 +228,20 @@ class MySQLSource:
                 ddl = str(cur.fetchone()[1])
             self.catalog.remove(t.db, t.name)
             self._send_ddl(f"init:{self.file}:{self.pos}:{name}", ddl, DdlChange(t.db, t.name, t, None))
-        self._checkpoint(force=True)
+        self.checkpoint(force=True)
 
     # ------------------------------------------------------------------ snapshot
-    # The snapshot is one all-or-nothing group: every DDL and row batch is
-    # prewritten (journaled start_ts, Pumps hold it as running), then the
-    # ``snapshot`` marker is saved, then all commit_ts are decided in ONE journal
-    # line (the commit point), then the commits are sent, then the checkpoint
-    # moves to the snapshot's position and the marker goes. A crash before the
-    # commit point: the journal's load rolls every start_ts back (TxnStatus says
-    # so to the Pumps), nothing was served, and the restart takes a new snapshot.
-    # After it: the marker names the decided keys, and the restart re-sends their
-    # commits with the journaled (start_ts, commit_ts), which the Pumps/reader
-    # drop as copies, then streams from the marker's position. No row is served
-    # twice, none lost.
+    # The snapshot is one all-or-nothing group (``source.snapshot_group``): every
+    # DDL and row batch is prewritten (journaled start_ts, Pumps hold it as
+    # running), then the ``snapshot`` marker is saved, then all commit_ts are
+    # decided in ONE journal line (the commit point), then the commits are sent,
+    # then the checkpoint moves to the snapshot's position and the marker goes. A
+    # crash before the commit point: the journal's load rolls every start_ts back
+    # (TxnStatus says so to the Pumps), nothing was served, and the restart takes
+    # a new snapshot. After it: the marker names the decided keys, and the restart
+    # re-sends their commits with the journaled (start_ts, commit_ts), which the
+    # Pumps/reader drop as copies, then streams from the marker's position. No row
+    # is served twice, none lost.
 
     def _take_snapshot(self, info: srv.ServerInfo) -> None:
         assert self.emitter is not None
@@ -271,7 +256,7 @@ class MySQLSource:
             snapshot.raw_results(conn)
             self.state.save(server=info.identity, next_table_id=FIRST_TABLE_ID, schema_version=0)
             tag = f"snap:{self.file}:{self.pos}"
-            group: list[tuple[str, int, str]] = []
+            group = SnapshotGroup(self.emitter, self.state)
             for name in sorted(ddls):
                 t = self.catalog.tables[name]
                 self.catalog.remove(t.db, t.name)
@@ -289,89 +274,64 @@ class MySQLSource:
                     m.sequence.extend([binlog_pb2.INSERT] * len(batch))
                     value = binlog_pb2.PrewriteValue(schema_version=int(self.state.state["schema_version"]),
                                                      mutations=[m])
-                    key = f"{tag}:{name}:{n}"
-                    start_ts, pump = self.emitter.prewrite(key, value)
-                    group.append((key, start_ts, pump))
+                    group.prewrite(f"{tag}:{name}:{n}", value)
                     rows += len(batch)
                     if self._stop.is_set():
                         # Nothing decided yet: stopping here is a rollback; the next start snapshots again.
-                        raise _SnapshotStopped
+                        raise SnapshotStopped
         finally:
             conn.close()  # ends the snapshot transaction (read only)
-        # The marker: the position, the definitions there, and the group's keys.
-        self.state.save(snapshot={"position": [self.file, self.pos], "schema": self.catalog.to_json(),
-                                  "keys": [list(g) for g in group], "rows": rows})
-        self.emitter.commit_group(group)
-        self.transactions += len(group)
+        # The marker: the position, the definitions there (and the group's keys).
+        group.commit(position=[self.file, self.pos], schema=self.catalog.to_json(), rows=rows)
+        self.transactions += len(group.items)
         self.row_changes += rows
         log.info("mysql source: snapshot of %d tables, %d rows in %d transactions at %s:%d", len(ddls), rows,
-                 len(group), self.file, self.pos)
-        self.state.state.pop("snapshot", None)
-        self._checkpoint(force=True)
+                 len(group.items), self.file, self.pos)
+        self.state.state.pop(MARKER, None)
+        self.checkpoint(force=True)
 
-    def _snapshot_decided(self, marker: dict[str, Any]) -> bool:
-        keys = marker.get("keys") or []
-        # Decided in one journal line: the first key stands for all.
-        return not keys or self.state.decision(str(keys[0][0])) is not None
-
-    def _finish_snapshot(self, conn: Any) -> None:
+    def _finish_snapshot(self, conn: Any, marker: dict[str, Any]) -> None:
         """Restart after the snapshot's commit point: re-send its commits with the journaled TSOs."""
         assert self.emitter is not None
-        marker = self.state.state["snapshot"]
-        for key, _start, _pump in marker["keys"]:
-            self.emitter.emit(str(key), binlog_pb2.PrewriteValue())  # decided: re-sends only the commit
+        n = resend_commits(self.emitter, marker)
         self.file, self.pos = str(marker["position"][0]), int(marker["position"][1])
         srv.check_position(conn, self.file, self.pos)
         self.catalog = Catalog.from_json(marker["schema"])
-        self.state.state.pop("snapshot", None)
+        self.state.state.pop(MARKER, None)
         log.info("mysql source: snapshot at %s:%d completed after a restart (%d commits re-sent)", self.file,
-                 self.pos, len(marker["keys"]))
-        self._checkpoint(force=True)
+                 self.pos, n)
+        self.checkpoint(force=True)
 
     # ------------------------------------------------------------------ main loop
-    def run(self) -> None:
-        try:
-            self.emitter = Emitter(self.registry_addr, self.state, kind="mysql", status_addr=self._status_addr,
-                                   client_settings=self._client_settings)
-        except BaseException:
-            self.state.close()
-            raise
-        try:
+    def stream(self) -> None:
+        info = self._info
+        assert info is not None and self.emitter is not None
+        log.info("mysql source %s: %s %s from %s:%d, %d tables, writer %s", self.dsn, "MariaDB" if info.mariadb
+                 else "MySQL", info.version, self.file or f"gtid {self.start_value}", self.pos,
+                 len(self.catalog.tables), self.emitter.writer_id)
+        self.ready.set()
+        backoff = 0.5
+        while not self._stop.is_set():
             try:
-                info = self._open()
-            except _SnapshotStopped:
-                log.info("mysql source: stopped during the snapshot; nothing of it was served, the next start "
-                         "takes it again")
-                return
-            log.info("mysql source %s: %s %s from %s:%d, %d tables, writer %s", self.dsn, "MariaDB" if info.mariadb
-                     else "MySQL", info.version, self.file or f"gtid {self.start_value}", self.pos,
-                     len(self.catalog.tables), self.emitter.writer_id)
-            self.ready.set()
-            backoff = 0.5
-            while not self._stop.is_set():
+                self._stream_once(info)
+                backoff = 0.5
+            except (pymysql.err.OperationalError, pymysql.err.InterfaceError, ConnectionError, OSError,
+                    errors.Unavailable) as exc:
+                if self._stop.is_set():
+                    break
+                log.warning("mysql source: connection lost (%s); reconnecting from %s:%d in %.1fs",
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__, self.file, self.pos,
+                            backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                if self._stop.is_set():
+                    break
                 try:
-                    self._stream(info)
-                    backoff = 0.5
-                except (pymysql.err.OperationalError, pymysql.err.InterfaceError, ConnectionError, OSError,
-                        errors.Unavailable) as exc:
-                    if self._stop.is_set():
-                        break
-                    log.warning("mysql source: connection lost (%s); reconnecting from %s:%d in %.1fs",
-                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__, self.file, self.pos,
-                                backoff)
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, 10.0)
-                    if self._stop.is_set():
-                        break
-                    try:
-                        info = self._reconnect_check()
-                    except errors.Unavailable:
-                        continue
-            with self._lock:
-                self._checkpoint(force=True)
-        finally:
-            self.emitter.close()
-            self.state.close()
+                    info = self._reconnect_check()
+                except errors.Unavailable:
+                    continue
+        with self._lock:
+            self.checkpoint(force=True)
 
     def _reconnect_check(self) -> srv.ServerInfo:
         conn = self.dsn.connect()
@@ -388,7 +348,8 @@ class MySQLSource:
         finally:
             conn.close()
 
-    def _stream(self, info: srv.ServerInfo) -> None:
+    def _stream_once(self, info: srv.ServerInfo) -> None:
+        """One replication connection, read until ``stop()`` or until it is lost."""
         kwargs: dict[str, Any] = {}
         if self.file:
             kwargs.update(log_file=self.file, log_pos=self.pos, resume_stream=True)
@@ -405,16 +366,16 @@ class MySQLSource:
         reader = framing.NativeReader(stream, burst_s=self.burst_s) if self.native_framing else None
         events = iter(reader) if reader is not None else framing.library_events(stream)
         txn: _Txn | None = None
-        tables: dict[int, MyTable | None] = {}
+        tables: dict[int, SourceTable | None] = {}
         plans: dict[int, Any] = {}  # binlog table id -> native plan (absent: Python path)
         # A TABLE_MAP's body -> (table, plan, mysql-replication's table): a table's maps repeat
         # byte for byte in every transaction, so each is parsed once (until a DDL or ROTATE).
-        maps: dict[bytes, tuple[MyTable | None, Any, Any]] = {}
+        maps: dict[bytes, tuple[SourceTable | None, Any, Any]] = {}
         file = self.file
         last_progress = time.monotonic()
         events_at = 0
         assert self.emitter is not None
-        pipeline = self.pipeline = GroupPipeline(self.emitter, self._acked, self._idle, pace_s=self.pace_s,
+        pipeline = self.pipeline = GroupPipeline(self.emitter, self.acked, self.idle, pace_s=self.pace_s,
                                                  max_pace_s=self.max_pace_s, name="mysql-source-sender")
         try:
             for ev in events:
@@ -504,7 +465,7 @@ class MySQLSource:
             pipeline.close()
             stream.close()
 
-    def _table_map(self, ev: Any) -> tuple[MyTable | None, Any, Any]:
+    def _table_map(self, ev: Any) -> tuple[SourceTable | None, Any, Any]:
         """A TABLE_MAP (mysql-replication's event): the tracked table it names (None: not
         wanted), its native plan (None: the Python path), mysql-replication's table."""
         t = self.catalog.get(ev.schema, ev.table)
@@ -520,7 +481,7 @@ class MySQLSource:
         return t, plan, ev.get_table()
 
     # ------------------------------------------------------------------ transactions
-    def _add_rows(self, txn: _Txn, t: MyTable, kind: int, rows: list[bytes]) -> None:
+    def _add_rows(self, txn: _Txn, t: SourceTable, kind: int, rows: list[bytes]) -> None:
         m = txn.mut(t.table_id)
         if kind in framing.WRITES:
             m.inserted_rows += rows
@@ -533,7 +494,7 @@ class MySQLSource:
             m.sequence += _DELETES * len(rows)
         txn.rows += len(rows)
 
-    def _rows(self, txn: _Txn, t: MyTable, ev: Any, plan: Any = None) -> None:
+    def _rows(self, txn: _Txn, t: SourceTable, ev: Any, plan: Any = None) -> None:
         if plan is not None:
             rows = rowsplan.decode(plan, ev)
             if rows is not None:
@@ -563,7 +524,7 @@ class MySQLSource:
         except (TypeError, ValueError) as exc:
             raise errors.FailedPrecondition(f"{t.full_name}: a value binlake cannot carry: {exc}") from None
 
-    def _encoder(self, t: MyTable) -> RowEncoder:
+    def _encoder(self, t: SourceTable) -> RowEncoder:
         key = (t.table_id, t.schema_version)
         enc = self._encoders.get(key)
         if enc is None:
@@ -579,27 +540,18 @@ class MySQLSource:
         else:  # nothing tracked in it: only the position moves (in order with the rest)
             self.pipeline.submit(Item(None, None, (file, pos), float(event_ts)))
 
-    def _acked(self, items: list[Item], results: list[tuple[int, int]]) -> None:
-        """Sender thread: a group's commits are acknowledged; move the position past it."""
-        with self._lock:
-            for it, (start_ts, commit_ts) in zip(items, results, strict=True):
-                if it.key is None:
-                    continue
-                self.transactions += 1
-                self.row_changes += it.rows
-                if self.on_transaction is not None:
-                    self.on_transaction(start_ts, commit_ts)
-            last = items[-1]
-            self.file, self.pos = last.position
-            if last.event_ts:
-                self.lag_s = max(0.0, time.time() - last.event_ts)
-            self._dirty = True
-            self._checkpoint()
-
-    def _idle(self) -> None:
-        """Sender thread, nothing to send for a moment: save a checkpoint still due."""
-        with self._lock:
-            self._checkpoint(force=self._dirty)
+    def acknowledged(self, items: list[Item], results: list[tuple[int, int]]) -> None:
+        for it, (start_ts, commit_ts) in zip(items, results, strict=True):
+            if it.key is None:
+                continue
+            self.transactions += 1
+            self.row_changes += it.rows
+            if self.on_transaction is not None:
+                self.on_transaction(start_ts, commit_ts)
+        last = items[-1]
+        self.file, self.pos = last.position
+        if last.event_ts:
+            self.lag_s = max(0.0, time.time() - last.event_ts)
 
     def _ddl(self, sql: str, default_db: str, file: str, pos: int, event_ts: float | None = None) -> None:
         # The statement's start (whole seconds: a QUERY event's header has no fraction).
@@ -608,43 +560,16 @@ class MySQLSource:
             self._send_ddl(f"{file}:{pos}#{i}", sql, change)
         self.file, self.pos = file, pos
         self._dirty = True
-        self._checkpoint(force=True)
+        self.checkpoint(force=True)
 
-    def _send_ddl(self, key: str, sql: str, ch: DdlChange, group: list[tuple[str, int, str]] | None = None) -> None:
+    def _send_ddl(self, key: str, sql: str, ch: DdlChange, group: SnapshotGroup | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
-        version = int(st.get("schema_version", 0)) + 1
-        next_id = int(st.get("next_table_id", FIRST_TABLE_ID))
-        decided = self.emitter.ddl_decision(key)
-        if ch.after is None:
-            assert ch.before is not None
-            info = ch.before.to_info()
-            info.dropped = True
-            info.schema_version = version
-        else:
-            if ch.before is None or ch.truncated:
-                tid, next_id = next_id, next_id + 1
-            else:
-                tid = ch.before.table_id
-            assign_ids(ch.after, ch.before, tid, version)
-            info = ch.after.to_info()
-            if ch.truncated and ch.before is not None:
-                info.previous_table_id = ch.before.table_id
-        if decided:
-            # Sent before a crash: the copy downstream has these definitions; keep them.
-            info = decided[0]
-            version = info.schema_version
-            next_id = max(next_id, info.table_id + 1)
-            if ch.after is not None:
-                ch.after.table_id, ch.after.schema_version = info.table_id, info.schema_version
-                ch.after.column_ids = {c.name: c.id for c in info.columns}
-                ch.after.next_column_id = info.next_column_id
+        info, version, next_id = self.table_definition(key, ch.before, ch.after, ch.truncated)
         if group is None:
             self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
         else:  # part of the snapshot's group: decided with it
-            start_ts, pump = self.emitter.prewrite(key, binlog_pb2.PrewriteValue(schema_version=version),
-                                                   ddl=(sql, [info]))
-            group.append((key, start_ts, pump))
+            group.prewrite(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
         if ch.before is not None:
             self.catalog.remove(ch.before.db, ch.before.name)
         if ch.after is not None:
@@ -653,15 +578,10 @@ class MySQLSource:
         self.transactions += 1
         log.info("mysql source: DDL v%d %s.%s: %s", version, info.db, info.name, sql[:120])
 
-    def _checkpoint(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and (not self._dirty or now - self._last_save < CHECKPOINT_INTERVAL_S):
-            return
+    def checkpoint_fields(self) -> dict[str, Any] | None:
         if not self.file:
-            return
-        self.state.save(position=[self.file, self.pos], schema=self.catalog.to_json())
-        self._last_save = now
-        self._dirty = False
+            return None  # a GTID start before its first ROTATE: no position yet
+        return {"position": [self.file, self.pos], "schema": self.catalog.to_json()}
 
 
 def _values(row: dict[str, Any], key: str, nones: str) -> dict[str, Any]:

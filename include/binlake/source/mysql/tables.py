@@ -7,10 +7,10 @@ one (the source may lag behind later DDL). The source therefore reads the
 definitions once at its start position (``SHOW CREATE TABLE``, parsed by the
 same code) and then applies every DDL of the binlog to its own copy.
 
-Each tracked table also has its binlake ``TableInfo`` (``to_info``): column
-ids follow column *names* across versions, so a renamed column keeps its id, a
-dropped column's id is retired for good, and a new column takes
-``next_column_id`` (the invariants of ``sql.schema``).
+The definitions are ``source.tables``' ``SourceTable``/``SourceColumn`` (shared
+with the PostgreSQL source), each with its binlake ``TableInfo`` (``to_info``);
+this module holds what is MySQL's own: the type mapping below, DDL applied to
+the tracked ``Catalog``, and the ``--tables`` filter.
 
 Type mapping (MySQL -> binlake codec):
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import decimal
 import fnmatch
 import functools
 import importlib
@@ -43,8 +42,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from binlake import coldefault, errors
-from binlake.proto import binlog_pb2
-from binlake.sql.schema import ColumnDef
+from binlake.source.tables import SourceColumn, SourceTable
 
 if TYPE_CHECKING:
     import sqlglot
@@ -92,165 +90,6 @@ def _type_sets() -> tuple[Any, ...]:
     )
 
 
-@dataclasses.dataclass
-class MyColumn:
-    """One column: its binlake type plus what decoding its binlog value needs."""
-
-    name: str
-    kind: str  # binlake codec type name
-    nullable: bool = True
-    charset: str | None = None  # text columns: the charset its bytes are in
-    length: int | None = None  # CHAR/VARCHAR/BINARY/VARBINARY length
-    precision: int | None = None  # DECIMAL
-    scale: int | None = None
-    values: list[str] = dataclasses.field(default_factory=list)  # ENUM/SET members
-    mysql_type: str = ""  # the type as written, lowercase (informational)
-    # DEFAULT as the upstream states it: a constant's value as text (``default_expr``
-    # False) or an expression's SQL (True); None: no DEFAULT (or DEFAULT NULL).
-    default: str | None = None
-    default_expr: bool = False
-    # Set when an ALTER added the column: what the rows existing then got, as text,
-    # when its DEFAULT alone does not say (``binlake.coldefault``).
-    existing: str | None = None
-
-    @property
-    def is_set(self) -> bool:
-        return self.mysql_type.startswith("set")
-
-    @property
-    def is_enum(self) -> bool:
-        return self.mysql_type.startswith("enum")
-
-    @property
-    def is_bit(self) -> bool:
-        return self.mysql_type.startswith("bit")
-
-    @property
-    def is_fixed_binary(self) -> bool:
-        return self.mysql_type.startswith("binary")
-
-    @property
-    def is_float32(self) -> bool:
-        return self.mysql_type.startswith("float")
-
-    def column_def(self) -> ColumnDef:
-        length = self.length if self.kind in ("string", "bytes") and self.length and self.length <= 16383 else None
-        return ColumnDef(self.name, self.kind, self.nullable, self.precision, self.scale, length)
-
-    def typed(self, text: str) -> Any:
-        """A default's value text as the Python value the codec takes for this column;
-        None when binlake's type cannot hold it (a zero date, a TIME past a day)."""
-        try:
-            if self.kind in ("int", "uint"):
-                return int(decimal.Decimal(text.strip()))
-            if self.kind == "bool":  # PostgreSQL's boolean columns
-                return text.strip().lower() in ("1", "t", "true")
-            if self.kind == "decimal":
-                return decimal.Decimal(text).quantize(decimal.Decimal(1).scaleb(-(self.scale or 0)))
-            if self.kind == "float":
-                return float(text)
-            if self.kind == "string":
-                return text
-            if self.kind == "bytes":
-                raw = bytes.fromhex(text[2:]) if text.startswith("0x") else text.encode(self.charset or "utf-8")
-                if self.is_fixed_binary and self.length:
-                    raw = raw.ljust(self.length, b"\0")  # BINARY(n) pads, as its values do
-                return raw
-            if self.kind == "date":
-                return dt.date.fromisoformat(text)
-            if self.kind == "datetime":
-                return dt.datetime.fromisoformat(text)
-            if self.kind == "time":
-                return dt.time.fromisoformat(text)
-            if self.kind == "json":
-                return text
-        except (ValueError, ArithmeticError):
-            return None
-        return None
-
-    def default_info(self) -> tuple[binlog_pb2.ColumnDefault | None, binlog_pb2.Datum | None]:
-        """(ColumnInfo.default_value, ColumnInfo.existing_value) of this column. A constant
-        binlake's type cannot hold (``'0000-00-00'``) is kept as an expression: the text
-        survives, and restore reads NULL for it rather than a wrong value."""
-        from binlake import codec, coldefault
-
-        default = existing = None
-        if self.default is not None:
-            value = None if self.default_expr else self.typed(self.default)
-            if value is not None:
-                try:
-                    default = coldefault.constant(value, codec.type_code(self.kind), self.name)
-                except (TypeError, ValueError):
-                    value = None
-            if value is None:
-                default = coldefault.expression(self.default if self.default_expr else repr(self.default))
-        if self.existing is not None:
-            value = self.typed(self.existing)
-            if value is not None:
-                try:
-                    existing = codec.encode_value(value, codec.type_code(self.kind), self.name)
-                except (TypeError, ValueError):
-                    existing = None
-        return default, existing
-
-
-@dataclasses.dataclass
-class MyTable:
-    db: str
-    name: str
-    columns: list[MyColumn]
-    primary_key: list[str]
-    unique_keys: dict[str, list[str]]
-    charset: str | None = None
-    # binlake identity: table id, schema version, column ids by name, next id.
-    table_id: int = 0
-    schema_version: int = 0
-    column_ids: dict[str, int] = dataclasses.field(default_factory=dict)
-    next_column_id: int = 1
-
-    @property
-    def full_name(self) -> str:
-        return f"{self.db}.{self.name}"
-
-    def column(self, name: str) -> MyColumn:
-        for c in self.columns:
-            if c.name.lower() == name.lower():
-                return c
-        raise errors.FailedPrecondition(f"table {self.full_name} has no column {name!r} (schema out of step)")
-
-    def to_info(self) -> binlog_pb2.TableInfo:
-        info = binlog_pb2.TableInfo(table_id=self.table_id, db=self.db, name=self.name,
-                                    schema_version=self.schema_version, next_column_id=self.next_column_id)
-        for c in self.columns:
-            d = c.column_def()
-            ci = info.columns.add(id=self.column_ids[c.name], name=c.name, type=_code(c.kind),
-                                  nullable=c.nullable and c.name not in self.primary_key, sql_type=d.sql_type())
-            default, existing = c.default_info()
-            if default is not None:
-                ci.default_value.CopyFrom(default)
-            if existing is not None:
-                ci.existing_value.CopyFrom(existing)
-        info.primary_key.extend(self.column_ids[k] for k in self.primary_key)
-        for key, cols in self.unique_keys.items():
-            info.unique_keys.add(name=key, column_ids=[self.column_ids[c] for c in cols])
-        return info
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> MyTable:
-        d = dict(d)
-        d["columns"] = [MyColumn(**c) for c in d["columns"]]
-        return cls(**d)
-
-
-def _code(kind: str) -> int:
-    from binlake import codec
-
-    return codec.type_code(kind)
-
-
 # ---------------------------------------------------------------------------- filter
 
 
@@ -293,8 +132,8 @@ def _literal_int(node: exp.Expression | None) -> int | None:
         return None
 
 
-def column_from_def(table: str, cd: exp.ColumnDef, table_charset: str | None) -> MyColumn:
-    """A ``MyColumn`` from a parsed column definition; refuses a type the codec cannot carry."""
+def column_from_def(table: str, cd: exp.ColumnDef, table_charset: str | None) -> SourceColumn:
+    """A ``SourceColumn`` from a parsed column definition; refuses a type the codec cannot carry."""
     _T, _INTS, _UINTS, _TEXTS, _BINS, _FLOATS, _DECIMALS, _OTHER = _type_sets()
     name = cd.name
     dtype = cd.args.get("kind")
@@ -323,7 +162,7 @@ def column_from_def(table: str, cd: exp.ColumnDef, table_charset: str | None) ->
         kind = cons.args.get("kind")
         if isinstance(kind, exp.DefaultColumnConstraint):
             default, default_expr = default_text(kind.this)
-    col = MyColumn(name=name, kind="", nullable=nullable, mysql_type=mysql_type, default=default,
+    col = SourceColumn(name=name, kind="", nullable=nullable, mysql_type=mysql_type, default=default,
                    default_expr=default_expr)
     if t in _INTS:
         col.kind = "int"
@@ -388,7 +227,7 @@ def default_text(node: exp.Expression) -> tuple[str | None, bool]:
     return node.sql("mysql"), True
 
 
-def implicit_default(col: MyColumn) -> str | None:
+def implicit_default(col: SourceColumn) -> str | None:
     """The value MySQL/MariaDB give existing rows for an added NOT NULL column declared
     without a DEFAULT (the type's implicit default); None where binlake's type has no
     such value (zero dates) or it is not one value (TIMESTAMP)."""
@@ -413,8 +252,8 @@ class DdlChange:
 
     db: str
     name: str
-    after: MyTable | None
-    before: MyTable | None
+    after: SourceTable | None
+    before: SourceTable | None
     truncated: bool = False
 
 
@@ -440,16 +279,16 @@ def _unique_name(existing: Iterable[str], cols: list[str]) -> str:
 
 
 class Catalog:
-    """The tracked tables (``db.name`` -> MyTable) and the per-database default charsets."""
+    """The tracked tables (``db.name`` -> SourceTable) and the per-database default charsets."""
 
-    def __init__(self, tables: dict[str, MyTable] | None = None, db_charsets: dict[str, str] | None = None) -> None:
-        self.tables: dict[str, MyTable] = tables or {}
+    def __init__(self, tables: dict[str, SourceTable] | None = None, db_charsets: dict[str, str] | None = None) -> None:
+        self.tables: dict[str, SourceTable] = tables or {}
         self.db_charsets: dict[str, str] = db_charsets or {}
 
-    def get(self, db: str, name: str) -> MyTable | None:
+    def get(self, db: str, name: str) -> SourceTable | None:
         return self.tables.get(f"{db}.{name}".lower())
 
-    def put(self, t: MyTable) -> None:
+    def put(self, t: SourceTable) -> None:
         self.tables[t.full_name.lower()] = t
 
     def remove(self, db: str, name: str) -> None:
@@ -460,10 +299,10 @@ class Catalog:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Catalog:
-        return cls({k: MyTable.from_json(v) for k, v in d.get("tables", {}).items()}, dict(d.get("db_charsets", {})))
+        return cls({k: SourceTable.from_json(v) for k, v in d.get("tables", {}).items()}, dict(d.get("db_charsets", {})))
 
     # -- parsing
-    def create_table(self, stmt: exp.Create, default_db: str) -> MyTable:
+    def create_table(self, stmt: exp.Create, default_db: str) -> SourceTable:
         schema = stmt.this
         if not isinstance(schema, exp.Schema):
             raise errors.FailedPrecondition("CREATE TABLE ... AS SELECT / LIKE is not supported by the source")
@@ -476,7 +315,7 @@ class Catalog:
                     charset = p.this.name.lower()
                 elif isinstance(p, exp.CollateProperty) and charset is None:
                     charset = p.this.name.lower().split("_", 1)[0]
-        cols: list[MyColumn] = []
+        cols: list[SourceColumn] = []
         pk: list[str] = []
         uniques: dict[str, list[str]] = {}
         for e in schema.expressions:
@@ -505,7 +344,7 @@ class Catalog:
             if c.name in pk:
                 c.nullable = False
         uniques = {k: [names.get(c.lower(), c) for c in v] for k, v in uniques.items()}
-        return MyTable(db=db, name=name, columns=cols, primary_key=pk, unique_keys=uniques, charset=charset)
+        return SourceTable(db=db, name=name, columns=cols, primary_key=pk, unique_keys=uniques, charset=charset)
 
     def apply(self, sql: str, default_db: str, wanted: TableFilter, when: dt.datetime | None = None
               ) -> list[DdlChange]:
@@ -619,7 +458,7 @@ class Catalog:
             )
         return []
 
-    def _alter(self, old: MyTable, stmt: exp.Alter, sql: str, when: dt.datetime | None = None) -> DdlChange:
+    def _alter(self, old: SourceTable, stmt: exp.Alter, sql: str, when: dt.datetime | None = None) -> DdlChange:
         new = _copy(old)
         renames: dict[str, str] = {}
         for action in stmt.args.get("actions") or []:
@@ -750,20 +589,20 @@ class Catalog:
         return out
 
 
-def _copy(t: MyTable) -> MyTable:
-    return MyTable.from_json(t.to_json())
+def _copy(t: SourceTable) -> SourceTable:
+    return SourceTable.from_json(t.to_json())
 
 
-def _col_name(t: MyTable, name: str) -> str:
+def _col_name(t: SourceTable, name: str) -> str:
     return t.column(name).name
 
 
-def _rename_refs(t: MyTable, old: str, new: str) -> None:
+def _rename_refs(t: SourceTable, old: str, new: str) -> None:
     t.primary_key = [new if k == old else k for k in t.primary_key]
     t.unique_keys = {k: [new if c == old else c for c in v] for k, v in t.unique_keys.items()}
 
 
-def _insert_column(t: MyTable, col: MyColumn, position: exp.Expression | None) -> None:
+def _insert_column(t: SourceTable, col: SourceColumn, position: exp.Expression | None) -> None:
     if any(c.name.lower() == col.name.lower() for c in t.columns):
         raise errors.FailedPrecondition(f"table {t.full_name} already has a column {col.name}")
     if position is None:
@@ -776,28 +615,3 @@ def _insert_column(t: MyTable, col: MyColumn, position: exp.Expression | None) -
     after = _col_name(t, position.this.name)
     idx = [c.name for c in t.columns].index(after)
     t.columns.insert(idx + 1, col)
-
-
-def assign_ids(new: MyTable, old: MyTable | None, table_id: int, version: int) -> None:
-    """Give ``new`` its binlake identity: ``table_id``, ``version``, column ids
-    carried over by name from ``old`` (renames were carried by ``Catalog``), new
-    ids for new columns; the primary key is required."""
-    if not new.primary_key:
-        raise errors.FailedPrecondition(
-            f"table {new.full_name} has no primary key: binlake applies changes by key, as DM and TiDB Binlog "
-            "do; add one, or exclude the table with --tables"
-        )
-    new.table_id = table_id
-    new.schema_version = version
-    # ``new`` was copied from ``old`` with its ids, renames already carried over.
-    ids = dict(new.column_ids) if old is not None else {}
-    nxt = old.next_column_id if old is not None else 1
-    out: dict[str, int] = {}
-    for c in new.columns:
-        if c.name in ids:
-            out[c.name] = ids[c.name]
-        else:
-            out[c.name] = nxt
-            nxt += 1
-    new.column_ids = out
-    new.next_column_id = nxt

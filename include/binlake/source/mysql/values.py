@@ -2,7 +2,7 @@
 
 The library decodes by the binlog's own column types; what it cannot know
 without the table definition (names, signedness, charsets, ENUM/SET members)
-``prepare_table_map`` fills in from the tracked ``MyTable`` before any row of
+``prepare_table_map`` fills in from the tracked ``SourceTable`` before any row of
 that table is read, so the server's *current* schema is never consulted.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from binlake import codec, errors
 from binlake.proto import binlog_pb2
-from binlake.source.mysql.tables import MyColumn, MyTable
+from binlake.source.tables import SourceColumn, SourceTable
 
 # Every string column is handed to the library as ISO 8859-1, so it returns
 # the raw bytes as one code point each and encoding back is exact. (Not the
@@ -27,7 +27,7 @@ _PY_CHARSET = {"utf8mb4": "utf-8", "utf8mb3": "utf-8", "utf8": "utf-8", "latin1"
                "euckr": "euc_kr", "cp1251": "cp1251", "cp1250": "cp1250", "koi8r": "koi8_r"}
 
 
-def prepare_table_map(event: Any, table: MyTable) -> None:
+def prepare_table_map(event: Any, table: SourceTable) -> None:
     """Name and type the columns of a TABLE_MAP event from the tracked definition;
     a column count that differs means the tracked schema is out of step."""
     cols = event.columns
@@ -49,7 +49,7 @@ def prepare_table_map(event: Any, table: MyTable) -> None:
                 col.set_values = list(mine.values)
 
 
-def convert_row(values: dict[str, Any], table: MyTable) -> dict[str, Any]:
+def convert_row(values: dict[str, Any], table: SourceTable) -> dict[str, Any]:
     return {c.name: convert_value(values.get(c.name), c, table) for c in table.columns}
 
 
@@ -63,7 +63,7 @@ def _float32(v: float) -> float:
     return v
 
 
-def convert_value(v: Any, c: MyColumn, table: MyTable) -> Any:
+def convert_value(v: Any, c: SourceColumn, table: SourceTable) -> Any:
     if v is None:
         if c.is_set and not c.nullable:
             return ""
@@ -131,7 +131,7 @@ class RowEncoder:
     out once per table version instead of once per row: integers and text, the
     bulk of most rows, go straight into their Datum."""
 
-    def __init__(self, table: MyTable, info: binlog_pb2.TableInfo) -> None:
+    def __init__(self, table: SourceTable, info: binlog_pb2.TableInfo) -> None:
         by_name = {c.name: c for c in info.columns}
         self.table = table
         self.info = info

@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from binlake.proto import binlog_pb2
-from binlake.source.mysql.tables import MyTable
+from binlake.source.tables import SourceTable
 
 # The extension module (typed by its .pyi), or None where it was not built.
 _pgoutc: ModuleType | None
@@ -57,7 +57,7 @@ def enabled() -> bool:
     return _pgoutc is not None and os.environ.get(NATIVE_PGOUTPUT_ENV, "").strip() != "0"
 
 
-def build_plan(table: MyTable, oids: Sequence[int], info: binlog_pb2.TableInfo) -> Any | None:
+def build_plan(table: SourceTable, oids: Sequence[int], info: binlog_pb2.TableInfo) -> Any | None:
     """The decoder's plan for ``table`` (its columns' type ``oids``, in the order pgoutput
     sends them) encoded against ``info``, or None when a column needs the Python path."""
     if _pgoutc is None or len(oids) != len(table.columns) or len(info.columns) != len(table.columns):

@@ -196,7 +196,7 @@ def _text_caster() -> Any:
 @dataclasses.dataclass(frozen=True)
 class ColumnDefaultText:
     """A column's DEFAULT as the catalog has it: ``default`` a constant's value (text
-    ``MyColumn.typed`` reads) or an expression's SQL (``is_expr``), None for none;
+    ``SourceColumn.typed`` reads) or an expression's SQL (``is_expr``), None for none;
     ``existing`` what the rows that existed when the column was added hold
     (``pg_attribute.attmissingval``), when the catalog still has it."""
 
@@ -256,7 +256,7 @@ def column_defaults(conn_cur: Any, oid: int) -> dict[str, ColumnDefaultText]:
 
 
 def canonical_text(output: str, type_oid: int, kind: str) -> str:
-    """A type's text output as the text ``MyColumn.typed`` reads for ``kind``."""
+    """A type's text output as the text ``SourceColumn.typed`` reads for ``kind``."""
     import datetime as dt
 
     value = convert(output, type_oid, "default")

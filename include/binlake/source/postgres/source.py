@@ -1,7 +1,8 @@
 """The PostgreSQL logical-decoding source: a ``pgoutput`` stream from a
 replication slot, each upstream transaction sent to the Pumps as a prewrite +
 commit pair (``source.emitter``), the slot's position confirmed to the server
-only after the Pump acknowledged.
+only after the Pump acknowledged. ``PostgresSource`` is a ``source.base.Source``
+(which runs it and moves its checkpoint); its position is an LSN.
 
 Why psycopg2: psycopg 3 (binlake's SQL driver) has no replication-protocol
 API; psycopg2's ``LogicalReplicationConnection`` streams a slot and sends the
@@ -63,27 +64,23 @@ from __future__ import annotations
 import logging
 import select
 import struct
-import threading
 import time
 from typing import Any
 
 from binlake import codec, errors
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
-from binlake.source.emitter import Emitter
-from binlake.source.journal import SourceState
-from binlake.source.mysql.tables import MyTable, assign_ids
-from binlake.source.pipeline import PACE_S, GroupPipeline, Item, check_steps
+from binlake.source.base import FIRST_TABLE_ID, SnapshotStopped, Source
+from binlake.source.pipeline import PACE_S, GroupPipeline, Item
 from binlake.source.postgres import pgplan, values
 from binlake.source.postgres import snapshot as snap
 from binlake.source.postgres.values import UNCHANGED, Attr, Unchanged
-from binlake.source.readburst import BURST_BYTES, read_burst_s
+from binlake.source.readburst import BURST_BYTES
 from binlake.source.snapshot_group import MARKER, SnapshotGroup, decided_marker, resend_commits
+from binlake.source.tables import SourceTable
 
 log = logging.getLogger(__name__)
 
-FIRST_TABLE_ID = 100
-CHECKPOINT_INTERVAL_S = 1.0
 START_KINDS = ("now", "snapshot")
 # state.json key. Invariant: the slot this data dir created for a snapshot that
 # has not reached its commit point; nothing was served from that slot, so a
@@ -93,14 +90,10 @@ SNAPSHOT_SLOT = "snapshot_slot"
 # state.json keys of the checkpoint. Invariants: ``lsn`` is the end LSN of a
 # transaction whose commit a Pump acknowledged, every earlier one acknowledged
 # too (the slot is confirmed only up to it); ``tables``/``oids`` are the
-# definitions (relation oid -> MyTable / column type oids) as of ``lsn``.
+# definitions (relation oid -> SourceTable / column type oids) as of ``lsn``.
 _CHECKPOINT_KEYS = ("lsn", "tables", "oids")
 # What a snapshot attempt leaves in memory (and in a marker nobody decided).
 _ATTEMPT_KEYS = (MARKER, "tables", "oids", "ddl_seen", "schema_version", "next_table_id")
-
-
-class _SnapshotStopped(Exception):
-    """stop() during the snapshot, before its commit point."""
 
 
 class _Reader:
@@ -143,8 +136,11 @@ class _Reader:
         return out
 
 
-class PostgresSource:
-    """One source process: ``run()`` until ``stop()`` (or an error)."""
+class PostgresSource(Source[int]):
+    """One source process: ``run()`` until ``stop()`` (or an error); its position is
+    an LSN (the end of a transaction)."""
+
+    kind = "postgres"
 
     def __init__(self, dsn: str, *, slot: str, publication: str, registry: str, data_dir: str,
                  create: bool = False, start: str | None = None, snapshot_batch_rows: int = snap.BATCH_ROWS,
@@ -158,41 +154,27 @@ class PostgresSource:
         if start is not None and start not in START_KINDS:
             raise errors.InvalidArgument(f"--start {start!r}: expected now (stream from the slot) or snapshot "
                                          "(the published tables' rows first, then the slot from that snapshot)")
-        if isinstance(snapshot_batch_rows, bool) or not isinstance(snapshot_batch_rows, int) or snapshot_batch_rows < 1:
-            raise errors.InvalidArgument(f"--snapshot-batch-rows must be a positive number, got {snapshot_batch_rows!r}")
         self.dsn = dsn.replace("postgresql+psycopg://", "postgresql://")
         self.slot, self.publication, self.create = slot, publication, create
         self.start = start or "now"
-        self.snapshot_batch_rows = snapshot_batch_rows
-        self.pace_s, self.max_pace_s = check_steps(pace_s, max_pace_s)
-        self.burst_s = read_burst_s()  # source.readburst; a bad BINLAKE_READ_BURST_MS is refused here
-        self.registry_addr = registry
-        self.state = SourceState(data_dir)
-        self._status_addr, self._client_settings = status_addr, client_settings
-        self._stop = threading.Event()
-        # Set once the start position is fixed (the snapshot, if any, sent) and the slot streams.
-        self.ready = threading.Event()
-        self.emitter: Emitter | None = None
-        self.tables: dict[int, MyTable] = {}  # relation oid -> definition
+        super().__init__(registry=registry, data_dir=data_dir, status_addr=status_addr,
+                         client_settings=client_settings, snapshot_batch_rows=snapshot_batch_rows, pace_s=pace_s,
+                         max_pace_s=max_pace_s)
+        self.tables: dict[int, SourceTable] = {}  # relation oid -> definition
         self.oids: dict[int, list[int]] = {}  # relation oid -> column type oids
         # relation oid -> (the table version, its (table_id, schema_version), its TableInfo)
         # Per table: (version, its (table_id, schema_version), TableInfo, native plan or None).
-        self._infos: dict[int, tuple[MyTable, tuple[int, int], binlog_pb2.TableInfo, Any]] = {}
+        self._infos: dict[int, tuple[SourceTable, tuple[int, int], binlog_pb2.TableInfo, Any]] = {}
         self.native = pgplan.enabled()
         self.native_changes = 0  # row changes decoded natively / on the Python path
         self.python_changes = 0
         # The end LSN of the last acknowledged transaction (the reader is ahead by the groups in flight).
         self.lsn = 0
-        # Held while the checkpoint is written (sender thread) and while a definition
-        # changes (reader thread), so a checkpoint never sees half a change.
-        self._lock = threading.Lock()
-        self.transactions = 0
         self.snapshot_rows = 0
-        self._dirty = False
-        self._last_save = 0.0
 
-    def stop(self) -> None:
-        self._stop.set()
+    @property
+    def position(self) -> int:
+        return self.lsn
 
     # ------------------------------------------------------------------ catalog
     def _sql(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -207,7 +189,8 @@ class PostgresSource:
         finally:
             conn.close()
 
-    def _setup(self) -> None:
+    def check_upstream(self) -> None:
+        """wal_level, the slot and the publication (created when asked), REPLICA IDENTITY FULL."""
         import psycopg2
 
         try:
@@ -273,45 +256,28 @@ class PostgresSource:
         return bool(slots)
 
     # ------------------------------------------------------------------ main loop
-    def run(self) -> None:
-        try:
-            self._setup()
-            self.emitter = Emitter(self.registry_addr, self.state, kind="postgres", status_addr=self._status_addr,
-                                   client_settings=self._client_settings)
-        except BaseException:
-            self.state.close()
-            raise
-        try:
-            st = self.state.state
-            marker = decided_marker(self.state)
-            if "lsn" not in st:
-                if marker is not None:
-                    self._finish_snapshot(marker)
-                elif self.start == "snapshot":
-                    try:
-                        self._take_snapshot()
-                    except _SnapshotStopped:
-                        log.info("postgres source: stopped during the snapshot; nothing of it was served, the "
-                                 "next start takes it again")
-                        return
-                elif st.get(SNAPSHOT_SLOT) or st.get(MARKER):
-                    # An unfinished snapshot, and now a plain start: stream from the slot as it is.
-                    for k in (*_ATTEMPT_KEYS, SNAPSHOT_SLOT):
-                        st.pop(k, None)
-                    self.state.save()
-            self._stream()
-        finally:
-            self.emitter.close()
-            self.state.close()
+    def start_position(self) -> None:
+        st = self.state.state
+        marker = decided_marker(self.state)
+        if "lsn" not in st:
+            if marker is not None:
+                self._finish_snapshot(marker)
+            elif self.start == "snapshot":
+                self._take_snapshot()
+            elif st.get(SNAPSHOT_SLOT) or st.get(MARKER):
+                # An unfinished snapshot, and now a plain start: stream from the slot as it is.
+                for k in (*_ATTEMPT_KEYS, SNAPSHOT_SLOT):
+                    st.pop(k, None)
+                self.state.save()
 
-    def _stream(self) -> None:
+    def stream(self) -> None:
         import psycopg2
         import psycopg2.extras
 
         st = self.state.state
         self.lsn = int(st.get("lsn", 0))
         for k, v in st.get("tables", {}).items():
-            self.tables[int(k)] = MyTable.from_json(v)
+            self.tables[int(k)] = SourceTable.from_json(v)
         self.oids = {int(k): v for k, v in st.get("oids", {}).items()}
         st.setdefault("next_table_id", FIRST_TABLE_ID)
         assert self.emitter is not None
@@ -322,7 +288,7 @@ class PostgresSource:
                               options={"proto_version": "1", "publication_names": self.publication})
         self.ready.set()
         txn: dict[int, binlog_pb2.TableMutation] | None = None
-        pipeline = GroupPipeline(self.emitter, self._acked, self._idle, pace_s=self.pace_s,
+        pipeline = GroupPipeline(self.emitter, self.acked, self.idle, pace_s=self.pace_s,
                                  max_pace_s=self.max_pace_s, name="postgres-source-sender")
         burst = 0  # bytes read since the reader last ran out (source.readburst)
         burst_s = self.burst_s
@@ -372,30 +338,17 @@ class PostgresSource:
         finally:
             pipeline.close()
         with self._lock:
-            self._save()
+            self.checkpoint(force=True)
         self._feedback(cur)
         conn.close()
 
-    def _acked(self, items: list[Item], results: list[tuple[int, int]]) -> None:
-        """Sender thread: a group's commits are acknowledged; the position moves past it."""
-        with self._lock:
-            self.transactions += sum(1 for it in items if it.key is not None)
-            self.lsn = int(items[-1].position)
-            self._dirty = True
-            if time.monotonic() - self._last_save >= CHECKPOINT_INTERVAL_S:
-                self._save()
+    def acknowledged(self, items: list[Item], results: list[tuple[int, int]]) -> None:
+        self.transactions += sum(1 for it in items if it.key is not None)
+        self.lsn = int(items[-1].position)
 
-    def _idle(self) -> None:
-        """Sender thread, nothing to send for a moment: save a checkpoint still due."""
-        with self._lock:
-            if self._dirty:
-                self._save()
-
-    def _save(self) -> None:
-        self.state.save(lsn=self.lsn, tables={str(k): v.to_json() for k, v in self.tables.items()},
-                        oids={str(k): v for k, v in self.oids.items()})
-        self._dirty = False
-        self._last_save = time.monotonic()
+    def checkpoint_fields(self) -> dict[str, Any]:
+        return {"lsn": self.lsn, "tables": {str(k): v.to_json() for k, v in self.tables.items()},
+                "oids": {str(k): v for k, v in self.oids.items()}}
 
     def _feedback(self, cur: Any) -> None:
         # Confirm to the server only what the checkpoint holds (it may then recycle the WAL).
@@ -443,7 +396,7 @@ class PostgresSource:
         st.pop(MARKER, None)
         st.pop(SNAPSHOT_SLOT, None)
         self.lsn = reading.lsn
-        self._save()
+        self.checkpoint(force=True)
 
     def _abandon_snapshot(self, group: SnapshotGroup, created: bool) -> None:
         """Before the commit point nothing was served: roll the parts back now and drop the
@@ -475,7 +428,7 @@ class PostgresSource:
                 schema_version=int(self.state.state["schema_version"]), mutations=[m]))
             self.snapshot_rows += len(batch)
             if self._stop.is_set():
-                raise _SnapshotStopped
+                raise SnapshotStopped
 
     def _finish_snapshot(self, marker: dict[str, Any]) -> None:
         """Restart after the snapshot's commit point: re-send its commits with the journaled TSOs."""
@@ -542,34 +495,11 @@ class PostgresSource:
                   key=key, group=group)
         self.oids[oid] = oids
 
-    def _ddl(self, oid: int, new: MyTable | None, old: MyTable | None, sql: str, key: str,
+    def _ddl(self, oid: int, new: SourceTable | None, old: SourceTable | None, sql: str, key: str,
              truncate: bool = False, group: SnapshotGroup | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
-        version = int(st.get("schema_version", 0)) + 1
-        next_id = int(st.get("next_table_id", FIRST_TABLE_ID))
-        decided = self.emitter.ddl_decision(key)
-        if new is None:
-            assert old is not None
-            info = old.to_info()
-            info.dropped = True
-        else:
-            tid = old.table_id if old is not None and not truncate else next_id
-            if tid == next_id:
-                next_id += 1
-            assign_ids(new, old, tid, version)
-            info = new.to_info()
-            if truncate and old is not None:
-                info.previous_table_id = old.table_id
-        info.schema_version = version
-        if decided:
-            info = decided[0]
-            if new is not None:
-                new.table_id, new.schema_version = info.table_id, info.schema_version
-                new.column_ids = {c.name: c.id for c in info.columns}
-                new.next_column_id = info.next_column_id
-            version = info.schema_version
-            next_id = max(next_id, info.table_id + 1)
+        info, version, next_id = self.table_definition(key, old, new, truncate)
         value = binlog_pb2.PrewriteValue(schema_version=version)
         if group is None:
             self.emitter.emit(key, value, ddl=(sql, [info]))
@@ -613,7 +543,7 @@ class PostgresSource:
         old = self.tables.get(oid)
         if old is None:
             return
-        new = MyTable.from_json(old.to_json())
+        new = SourceTable.from_json(old.to_json())
         self._ddl(oid, new, old, f"TRUNCATE TABLE {old.db}.{old.name}", key=f"truncate:{oid}:{lsn}", truncate=True)
 
     def _change(self, kind: str, r: _Reader, txn: dict[int, binlog_pb2.TableMutation]) -> None:
@@ -621,7 +551,7 @@ class PostgresSource:
         t = self.tables[oid]
         oids = self.oids[oid]
         # The TableInfo the rows are encoded against, built once per table version (a DDL
-        # puts a new MyTable in self.tables), not once per row change (measured: a tenth
+        # puts a new SourceTable in self.tables), not once per row change (measured: a tenth
         # of the source's CPU on small transactions).
         cached = self._infos.get(oid)
         if cached is None or cached[0] is not t or cached[1] != (t.table_id, t.schema_version):

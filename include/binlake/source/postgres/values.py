@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from binlake import errors
-from binlake.source.mysql.tables import MyColumn, MyTable
+from binlake.source.tables import SourceColumn, SourceTable
 
 # Startup options of every connection whose text output the source decodes:
 # ISO dates (``fromisoformat``), shortest exact floats, hex bytea, UTC offsets.
@@ -87,10 +87,10 @@ def convert(text: bytes | str, oid: int, col: str) -> Any:
         raise errors.FailedPrecondition(f"{col}: value {s[:40]!r} cannot be carried: {exc}") from None
 
 
-def columns(ns: str, name: str, attrs: Sequence[Attr]) -> list[MyColumn]:
+def columns(ns: str, name: str, attrs: Sequence[Attr]) -> list[SourceColumn]:
     """The binlake columns of a table's published attributes; a type binlake
     cannot carry is refused naming the column."""
-    cols: list[MyColumn] = []
+    cols: list[SourceColumn] = []
     for a in attrs:
         kind = TYPES.get(a.type_oid)
         if kind is None:
@@ -98,7 +98,7 @@ def columns(ns: str, name: str, attrs: Sequence[Attr]) -> list[MyColumn]:
                 f"column {ns}.{name}.{a.name} has a type (oid {a.type_oid}) binlake cannot carry; leave the table "
                 "out of the publication or change the column's type"
             )
-        c = MyColumn(name=a.name, kind=kind)
+        c = SourceColumn(name=a.name, kind=kind)
         if kind == "decimal":
             c.precision, c.scale = ((a.typmod - 4) >> 16, (a.typmod - 4) & 0xFFFF) if a.typmod > 0 else (65, 30)
         if a.type_oid in (1043, 1042) and a.typmod > 0:
@@ -107,12 +107,12 @@ def columns(ns: str, name: str, attrs: Sequence[Attr]) -> list[MyColumn]:
     return cols
 
 
-def shape(cols: Sequence[MyColumn]) -> list[tuple[Any, ...]]:
+def shape(cols: Sequence[SourceColumn]) -> list[tuple[Any, ...]]:
     """What a RELATION message can change about a table's columns (a change is a DDL binlog)."""
     return [(c.name, c.kind, c.precision, c.scale, c.length) for c in cols]
 
 
-def set_defaults(cols: Sequence[MyColumn], defaults: Mapping[str, Any], old: MyTable | None) -> None:
+def set_defaults(cols: Sequence[SourceColumn], defaults: Mapping[str, Any], old: SourceTable | None) -> None:
     """Give ``cols`` their DEFAULTs (``snapshot.column_defaults``); a column ``old`` (the
     definition before) lacks was just added: it also gets what the rows that existed got."""
     had = {c.name: c for c in old.columns} if old is not None else None
@@ -127,19 +127,19 @@ def set_defaults(cols: Sequence[MyColumn], defaults: Mapping[str, Any], old: MyT
             c.existing = had[c.name].existing
 
 
-def default_shape(cols: Sequence[MyColumn]) -> list[tuple[Any, ...]]:
+def default_shape(cols: Sequence[SourceColumn]) -> list[tuple[Any, ...]]:
     """The DEFAULTs of a table's columns (a change, such as SET DEFAULT, is a DDL binlog)."""
     return [(c.name, c.default, c.default_expr) for c in cols]
 
 
-def table(ns: str, name: str, cols: list[MyColumn], primary_key: list[str]) -> MyTable:
+def table(ns: str, name: str, cols: list[SourceColumn], primary_key: list[str]) -> SourceTable:
     """The definition the source sends for a table (its DDL binlog's TableInfo before ids)."""
     for c in cols:
         c.nullable = c.name not in primary_key
-    return MyTable(db=ns, name=name, columns=cols, primary_key=primary_key, unique_keys={})
+    return SourceTable(db=ns, name=name, columns=cols, primary_key=primary_key, unique_keys={})
 
 
-def decode_row(t: MyTable, oids: Sequence[int], values: Sequence[bytes | str | Unchanged | None]) -> dict[str, Any]:
+def decode_row(t: SourceTable, oids: Sequence[int], values: Sequence[bytes | str | Unchanged | None]) -> dict[str, Any]:
     """One row's text values (in the table's column order) -> column name -> value."""
     out: dict[str, Any] = {}
     for c, toid, v in zip(t.columns, oids, values, strict=True):

@@ -20,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from binlake import errors
-from binlake.source.workload_ops import BANK_TABLE, DDL, LogicalTxn, _Counts
+from binlake.workload.ops import BANK_TABLE, DDL, LogicalTxn, _Counts
 
 
 @dataclasses.dataclass

@@ -1,12 +1,12 @@
-"""``binlake workload`` and ``binlake bench writer``: the parsers and their checks.
-
-The command itself is ``binlake.source.workload.command``, imported when it runs
-(it needs SQLAlchemy), so that building the parser stays cheap.
+"""``binlake workload`` and ``binlake bench writer``: the parsers, their checks and
+the command. The planner, the runner and TxnWriter are imported when the command
+runs (they need SQLAlchemy), so that building the parser stays cheap.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Any
 
@@ -84,8 +84,6 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from binlake.source import workload
-
     if not args.upstream:
         raise errors.InvalidArgument(
             "workload needs --upstream URL (a SQLAlchemy URL such as sqlite:///data/upstream.db), "
@@ -93,7 +91,25 @@ def _run(args: argparse.Namespace) -> int:
         )
     if args.accounts < 2:
         raise errors.InvalidArgument(f"--accounts must be at least 2 (a transfer needs two), got {args.accounts}")
-    return workload.command(args, registry_addr(args))
+    return _command(args, registry_addr(args))
+
+
+def _command(args: argparse.Namespace, registry: str) -> int:
+    """``binlake workload``: plan, run, print the summary."""
+    from binlake.workload.plan import plan
+    from binlake.workload.run import format_summary, run
+    from binlake.writer.txn_writer import TxnWriter
+
+    txns = plan(args.profile, args.tables, args.txns, args.seed, large_txn_rows=args.large_txn_rows,
+                large_txn_every=args.large_txn_every, ddl_every=args.ddl_every, table_rows=args.table_rows,
+                accounts=args.accounts)
+    with TxnWriter(args.upstream, registry=registry) as writer:
+        summary = run(writer, txns, args.clients, args.rate, progress=not args.quiet)
+    if args.json:
+        print(json.dumps({"profile": args.profile, "seed": args.seed, **summary.to_dict()}))
+    else:
+        print(format_summary(summary, f"workload {args.profile} (seed {args.seed})"))
+    return 130 if summary.interrupted else 0
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -94,7 +94,7 @@ class _Counts:
     deletes: int = 0
 
 
-class _Txn(Protocol):  # the part of binlake.source.txn_writer.Txn the operations use
+class _Txn(Protocol):  # the part of binlake.writer.txn_writer.Txn the operations use
     writer: Any
 
     def insert_many(self, table: str, rows: Sequence[dict[str, Any]]) -> None: ...

@@ -3,7 +3,7 @@ from its arguments to the list of logical transactions of a run.
 
 It keeps a model of the schema and of the primary keys that exist "on paper"
 and draws every transaction from one ``random.Random(seed)``, so equal
-arguments always give an equal plan (see ``binlake.source.workload``).
+arguments always give an equal plan (see ``binlake.workload``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from decimal import Decimal
 from typing import Any
 
 from binlake import errors
-from binlake.source.workload_ops import (
+from binlake.sql.schema import ColumnDef
+from binlake.workload.ops import (
     _LOAD_ROWS_PER_TXN,
     BANK_INITIAL_BALANCE,
     BANK_TABLE,
@@ -36,7 +37,6 @@ from binlake.source.workload_ops import (
     WideUpdate,
     _value,
 )
-from binlake.sql.schema import ColumnDef
 
 
 # ---------------------------------------------------------------- the planner

@@ -67,9 +67,9 @@ from binlake.client.pump_client import PumpClient
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
 from binlake.registry.model import NodeRecord
-from binlake.source import txn_status
 from binlake.sql import dialect as dl
 from binlake.sql import schema as sc
+from binlake.writer import txn_status
 
 log = logging.getLogger(__name__)
 
