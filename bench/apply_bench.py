@@ -95,7 +95,8 @@ def write_lake(spark: Any, lake: str, changes: list[Any], windows: int
     import pyarrow as pa
 
     from binlake import tso
-    from binlake.lake import decode, ingest
+    from binlake.lake import ingest
+    from binlake.lake.decoding import decode
     from binlake.sql import schema as sc
 
     info = sc.new_table(100, "main", TABLE, [sc.ColumnDef("id", "int", False), sc.ColumnDef("k", "int"),
@@ -292,7 +293,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     if not set(targets) <= {"postgresql", "sqlite"} or not set(modes) <= {"consistent", "parallel"}:
         print("bench apply: --targets from postgresql,sqlite; --modes from consistent,parallel", file=sys.stderr)
         return 2
-    from binlake.lake import decode
+    from binlake.lake.decoding import decode
     from binlake.lake.spark import LAKE_CONF, build_spark
     from binlake.replicate import read, runner, task
     from binlake.testing.devdb import LocalPostgres

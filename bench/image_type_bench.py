@@ -40,9 +40,9 @@ def make_rows(rows: int, path: pathlib.Path) -> None:
     from ingest_bench import POOL, RowFactory, bench_table
 
     from binlake import tso
-    from binlake.lake.arrow_batches import changes_batch
-    from binlake.lake.change_decoder import ChangeDecoder
-    from binlake.lake.schema_history import SchemaHistory
+    from binlake.lake.decoding.arrow_batches import changes_batch
+    from binlake.lake.decoding.change_decoder import ChangeDecoder
+    from binlake.lake.decoding.schema_history import SchemaHistory
     from binlake.proto import binlog_pb2
 
     table = bench_table()

@@ -29,7 +29,7 @@ reported beside the local-disk ingest of the same run (ratio S3/local).
 
 ``--decode-only`` measures just the decoding step instead (no Pumps, no Spark):
 CPU time of ``ChangeDecoder.add`` per row change on the same rows, with the
-pure-Python path and with the native extension (``binlake.lake._imagec``),
+pure-Python path and with the native extension (``binlake.lake.decoding._imagec``),
 alone and followed by the Arrow batch the data source builds. CPU time
 (``time.process_time``), best of ``--runs``, so other load on the machine
 matters less than for wall-clock figures.
@@ -278,10 +278,10 @@ class PeakRSS:
 def decode_only(args: argparse.Namespace) -> int:
     """``--decode-only``: CPU µs per row change of ChangeDecoder.add (and of add +
     the Arrow batch), Python path vs native, on the benchmark's own rows."""
-    from binlake.lake.arrow_batches import BATCH_ROWS, changes_batch
-    from binlake.lake.change_decoder import ChangeDecoder
-    from binlake.lake.native import native_available, native_import_error
-    from binlake.lake.schema_history import SchemaHistory
+    from binlake.lake.decoding.arrow_batches import BATCH_ROWS, changes_batch
+    from binlake.lake.decoding.change_decoder import ChangeDecoder
+    from binlake.lake.decoding.native import native_available, native_import_error
+    from binlake.lake.decoding.schema_history import SchemaHistory
     from binlake.proto import binlog_pb2
     from binlake.tso import compose
 

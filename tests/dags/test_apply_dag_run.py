@@ -26,7 +26,8 @@ def _image(row: dict[str, Any]) -> str:
 def small_lake(spark: SparkSession, lake: str) -> tuple[Any, list[tuple[int, int]]]:
     """items(id, name): window 1 inserts 1..4, window 2 updates 2 and deletes 3."""
     from binlake import tso
-    from binlake.lake import decode, ingest
+    from binlake.lake import ingest
+    from binlake.lake.decoding import decode
     from binlake.sql import schema as sc
 
     info = sc.new_table(100, "main", "items", [sc.ColumnDef("id", "int", False), sc.ColumnDef("name", "string")],

@@ -29,11 +29,12 @@ import pytest
 from pumpkit import free_port, wait_until
 
 from binlake import errors
-from binlake.lake import arrow_batches, connect, ingest, staging
+from binlake.lake import connect, ingest, staging
 from binlake.lake.connect_server import ConnectServer
+from binlake.lake.decoding import arrow_batches
+from binlake.lake.decoding.rows import CHANGES_DDL
 from binlake.lake.planner import plan_window
 from binlake.lake.pump_check import check_pumps
-from binlake.lake.rows import CHANGES_DDL
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster

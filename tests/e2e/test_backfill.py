@@ -69,8 +69,8 @@ from upkit import PUMP_ARGS, binlake_up, clean_env, read_json
 
 from binlake import tso
 from binlake.lake import ingest
-from binlake.lake.image import image_values
-from binlake.lake.rows import OPS
+from binlake.lake.decoding.image import image_values
+from binlake.lake.decoding.rows import OPS
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.source.txn_writer import TxnWriter

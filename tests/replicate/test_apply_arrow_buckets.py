@@ -21,7 +21,8 @@ from dbfixtures import postgres_server  # noqa: F401
 from pyspark.sql import SparkSession
 
 from binlake import failpoint, tso
-from binlake.lake import decode, ingest
+from binlake.lake import ingest
+from binlake.lake.decoding import decode
 from binlake.replicate import checkpoint, parallel, runner, sink, table_write, task
 from binlake.sql import schema as sc
 

@@ -16,7 +16,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from binlake import tso
-from binlake.lake import arrowread, decode, ingest
+from binlake.lake import arrowread, ingest
+from binlake.lake.decoding import decode
 
 pytestmark = pytest.mark.timeout(600)
 

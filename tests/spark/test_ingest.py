@@ -28,10 +28,10 @@ from binlake import errors, failpoint, oracle, tso
 from binlake.client.reader import pull_window
 from binlake.lake import checkpoint, ingest
 from binlake.lake import pump_source as lake_source
-from binlake.lake.image import image_values
+from binlake.lake.decoding.image import image_values
+from binlake.lake.decoding.rows import OPS
 from binlake.lake.planner import plan_window
 from binlake.lake.pump_check import check_pumps
-from binlake.lake.rows import OPS
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.source import workload as wl

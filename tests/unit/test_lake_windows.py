@@ -9,10 +9,10 @@ import pytest
 
 from binlake import errors, tso
 from binlake.lake import commands, ingest, pump_pull
+from binlake.lake.decoding.schema_history import SchemaHistory
 from binlake.lake.pump_check import check_pumps
 from binlake.lake.pump_pull import pull_resumable
 from binlake.lake.read_options import ReadOptions
-from binlake.lake.schema_history import SchemaHistory
 from binlake.lake.spark_errors import binlake_error
 from binlake.lake.window_index import WindowIndex, _splits
 from binlake.proto import binlog_pb2
@@ -106,7 +106,7 @@ def test_binlake_errors_are_recovered_from_spark_messages() -> None:
             "binlake.errors.OutOfRange: window [1, 2) starts below pump pump1's GC ts 5\n\n  at org.apache...")
     err = binlake_error(RuntimeError(text))
     assert isinstance(err, errors.OutOfRange) and str(err) == "window [1, 2) starts below pump pump1's GC ts 5"
-    err = binlake_error(RuntimeError("binlake.lake.decode.UnknownTableError: table id 7 has no definition"))
+    err = binlake_error(RuntimeError("binlake.lake.decoding.decode.UnknownTableError: table id 7 has no definition"))
     assert isinstance(err, errors.FailedPrecondition) and "table id 7" in str(err)
     assert binlake_error(RuntimeError("java.lang.OutOfMemoryError")) is None
 

@@ -50,13 +50,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
-from binlake.lake import arrow_batches, checkpoint, connect, location, staging, writelock
+from binlake.lake import checkpoint, connect, location, staging, writelock
 from binlake.lake import pump_source as lake_source
-from binlake.lake.ddl_rows import ddl_row
+from binlake.lake.decoding import arrow_batches
+from binlake.lake.decoding.ddl_rows import ddl_row
+from binlake.lake.decoding.rows import CHANGES_DDL, DDL_COLUMNS, DDL_HISTORY_DDL, WINDOWS_DDL, commit_date
+from binlake.lake.decoding.schema_history import SchemaHistory, UnknownTableError
 from binlake.lake.planner import check_window, pumps_for_window
 from binlake.lake.pump_check import plan_read, pump_statuses
-from binlake.lake.rows import CHANGES_DDL, DDL_COLUMNS, DDL_HISTORY_DDL, WINDOWS_DDL, commit_date
-from binlake.lake.schema_history import SchemaHistory, UnknownTableError
 from binlake.lake.spark_errors import binlake_error
 from binlake.lake.window_index import WindowIndex, index_window, merge_consecutive, scan_ddls
 from binlake.registry.client import RegistryClient

@@ -94,7 +94,7 @@ def code_zip(cache_dir: Path | None = None) -> Path:
     written to a temporary name then renamed: a reader never sees a half-written zip, and
     two drivers building it at once end with the same file. C extensions cannot be
     imported from a zip: executors then use the pure-Python image decoder
-    (``binlake.lake.native``); set ``BINLAKE_SPARK_SHIP_CODE=false`` when every worker
+    (``binlake.lake.decoding.native``); set ``BINLAKE_SPARK_SHIP_CODE=false`` when every worker
     has this binlake installed, native decoder included.
     """
     import binlake

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from binlake import errors
-from binlake.lake.schema_history import UnknownTableError
-from binlake.lake.txn import CorruptBinlogError
+from binlake.lake.decoding.schema_history import UnknownTableError
+from binlake.lake.decoding.txn import CorruptBinlogError
 
 _ERROR_LINE = re.compile(r"^binlake(?:\.\w+)*\.(\w+): (.+)$", re.MULTILINE)
 # The decoding errors outside binlake.errors a worker may raise, by class name.

@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 
 from binlake import errors
-from binlake.lake import arrowread, decode, location
+from binlake.lake import arrowread, location
+from binlake.lake.decoding import decode
 from binlake.proto import binlog_pb2
 from binlake.replicate import rules
 from binlake.replicate.task import Task

@@ -29,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode, location
+from binlake.lake import location
+from binlake.lake.decoding import decode
 from binlake.replicate import checkpoint, consistent, parallel, rules, sink, target_ddl
 from binlake.replicate.batch import Batch, Batcher
 from binlake.replicate.read import LakeReader

@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from binlake.lake import decode
+from binlake.lake.decoding import decode
 from binlake.restore import rebuild
 
 DEFAULT_PARALLELISM = 4

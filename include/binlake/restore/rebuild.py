@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from binlake import errors, tso
-from binlake.lake import decode
+from binlake.lake.decoding import decode
 from binlake.lake.location import CHANGES, DDL_HISTORY, is_delta, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode
+from binlake.lake.decoding import decode
 from binlake.lake.location import check_lake, is_delta, read_windows, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C

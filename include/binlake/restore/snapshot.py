@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode, writelock
+from binlake.lake import writelock
+from binlake.lake.decoding import decode
 from binlake.lake.location import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C

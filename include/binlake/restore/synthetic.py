@@ -53,9 +53,9 @@ def _build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows
 
     from pyspark.sql import functions as F
 
-    from binlake.lake import decode
+    from binlake.lake.decoding import decode
+    from binlake.lake.decoding.rows import WINDOWS_DDL
     from binlake.lake.location import CHANGES, DDL_HISTORY, table_path
-    from binlake.lake.rows import WINDOWS_DDL
 
     info = _table_info(0, tables)
     ddls = []
