@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 def _cuts(cluster: Any, made: dict[str, Any], rows: int) -> list[int]:
     """Window bounds over the produced transactions, a window every ``rows`` row
     changes (cut at transaction bounds: the planning scan's per-mutation counts)."""
-    from binlake.lake.window_index import index_window
+    from binlake.lake.pumps.window_index import index_window
 
     index = index_window(cluster.pump_addrs, made["start_ts"], made["end_ts"])
     per_ts: dict[int, int] = {}

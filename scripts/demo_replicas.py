@@ -29,7 +29,7 @@ from typing import Any
 
 from binlake import errors
 from binlake.client.reader import pull_window
-from binlake.lake.pump_check import plan_read
+from binlake.lake.pumps.pump_check import plan_read
 from binlake.registry.client import RegistryClient
 from binlake.replication import min_acks_for_window
 from binlake.testing.devcluster import DevCluster

@@ -72,7 +72,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
     windows of the following runs a batch may take (``following``).
     """
     from binlake import errors, tso
-    from binlake.lake import planner
+    from binlake.lake.pumps import planner
 
     if data_interval_start is None or data_interval_end is None:
         raise AirflowFailException(
@@ -291,8 +291,8 @@ def batch_windows(window: Mapping[str, Any], ledger: list[dict[str, Any]]) -> li
     it: consecutive from its end, none overlapping the ledger, each at or below
     every Pump's safe ts (asked now; none when a Pump does not answer)."""
     from binlake import errors
-    from binlake.lake.planner import plan_window
-    from binlake.lake.pump_check import pump_statuses
+    from binlake.lake.pumps.planner import plan_window
+    from binlake.lake.pumps.pump_check import pump_statuses
 
     following = [(int(a), int(b)) for a, b in window.get("following") or []]
     if not following:

@@ -33,8 +33,8 @@ from binlake.lake import connect, ingest, staging
 from binlake.lake.connect_server import ConnectServer
 from binlake.lake.decoding import arrow_batches
 from binlake.lake.decoding.rows import CHANGES_DDL
-from binlake.lake.planner import plan_window
-from binlake.lake.pump_check import check_pumps
+from binlake.lake.pumps.planner import plan_window
+from binlake.lake.pumps.pump_check import check_pumps
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster

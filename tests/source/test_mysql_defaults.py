@@ -43,8 +43,8 @@ def _ts(cluster: Cluster) -> int:
 
 
 def _wait_safe(cluster: Cluster, ts: int) -> None:
-    from binlake.lake import pump_source as lake_source
-    from binlake.lake.planner import plan_window
+    from binlake.lake.pumps import datasource as lake_source
+    from binlake.lake.pumps.planner import plan_window
 
     def passed() -> bool:
         try:

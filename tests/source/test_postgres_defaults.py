@@ -51,8 +51,8 @@ def _has_row(cluster: Cluster, key: int) -> bool:
 def test_added_columns_read_their_defaults_downstream(pg: LocalPostgres, cluster: Cluster, tmp_path: pathlib.Path,
                                                       spark: Any) -> None:
     from binlake.lake import ingest
-    from binlake.lake import pump_source as lake_source
-    from binlake.lake.planner import plan_window
+    from binlake.lake.pumps import datasource as lake_source
+    from binlake.lake.pumps.planner import plan_window
     from binlake.replicate import diff, runner, task
 
     url = pg.create_database("pgdefaults")

@@ -120,8 +120,8 @@ def test_snapshot_with_concurrent_writes_ingested_and_applied_equals_upstream(
         pg: LocalPostgres, cluster: Cluster, tmp_path: pathlib.Path, spark: Any,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from binlake.lake import ingest
-    from binlake.lake import pump_source as lake_source
-    from binlake.lake.planner import plan_window
+    from binlake.lake.pumps import datasource as lake_source
+    from binlake.lake.pumps.planner import plan_window
     from binlake.registry.client import RegistryClient
     from binlake.replicate import diff, runner, task
 

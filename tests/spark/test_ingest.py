@@ -26,12 +26,13 @@ from pyspark.sql import SparkSession
 
 from binlake import errors, failpoint, oracle, tso
 from binlake.client.reader import pull_window
-from binlake.lake import checkpoint, ingest
-from binlake.lake import pump_source as lake_source
+from binlake.lake import ingest
 from binlake.lake.decoding.image import image_values
 from binlake.lake.decoding.rows import OPS
-from binlake.lake.planner import plan_window
-from binlake.lake.pump_check import check_pumps
+from binlake.lake.pumps import checkpoint
+from binlake.lake.pumps import datasource as lake_source
+from binlake.lake.pumps.planner import plan_window
+from binlake.lake.pumps.pump_check import check_pumps
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.source import workload as wl

@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from binlake import codec, errors, tso
-from binlake.lake import pump_source as source
 from binlake.lake.decoding import image as lake_image
 from binlake.lake.decoding import native as lake_native
 from binlake.lake.decoding.arrow_batches import changes_batch
@@ -34,6 +33,7 @@ from binlake.lake.decoding.native import (
 from binlake.lake.decoding.rows import CHANGE_COLUMNS
 from binlake.lake.decoding.schema_history import SchemaHistory
 from binlake.lake.decoding.txn import CorruptBinlogError
+from binlake.lake.pumps import datasource as source
 from binlake.proto import binlog_pb2
 
 TS = tso.compose(1_795_000_000_000)  # 2026-11-18

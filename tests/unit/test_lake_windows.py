@@ -8,13 +8,14 @@ import argparse
 import pytest
 
 from binlake import errors, tso
-from binlake.lake import commands, ingest, pump_pull
+from binlake.lake import commands, ingest
 from binlake.lake.decoding.schema_history import SchemaHistory
-from binlake.lake.pump_check import check_pumps
-from binlake.lake.pump_pull import pull_resumable
-from binlake.lake.read_options import ReadOptions
+from binlake.lake.pumps import pump_pull
+from binlake.lake.pumps.pump_check import check_pumps
+from binlake.lake.pumps.pump_pull import pull_resumable
+from binlake.lake.pumps.read_options import ReadOptions
+from binlake.lake.pumps.window_index import WindowIndex, _splits
 from binlake.lake.spark_errors import binlake_error
-from binlake.lake.window_index import WindowIndex, _splits
 from binlake.proto import binlog_pb2
 from binlake.sql import schema as sc
 from binlake.sql.schema import ColumnDef, new_table
@@ -191,7 +192,7 @@ def test_pump_reads_resume_after_a_transient_failure(monkeypatch: pytest.MonkeyP
 
 
 def test_unreachable_pump_is_named() -> None:
-    from binlake.lake.planner import WindowPlan
+    from binlake.lake.pumps.planner import WindowPlan
     from binlake.registry.model import NodeRecord
 
     port = __import__("pumpkit").free_port()

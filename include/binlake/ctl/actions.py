@@ -235,8 +235,8 @@ def _readable(reg: RegistryClient, nodes: list[NodeRecord], start: int, end: int
     """The Pumps to read ``[start, end)`` from: every one that may hold it, less up to
     W - 1 unreachable ones (``window.cluster_readiness``; each Pump checks its own
     safe ts and GC ts when read, waiting with ``wait``)."""
-    from binlake.lake.planner import WindowPlan, pumps_for_window
-    from binlake.lake.pump_check import pump_statuses
+    from binlake.lake.pumps.planner import WindowPlan, pumps_for_window
+    from binlake.lake.pumps.pump_check import pump_statuses
     from binlake.replication import cluster_min_acks
     from binlake.window import Readiness, Window, cluster_readiness, pump_views
 

@@ -73,7 +73,7 @@ def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
 # ---------------------------------------------------------------- binlake ingest
 def ingest(args: argparse.Namespace, registry: str) -> int:
     from binlake.lake.ingest import ingest_window
-    from binlake.lake.pump_check import plan_read
+    from binlake.lake.pumps.pump_check import plan_read
 
     start, end = window_args(args)
     writable_lake(args.lake)

@@ -50,16 +50,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
-from binlake.lake import checkpoint, connect, location, staging, writelock
-from binlake.lake import pump_source as lake_source
+from binlake.lake import connect, location, staging, writelock
 from binlake.lake.decoding import arrow_batches
 from binlake.lake.decoding.ddl_rows import ddl_row
 from binlake.lake.decoding.rows import CHANGES_DDL, DDL_COLUMNS, DDL_HISTORY_DDL, WINDOWS_DDL, commit_date
 from binlake.lake.decoding.schema_history import SchemaHistory, UnknownTableError
-from binlake.lake.planner import check_window, pumps_for_window
-from binlake.lake.pump_check import plan_read, pump_statuses
+from binlake.lake.pumps import checkpoint
+from binlake.lake.pumps import datasource as lake_source
+from binlake.lake.pumps.planner import check_window, pumps_for_window
+from binlake.lake.pumps.pump_check import plan_read, pump_statuses
+from binlake.lake.pumps.window_index import WindowIndex, index_window, merge_consecutive, scan_ddls
 from binlake.lake.spark_errors import binlake_error
-from binlake.lake.window_index import WindowIndex, index_window, merge_consecutive, scan_ddls
 from binlake.registry.client import RegistryClient
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ def _same_ddl_rows(held: Sequence[Mapping[str, Any]], txns: Sequence[Any]) -> bo
 def _history_from_pumps(registry: str, gaps: list[tuple[int, int]]) -> tuple[list[Any], list[str]]:
     """DDLs in the uncovered ranges, read from every Pump that may hold them, plus
     notes on ranges a Pump cannot serve any more (below its GC ts)."""
-    from binlake.lake.planner import WindowPlan
+    from binlake.lake.pumps.planner import WindowPlan
     from binlake.replication import cluster_min_acks
 
     with RegistryClient(registry) as reg:

@@ -68,7 +68,7 @@ class StringColumn:
     1, native byte order), ``data`` (the UTF-8 text back to back), ``validity`` (a
     bitmap, bit set = not null; None when there is no null). What the native decoder
     hands over instead of a list, so the text never becomes Python objects on its
-    way to Arrow (``binlake.lake.pump_source.changes_batch`` wraps the buffers). Reads
+    way to Arrow (``binlake.lake.pumps.datasource.changes_batch`` wraps the buffers). Reads
     like a list (``len``, iteration, indexing, ``==`` with a list) for everything else."""
 
     __slots__ = ("length", "offsets", "data", "validity", "null_count")

@@ -17,7 +17,7 @@ import dataclasses
 import grpc
 
 from binlake import errors, rpc
-from binlake.lake.planner import WindowPlan, plan_window
+from binlake.lake.pumps.planner import WindowPlan, plan_window
 from binlake.proto import pump_pb2, pump_pb2_grpc
 from binlake.registry.model import NodeRecord
 from binlake.window import Readiness, cluster_readiness, gone_error, pump_views, readiness, waiting_error
