@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from pyspark.sql import functions as F
 
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="image-type-", dir=ROOT / "bench"))
     try:

@@ -367,7 +367,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     if getattr(args, "decode_only", False):
         return decode_only(args)
     from binlake.lake.ingest import ingest_window
-    from binlake.lake.spark import build_spark
+    from binlake.lake.sparkenv.session import build_spark
     from binlake.testing.devcluster import DevCluster
 
     base = pathlib.Path(args.dir) if args.dir else ROOT / "bench"
@@ -378,7 +378,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     if s3_lake is not None:
         import os
 
-        from binlake.lake import location
+        from binlake.lake.store import location
+        from binlake.lake.store import s3 as lake_s3
 
         where = location.parse(s3_lake, "--lake")
         if not where.is_s3:
@@ -390,7 +391,7 @@ def main(args: argparse.Namespace | None = None) -> int:
 
             store = LocalS3(root / "seaweedfs", buckets=(str(where.bucket),)).start()
             os.environ.update(store.env())
-        location.probe(s3_lake)
+        lake_s3.probe(s3_lake)
     cluster = DevCluster(root / "cluster", pumps=3,
                          pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.5"])
     s3_s: list[float] = []

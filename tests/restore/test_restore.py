@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from binlake import cli, errors, failpoint, oracle, tso
-from binlake.lake.ingest import read_windows
+from binlake.lake.store.ledger import read_windows
 from binlake.restore import checks, history, layout, restore, snapshot
 from binlake.source import workload as wl
 from binlake.testing.devcluster import DevCluster

@@ -15,7 +15,9 @@ from binlake.lake.pumps.pump_check import check_pumps
 from binlake.lake.pumps.pump_pull import pull_resumable
 from binlake.lake.pumps.read_options import ReadOptions
 from binlake.lake.pumps.window_index import WindowIndex, _splits
-from binlake.lake.spark_errors import binlake_error
+from binlake.lake.sparkenv.spark_errors import binlake_error
+from binlake.lake.store import location
+from binlake.lake.store import location as lake_location
 from binlake.proto import binlog_pb2
 from binlake.sql import schema as sc
 from binlake.sql.schema import ColumnDef, new_table
@@ -120,12 +122,12 @@ def test_window_predicate_bounds_the_partitions() -> None:
 
 
 def test_lake_paths_and_argument_checks(tmp_path: object) -> None:
-    assert ingest.table_path("s3a://bucket/lake/", "changes") == "s3a://bucket/lake/changes"
-    assert ingest.table_path("/data/lake", "windows") == "/data/lake/windows"
+    assert lake_location.table_path("s3a://bucket/lake/", "changes") == "s3a://bucket/lake/changes"
+    assert lake_location.table_path("/data/lake", "windows") == "/data/lake/windows"
     with pytest.raises(ValueError, match="unknown lake table"):
-        ingest.table_path("/data/lake", "snapshots")
+        lake_location.table_path("/data/lake", "snapshots")
     with pytest.raises(errors.InvalidArgument, match="lake must be"):
-        ingest.check_lake("  ")
+        location.check_lake("  ")
     with pytest.raises(TypeError, match="SparkSession"):
         ingest.ingest_window(None, "/tmp/lake", "127.0.0.1:1", 1, 2)
     with pytest.raises(errors.InvalidArgument, match="empty"):

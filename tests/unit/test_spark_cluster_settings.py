@@ -12,7 +12,7 @@ import zipfile
 import pytest
 
 from binlake import config, errors
-from binlake.lake import spark as lake_spark
+from binlake.lake.sparkenv import session as lake_spark
 from binlake.stack import airflow_db
 from binlake.testing.devdb import LocalPostgres
 from binlake.testing.sparkcluster import SparkCluster

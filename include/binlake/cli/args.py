@@ -132,7 +132,7 @@ def int_list(text: str) -> str:
 def s3_lake_arg(text: str) -> str:
     """An ``s3://bucket/prefix`` lake (the benchmarks' second lake beside the local one)."""
     from binlake import errors
-    from binlake.lake import location
+    from binlake.lake.store import location
 
     try:
         parsed = location.parse(text, "the lake")

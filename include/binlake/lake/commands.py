@@ -18,8 +18,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, tso
-from binlake.lake import connect
-from binlake.lake.spark import LAKE_CONF
+from binlake.lake.sparkenv import connect
+from binlake.lake.sparkenv.session import LAKE_CONF
 
 if TYPE_CHECKING:
     # pyspark is heavy; type checkers see it, runtime imports it where a session is used.
@@ -51,7 +51,7 @@ def pump_list(text: str | None) -> list[str] | None:
 
 
 def session(master: str | None = None, quiet: bool = True) -> SparkSession:
-    from binlake.lake.spark import build_spark
+    from binlake.lake.sparkenv.session import build_spark
 
     spark = build_spark("binlake-cli", master, extra_conf=LAKE_CONF)
     if quiet and not connect.is_remote(spark):
@@ -61,7 +61,7 @@ def session(master: str | None = None, quiet: bool = True) -> SparkSession:
 
 
 def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
-    from binlake.lake.spark_errors import binlake_error, s3_unreachable
+    from binlake.lake.sparkenv.spark_errors import binlake_error, s3_unreachable
 
     err = binlake_error(exc) or s3_unreachable(exc, what)
     if err is not None:
@@ -116,10 +116,11 @@ def _fmt_ts(ts: int) -> str:
 def existing_lake(lake: str) -> None:
     """A local lake must be a directory that exists; an S3 lake's bucket must answer
     the configured endpoint and keys (other URIs are Spark's to resolve)."""
-    from binlake.lake import location
+    from binlake.lake.store import location
+    from binlake.lake.store import s3 as lake_s3
 
     if location.parse(lake, "--lake").is_s3:
-        location.probe(lake)
+        lake_s3.probe(lake)
     if "://" not in lake and not os.path.isdir(lake):
         what = "is a file" if os.path.exists(lake) else "does not exist"
         raise errors.InvalidArgument(f"--lake {lake} {what}: give the lake directory an ingest wrote")
@@ -129,10 +130,11 @@ def writable_lake(lake: str) -> None:
     """A local lake must be a directory, or creatable under a writable one; an S3
     lake's bucket must answer the configured endpoint and keys (checked before a JVM
     starts, so nothing is written with settings that cannot work)."""
-    from binlake.lake import location
+    from binlake.lake.store import location
+    from binlake.lake.store import s3 as lake_s3
 
     if location.parse(lake, "--lake").is_s3:
-        location.probe(lake)
+        lake_s3.probe(lake)
     if "://" in lake:
         return
     path = os.path.abspath(lake)
@@ -145,7 +147,8 @@ def writable_lake(lake: str) -> None:
 
 
 def windows(args: argparse.Namespace) -> int:
-    from binlake.lake.ingest import read_windows, uncovered
+    from binlake.lake.ingest import uncovered
+    from binlake.lake.store.ledger import read_windows
 
     existing_lake(args.lake)
     spark = session(args.master)
@@ -183,7 +186,8 @@ def windows(args: argparse.Namespace) -> int:
 def changes(args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
 
-    from binlake.lake.ingest import CHANGES, is_delta, table_path
+    from binlake.lake.store.ledger import is_delta
+    from binlake.lake.store.location import CHANGES, table_path
 
     existing_lake(args.lake)
     if not args.table or not args.table.strip():

@@ -35,7 +35,8 @@ from typing import Any
 
 from binlake import errors, failpoint, tso
 from binlake.lake.decoding import decode
-from binlake.lake.location import check_lake, is_delta, read_windows, table_path
+from binlake.lake.store.ledger import is_delta, read_windows
+from binlake.lake.store.location import check_lake, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import coverage, history, layout, onepass, rebuild, snapshot

@@ -56,7 +56,7 @@ from binlake.lake.pumps.pump_check import STATUS_TIMEOUT_S, check_pumps, plan_re
 from binlake.lake.pumps.pump_pull import PULL_ATTEMPTS, pull_resumable
 from binlake.lake.pumps.read_options import KINDS, ReadOptions
 from binlake.lake.pumps.window_index import WindowIndex, index_window, scan_ddls
-from binlake.lake.spark_errors import binlake_error
+from binlake.lake.sparkenv.spark_errors import binlake_error
 
 if TYPE_CHECKING:
     # pyspark is heavy; type checkers see it, runtime imports it where a session is used.
