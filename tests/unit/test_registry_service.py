@@ -14,7 +14,8 @@ import pytest
 from binlake import errors, tso
 from binlake.registry.model import NodeRecord, NodeState, ReplicationSetting
 from binlake.registry.service import DEAD_AFTER_MS, MAX_TS_COUNT, RegistryService
-from binlake.registry.store import DB_FILE_NAME, RegistryStore, SQLiteStore, open_store
+from binlake.registry.store import DB_FILE_NAME, RegistryStore, SQLiteStore
+from binlake.registry.stores import open_store
 
 ONLINE, PAUSING, PAUSED, CLOSING, OFFLINE = (
     NodeState.ONLINE,

@@ -173,11 +173,6 @@ def uncovered(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> 
     return gaps
 
 
-def load_history(spark: SparkSession, lake: str, before_ts: int) -> SchemaHistory:
-    """The definitions ``ddl_history`` holds from DDLs committed before ``before_ts``."""
-    return _load_ddl_history(spark, lake, before_ts, before_ts)[0]
-
-
 def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int,
                       end_ts: int) -> tuple[SchemaHistory, list[dict[str, Any]]]:
     """(definitions from DDLs before ``start_ts``, the DDL rows already in ``[start_ts, end_ts)``)."""
