@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from binlake import cli, errors, failpoint, oracle, tso
 from binlake.lake.store.ledger import read_windows
 from binlake.restore import checks, history, layout, restore, snapshot
+from binlake.restore import tables as restore_tables
 from binlake.source import workload as wl
 from binlake.testing.devcluster import DevCluster
 
@@ -51,7 +52,7 @@ def captured(cluster: DevCluster, spark: SparkSession, tmp_path_factory: pytest.
 def checksums_at(spark: SparkSession, lake: str, ts: int, source: str = "changes",
                  tables: list[str] | None = None) -> tuple[dict[str, tuple[int, str]], list[str]]:
     p = restore.plan(spark, lake, ts, tables, source)
-    frames = restore.frames(spark, p)
+    frames = restore_tables.frames(spark, p)
     got = {t.info.name: checks.frame_checksum(frames[t.table_id], t.info) for t in p.tables}
     return got, [t.base.kind for t in p.tables]
 
@@ -117,7 +118,7 @@ def test_bank_total_and_accounts_hold_at_many_ts(
         if ts < up.captures[0].ts // 2:
             continue
         p = restore.plan(spark, lake, ts, [wl.BANK_TABLE])
-        df = restore.frames(spark, p)[p.tables[0].table_id]
+        df = restore_tables.frames(spark, p)[p.tables[0].table_id]
         row = df.agg(F.sum("balance").alias("total"), F.count("*").alias("n")).collect()[0]
         if row["n"] == 0:  # before the accounts were loaded
             continue
