@@ -31,7 +31,7 @@ from binlake import errors
 from binlake.client.reader import pull_window
 from binlake.lake.pumps.pump_check import plan_read
 from binlake.registry.client import RegistryClient
-from binlake.replication import min_acks_for_window
+from binlake.registry.replicas import min_acks_for_window
 from binlake.testing.devcluster import DevCluster
 
 VICTIM = "pump3"

@@ -111,7 +111,7 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
             )
     safe = {node_id: by_id[node_id].safe_ts for node_id in chosen}
     if min_acks is None:
-        from binlake.replication import cluster_min_acks
+        from binlake.registry.replicas import cluster_min_acks
 
         min_acks = cluster_min_acks(None)
     if min_acks > 1:
@@ -197,7 +197,7 @@ class SafeTsTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from binlake import errors
         from binlake.registry.client import RegistryClient
-        from binlake.replication import cluster_min_acks
+        from binlake.registry.replicas import cluster_min_acks
 
         client = RegistryClient(self.registry)
         last_log = 0.0

@@ -15,7 +15,8 @@ import pathlib
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from binlake import argcheck, errors, tso
+from binlake import errors, tso
+from binlake.cli import argcheck
 from binlake.net import DEFAULT_REGISTRY_ADDR, parse_addr_list
 
 # The exit status of a user's mistake (bad flags, bad config, a refused request).

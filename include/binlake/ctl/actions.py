@@ -107,13 +107,13 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
 
 def _replicas(reg: RegistryClient) -> int:
     """The largest R configured here or set in the registry (any copy may be the only one)."""
-    from binlake.replication import configured
+    from binlake.registry.replicas import configured
 
     return max([configured().replicas, *(s.replicas for s in reg.get_replication())])
 
 
 def _replication(args: argparse.Namespace, reg: RegistryClient) -> int:
-    from binlake.replication import configured_lookback_ms, min_acks_for_window
+    from binlake.registry.replicas import configured_lookback_ms, min_acks_for_window
 
     # Checked whether or not a setting is appended: a bad value is never silently ignored.
     if not 0 <= args.grace_s <= 3600:
@@ -237,7 +237,7 @@ def _readable(reg: RegistryClient, nodes: list[NodeRecord], start: int, end: int
     safe ts and GC ts when read, waiting with ``wait``)."""
     from binlake.lake.pumps.planner import WindowPlan, pumps_for_window
     from binlake.lake.pumps.pump_check import pump_statuses
-    from binlake.replication import cluster_min_acks
+    from binlake.registry.replicas import cluster_min_acks
     from binlake.window import Readiness, Window, cluster_readiness, pump_views
 
     chosen = pumps_for_window(nodes, start, end)

@@ -140,7 +140,7 @@ def writable_lake(lake: str) -> None:
     path = os.path.abspath(lake)
     if os.path.exists(path) and not os.path.isdir(path):
         raise errors.InvalidArgument(f"--lake {lake} is a file: give a directory for the lake")
-    from binlake.argcheck import can_create_under
+    from binlake.cli.argcheck import can_create_under
 
     if not can_create_under(pathlib.Path(path)):
         raise errors.InvalidArgument(f"--lake {lake} cannot be created: no writable directory there")

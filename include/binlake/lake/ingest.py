@@ -207,7 +207,7 @@ def _history_from_pumps(registry: str, gaps: list[tuple[int, int]]) -> tuple[lis
     """DDLs in the uncovered ranges, read from every Pump that may hold them, plus
     notes on ranges a Pump cannot serve any more (below its GC ts)."""
     from binlake.lake.pumps.planner import WindowPlan
-    from binlake.replication import cluster_min_acks
+    from binlake.registry.replicas import cluster_min_acks
 
     with RegistryClient(registry) as reg:
         nodes, _ = reg.list_nodes("pump")

@@ -125,7 +125,7 @@ def apply_command(args: argparse.Namespace) -> int:
 
 def _check_apply_args(args: argparse.Namespace) -> None:
     """The flags that override the task file, checked before Spark starts."""
-    from binlake import argcheck
+    from binlake.cli import argcheck
 
     if not args.task.strip():
         raise errors.InvalidArgument("--task is empty: give a task file (see config/task.sample.toml)")
@@ -136,7 +136,7 @@ def _check_apply_args(args: argparse.Namespace) -> None:
 
 
 def diff_command(args: argparse.Namespace) -> int:
-    from binlake import argcheck
+    from binlake.cli import argcheck
     from binlake.replicate.diff import diff_databases
 
     argcheck.db_url("SOURCE", args.source)

@@ -150,7 +150,7 @@ def _session(args: argparse.Namespace) -> Any:
 
 
 def _check_lake(args: argparse.Namespace) -> str:
-    from binlake import argcheck
+    from binlake.cli import argcheck
 
     if args.lake is None:
         raise errors.InvalidArgument("no lake given: pass --lake DIR or set BINLAKE_LAKE_DIR")
@@ -234,7 +234,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
     tables = _tables(args.tables)
     if args.out is None and args.target is None:
         raise errors.InvalidArgument("give a destination: --out DIR (Delta tables) or --target URL (a database)")
-    from binlake import argcheck
+    from binlake.cli import argcheck
 
     if args.out is not None:
         argcheck.writable_dir("--out", args.out)

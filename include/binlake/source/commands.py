@@ -153,7 +153,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _check_args(args: argparse.Namespace) -> None:
     """Every option checked before any connection: with the database down, a wrong
     --registry or --data-dir is still reported as itself."""
-    from binlake import argcheck
+    from binlake.cli import argcheck
 
     argcheck.addr_list("--registry", args.registry)
     argcheck.listen_addr("--status-addr", args.status_addr)
@@ -163,7 +163,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _run_mysql(args: argparse.Namespace) -> int:
-    from binlake import argcheck
+    from binlake.cli import argcheck
     from binlake.source.mysql.source import MySQLSource
 
     _check_args(args)

@@ -1,7 +1,7 @@
 """Database URLs binlake accepts, and connecting to one.
 
 Every role that writes to or reads a SQL database by URL (the apply's targets,
-``binlake diff``, the command-line checks of ``binlake.argcheck``) parses it
+``binlake diff``, the command-line checks of ``binlake.cli.argcheck``) parses it
 here, so a URL is accepted or refused the same way everywhere.
 """
 

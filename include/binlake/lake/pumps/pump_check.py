@@ -111,7 +111,7 @@ def plan_read(registry: str, start_ts: int, end_ts: int, pumps: list[str] | None
     """The Pumps to read for ``[start_ts, end_ts)``, each checked to be able to serve it
     (``min_acks`` None: the W in force for the window, ``replication.cluster_min_acks``)."""
     from binlake.registry.client import RegistryClient
-    from binlake.replication import cluster_min_acks
+    from binlake.registry.replicas import cluster_min_acks
 
     plan = plan_window(registry, start_ts, end_ts, pumps)
     if not plan.pumps:
