@@ -15,15 +15,11 @@ import os
 import pathlib
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from binlake import errors, tso
-from binlake.lake.sparkenv import connect
-from binlake.lake.sparkenv.session import LAKE_CONF
-
-if TYPE_CHECKING:
-    # pyspark is heavy; type checkers see it, runtime imports it where a session is used.
-    from pyspark.sql import SparkSession
+from binlake.lake.sparkenv.session import command_session
+from binlake.lake.sparkenv.spark_errors import command_error
 
 
 def window_args(args: argparse.Namespace) -> tuple[int, int]:
@@ -50,26 +46,6 @@ def pump_list(text: str | None) -> list[str] | None:
     return pumps
 
 
-def session(master: str | None = None, quiet: bool = True) -> SparkSession:
-    from binlake.lake.sparkenv.session import build_spark
-
-    spark = build_spark("binlake-cli", master, extra_conf=LAKE_CONF)
-    if quiet and not connect.is_remote(spark):
-        # Failures reach the user as one line from binlake; Spark's task logs would bury it.
-        spark.sparkContext.setLogLevel("FATAL")
-    return spark
-
-
-def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
-    from binlake.lake.sparkenv.spark_errors import binlake_error, s3_unreachable
-
-    err = binlake_error(exc) or s3_unreachable(exc, what)
-    if err is not None:
-        return err
-    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    return errors.FailedPrecondition(f"{what}: {first[:500]}")
-
-
 # ---------------------------------------------------------------- binlake ingest
 def ingest(args: argparse.Namespace, registry: str) -> int:
     from binlake.lake.ingest import ingest_window
@@ -91,7 +67,7 @@ def ingest(args: argparse.Namespace, registry: str) -> int:
                 console.log(message, highlight=False)
 
         status.update("starting Spark")
-        spark = session(args.master, quiet=args.log_level != "DEBUG")
+        spark = command_session(args.master, quiet=args.log_level != "DEBUG")
         try:
             result = ingest_window(spark, args.lake, registry, start, end, pumps, progress,
                                    decode_here=args.decode_here_rows)
@@ -100,7 +76,7 @@ def ingest(args: argparse.Namespace, registry: str) -> int:
         except (ValueError, TypeError) as exc:
             raise errors.InvalidArgument(str(exc)) from None
         except Exception as exc:  # a Spark/Delta failure: its first line, not a JVM trace
-            raise _spark_error(exc, f"ingest [{start}, {end})") from None
+            raise command_error(exc, f"ingest [{start}, {end})") from None
     if args.json:
         print(json.dumps(result.to_dict(), sort_keys=True))
     else:
@@ -147,15 +123,14 @@ def writable_lake(lake: str) -> None:
 
 
 def windows(args: argparse.Namespace) -> int:
-    from binlake.lake.ingest import uncovered
-    from binlake.lake.store.ledger import read_windows
+    from binlake.lake.store.ledger import read_windows, uncovered
 
     existing_lake(args.lake)
-    spark = session(args.master)
+    spark = command_session(args.master)
     try:
         rows = read_windows(spark, args.lake)
     except Exception as exc:
-        raise _spark_error(exc, f"reading the windows of {args.lake}") from None
+        raise command_error(exc, f"reading the windows of {args.lake}") from None
     if args.json:
         for r in rows:
             print(json.dumps(r, default=str, sort_keys=True))
@@ -195,7 +170,7 @@ def changes(args: argparse.Namespace) -> int:
     db, _, tbl = args.table.strip().rpartition(".")
     if args.from_ts is not None and args.to_ts is not None and args.from_ts >= args.to_ts:
         raise errors.InvalidArgument(f"--from-ts {args.from_ts} must be below --to-ts {args.to_ts}")
-    spark = session(args.master)
+    spark = command_session(args.master)
     path = table_path(args.lake, CHANGES)
     if not is_delta(spark, path):
         raise errors.NotFound(f"no change table at {path}: nothing was ingested into {args.lake}")
@@ -209,7 +184,7 @@ def changes(args: argparse.Namespace) -> int:
     try:
         rows = df.orderBy("commit_ts", "seq").limit(args.limit).collect()
     except Exception as exc:
-        raise _spark_error(exc, f"reading changes of {args.table}") from None
+        raise command_error(exc, f"reading changes of {args.table}") from None
     if args.json:
         for r in rows:
             print(json.dumps(r.asDict(), default=_json_default, ensure_ascii=False))

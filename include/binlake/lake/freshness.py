@@ -27,9 +27,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from binlake import errors, tso
-from binlake.lake.ingest import uncovered
 from binlake.lake.store import arrowread, location
 from binlake.lake.store import s3 as lake_s3
+from binlake.lake.store.ledger import uncovered
 from binlake.lake.store.location import WINDOWS, table_path
 
 

@@ -62,7 +62,7 @@ from binlake.lake.pumps.window_index import WindowIndex, index_window, merge_con
 from binlake.lake.sparkenv import connect
 from binlake.lake.sparkenv.spark_errors import binlake_error
 from binlake.lake.store import s3, staging, writelock
-from binlake.lake.store.ledger import is_delta, read_windows
+from binlake.lake.store.ledger import is_delta, read_windows, uncovered
 from binlake.lake.store.location import CHANGES, DDL_HISTORY, WINDOWS, table_path
 from binlake.registry.client import RegistryClient
 
@@ -154,23 +154,6 @@ def check_overlap(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int)
                 f"[{s}, {e}) ({tso.iso(s)} .. {tso.iso(e)}) without the same bounds: re-ingest exactly that window, or "
                 "choose a window that does not overlap it")
     return same
-
-
-def uncovered(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> list[tuple[int, int]]:
-    """The parts of ``[start_ts, end_ts)`` no ingested window covers."""
-    gaps: list[tuple[int, int]] = []
-    cursor = start_ts
-    for s, e in sorted((int(w["start_ts"]), int(w["end_ts"])) for w in windows):
-        if e <= cursor:
-            continue
-        if s >= end_ts:
-            break
-        if s > cursor:
-            gaps.append((cursor, s))
-        cursor = max(cursor, e)
-    if cursor < end_ts:
-        gaps.append((cursor, end_ts))
-    return gaps
 
 
 def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int,

@@ -144,9 +144,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 
 def _session(args: argparse.Namespace) -> Any:
-    from binlake.lake.commands import session
+    from binlake.lake.sparkenv.session import command_session
 
-    return session(args.master, quiet=args.log_level != "DEBUG")
+    return command_session(args.master, quiet=args.log_level != "DEBUG")
 
 
 def _check_lake(args: argparse.Namespace) -> str:
@@ -169,7 +169,7 @@ def _run(args: argparse.Namespace, what: str, fn: Any) -> Any:
     """Run ``fn(spark, progress)`` with a status line; Spark failures become one line."""
     from rich.console import Console
 
-    from binlake.lake.commands import _spark_error
+    from binlake.lake.sparkenv.spark_errors import command_error
 
     console = Console(stderr=True)
     began = time.monotonic()
@@ -188,7 +188,7 @@ def _run(args: argparse.Namespace, what: str, fn: Any) -> Any:
         except (ValueError, TypeError) as exc:
             raise errors.InvalidArgument(str(exc)) from None
         except Exception as exc:
-            raise _spark_error(exc, what) from None
+            raise command_error(exc, what) from None
 
 
 def snapshot_cmd(args: argparse.Namespace) -> int:

@@ -246,3 +246,14 @@ def configure_spark(spark: SparkSession, settings: S3Settings | None = None) -> 
 
 # The s3a settings last applied to each session (by id), so re-applying is free.
 _configured: dict[int, tuple[int, tuple[tuple[str, str], ...]]] = {}
+
+
+def command_session(master: str | None = None, quiet: bool = True) -> SparkSession:
+    """The session a ``binlake`` command runs its Spark jobs in (``build_spark`` with
+    ``LAKE_CONF``); ``quiet``: Spark's own logs off on a local session, since failures
+    reach the user as one line (``spark_errors.command_error``) and Spark's task logs
+    would bury it."""
+    spark = build_spark("binlake-cli", master, extra_conf=LAKE_CONF)
+    if quiet and not connect.is_remote(spark):
+        spark.sparkContext.setLogLevel("FATAL")
+    return spark

@@ -1,10 +1,12 @@
 """The lake's Delta tables as a job finds them: whether a table is there yet
 (``is_delta``) and the ``windows`` ledger of ingested windows (``read_windows``),
-the record that makes ingests idempotent and that apply and restore read first.
+the record that makes ingests idempotent and that apply and restore read first,
+and what of a range no ingested window covers (``uncovered``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake.lake.sparkenv import connect
@@ -46,3 +48,20 @@ def read_windows(spark: SparkSession, lake: str) -> list[dict[str, Any]]:
         if key not in newest or str(r.get("ingested_at")) > str(newest[key].get("ingested_at")):
             newest[key] = r
     return [newest[k] for k in sorted(newest)]
+
+
+def uncovered(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> list[tuple[int, int]]:
+    """The parts of ``[start_ts, end_ts)`` no ingested window covers."""
+    gaps: list[tuple[int, int]] = []
+    cursor = start_ts
+    for s, e in sorted((int(w["start_ts"]), int(w["end_ts"])) for w in windows):
+        if e <= cursor:
+            continue
+        if s >= end_ts:
+            break
+        if s > cursor:
+            gaps.append((cursor, s))
+        cursor = max(cursor, e)
+    if cursor < end_ts:
+        gaps.append((cursor, end_ts))
+    return gaps
