@@ -297,7 +297,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     from binlake.lake.decoding import decode
     from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
     from binlake.replicate import read, runner, task
-    from binlake.testing.devdb import LocalPostgres
+    from binlake.stack.localdb import LocalPostgres
 
     root = Path(tempfile.mkdtemp(prefix="apply-bench-"))
     pg = None

@@ -144,7 +144,7 @@ def many_tables(args: argparse.Namespace) -> int:
 
     from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
     from binlake.restore import restore, synthetic
-    from binlake.testing.devdb import LocalPostgres
+    from binlake.stack.localdb import LocalPostgres
 
     counts = sorted({int(t) for t in str(args.tables).split(",") if t.strip()})
     rows = args.rows if args.rows != DEFAULT_ROWS else 20_000

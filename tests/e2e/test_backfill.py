@@ -75,7 +75,7 @@ from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.source.txn_writer import TxnWriter
 from binlake.sql.schema import ColumnDef as C
-from binlake.testing.devdb import LocalPostgres
+from binlake.stack.localdb import LocalPostgres
 
 # Short windows keep the workload (three of them) about as long as Spark's and
 # Airflow's start, during which it runs.

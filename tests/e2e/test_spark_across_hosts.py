@@ -45,8 +45,8 @@ def test_ingest_on_a_cluster_across_hosts_survives_a_lost_worker(
     from binlake.lake.sparkenv.session import configure_spark
     from binlake.source.txn_writer import TxnWriter
     from binlake.sql.schema import ColumnDef as C
+    from binlake.stack.sparkcluster import SparkCluster
     from binlake.testing.devcluster import DevCluster
-    from binlake.testing.sparkcluster import SparkCluster
 
     master_host, worker1, worker2, s3_host = bed.hosts
     monkeypatch.setenv("BINLAKE_PUMP_HEARTBEAT_INTERVAL_S", "0.3")

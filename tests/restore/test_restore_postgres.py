@@ -14,8 +14,8 @@ from pyspark.sql import SparkSession
 from binlake.restore import checks, restore
 from binlake.restore import tables as restore_tables
 from binlake.source import workload as wl
+from binlake.stack.localdb import LocalPostgres
 from binlake.testing.devcluster import DevCluster
-from binlake.testing.devdb import LocalPostgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -22,7 +22,7 @@ from test_mysql_source import fresh_db, source, wait_caught_up
 
 from binlake import cli, errors, oracle
 from binlake.registry.client import RegistryClient
-from binlake.testing.devdb import LocalMariaDB
+from binlake.stack.localdb import LocalMariaDB
 
 pytestmark = [pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
                                  "mariadb-server); CI always has it"), pytest.mark.slow]

@@ -17,7 +17,7 @@ from srckit import Cluster, Replay, SourceThread, journal_prewrites, sql
 from binlake import failpoint, oracle
 from binlake.source.journal import SourceState
 from binlake.source.mysql.source import MySQLSource
-from binlake.testing.devdb import LocalMariaDB
+from binlake.stack.localdb import LocalMariaDB
 
 pytestmark = pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
                                 "mariadb-server); CI always has it")

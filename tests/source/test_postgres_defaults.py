@@ -21,7 +21,7 @@ from test_postgres_snapshot import dsn_of, run_sql, started
 from binlake import cli, errors, oracle
 from binlake.registry.client import RegistryClient
 from binlake.source.postgres.source import PostgresSource
-from binlake.testing.devdb import LocalPostgres
+from binlake.stack.localdb import LocalPostgres
 
 pytestmark = [pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQL not installed (apt-get install "
                                  "postgresql); CI always has it"), pytest.mark.slow]

@@ -34,7 +34,7 @@ from binlake.proto import binlog_pb2
 from binlake.source.journal import SourceState
 from binlake.source.postgres import snapshot as snap
 from binlake.source.postgres.source import SNAPSHOT_SLOT, PostgresSource
-from binlake.testing.devdb import LocalPostgres
+from binlake.stack.localdb import LocalPostgres
 
 pytestmark = pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQL not installed (apt-get install "
                                 "postgresql); CI always has it")

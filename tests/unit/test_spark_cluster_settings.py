@@ -14,8 +14,8 @@ import pytest
 from binlake import config, errors
 from binlake.lake.sparkenv import session as lake_spark
 from binlake.stack import airflow_db
-from binlake.testing.devdb import LocalPostgres
-from binlake.testing.sparkcluster import SparkCluster
+from binlake.stack.localdb import LocalPostgres
+from binlake.stack.sparkcluster import SparkCluster
 
 
 def test_code_zip_holds_this_binlake_and_is_reused(tmp_path: pathlib.Path) -> None:

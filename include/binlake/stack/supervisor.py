@@ -356,7 +356,7 @@ class Stack:
         return f"spark://127.0.0.1:{self.cfg.spark_master_port}"
 
     def _start_spark_cluster(self) -> None:
-        from binlake.testing.sparkcluster import SparkCluster
+        from binlake.stack.sparkcluster import SparkCluster
 
         # One worker with this machine's cores: each ingest is an application taking
         # them while it runs (the next one queues at the master until they are free).
@@ -459,7 +459,7 @@ class Stack:
 
     def _start_metadata_db(self) -> str:
         """Start Airflow's PostgreSQL when the stack uses one; what the metadata is on, for the log."""
-        from binlake.testing.devdb import LocalPostgres
+        from binlake.stack.localdb import LocalPostgres
 
         backend, why = airflow_db.choose(self.cfg.airflow_db, self.airflow_home)
         if backend == airflow_db.SQLITE:
