@@ -43,6 +43,7 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check include tests dags plugins jobs scripts bench
+	$(BIN)/lint-imports
 	$(BIN)/python scripts/gen_proto.py --check
 
 # mypy --strict on the packages [tool.mypy] files lists in pyproject.toml (the CI gate).
