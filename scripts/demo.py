@@ -445,7 +445,6 @@ def dag_runs(spec: dict[str, Any]) -> int:
     from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
     from binlake.lake.store import ledger as lake_ledger
     from binlake.lake.store import location
-    from binlake.lake.store import location as lake_location
 
     results = pathlib.Path(spec["results"])
 
@@ -483,10 +482,10 @@ def dag_runs(spec: dict[str, Any]) -> int:
                 "rows_per_table_op": dict(w["rows_per_table_op"])} for w in lake_ledger.read_windows(spark, lake)]
 
     def changes() -> Any:
-        return spark.read.format("delta").load(lake_location.table_path(lake, location.CHANGES))
+        return spark.read.format("delta").load(location.table_path(lake, location.CHANGES))
 
     in_lake = changes().count()
-    ddls = spark.read.format("delta").load(lake_location.table_path(lake, lake_location.DDL_HISTORY)).where(
+    ddls = spark.read.format("delta").load(location.table_path(lake, location.DDL_HISTORY)).where(
         f"commit_ts >= {int(spec['since_ts'])}").count()
     # Idempotence: the middle window again; its rows must come out the same.
     mid = windows[len(windows) // 2]

@@ -38,7 +38,6 @@ from binlake.lake.sparkenv import connect
 from binlake.lake.sparkenv.connect_server import ConnectServer
 from binlake.lake.store import ledger as lake_ledger
 from binlake.lake.store import location, staging
-from binlake.lake.store import location as lake_location
 from binlake.source import workload as wl
 from binlake.source.txn_writer import TxnWriter
 from binlake.testing.devcluster import DevCluster
@@ -103,7 +102,7 @@ def windows(cluster: DevCluster, upstream_url: str) -> list[tuple[int, int]]:
 
 
 def _count(spark: Any, lake: str, table: str, start_ts: int, end_ts: int, column: str = "commit_ts") -> int:
-    return int(spark.read.format("delta").load(lake_location.table_path(lake, table))
+    return int(spark.read.format("delta").load(location.table_path(lake, table))
                .where(f"{column} >= {start_ts} AND {column} < {end_ts}").count())
 
 
@@ -120,7 +119,7 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         assert sum(r.rows for r in results) > 0 and sum(r.ddls for r in results) > 0
         for r in results:
             assert _count(spark, lake, location.CHANGES, r.start_ts, r.end_ts) == r.rows
-            assert _count(spark, lake, lake_location.DDL_HISTORY, r.start_ts, r.end_ts) == r.ddls
+            assert _count(spark, lake, location.DDL_HISTORY, r.start_ts, r.end_ts) == r.ddls
         ledger = lake_ledger.read_windows(spark, lake)
         assert [(w["start_ts"], w["end_ts"], w["rows"]) for w in ledger] == [
             (r.start_ts, r.end_ts, r.rows) for r in results]
@@ -137,10 +136,10 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         # server): the next attempt removes it and fences the table (a property change,
         # which fails every Delta transaction begun before it) before it looks.
         w, other = ingest._Window(*windows[1]), str(tmp_path / "other")
-        rows = spark.read.format("delta").load(lake_location.table_path(lake, location.CHANGES)).where(
+        rows = spark.read.format("delta").load(location.table_path(lake, location.CHANGES)).where(
             f"commit_ts >= {w.start_ts} AND commit_ts < {w.end_ts}")
         assert not ingest._may_append(other, w)  # no table yet: replace (which creates it)
-        ingest._write_rows(rows, lake_location.table_path(other, location.CHANGES), w, append=False)
+        ingest._write_rows(rows, location.table_path(other, location.CHANGES), w, append=False)
         assert not ingest._may_append(other, w) and ingest._may_append(other, ingest._Window(*windows[0]))
         batches = rows.limit(5).toArrow().to_batches()
         with pytest.raises(RuntimeError), staging.arrow_frame(spark, other, batches, CHANGES_DDL,
@@ -150,7 +149,7 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         ingest._fence_earlier(spark, other, w, lambda: None)
         assert staging.left_over(other) == []
         props = {r[0]: r[1] for r in spark.sql(
-            f"SHOW TBLPROPERTIES delta.`{lake_location.table_path(other, location.CHANGES)}`").collect()}
+            f"SHOW TBLPROPERTIES delta.`{location.table_path(other, location.CHANGES)}`").collect()}
         assert props[ingest.FENCE_PROPERTY].startswith(f"{w.start_ts}-{w.end_ts}-")
         assert _count(spark, other, location.CHANGES, w.start_ts, w.end_ts) == results[1].rows
         assert len(lake_ledger.read_windows(spark, lake)) == 2
@@ -166,7 +165,7 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         from binlake.restore import maintenance
 
         done = maintenance.optimize_vacuum(spark, lake, 168)
-        assert {lake_location.table_path(lake, t) for t in (location.CHANGES, lake_location.WINDOWS)} <= set(done)
+        assert {location.table_path(lake, t) for t in (location.CHANGES, location.WINDOWS)} <= set(done)
         for r in results:
             assert _count(spark, lake, location.CHANGES, r.start_ts, r.end_ts) == r.rows
         # The maintenance snapshot and the restore (rebuild, load) are DataFrame and SQL
@@ -217,8 +216,8 @@ def test_concurrent_windows_of_one_day_take_turns(server: ConnectServer, cluster
         assert [(r.start_ts, r.end_ts, r.rows) for r in together] == [(r.start_ts, r.end_ts, r.rows) for r in results]
         for a, b in [(lo, hi), *parts]:
             assert _count(sessions[0], batched, location.CHANGES, a, b) == _count(sessions[0], lake, location.CHANGES, a, b)
-            assert (_count(sessions[0], batched, lake_location.DDL_HISTORY, a, b)
-                    == _count(sessions[0], lake, lake_location.DDL_HISTORY, a, b))
+            assert (_count(sessions[0], batched, location.DDL_HISTORY, a, b)
+                    == _count(sessions[0], lake, location.DDL_HISTORY, a, b))
         # A batch stops before the window that would take it over max_rows (the first always goes).
         capped = ingest.ingest_windows(sessions[0], str(tmp_path / "capped"), cluster.registry_addr, parts,
                                        max_rows=results[0].rows)
@@ -267,7 +266,7 @@ def test_server_killed_mid_ingest_then_retry_exactly_once(
 
 
 def _rows(spark: Any, lake: str, start_ts: int, end_ts: int) -> list[tuple[Any, ...]]:
-    frame = spark.read.format("delta").load(lake_location.table_path(lake, location.CHANGES))
+    frame = spark.read.format("delta").load(location.table_path(lake, location.CHANGES))
     return sorted(tuple(r) for r in frame.where(f"commit_ts >= {start_ts} AND commit_ts < {end_ts}").collect())
 
 
@@ -373,7 +372,7 @@ def test_lost_ledger_append_leaves_one_ledger_row(server: ConnectServer, cluster
         a, b = windows[1]
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         row = (a, b, ["pump1"], {"pump1": 1}, {}, 1, 1, 0, "done", now)
-        path = lake_location.table_path(lake, lake_location.WINDOWS)
+        path = location.table_path(lake, location.WINDOWS)
         outcome: list[BaseException | None] = []
 
         def lost_attempt() -> None:

@@ -38,7 +38,6 @@ from pyspark.sql import SparkSession
 
 from binlake import tso
 from binlake.lake import s3settings
-from binlake.lake import s3settings as lake_s3settings
 from binlake.lake.sparkenv import session as lake_session
 from binlake.lake.store import ledger as lake_ledger
 from binlake.lake.store import location
@@ -374,7 +373,7 @@ def test_freshness_reads_the_ledger_of_an_s3_lake(s3: s3server.LocalS3) -> None:
     assert freshness.ledger("s3://lake/fresh") == []  # nothing ingested yet
     # The ledger's two columns, written by delta-rs here only to set the test up.
     write_deltalake("s3://lake/fresh/windows", pa.table({"start_ts": [5, 1], "end_ts": [9, 5]}),
-                    storage_options={**lake_s3settings.storage_options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
+                    storage_options={**s3settings.storage_options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
     assert freshness.ledger("s3://lake/fresh") == [(1, 5), (5, 9)]
 
 

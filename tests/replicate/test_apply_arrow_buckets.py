@@ -24,7 +24,6 @@ from binlake import failpoint, tso
 from binlake.lake import ingest
 from binlake.lake.decoding import decode
 from binlake.lake.store import location
-from binlake.lake.store import location as lake_location
 from binlake.replicate import checkpoint, parallel, runner, sink, table_write, task
 from binlake.sql import schema as sc
 
@@ -69,7 +68,7 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[
            "previous_table_id": 0, "dropped": False, "query": "CREATE TABLE kv (...)",
            "table_info": info.SerializeToString(), "table_json": decode.table_json(info)}
     spark.createDataFrame([ddl], decode.DDL_HISTORY_DDL).write.format("delta").save(
-        lake_location.table_path(path, lake_location.DDL_HISTORY))
+        location.table_path(path, location.DDL_HISTORY))
     rows = []
     for i, (op, before, after) in enumerate(changes):
         ts = base + 1 + step * (1 + i // TXN)
@@ -86,11 +85,11 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[
         part = [r for r in rows if a <= r["commit_ts"] < b]
         spark.createDataFrame(part, decode.CHANGES_DDL).write.format("delta").mode(
             "overwrite" if n == 0 else "append").partitionBy("commit_date").save(
-            lake_location.table_path(path, location.CHANGES))
+            location.table_path(path, location.CHANGES))
         ledger.append((a, b, ["p1"], {"p1": len(part)}, {"main.kv:x": len(part)}, len(part) // TXN, len(part),
                        1 if n == 0 else 0, "done", dt.datetime(2026, 11, 20, 9, 0)))
     spark.createDataFrame(ledger, ingest.WINDOWS_DDL).write.format("delta").save(
-        lake_location.table_path(path, lake_location.WINDOWS))
+        location.table_path(path, location.WINDOWS))
     return {"path": path, "final": sorted((r["id"], r["v"], r["n"]) for r in live.values()),
             "end": cuts[-1], "changes": len(changes)}
 

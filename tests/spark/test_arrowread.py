@@ -19,7 +19,6 @@ from binlake import tso
 from binlake.lake import ingest
 from binlake.lake.decoding import decode
 from binlake.lake.store import arrowread, location
-from binlake.lake.store import location as lake_location
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -54,7 +53,7 @@ def _arrow_read(reader: arrowread.TableReader, lo: int, hi: int) -> list[tuple[A
 
 
 def test_ranges_equal_sparks_read(spark: SparkSession, tmp_path: pathlib.Path) -> None:
-    path = lake_location.table_path(str(tmp_path / "lake"), location.CHANGES)
+    path = location.table_path(str(tmp_path / "lake"), location.CHANGES)
     _write(spark, path, _rows(0, 12, "a"), "overwrite")  # 23:59:50 .. 00:00:01: two partitions
     _write(spark, path, _rows(12, 8, "a"), "append")
     reader = arrowread.TableReader(path)
@@ -131,13 +130,13 @@ def test_apply_reads_through_spark_when_in_process_cannot(spark: SparkSession, t
            "table_id": 7, "previous_table_id": 0, "dropped": False, "query": "CREATE TABLE t (...)",
            "table_info": info.SerializeToString(), "table_json": decode.table_json(info)}
     spark.createDataFrame([ddl], decode.DDL_HISTORY_DDL).write.format("delta").save(
-        lake_location.table_path(lake, lake_location.DDL_HISTORY))
-    path = lake_location.table_path(lake, location.CHANGES)
+        location.table_path(lake, location.DDL_HISTORY))
+    path = location.table_path(lake, location.CHANGES)
     _write(spark, path, rows, "overwrite")
     end = rows[-1]["commit_ts"] + 1
     spark.createDataFrame([(create_ts - 5, end, ["p1"], {"p1": 12}, {"main.t:insert": 12}, 12, 12, 1, "done",
                             dt.datetime(2026, 11, 21, 1, 0))], ingest.WINDOWS_DDL).write.format("delta").save(
-        lake_location.table_path(lake, lake_location.WINDOWS))
+        location.table_path(lake, location.WINDOWS))
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
     spark.sql(f"DELETE FROM delta.`{path}` WHERE seq = 1")  # 4 of the 12 inserts
     url = f"sqlite:///{tmp_path / 'target.db'}"
@@ -145,7 +144,7 @@ def test_apply_reads_through_spark_when_in_process_cannot(spark: SparkSession, t
     summary = applier.run()
     assert summary.changes == 8
     assert applier.reader._readers[location.CHANGES] is None  # it fell back to Spark
-    assert applier.reader._readers[lake_location.WINDOWS] is not None  # ... for that table only
+    assert applier.reader._readers[location.WINDOWS] is not None  # ... for that table only
     with sink.open_target(url) as t, t.engine.connect() as c:
         ids = sorted(r[0] for r in c.exec_driver_sql("SELECT id FROM t"))
     assert ids == [i for i in range(12) if i % 3 != 1]

@@ -245,7 +245,7 @@ def test_ingest_killed_half_way_leaves_no_window_and_a_rerun_repairs_it(
     assert spark.read.format("delta").load(location.table_path(lake, "changes")).where(
         f"commit_ts >= {w2[0]} AND commit_ts < {w2[1]}").count() == lake_in_order["results"][1].rows
     assert [(w["start_ts"], w["end_ts"]) for w in lake_ledger.read_windows(spark, lake)] == [w1]
-    assert ingest.uncovered(lake_ledger.read_windows(spark, lake), w1[0], w2[1]) == [w2]
+    assert lake_ledger.uncovered(lake_ledger.read_windows(spark, lake), w1[0], w2[1]) == [w2]
     # ... and a re-run replaces the half-written window: the same rows, once.
     again = ingest.ingest_window(spark, lake, cluster.registry_addr, *w2)
     assert again.rows == lake_in_order["results"][1].rows and not again.replaced

@@ -16,8 +16,7 @@ from binlake.lake.pumps.pump_pull import pull_resumable
 from binlake.lake.pumps.read_options import ReadOptions
 from binlake.lake.pumps.window_index import WindowIndex, _splits
 from binlake.lake.sparkenv.spark_errors import binlake_error
-from binlake.lake.store import location
-from binlake.lake.store import location as lake_location
+from binlake.lake.store import ledger, location
 from binlake.proto import binlog_pb2
 from binlake.sql import schema as sc
 from binlake.sql.schema import ColumnDef, new_table
@@ -30,11 +29,11 @@ def w(s: int, e: int) -> dict[str, int]:
 
 
 def test_uncovered_ranges() -> None:
-    assert ingest.uncovered([], 0, 100) == [(0, 100)]
-    assert ingest.uncovered([w(10, 20), w(30, 40)], 0, 100) == [(0, 10), (20, 30), (40, 100)]
-    assert ingest.uncovered([w(30, 40), w(0, 30)], 0, 35) == []
-    assert ingest.uncovered([w(0, 50)], 10, 20) == []
-    assert ingest.uncovered([w(60, 70)], 0, 50) == [(0, 50)]
+    assert ledger.uncovered([], 0, 100) == [(0, 100)]
+    assert ledger.uncovered([w(10, 20), w(30, 40)], 0, 100) == [(0, 10), (20, 30), (40, 100)]
+    assert ledger.uncovered([w(30, 40), w(0, 30)], 0, 35) == []
+    assert ledger.uncovered([w(0, 50)], 10, 20) == []
+    assert ledger.uncovered([w(60, 70)], 0, 50) == [(0, 50)]
 
 
 def test_overlap_rules() -> None:
@@ -122,10 +121,10 @@ def test_window_predicate_bounds_the_partitions() -> None:
 
 
 def test_lake_paths_and_argument_checks(tmp_path: object) -> None:
-    assert lake_location.table_path("s3a://bucket/lake/", "changes") == "s3a://bucket/lake/changes"
-    assert lake_location.table_path("/data/lake", "windows") == "/data/lake/windows"
+    assert location.table_path("s3a://bucket/lake/", "changes") == "s3a://bucket/lake/changes"
+    assert location.table_path("/data/lake", "windows") == "/data/lake/windows"
     with pytest.raises(ValueError, match="unknown lake table"):
-        lake_location.table_path("/data/lake", "snapshots")
+        location.table_path("/data/lake", "snapshots")
     with pytest.raises(errors.InvalidArgument, match="lake must be"):
         location.check_lake("  ")
     with pytest.raises(TypeError, match="SparkSession"):

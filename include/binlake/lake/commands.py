@@ -1,6 +1,6 @@
 """``binlake ingest`` and ``binlake lake ...``: the lake from the command line.
 
-Each command builds the one SparkSession (``lake.spark.build_spark``) in this
+Each command builds the one SparkSession (``lake.sparkenv.session.build_spark``) in this
 process. Spark's own console output is turned down so that a refused window
 prints one clear line (the CLI's ``binlake <cmd>: error: ...``), not a JVM
 stack trace.
@@ -92,11 +92,10 @@ def _fmt_ts(ts: int) -> str:
 def existing_lake(lake: str) -> None:
     """A local lake must be a directory that exists; an S3 lake's bucket must answer
     the configured endpoint and keys (other URIs are Spark's to resolve)."""
-    from binlake.lake.store import location
-    from binlake.lake.store import s3 as lake_s3
+    from binlake.lake.store import location, s3
 
     if location.parse(lake, "--lake").is_s3:
-        lake_s3.probe(lake)
+        s3.probe(lake)
     if "://" not in lake and not os.path.isdir(lake):
         what = "is a file" if os.path.exists(lake) else "does not exist"
         raise errors.InvalidArgument(f"--lake {lake} {what}: give the lake directory an ingest wrote")
@@ -106,11 +105,10 @@ def writable_lake(lake: str) -> None:
     """A local lake must be a directory, or creatable under a writable one; an S3
     lake's bucket must answer the configured endpoint and keys (checked before a JVM
     starts, so nothing is written with settings that cannot work)."""
-    from binlake.lake.store import location
-    from binlake.lake.store import s3 as lake_s3
+    from binlake.lake.store import location, s3
 
     if location.parse(lake, "--lake").is_s3:
-        lake_s3.probe(lake)
+        s3.probe(lake)
     if "://" in lake:
         return
     path = os.path.abspath(lake)

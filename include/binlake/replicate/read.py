@@ -93,7 +93,7 @@ class LakeReader:
             rows = lake_ledger.read_windows(self.spark, self.lake)
         else:
             rows = sorted(table.to_pylist(), key=lambda w: (int(w["start_ts"]), int(w["end_ts"])))
-            # One row per window, as ingest.read_windows gives (a ledger row committed
+            # One row per window, as ledger.read_windows gives (a ledger row committed
             # twice by a lost client's attempt and its retry is the same window).
             rows = list({(int(w["start_ts"]), int(w["end_ts"])): w for w in rows}.values())
         return [w for w in rows if w.get("status", "done") == "done"]

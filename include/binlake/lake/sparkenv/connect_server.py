@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 
 from binlake import errors
 from binlake.lake import s3settings
-from binlake.lake import s3settings as lake_s3settings
 from binlake.lake.sparkenv.connect import DEFAULT_PORT
 from binlake.lake.sparkenv.session import LAKE_CONF, check_master, delta_jars
 
@@ -65,7 +64,7 @@ def server_conf(port: int, extra: Mapping[str, str] | None = None) -> dict[str, 
         "spark.connect.session.manager.defaultSessionTimeout": "10m",
         **LAKE_CONF,
         # An S3 lake's endpoint and addressing (its keys come through server_env).
-        **lake_s3settings.spark_conf(),
+        **s3settings.spark_conf(),
     }
     conf.update(extra or {})
     return conf
