@@ -8,6 +8,7 @@ import argparse
 import pytest
 
 from binlake import errors, tso
+from binlake.cli.args import window_args
 from binlake.lake import commands, ingest
 from binlake.lake.decoding.schema_history import SchemaHistory
 from binlake.lake.pumps import pump_pull
@@ -139,13 +140,13 @@ def test_cli_window_arguments() -> None:
     def ns(**kw: object) -> argparse.Namespace:
         return argparse.Namespace(**{"start_ts": None, "end_ts": None, "start": None, "end": None, **kw})
 
-    assert commands.window_args(ns(start_ts=1, end=5)) == (1, 5)
+    assert window_args(ns(start_ts=1, end=5)) == (1, 5)
     with pytest.raises(errors.InvalidArgument, match="once"):
-        commands.window_args(ns(start_ts=1, start=2, end_ts=5))
+        window_args(ns(start_ts=1, start=2, end_ts=5))
     with pytest.raises(errors.InvalidArgument, match="needs a start"):
-        commands.window_args(ns(end_ts=5))
+        window_args(ns(end_ts=5))
     with pytest.raises(errors.InvalidArgument, match="empty"):
-        commands.window_args(ns(start_ts=5, end_ts=5))
+        window_args(ns(start_ts=5, end_ts=5))
     assert commands.pump_list(" a, b ,") == ["a", "b"] and commands.pump_list(None) is None
     with pytest.raises(errors.InvalidArgument, match="at least one"):
         commands.pump_list(",")

@@ -11,8 +11,8 @@ from typing import Any
 from google.protobuf import json_format
 
 from binlake import errors, tso
+from binlake.cli.args import window_args
 from binlake.client.reader import pull_pump, pull_window
-from binlake.lake.commands import window_args
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord, NodeState

@@ -18,23 +18,9 @@ import time
 from typing import Any
 
 from binlake import errors, tso
+from binlake.cli.args import window_args
 from binlake.lake.sparkenv.session import command_session
 from binlake.lake.sparkenv.spark_errors import command_error
-
-
-def window_args(args: argparse.Namespace) -> tuple[int, int]:
-    """The window of ``--start-ts/--end-ts`` or ``--start/--end`` (exactly one form each)."""
-    if args.start_ts is not None and args.start is not None:
-        raise errors.InvalidArgument("give the window start once: --start-ts or --start, not both")
-    if args.end_ts is not None and args.end is not None:
-        raise errors.InvalidArgument("give the window end once: --end-ts or --end, not both")
-    start = args.start_ts if args.start_ts is not None else args.start
-    end = args.end_ts if args.end_ts is not None else args.end
-    if start is None or end is None:
-        raise errors.InvalidArgument("a window needs a start (--start-ts or --start) and an end (--end-ts or --end)")
-    if start >= end:
-        raise errors.InvalidArgument(f"window [{start}, {end}) is empty: the start must be before the end")
-    return start, end
 
 
 def pump_list(text: str | None) -> list[str] | None:
