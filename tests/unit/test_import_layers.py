@@ -54,3 +54,13 @@ def test_production_code_importing_the_test_tooling_breaks_the_contract(tmp_path
     assert done.returncode != 0, done.stdout[-4000:]
     assert "binlake.testing is test tooling: no production module imports it BROKEN" in done.stdout
     assert "binlake.stack.supervisor -> binlake.testing.devcluster" in done.stdout
+
+
+def test_a_new_module_must_be_placed_in_a_layer(tmp_path: pathlib.Path) -> None:
+    copy = tmp_path / "src" / "binlake"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(CHECKOUT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (copy / "unplaced.py").write_text('"""A module no layer names."""\n')
+    done = _lint_imports(copy.parent, tmp_path)
+    assert done.returncode != 0, done.stdout[-4000:]
+    assert "binlake.unplaced" in done.stdout + done.stderr
