@@ -7,7 +7,7 @@ Credentials and endpoint come from, in this order: the ``AWS_*`` environment
 never taken from a command line and never logged (``S3Settings.__repr__`` hides
 the secret; Spark redacts ``fs.s3a.*key`` confs).
 
-Pure translations, no I/O: the Hadoop ``fs.s3a.*`` confs for Spark
+Past reading the settings, translations without I/O: the Hadoop ``fs.s3a.*`` confs for Spark
 (``hadoop_conf``, ``spark_conf``), the ``AWS_*`` environment of a child process
 (``aws_env``) and the ``storage_options`` of delta-rs. Below both the Spark
 sessions (``binlake.lake.sparkenv``) and the store (``binlake.lake.store``),

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from binlake.lake.sparkenv import connect
 from binlake.lake.sparkenv.session import configure_spark
-from binlake.lake.store import arrowread
 from binlake.lake.store.location import WINDOWS, table_path
 
 if TYPE_CHECKING:
@@ -34,6 +33,9 @@ def read_windows(spark: SparkSession, lake: str) -> list[dict[str, Any]]:
 
     A local lake's ledger is read in this process (``arrowread.small_table_rows``);
     elsewhere, or when delta-rs cannot read it, through Spark."""
+    # pyarrow and delta-rs are imported when a ledger is read, not with this module.
+    from binlake.lake.store import arrowread
+
     path = table_path(lake, WINDOWS)
     if not is_delta(spark, path):
         return []
