@@ -1038,7 +1038,7 @@ static PyObject *get_row(PyObject *rows, Py_ssize_t i) {
 /* The images can also go straight into Arrow's string layout instead of one str
  * each: per column an int32 offsets buffer (rows + 1 entries, starting at 0), the
  * UTF-8 text back to back, and a validity bitmap (bit i set: row i is not null,
- * least significant bit first). binlake.lake.pumps.datasource wraps them with
+ * least significant bit first). binlake.lake.pump_source wraps them with
  * pyarrow.Array.from_buffers, so the text is never turned into Python objects at
  * all (making those str and converting them back to UTF-8 for Arrow cost about as
  * much as decoding). The four columns are the change rows' op, keys, before and
