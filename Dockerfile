@@ -13,7 +13,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
  && rm -rf /var/lib/apt/lists/*
 
-# gcc builds binlake's C extensions (binlake.lake._imagec, binlake.source.mysql._rowsc and _framec,
+# gcc builds binlake's C extensions (binlake.lake.decoding._imagec, binlake.source.mysql._rowsc and _framec,
 # binlake.source.postgres._pgoutc) during setup.
 FROM base AS build
 RUN apt-get update \

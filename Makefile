@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.binlake-setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py include/binlake/lake/_imagec.c include/binlake/source/mysql/_rowsc.c include/binlake/source/mysql/_framec.c include/binlake/source/postgres/_pgoutc.c constraints.txt jars/pom.xml scripts/setup.sh
+$(STAMP): pyproject.toml setup.py include/binlake/lake/decoding/_imagec.c include/binlake/source/mysql/_rowsc.c include/binlake/source/mysql/_framec.c include/binlake/source/postgres/_pgoutc.c constraints.txt jars/pom.xml scripts/setup.sh
 	PY=$(PY) bash scripts/setup.sh
 	@touch $(STAMP)
 
@@ -46,6 +46,7 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check include tests dags plugins jobs scripts bench
+	$(BIN)/lint-imports
 	$(BIN)/python scripts/gen_proto.py --check
 
 # mypy --strict on the packages [tool.mypy] files lists in pyproject.toml (the CI gate).

@@ -1,7 +1,7 @@
 """Build of binlake's C extensions; everything else is in pyproject.toml.
 
-``binlake.lake._imagec`` is the native image-JSON decoder that
-``binlake.lake.decode`` uses when it imports; ``source.mysql._rowsc`` decodes
+``binlake.lake.decoding._imagec`` is the native image-JSON decoder that
+``binlake.lake.decoding.decode`` uses when it imports; ``source.mysql._rowsc`` decodes
 row-event bodies and ``source.mysql._framec`` frames the replication stream
 for the MySQL/MariaDB source; ``source.postgres._pgoutc`` decodes pgoutput
 tuples for the PostgreSQL source. Each has an identical pure-Python path used
@@ -37,7 +37,7 @@ def Extension(name: str, **kwargs: Any) -> _Extension:
 
 setup(
     ext_modules=[
-        Extension("binlake.lake._imagec", sources=["include/binlake/lake/_imagec.c"], optional=True),
+        Extension("binlake.lake.decoding._imagec", sources=["include/binlake/lake/decoding/_imagec.c"], optional=True),
         Extension("binlake.source.mysql._rowsc", sources=["include/binlake/source/mysql/_rowsc.c"], optional=True),
         Extension("binlake.source.mysql._framec", sources=["include/binlake/source/mysql/_framec.c"], optional=True),
         Extension("binlake.source.postgres._pgoutc", sources=["include/binlake/source/postgres/_pgoutc.c"],

@@ -95,7 +95,9 @@ def write_lake(spark: Any, lake: str, changes: list[Any], windows: int
     import pyarrow as pa
 
     from binlake import tso
-    from binlake.lake import decode, ingest
+    from binlake.lake import ingest
+    from binlake.lake.decoding import decode
+    from binlake.lake.store import location
     from binlake.sql import schema as sc
 
     info = sc.new_table(100, "main", TABLE, [sc.ColumnDef("id", "int", False), sc.ColumnDef("k", "int"),
@@ -107,7 +109,7 @@ def write_lake(spark: Any, lake: str, changes: list[Any], windows: int
            "table_id": 100, "previous_table_id": 0, "dropped": False, "query": f"CREATE TABLE {TABLE} (...)",
            "table_info": info.SerializeToString(), "table_json": decode.table_json(info)}
     spark.createDataFrame([ddl], decode.DDL_HISTORY_DDL).write.format("delta").mode("overwrite").save(
-        ingest.table_path(lake, ingest.DDL_HISTORY))
+        location.table_path(lake, location.DDL_HISTORY))
     cols: dict[str, list[Any]] = {name: [] for name, _ in decode.CHANGE_COLUMNS}
     step = 1 << 18  # one transaction per millisecond
     for i, (op, before, after) in enumerate(changes):
@@ -133,14 +135,14 @@ def write_lake(spark: Any, lake: str, changes: list[Any], windows: int
         upto = bisect.bisect_left(ts_list, b, lo=at)
         df = spark.createDataFrame(table.slice(at, upto - at), decode.CHANGES_DDL)
         df.write.format("delta").mode("overwrite" if a == base else "append").partitionBy("commit_date").save(
-            ingest.table_path(lake, ingest.CHANGES))
+            location.table_path(lake, location.CHANGES))
         count = upto - at
         at = upto
         counts.append(count)
         rows.append((a, b, ["pump1"], {"pump1": count}, {f"main.{TABLE}:x": count}, count // TXN, count,
                      1 if a <= create_ts < b else 0, "done", dt.datetime(2026, 11, 20, 9, 0)))
     spark.createDataFrame(rows, ingest.WINDOWS_DDL).write.format("delta").mode("overwrite").save(
-        ingest.table_path(lake, ingest.WINDOWS))
+        location.table_path(lake, location.WINDOWS))
     return bounds, info, counts
 
 
@@ -292,10 +294,10 @@ def main(args: argparse.Namespace | None = None) -> int:
     if not set(targets) <= {"postgresql", "sqlite"} or not set(modes) <= {"consistent", "parallel"}:
         print("bench apply: --targets from postgresql,sqlite; --modes from consistent,parallel", file=sys.stderr)
         return 2
-    from binlake.lake import decode
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.decoding import decode
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
     from binlake.replicate import read, runner, task
-    from binlake.testing.devdb import LocalPostgres
+    from binlake.stack.localdb import LocalPostgres
 
     root = Path(tempfile.mkdtemp(prefix="apply-bench-"))
     pg = None
@@ -318,10 +320,10 @@ def main(args: argparse.Namespace | None = None) -> int:
             runs["sqlite"] = (small_lake, small, small_final, small_counts)
             print(f"sqlite lake written: {sqlite_n:,} row changes, {len(small_final):,} final rows", flush=True)
         # Warm the JVM (classes, Delta's log reader) so the first measured case is not charged for it.
-        from binlake.lake import ingest
+        from binlake.lake.store import ledger, location
 
-        ingest.read_windows(spark, lake)
-        spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES)).count()
+        ledger.read_windows(spark, lake)
+        spark.read.format("delta").load(location.table_path(lake, location.CHANGES)).count()
         # ... and the apply's own read path (ddl_history, a window handed over as Arrow): the
         # first window into a scratch SQLite database, then the first read's worth of windows
         # handed over twice more (the JIT compiles the Parquet and Arrow paths), not measured.

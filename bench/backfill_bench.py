@@ -233,7 +233,7 @@ def _report_ledger(lake: pathlib.Path, first: dt.datetime, last: dt.datetime) ->
     """What the lake's ledger holds of the backfilled windows (read here with delta-rs):
     one row per window, and the row changes they hold."""
     from binlake import tso
-    from binlake.lake import arrowread, location
+    from binlake.lake.store import arrowread, location
 
     rows = arrowread.small_table_rows(location.table_path(str(lake), location.WINDOWS),
                                       ["start_ts", "end_ts", "rows"]) or []

@@ -4,7 +4,7 @@
 Setup: a registry and two Pumps as processes, ROWS row changes written to them
 with the Pump API (``ingest_bench.produce``) for each window the runs need, an
 empty window of EMPTY_S seconds after them, and one Spark Connect server
-started as ``binlake up`` starts it (``binlake.lake.connect_server``). Then,
+started as ``binlake up`` starts it (``binlake.lake.sparkenv.connect_server``). Then,
 RUNS times, alternating, for the empty window, the first ROWS window (which
 holds the table's DDL) re-ingested into the same lake (the lake exists, the
 window replaces itself) and a ROWS window new to the lake each time (what a
@@ -59,8 +59,8 @@ print(json.dumps(ingest_tasks.ingest_window_task(json.loads(sys.argv[1]), progre
 
 
 def _spark_submit_args(window: dict[str, Any]) -> list[str]:
-    from binlake.lake.connect_server import spark_submit
-    from binlake.lake.spark import delta_jars
+    from binlake.lake.sparkenv.connect_server import spark_submit
+    from binlake.lake.sparkenv.session import delta_jars
 
     return [spark_submit(), "--master", "local[*]", "--jars", ",".join(str(p) for p in delta_jars()),
             "--conf", f"spark.pyspark.python={sys.executable}", "--conf", f"spark.pyspark.driver.python={sys.executable}",
@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     from ingest_bench import _wait_safe, produce
 
     from binlake import tso
-    from binlake.lake import connect
-    from binlake.lake.connect_server import ConnectServer, server_env
     from binlake.lake.ingest import ingest_window
+    from binlake.lake.sparkenv import connect
+    from binlake.lake.sparkenv.connect_server import ConnectServer, server_env
     from binlake.testing.devcluster import DevCluster, free_port
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="connect-bench-"))
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 def _cuts(cluster: Any, made: dict[str, Any], rows: int) -> list[int]:
     """Window bounds over the produced transactions, a window every ``rows`` row
     changes (cut at transaction bounds: the planning scan's per-mutation counts)."""
-    from binlake.lake.window_index import index_window
+    from binlake.lake.pumps.window_index import index_window
 
     index = index_window(cluster.pump_addrs, made["start_ts"], made["end_ts"])
     per_ts: dict[int, int] = {}

@@ -22,9 +22,9 @@ import sys
 import time
 
 from binlake import codec, tso
-from binlake.lake.change_decoder import ChangeDecoder
-from binlake.lake.native import native_available
-from binlake.lake.schema_history import SchemaHistory
+from binlake.lake.decoding.change_decoder import ChangeDecoder
+from binlake.lake.decoding.native import native_available
+from binlake.lake.decoding.schema_history import SchemaHistory
 from binlake.proto import binlog_pb2
 
 ROWS_PER_TXN = 10
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows < ROWS_PER_TXN or args.runs < 1:
         parser.error(f"--rows must be at least {ROWS_PER_TXN} and --runs at least 1")
     if not native_available():
-        print("the C decoder (binlake.lake._imagec) is not built: make setup", file=sys.stderr)
+        print("the C decoder (binlake.lake.decoding._imagec) is not built: make setup", file=sys.stderr)
         return 2
     txns = transactions(args.rows)
     history = SchemaHistory.from_tables([_table()])

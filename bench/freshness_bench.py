@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     fresh, ingest = [], []
     # The row changes each window holds, from the lake's own ledger (read here with delta-rs).
     from binlake import tso
-    from binlake.lake import arrowread, location
+    from binlake.lake.store import arrowread, location
 
     ledger = arrowread.small_table_rows(location.table_path(str(root / "state" / "lake"), location.WINDOWS),
                                         ["end_ts", "rows"]) or []

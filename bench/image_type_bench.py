@@ -40,9 +40,9 @@ def make_rows(rows: int, path: pathlib.Path) -> None:
     from ingest_bench import POOL, RowFactory, bench_table
 
     from binlake import tso
-    from binlake.lake.arrow_batches import changes_batch
-    from binlake.lake.change_decoder import ChangeDecoder
-    from binlake.lake.schema_history import SchemaHistory
+    from binlake.lake.decoding.arrow_batches import changes_batch
+    from binlake.lake.decoding.change_decoder import ChangeDecoder
+    from binlake.lake.decoding.schema_history import SchemaHistory
     from binlake.proto import binlog_pb2
 
     table = bench_table()
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from pyspark.sql import functions as F
 
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="image-type-", dir=ROOT / "bench"))
     try:

@@ -29,7 +29,7 @@ reported beside the local-disk ingest of the same run (ratio S3/local).
 
 ``--decode-only`` measures just the decoding step instead (no Pumps, no Spark):
 CPU time of ``ChangeDecoder.add`` per row change on the same rows, with the
-pure-Python path and with the native extension (``binlake.lake._imagec``),
+pure-Python path and with the native extension (``binlake.lake.decoding._imagec``),
 alone and followed by the Arrow batch the data source builds. CPU time
 (``time.process_time``), best of ``--runs``, so other load on the machine
 matters less than for wall-clock figures.
@@ -283,10 +283,10 @@ class PeakRSS:
 def decode_only(args: argparse.Namespace) -> int:
     """``--decode-only``: CPU µs per row change of ChangeDecoder.add (and of add +
     the Arrow batch), Python path vs native, on the benchmark's own rows."""
-    from binlake.lake.arrow_batches import BATCH_ROWS, changes_batch
-    from binlake.lake.change_decoder import ChangeDecoder
-    from binlake.lake.native import native_available, native_import_error
-    from binlake.lake.schema_history import SchemaHistory
+    from binlake.lake.decoding.arrow_batches import BATCH_ROWS, changes_batch
+    from binlake.lake.decoding.change_decoder import ChangeDecoder
+    from binlake.lake.decoding.native import native_available, native_import_error
+    from binlake.lake.decoding.schema_history import SchemaHistory
     from binlake.proto import binlog_pb2
     from binlake.tso import compose
 
@@ -372,7 +372,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     if getattr(args, "decode_only", False):
         return decode_only(args)
     from binlake.lake.ingest import ingest_window
-    from binlake.lake.spark import build_spark
+    from binlake.lake.sparkenv.session import build_spark
     from binlake.testing.devcluster import DevCluster
 
     base = pathlib.Path(args.dir) if args.dir else ROOT / "bench"
@@ -383,7 +383,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     if s3_lake is not None:
         import os
 
-        from binlake.lake import location
+        from binlake.lake.store import location
+        from binlake.lake.store import s3 as lake_s3
 
         where = location.parse(s3_lake, "--lake")
         if not where.is_s3:
@@ -395,7 +396,7 @@ def main(args: argparse.Namespace | None = None) -> int:
 
             store = LocalS3(root / "seaweedfs", buckets=(str(where.bucket),)).start()
             os.environ.update(store.env())
-        location.probe(s3_lake)
+        lake_s3.probe(s3_lake)
     cluster = DevCluster(root / "cluster", pumps=3,
                          pump_args=["--stop-write-at-free-bytes", "0", "--fake-binlog-interval-s", "0.5"])
     s3_s: list[float] = []

@@ -67,9 +67,8 @@ def _mib(n: int) -> str:
 
 def naive_replay(spark: Any, lake: str, db_path: str) -> tuple[float, int]:
     """Changes in commit order, one statement each, into SQLite. Returns (seconds, changes)."""
-    from binlake.lake.ingest import CHANGES, table_path
-
     # Reading the changes out is not timed: only the apply, as Reparo's would be.
+    from binlake.lake.store.location import CHANGES, table_path
     src = pathlib.Path(db_path).with_suffix(".changes")
     spark.read.format("delta").load(table_path(lake, CHANGES)).select("commit_ts", "op", "after") \
         .orderBy("commit_ts").coalesce(1).write.mode("overwrite").json(str(src))
@@ -143,9 +142,9 @@ def many_tables(args: argparse.Namespace) -> int:
     """``--tables A,B,...``: the same rows over each count of tables (see the module doc)."""
     import uuid
 
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
     from binlake.restore import restore, synthetic
-    from binlake.testing.devdb import LocalPostgres
+    from binlake.stack.localdb import LocalPostgres
 
     counts = sorted({int(t) for t in str(args.tables).split(",") if t.strip()})
     rows = args.rows if args.rows != DEFAULT_ROWS else 20_000
@@ -222,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
 
     if getattr(args, "tables", None):
         return many_tables(args)
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
     from binlake.restore import history, restore, snapshot, synthetic
 
     if args.rows < 1 or args.changes < args.rows:
@@ -238,7 +237,8 @@ def main(args: argparse.Namespace) -> int:
         # The lake on S3 (restored tables still go to local --out directories).
         import os
 
-        from binlake.lake import location
+        from binlake.lake.store import location
+        from binlake.lake.store import s3 as lake_s3
 
         where = location.parse(s3_lake, "--lake")
         if getattr(args, "seaweedfs", False):
@@ -246,7 +246,7 @@ def main(args: argparse.Namespace) -> int:
 
             store = LocalS3(root / "seaweedfs", buckets=(str(where.bucket),)).start()
             os.environ.update(store.env())
-        location.probe(s3_lake)
+        lake_s3.probe(s3_lake)
     spark = build_spark("binlake-bench-restore", args.master, extra_conf=LAKE_CONF)
     spark.sparkContext.setLogLevel("ERROR")
     try:

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from binlake.pump.node import PumpNode
     from binlake.registry.server import RegistryServer
     from binlake.source.mysql.source import MySQLSource
-    from binlake.testing.devdb import LocalMariaDB
+    from binlake.stack.localdb import LocalMariaDB
 
     if not LocalMariaDB.available():
         print("MariaDB is not installed (apt-get install mariadb-server): nothing to measure", file=sys.stderr)

@@ -407,7 +407,7 @@ def _postgres(args: argparse.Namespace | None, seconds: float) -> int:
     upstream's rate in each case and the CPU per upstream transaction of each follower."""
     import psycopg
 
-    from binlake.testing.devdb import LocalPostgres
+    from binlake.stack.localdb import LocalPostgres
 
     tool = shutil.which("pg_recvlogical")
     if not LocalPostgres.available() or tool is None:
@@ -505,7 +505,7 @@ def _framing_only(args: argparse.Namespace | None, rows: int, per_txn: int) -> i
     from pymysqlreplication import BinLogStreamReader
 
     from binlake.source.mysql import framing
-    from binlake.testing.devdb import LocalMariaDB
+    from binlake.stack.localdb import LocalMariaDB
 
     if not LocalMariaDB.available() or not framing.available():
         print("MariaDB or the native framer (_framec) is missing: nothing to measure", file=sys.stderr)
@@ -612,7 +612,7 @@ def _pgoutput_only(rows: int) -> int:
 
 
 def main(args: argparse.Namespace | None = None) -> int:
-    from binlake.testing.devdb import LocalMariaDB
+    from binlake.stack.localdb import LocalMariaDB
 
     rows = int(getattr(args, "rows", 1_000_000))
     per_txn = int(getattr(args, "rows_per_txn", 1000))

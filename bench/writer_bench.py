@@ -128,7 +128,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     if not clients or min(clients) < 1 or args.seconds <= 0:
         print("bench writer: --clients and --seconds must be positive", file=sys.stderr)
         return 2
-    from binlake.testing import devdb
+    from binlake.stack import localdb
     from binlake.testing.devcluster import DevCluster
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="writer-bench-", dir=ROOT / "bench"))
@@ -140,19 +140,19 @@ def main(args: argparse.Namespace | None = None) -> int:
         cluster.start()
         results += run_db("sqlite", f"sqlite:///{root}/plain.db", f"sqlite:///{root}/binlog.db",
                           cluster.registry_addr, clients, args.seconds)
-        if devdb.LocalPostgres.available():
+        if localdb.LocalPostgres.available():
             # PostgreSQL runs as its own user, who must be able to reach its dir.
             pg_root = pathlib.Path(tempfile.mkdtemp(prefix="writer-bench-pg-"))
             pg_root.chmod(0o755)
-            pg = devdb.LocalPostgres(pg_root / "pg").start()
+            pg = localdb.LocalPostgres(pg_root / "pg").start()
             results += run_db("postgresql", pg.create_database("plain"), pg.create_database("binlog"),
                               cluster.registry_addr, clients, args.seconds)
         else:
             print("  postgresql: server binaries not found; skipped (apt-get install postgresql)")
-        if devdb.LocalMariaDB.available():
+        if localdb.LocalMariaDB.available():
             my_root = pathlib.Path(tempfile.mkdtemp(prefix="writer-bench-my-"))
             my_root.chmod(0o755)
-            my = devdb.LocalMariaDB(my_root / "my").start()
+            my = localdb.LocalMariaDB(my_root / "my").start()
             results += run_db("mariadb", my.create_database("plain"), my.create_database("binlog"),
                               cluster.registry_addr, clients, args.seconds)
         else:

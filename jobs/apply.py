@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from binlake import errors
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
     from binlake.replicate import report, runner, task
 
     try:

@@ -2,7 +2,7 @@
 
     spark-submit jobs/ingest.py --start-ts A --end-ts B --lake PATH --registry HOST:PORT [--pumps p1,p2]
 
-Argument parsing, one SparkSession (``binlake.lake.spark.build_spark``), one
+Argument parsing, one SparkSession (``binlake.lake.sparkenv.session.build_spark``), one
 call to ``binlake.lake.ingest.ingest_window``; the result is printed as one
 JSON line (last line of stdout). A refused window exits with its message on
 stderr and status 3 when no retry can help (below a Pump's GC ts, overlapping
@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, every one checked before a JVM starts (a mistake: one line, exit 2)."""
     from binlake import errors, net
     from binlake.lake.commands import pump_list, writable_lake
-    from binlake.lake.spark import check_master
+    from binlake.lake.sparkenv.session import check_master
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from binlake import errors
     from binlake.lake.commands import pump_list
     from binlake.lake.ingest import ingest_window
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
 
     try:
         spark = build_spark("binlake-ingest", args.master, extra_conf=LAKE_CONF)

@@ -443,7 +443,9 @@ def dag_runs(spec: dict[str, Any]) -> int:
     from airflow.dag_processing.dagbag import DagBag
 
     from binlake.lake import ingest
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
+    from binlake.lake.store import ledger as lake_ledger
+    from binlake.lake.store import location
 
     results = pathlib.Path(spec["results"])
 
@@ -478,13 +480,13 @@ def dag_runs(spec: dict[str, Any]) -> int:
 
     windows = [{"start_ts": w["start_ts"], "end_ts": w["end_ts"], "start": hm(w["start_ts"]), "end": hm(w["end_ts"]),
                 "txns": w["txns"], "ddls": w["ddls"], "rows": w["rows"],
-                "rows_per_table_op": dict(w["rows_per_table_op"])} for w in ingest.read_windows(spark, lake)]
+                "rows_per_table_op": dict(w["rows_per_table_op"])} for w in lake_ledger.read_windows(spark, lake)]
 
     def changes() -> Any:
-        return spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES))
+        return spark.read.format("delta").load(location.table_path(lake, location.CHANGES))
 
     in_lake = changes().count()
-    ddls = spark.read.format("delta").load(ingest.table_path(lake, ingest.DDL_HISTORY)).where(
+    ddls = spark.read.format("delta").load(location.table_path(lake, location.DDL_HISTORY)).where(
         f"commit_ts >= {int(spec['since_ts'])}").count()
     # Idempotence: the middle window again; its rows must come out the same.
     mid = windows[len(windows) // 2]

@@ -29,9 +29,9 @@ from typing import Any
 
 from binlake import errors
 from binlake.client.reader import pull_window
-from binlake.lake.pump_check import plan_read
+from binlake.lake.pumps.pump_check import plan_read
 from binlake.registry.client import RegistryClient
-from binlake.replication import min_acks_for_window
+from binlake.registry.replicas import min_acks_for_window
 from binlake.testing.devcluster import DevCluster
 
 VICTIM = "pump3"
@@ -95,7 +95,7 @@ _MARK = "ACT7 "
 def _ingest_child(registry: str, lake: str) -> int:
     """The Ingester's process: one line ``START END`` in, one marked JSON line out."""
     from binlake.lake import ingest
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
 
     spark = build_spark("binlake-demo-act7", "local[2]", shuffle_partitions=2, extra_conf=LAKE_CONF)
     for line in sys.stdin:

@@ -73,7 +73,7 @@ class Capture:
 
 def act4(root: pathlib.Path, capture: Capture) -> int:
     from binlake import tso
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
     from binlake.restore import checks, restore
     from binlake.sql import checksum
 

@@ -56,7 +56,7 @@ def act_sources(cluster: Any, root: pathlib.Path) -> int:
     from binlake.registry.client import RegistryClient
     from binlake.source.replay import Replay
     from binlake.sql import checksum
-    from binlake.testing.devdb import LocalMariaDB
+    from binlake.stack.localdb import LocalMariaDB
 
     if not LocalMariaDB.available():
         _say("act 6 skipped: MariaDB is not installed (apt-get install mariadb-server)")

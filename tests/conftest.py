@@ -61,7 +61,7 @@ def spark() -> Iterator[SparkSession]:
     loaded cores, so every suite (spark, dags, replicate, restore) reuses this one.
     Code under test that calls ``build_spark`` (Airflow tasks run in-process by
     ``dag.test``, the CLI's handlers) gets it too, through ``getOrCreate``."""
-    from binlake.lake.spark import build_spark
+    from binlake.lake.sparkenv.session import build_spark
 
     # This JVM lives for the whole run: it keeps the full JIT, so it is started
     # without the children's spark-defaults.conf (pyspark launches it through

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from binlake.testing.devdb import LocalMariaDB, LocalPostgres
+from binlake.stack.localdb import LocalMariaDB, LocalPostgres
 
 UPSTREAMS = ("sqlite", "postgresql", "mariadb")
 

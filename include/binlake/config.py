@@ -8,6 +8,7 @@ A TOML file has one table per component (``[registry]``, ``[pump]``,
 from __future__ import annotations
 
 import pathlib
+import re
 import tomllib
 from typing import Any, Literal, TypeVar
 
@@ -272,6 +273,12 @@ class PathSettings(BaseSettings):
         return self.bench_dir or CHECKOUT / "bench"
 
 
+# Spark's master URL forms (a typo would otherwise surface only after a JVM start);
+# binlake.lake.sparkenv.session checks a master given on a command line with it too.
+MASTER_PATTERN = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
+                            r"(spark|k8s|mesos|sc)://\S+)$")
+
+
 class SparkSettings(BaseSettings):
     """Where binlake's Spark jobs run (the CLI's lake commands, jobs/ingest.py and
     jobs/apply.py, the DAGs' in-process sessions and spark-submit ingests)."""
@@ -290,8 +297,6 @@ class SparkSettings(BaseSettings):
     def _master(cls, v: str | None) -> str | None:
         if v is None or not v.strip():
             return None
-        from binlake.lake.spark import MASTER_PATTERN
-
         if not MASTER_PATTERN.match(v.strip()):
             raise ValueError(f"{v!r} is not a Spark master URL (local[N], spark://HOST:PORT, yarn, k8s://URL)")
         return v.strip()

@@ -259,7 +259,7 @@ def ingest_mode() -> str:
 def spark_remote() -> str | None:
     """The always-on Spark Connect server, ``sc://HOST:PORT`` (Variable
     ``binlake_spark_remote``, env ``BINLAKE_SPARK_REMOTE``); None when there is none."""
-    from binlake.lake.connect import check_remote
+    from binlake.lake.sparkenv.connect import check_remote
 
     return _checked_setting("binlake_spark_remote", "BINLAKE_SPARK_REMOTE", check_remote)
 
@@ -269,7 +269,7 @@ def spark_master() -> str | None:
     ``BINLAKE_SPARK_MASTER``): in-process sessions, and spark-submit ingests, where it
     wins over the ``spark_default`` connection (``spark://HOST:PORT`` for a standalone
     cluster). None: in-process sessions run ``local[*]``, spark-submit the connection's."""
-    from binlake.lake.spark import check_master
+    from binlake.lake.sparkenv.session import check_master
 
     return _checked_setting("binlake_spark_master", "BINLAKE_SPARK_MASTER", check_master)
 
@@ -421,7 +421,7 @@ def ingest_max_active_runs(text: str | None = None) -> int:
     cores are busy. ``airflow backfill create --max-active-runs`` overrides it per backfill.
 
     On S3 too, in every ingest mode: the runs' Delta writes take turns through the
-    lake's writer lease (``binlake.lake.writelock``), whichever driver makes them."""
+    lake's writer lease (``binlake.lake.store.writelock``), whichever driver makes them."""
     raw = (text if text is not None else os.environ.get(MAX_ACTIVE_RUNS_ENV, "")).strip()
     if not raw:
         return DEFAULT_MAX_ACTIVE_RUNS

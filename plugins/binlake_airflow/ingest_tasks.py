@@ -72,7 +72,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
     windows of the following runs a batch may take (``following``).
     """
     from binlake import errors, tso
-    from binlake.lake import planner
+    from binlake.lake.pumps import planner
 
     if data_interval_start is None or data_interval_end is None:
         raise AirflowFailException(
@@ -94,7 +94,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         raise AirflowFailException(str(exc)) from None
     # Several runs at once are safe on an S3 lake too, in every mode (and however many
     # `airflow backfill create --max-active-runs` asks for): each run's Delta writes
-    # take the lake's writer lease (binlake.lake.writelock), so drivers on any host
+    # take the lake's writer lease (binlake.lake.store.writelock), so drivers on any host
     # commit in turn; the reads and the Pumps' scans still overlap.
     try:
         wp = planner.plan_window(registry, start_ts, end_ts)
@@ -129,7 +129,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         "batch_max_rows": batch_max_rows,
     }
     if mode == config.SPARK_SUBMIT:
-        from binlake.lake.spark import delta_jars
+        from binlake.lake.sparkenv.session import delta_jars
 
         try:
             result["jars"] = ",".join(str(p) for p in delta_jars())
@@ -160,8 +160,8 @@ def _session(window: Mapping[str, Any]) -> tuple[Any, bool, str | None]:
     """(session, whether this task owns it, the Connect URL if any) for the run's mode."""
     from pyspark.sql import SparkSession
 
-    from binlake.lake import connect
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv import connect
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
 
     name = f"binlake-ingest-{window['start_ts']}-{window['end_ts']}"
     if window.get("mode") == config.CONNECT:
@@ -196,8 +196,9 @@ def ingest_window_task(window: Mapping[str, Any], progress: Any = None,
     so the window ends up ingested exactly once.
     """
     from binlake import errors
-    from binlake.lake import connect
-    from binlake.lake.ingest import ingest_windows, read_windows
+    from binlake.lake.ingest import ingest_windows
+    from binlake.lake.sparkenv import connect
+    from binlake.lake.store.ledger import read_windows
 
     start_ts, end_ts = int(window["start_ts"]), int(window["end_ts"])
     # The plan task's settings (a run planned before they were passed reads them now).
@@ -291,8 +292,8 @@ def batch_windows(window: Mapping[str, Any], ledger: list[dict[str, Any]]) -> li
     it: consecutive from its end, none overlapping the ledger, each at or below
     every Pump's safe ts (asked now; none when a Pump does not answer)."""
     from binlake import errors
-    from binlake.lake.planner import plan_window
-    from binlake.lake.pump_check import pump_statuses
+    from binlake.lake.pumps.planner import plan_window
+    from binlake.lake.pumps.pump_check import pump_statuses
 
     following = [(int(a), int(b)) for a, b in window.get("following") or []]
     if not following:

@@ -88,7 +88,7 @@ class WaitForSafeTsOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from binlake import errors, tso
         from binlake.registry.client import RegistryClient
-        from binlake.replication import cluster_min_acks
+        from binlake.registry.replicas import cluster_min_acks
         from binlake_airflow import config
 
         start_ts, end_ts, pumps = self._window()

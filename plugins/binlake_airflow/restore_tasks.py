@@ -250,7 +250,7 @@ def _nothing_ingested(lake: str) -> bool:
 def snapshot_latest() -> dict[str, Any]:
     """A snapshot at the end of the ledger's contiguous windows (T = end - 1)."""
     from binlake import errors
-    from binlake.lake.ingest import read_windows
+    from binlake.lake.store.ledger import read_windows
     from binlake.restore import coverage, snapshot
 
     lake = maintenance_settings()["lake"]

@@ -29,7 +29,7 @@ def own_session(name: str) -> Iterator[Any]:
     process reuses and keeps the shared one)."""
     from pyspark.sql import SparkSession
 
-    from binlake.lake.spark import LAKE_CONF, build_spark
+    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
 
     owned = SparkSession.getActiveSession() is None
     spark = build_spark(name, master=config.spark_master(), extra_conf=LAKE_CONF)
@@ -45,7 +45,7 @@ def job_session(name: str) -> Iterator[Any]:
     """A Spark Connect session to the always-on Spark when one is set, else
     ``own_session``'s. A bad setting fails the task without retries; a server
     that does not answer fails it for a retry, with one line naming it."""
-    from binlake.lake import connect
+    from binlake.lake.sparkenv import connect
 
     try:
         remote = config.spark_remote()

@@ -82,7 +82,7 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
     stale), and up to W - 1 of those are skipped (``window.cluster_readiness``).
     """
     from binlake import tso
-    from binlake.lake.planner import pumps_for_window
+    from binlake.lake.pumps.planner import pumps_for_window
     from binlake.window import Readiness, Window, cluster_readiness, pump_views, readiness
 
     window_ts = Window(start_ts, end_ts)
@@ -111,12 +111,12 @@ def check_safe_ts(nodes: Iterable[NodeRecord], planned: Sequence[str], start_ts:
             )
     safe = {node_id: by_id[node_id].safe_ts for node_id in chosen}
     if min_acks is None:
-        from binlake.replication import cluster_min_acks
+        from binlake.registry.replicas import cluster_min_acks
 
         min_acks = cluster_min_acks(None)
     if min_acks > 1:
         if ask is None:
-            from binlake.lake.pump_check import reachable_answers
+            from binlake.lake.pumps.pump_check import reachable_answers
 
             ask = reachable_answers
         answered = ask([by_id[node_id] for node_id in chosen], start_ts, end_ts)
@@ -197,7 +197,7 @@ class SafeTsTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from binlake import errors
         from binlake.registry.client import RegistryClient
-        from binlake.replication import cluster_min_acks
+        from binlake.registry.replicas import cluster_min_acks
 
         client = RegistryClient(self.registry)
         last_log = 0.0

@@ -26,7 +26,9 @@ def _image(row: dict[str, Any]) -> str:
 def small_lake(spark: SparkSession, lake: str) -> tuple[Any, list[tuple[int, int]]]:
     """items(id, name): window 1 inserts 1..4, window 2 updates 2 and deletes 3."""
     from binlake import tso
-    from binlake.lake import decode, ingest
+    from binlake.lake import ingest
+    from binlake.lake.decoding import decode
+    from binlake.lake.store import location
     from binlake.sql import schema as sc
 
     info = sc.new_table(100, "main", "items", [sc.ColumnDef("id", "int", False), sc.ColumnDef("name", "string")],
@@ -37,7 +39,7 @@ def small_lake(spark: SparkSession, lake: str) -> tuple[Any, list[tuple[int, int
         "commit_ts": base + 1, "start_ts": base, "schema_version": 1, "db": "main", "tbl": "items", "table_id": 100,
         "previous_table_id": 0, "dropped": False, "query": "CREATE TABLE items", "table_info": info.SerializeToString(),
         "table_json": decode.table_json(info)}], decode.DDL_HISTORY_DDL).write.format("delta").save(
-        ingest.table_path(lake, ingest.DDL_HISTORY))
+        location.table_path(lake, location.DDL_HISTORY))
     changes = [(base + 2 * ms, "insert", None, {"id": i, "name": f"n{i}"}) for i in range(1, 5)]
     changes += [(base + 12 * ms, "update", {"id": 2, "name": "n2"}, {"id": 2, "name": "two"}),
                 (base + 13 * ms, "delete", {"id": 3, "name": "n3"}, None)]
@@ -46,12 +48,12 @@ def small_lake(spark: SparkSession, lake: str) -> tuple[Any, list[tuple[int, int
              "before": _image(b) if b else None, "after": _image(a) if a else None, "schema_version": 1,
              "pump": "pump1"} for i, (ts, op, b, a) in enumerate(changes)]
     spark.createDataFrame(rows, decode.CHANGES_DDL).write.format("delta").partitionBy("commit_date").save(
-        ingest.table_path(lake, ingest.CHANGES))
+        location.table_path(lake, location.CHANGES))
     windows = [(base, base + 10 * ms), (base + 10 * ms, base + 20 * ms)]
     spark.createDataFrame(
         [(a, b, ["pump1"], {"pump1": n}, {"main.items:x": n}, n, n, d, "done", dt.datetime(2026, 11, 20, 9))
          for (a, b), n, d in zip(windows, (4, 2), (1, 0), strict=True)],
-        ingest.WINDOWS_DDL).write.format("delta").save(ingest.table_path(lake, ingest.WINDOWS))
+        ingest.WINDOWS_DDL).write.format("delta").save(location.table_path(lake, location.WINDOWS))
     return info, windows
 
 

@@ -29,11 +29,15 @@ import pytest
 from pumpkit import free_port, wait_until
 
 from binlake import errors
-from binlake.lake import arrow_batches, connect, ingest, staging
-from binlake.lake.connect_server import ConnectServer
-from binlake.lake.planner import plan_window
-from binlake.lake.pump_check import check_pumps
-from binlake.lake.rows import CHANGES_DDL
+from binlake.lake import ingest
+from binlake.lake.decoding import arrow_batches
+from binlake.lake.decoding.rows import CHANGES_DDL
+from binlake.lake.pumps.planner import plan_window
+from binlake.lake.pumps.pump_check import check_pumps
+from binlake.lake.sparkenv import connect
+from binlake.lake.sparkenv.connect_server import ConnectServer
+from binlake.lake.store import ledger as lake_ledger
+from binlake.lake.store import location, staging
 from binlake.testing.devcluster import DevCluster
 from binlake.workload import plan as wplan
 from binlake.workload import run as wrun
@@ -99,7 +103,7 @@ def windows(cluster: DevCluster, upstream_url: str) -> list[tuple[int, int]]:
 
 
 def _count(spark: Any, lake: str, table: str, start_ts: int, end_ts: int, column: str = "commit_ts") -> int:
-    return int(spark.read.format("delta").load(ingest.table_path(lake, table))
+    return int(spark.read.format("delta").load(location.table_path(lake, table))
                .where(f"{column} >= {start_ts} AND {column} < {end_ts}").count())
 
 
@@ -115,9 +119,9 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
                    ingest.ingest_window(spark, lake, cluster.registry_addr, *windows[1])]
         assert sum(r.rows for r in results) > 0 and sum(r.ddls for r in results) > 0
         for r in results:
-            assert _count(spark, lake, ingest.CHANGES, r.start_ts, r.end_ts) == r.rows
-            assert _count(spark, lake, ingest.DDL_HISTORY, r.start_ts, r.end_ts) == r.ddls
-        ledger = ingest.read_windows(spark, lake)
+            assert _count(spark, lake, location.CHANGES, r.start_ts, r.end_ts) == r.rows
+            assert _count(spark, lake, location.DDL_HISTORY, r.start_ts, r.end_ts) == r.ddls
+        ledger = lake_ledger.read_windows(spark, lake)
         assert [(w["start_ts"], w["end_ts"], w["rows"]) for w in ledger] == [
             (r.start_ts, r.end_ts, r.rows) for r in results]
         # A re-run replaces the window: same rows, one ledger row; decoded here, the
@@ -133,10 +137,10 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         # server): the next attempt removes it and fences the table (a property change,
         # which fails every Delta transaction begun before it) before it looks.
         w, other = ingest._Window(*windows[1]), str(tmp_path / "other")
-        rows = spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES)).where(
+        rows = spark.read.format("delta").load(location.table_path(lake, location.CHANGES)).where(
             f"commit_ts >= {w.start_ts} AND commit_ts < {w.end_ts}")
         assert not ingest._may_append(other, w)  # no table yet: replace (which creates it)
-        ingest._write_rows(rows, ingest.table_path(other, ingest.CHANGES), w, append=False)
+        ingest._write_rows(rows, location.table_path(other, location.CHANGES), w, append=False)
         assert not ingest._may_append(other, w) and ingest._may_append(other, ingest._Window(*windows[0]))
         batches = rows.limit(5).toArrow().to_batches()
         with pytest.raises(RuntimeError), staging.arrow_frame(spark, other, batches, CHANGES_DDL,
@@ -146,10 +150,10 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         ingest._fence_earlier(spark, other, w, lambda: None)
         assert staging.left_over(other) == []
         props = {r[0]: r[1] for r in spark.sql(
-            f"SHOW TBLPROPERTIES delta.`{ingest.table_path(other, ingest.CHANGES)}`").collect()}
+            f"SHOW TBLPROPERTIES delta.`{location.table_path(other, location.CHANGES)}`").collect()}
         assert props[ingest.FENCE_PROPERTY].startswith(f"{w.start_ts}-{w.end_ts}-")
-        assert _count(spark, other, ingest.CHANGES, w.start_ts, w.end_ts) == results[1].rows
-        assert len(ingest.read_windows(spark, lake)) == 2
+        assert _count(spark, other, location.CHANGES, w.start_ts, w.end_ts) == results[1].rows
+        assert len(lake_ledger.read_windows(spark, lake)) == 2
         # The ddl_history merge (SQL MERGE: Delta's Python API needs a server plugin)
         # adds each DDL once, however often it is given.
         ddls, _lost = ingest._history_from_pumps(cluster.registry_addr, [(0, windows[-1][1])])
@@ -162,9 +166,9 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         from binlake.restore import maintenance
 
         done = maintenance.optimize_vacuum(spark, lake, 168)
-        assert {ingest.table_path(lake, t) for t in (ingest.CHANGES, ingest.WINDOWS)} <= set(done)
+        assert {location.table_path(lake, t) for t in (location.CHANGES, location.WINDOWS)} <= set(done)
         for r in results:
-            assert _count(spark, lake, ingest.CHANGES, r.start_ts, r.end_ts) == r.rows
+            assert _count(spark, lake, location.CHANGES, r.start_ts, r.end_ts) == r.rows
         # The maintenance snapshot and the restore (rebuild, load) are DataFrame and SQL
         # jobs: over Connect the restored target equals the upstream at the window end.
         from binlake.restore import restore, snapshot
@@ -195,10 +199,10 @@ def test_concurrent_windows_of_one_day_take_turns(server: ConnectServer, cluster
             results = list(pool.map(lambda sp: ingest.ingest_window(sp[0], lake, cluster.registry_addr, *sp[1]),
                                     zip(sessions, parts, strict=True)))
         assert not [r.getMessage() for r in caplog.records if "concurrent Delta commit" in r.getMessage()]
-        ledger = ingest.read_windows(sessions[0], lake)
+        ledger = lake_ledger.read_windows(sessions[0], lake)
         assert [(w["start_ts"], w["end_ts"], w["rows"]) for w in ledger] == [
             (r.start_ts, r.end_ts, r.rows) for r in results]
-        assert _count(sessions[0], lake, ingest.CHANGES, lo, hi) == sum(r.rows for r in results) > 0
+        assert _count(sessions[0], lake, location.CHANGES, lo, hi) == sum(r.rows for r in results) > 0
 
         # The same windows in one Spark job (a run's batch): one row per window in the
         # ledger, each exactly what the window's own ingest wrote, and the same rows.
@@ -208,13 +212,13 @@ def test_concurrent_windows_of_one_day_take_turns(server: ConnectServer, cluster
         # A run that started before that batch and reaches the write lock after it writes nothing.
         assert ingest.ingest_windows(sessions[0], batched, cluster.registry_addr, parts[:2], done_since=before) == []
         keys = ("start_ts", "end_ts", "pumps", "rows_per_pump", "rows_per_table_op", "txns", "rows", "ddls", "status")
-        assert [{k: w[k] for k in keys} for w in ingest.read_windows(sessions[0], batched)] == [
+        assert [{k: w[k] for k in keys} for w in lake_ledger.read_windows(sessions[0], batched)] == [
             {k: w[k] for k in keys} for w in ledger]
         assert [(r.start_ts, r.end_ts, r.rows) for r in together] == [(r.start_ts, r.end_ts, r.rows) for r in results]
         for a, b in [(lo, hi), *parts]:
-            assert _count(sessions[0], batched, ingest.CHANGES, a, b) == _count(sessions[0], lake, ingest.CHANGES, a, b)
-            assert (_count(sessions[0], batched, ingest.DDL_HISTORY, a, b)
-                    == _count(sessions[0], lake, ingest.DDL_HISTORY, a, b))
+            assert _count(sessions[0], batched, location.CHANGES, a, b) == _count(sessions[0], lake, location.CHANGES, a, b)
+            assert (_count(sessions[0], batched, location.DDL_HISTORY, a, b)
+                    == _count(sessions[0], lake, location.DDL_HISTORY, a, b))
         # A batch stops before the window that would take it over max_rows (the first always goes).
         capped = ingest.ingest_windows(sessions[0], str(tmp_path / "capped"), cluster.registry_addr, parts,
                                        max_rows=results[0].rows)
@@ -255,15 +259,15 @@ def test_server_killed_mid_ingest_then_retry_exactly_once(
     result = ingest_tasks.ingest_window_task(planned)
     spark = connect.connect(server.url, "binlake-test")
     try:
-        assert _count(spark, lake, ingest.CHANGES, start_ts, end_ts) == result["rows"] > 0
-        ledger = ingest.read_windows(spark, lake)
+        assert _count(spark, lake, location.CHANGES, start_ts, end_ts) == result["rows"] > 0
+        ledger = lake_ledger.read_windows(spark, lake)
         assert [(w["start_ts"], w["end_ts"]) for w in ledger] == [(start_ts, end_ts)]
     finally:
         spark.stop()
 
 
 def _rows(spark: Any, lake: str, start_ts: int, end_ts: int) -> list[tuple[Any, ...]]:
-    frame = spark.read.format("delta").load(ingest.table_path(lake, ingest.CHANGES))
+    frame = spark.read.format("delta").load(location.table_path(lake, location.CHANGES))
     return sorted(tuple(r) for r in frame.where(f"commit_ts >= {start_ts} AND commit_ts < {end_ts}").collect())
 
 
@@ -370,7 +374,7 @@ def test_lost_ledger_append_leaves_one_ledger_row(server: ConnectServer, cluster
         a, b = windows[1]
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         row = (a, b, ["pump1"], {"pump1": 1}, {}, 1, 1, 0, "done", now)
-        path = ingest.table_path(lake, ingest.WINDOWS)
+        path = location.table_path(lake, location.WINDOWS)
         outcome: list[BaseException | None] = []
 
         def lost_attempt() -> None:

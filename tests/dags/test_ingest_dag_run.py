@@ -326,7 +326,7 @@ def test_dag_run_on_a_standalone_cluster_equals_the_local_run(
     spark_default connection that still says local[2]. The data source runs on the
     executors, which must import the binlake the driver ships them: the worker's own
     Python path holds a binlake that refuses to import, so the run fails unless they do."""
-    from binlake.testing.sparkcluster import SparkCluster
+    from binlake.stack.sparkcluster import SparkCluster
 
     start_ts, end_ts, before = _ingested_window(monkeypatch, cluster, lake, written, spark, "spark-submit")
     cluster_lake = tmp_path / "cluster-lake"

@@ -37,7 +37,10 @@ from pumpkit import dag_cluster
 from pyspark.sql import SparkSession
 
 from binlake import tso
-from binlake.lake import location
+from binlake.lake import s3settings
+from binlake.lake.sparkenv import session as lake_session
+from binlake.lake.store import ledger as lake_ledger
+from binlake.lake.store import location
 from binlake.testing import s3server
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow,
@@ -49,7 +52,7 @@ MOVED = "s3://lake/moved/here"
 
 
 def _has_s3_jars() -> bool:
-    from binlake.lake.spark import jars_dir
+    from binlake.lake.sparkenv.session import jars_dir
 
     return any(jars_dir().glob("hadoop-aws-*.jar"))
 
@@ -161,7 +164,7 @@ def _wait_safe(cluster: Any, ts: int, timeout: float = 60) -> None:
 def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
         s3: s3server.LocalS3, cluster: Any, airflow_db: pathlib.Path, spark: SparkSession,
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    location.configure_spark(spark)  # the test's own reads below share the DAG runs' session
+    lake_session.configure_spark(spark)  # the test's own reads below share the DAG runs' session
     monkeypatch.setenv("BINLAKE_REGISTRY", cluster.registry_addr)
     monkeypatch.setenv("BINLAKE_LAKE_DIR", LAKE)
     monkeypatch.setenv("BINLAKE_INGEST_MODE", "inprocess")
@@ -197,11 +200,11 @@ def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
     for end in (first_end, second_end):
         dr = dags["binlake_ingest"].test(logical_date=end)
         assert str(dr.state) == "success", end
-    windows = location.read_windows(spark, LAKE)
+    windows = lake_ledger.read_windows(spark, LAKE)
     assert [(w["start_ts"], w["end_ts"]) for w in windows] == [
         (tso.from_datetime(e - window), tso.from_datetime(e)) for e in (first_end, second_end)]
     # The in-process reader opens the S3 tables itself (no Spark fallback).
-    from binlake.lake.arrowread import TableReader
+    from binlake.lake.store.arrowread import TableReader
 
     changes = TableReader(location.table_path(LAKE, location.CHANGES)).read(["commit_ts"])
     assert changes.num_rows == sum(w["rows"] for w in windows)
@@ -236,9 +239,9 @@ def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
     # OPTIMIZE/VACUUM) took the lake's writer lease in turn and released it.
     import json
 
-    from binlake.lake import lease, s3object
+    from binlake.lake.store import lease, s3object
 
-    held = s3object.ObjectClient(location.s3_settings(), *lease.lease_where(LAKE)).get()
+    held = s3object.ObjectClient(s3settings.s3_settings(), *lease.lease_where(LAKE)).get()
     body = json.loads(held.body)
     assert held.status == 200 and body["state"] == lease.FREE and body["seq"] >= 2 * (2 + 2 + 5), body
 
@@ -262,7 +265,7 @@ def test_dags_apply_restore_maintenance_and_a_moved_lake_on_s3(
 def test_s3_killed_mid_ingest_or_restore_leaves_nothing_half_done_and_the_rerun_finishes(
         s3: s3server.LocalS3, cluster: Any, spark: SparkSession, tmp_path: pathlib.Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    location.configure_spark(spark)
+    lake_session.configure_spark(spark)
     # The killed ingest cannot release the lake's writer lease (S3 is down then): the
     # rerun takes it over once it has been silent for its TTL, kept short here.
     monkeypatch.setenv("BINLAKE_LAKE_S3_WRITER_LEASE_TTL_S", "3")
@@ -301,9 +304,9 @@ def test_s3_killed_mid_ingest_or_restore_leaves_nothing_half_done_and_the_rerun_
     s3.start()
     # The ledger holds no row claiming the window (readers go by the ledger: whatever
     # files reached the bucket are not the lake's until a ledger row says so).
-    assert location.read_windows(spark, lake) == []
+    assert lake_ledger.read_windows(spark, lake) == []
     assert _in_process(*args) == 0  # the rerun (in this process: one JVM start less)
-    (w,) = location.read_windows(spark, lake)
+    (w,) = lake_ledger.read_windows(spark, lake)
     assert (w["start_ts"], w["end_ts"]) == (start, end)
     # Exactly once: the change table holds the window's rows, none twice.
     changes = spark.read.format("delta").load(location.table_path(lake, location.CHANGES))
@@ -370,7 +373,7 @@ def test_freshness_reads_the_ledger_of_an_s3_lake(s3: s3server.LocalS3) -> None:
     assert freshness.ledger("s3://lake/fresh") == []  # nothing ingested yet
     # The ledger's two columns, written by delta-rs here only to set the test up.
     write_deltalake("s3://lake/fresh/windows", pa.table({"start_ts": [5, 1], "end_ts": [9, 5]}),
-                    storage_options={**location.storage_options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
+                    storage_options={**s3settings.storage_options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
     assert freshness.ledger("s3://lake/fresh") == [(1, 5), (5, 9)]
 
 
@@ -382,7 +385,7 @@ LEASE_TTL_S = 2.0
 # says so, and holds it until a line arrives on stdin.
 _HOLDER = """
 import sys, time
-from binlake.lake import writelock
+from binlake.lake.store import writelock
 with writelock.lake_writes(sys.argv[1], what=sys.argv[2], progress=lambda m: print("progress", m, flush=True)):
     print("held", time.time(), flush=True)
     sys.stdin.readline()
@@ -473,7 +476,7 @@ def test_a_writer_killed_with_9_frees_the_lease_after_its_ttl(s3: s3server.Local
 
 def test_a_holder_that_lost_its_lease_commits_nothing_more(s3: s3server.LocalS3) -> None:
     from binlake import errors
-    from binlake.lake import lease, s3object
+    from binlake.lake.store import lease, s3object
 
     lost: list[str] = []
     held = lease.WriterLease("s3://lake/lease-lost", ttl_s=LEASE_TTL_S, on_lost=lost.append)
@@ -484,7 +487,7 @@ def test_a_holder_that_lost_its_lease_commits_nothing_more(s3: s3server.LocalS3)
         # renewal finds another ETag, it calls on_lost (the lock cancels its Spark jobs),
         # and its check before any further commit refuses.
         bucket, key = lease.lease_where("s3://lake/lease-lost")
-        other = s3object.ObjectClient(location.s3_settings(), bucket, key)
+        other = s3object.ObjectClient(s3settings.s3_settings(), bucket, key)
         put = other.put(b'{"state": "held", "owner": "other", "ttl_s": 60, "seq": 99}', if_match=str(other.get().etag))
         assert put.status == 200
         deadline = time.monotonic() + 3 * LEASE_TTL_S

@@ -68,13 +68,13 @@ from pyspark.sql import SparkSession
 from upkit import PUMP_ARGS, binlake_up, clean_env, read_json
 
 from binlake import tso
-from binlake.lake import ingest
-from binlake.lake.image import image_values
-from binlake.lake.rows import OPS
+from binlake.lake.decoding.image import image_values
+from binlake.lake.decoding.rows import OPS
+from binlake.lake.store import location
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.sql.schema import ColumnDef as C
-from binlake.testing.devdb import LocalPostgres
+from binlake.stack.localdb import LocalPostgres
 from binlake.writer.txn_writer import TxnWriter
 
 # Short windows keep the workload (three of them) about as long as Spark's and
@@ -279,7 +279,7 @@ def _wait_backfill_done(api: Api, timeout: float) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _spark() -> Iterator[SparkSession]:
-    from binlake.lake.spark import build_spark
+    from binlake.lake.sparkenv.session import build_spark
 
     # A session another test module left running is reused and left running.
     owned = SparkSession.getActiveSession() is None
@@ -390,7 +390,7 @@ def test_backfill_fills_historical_windows_newest_first(stack_dir: pathlib.Path)
         up.proc.send_signal(signal.SIGINT)
         with _spark() as spark:
             def load(name: str) -> list[Any]:
-                return spark.read.format("delta").load(ingest.table_path(str(tmp_path / "state" / "lake"), name)).collect()
+                return spark.read.format("delta").load(location.table_path(str(tmp_path / "state" / "lake"), name)).collect()
 
             lake_windows = sorted(load("windows"), key=lambda w: w.start_ts)
             lake_changes = sorted(load("changes"), key=lambda r: (r.commit_ts, r.seq))

@@ -47,7 +47,7 @@ from binlake.client.pump_client import PumpClient
 from binlake.client.reader import pull_window
 from binlake.config import ClientSettings
 from binlake.lake import ingest
-from binlake.lake.pump_check import STATUS_TIMEOUT_S, plan_read
+from binlake.lake.pumps.pump_check import STATUS_TIMEOUT_S, plan_read
 from binlake.registry.client import RegistryClient
 from binlake.replicate import runner, task
 from binlake.restore import restore

@@ -31,20 +31,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.hosts(4),
 
 
 def _rows(spark: SparkSession, lake: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    from binlake.lake import location
+    from binlake.lake.store import ledger as lake_ledger
+    from binlake.lake.store import location
 
     changes = spark.read.format("delta").load(location.table_path(lake, location.CHANGES))
     cols = ["commit_ts", "start_ts", "seq", "db", "tbl", "table_id", "op", "keys", "before", "after"]
-    ledger = [(w["start_ts"], w["end_ts"], w["rows"], w["txns"], w["status"]) for w in location.read_windows(spark, lake)]
+    ledger = [(w["start_ts"], w["end_ts"], w["rows"], w["txns"], w["status"]) for w in lake_ledger.read_windows(spark, lake)]
     return sorted(tuple(r) for r in changes.select(*cols).collect()), ledger
 
 
 def test_ingest_on_a_cluster_across_hosts_survives_a_lost_worker(
         bed: NetBed, spark: SparkSession, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from binlake.lake import location
+    from binlake.lake.sparkenv.session import configure_spark
     from binlake.sql.schema import ColumnDef as C
+    from binlake.stack.sparkcluster import SparkCluster
     from binlake.testing.devcluster import DevCluster
-    from binlake.testing.sparkcluster import SparkCluster
     from binlake.writer.txn_writer import TxnWriter
 
     master_host, worker1, worker2, s3_host = bed.hosts
@@ -116,7 +117,7 @@ def test_ingest_on_a_cluster_across_hosts_survives_a_lost_worker(
             assert proc.returncode == 0, text[-4000:]
             alive = sc.alive_workers()
         assert [w["host"] for w in alive] == [worker2.addr], alive
-        location.configure_spark(spark)
+        configure_spark(spark)
         assert _rows(spark, lake) == _rows(spark, local_lake)
     finally:
         s3.stop()

@@ -22,7 +22,7 @@ from binlake.registry.etcd import parse_etcd_url
 from binlake.registry.etcd_store import EtcdStore
 from binlake.registry.model import ConsumerRecord, NodeRecord, NodeState, ReplicationSetting
 from binlake.registry.server import RegistryServer
-from binlake.registry.store import open_store
+from binlake.registry.stores import open_store
 from binlake.testing.etcdcluster import EtcdCluster
 
 pytestmark = pytest.mark.skipif(not EtcdCluster.available(), reason="etcd is not installed (apt-get install etcd-server)")

@@ -21,7 +21,9 @@ from dbfixtures import new_target_url, postgres_server  # noqa: F401
 from pyspark.sql import SparkSession
 
 from binlake import failpoint, tso
-from binlake.lake import decode, ingest
+from binlake.lake import ingest
+from binlake.lake.decoding import decode
+from binlake.lake.store import location
 from binlake.replicate import checkpoint, parallel, runner, table_write, task
 from binlake.sql import schema as sc
 from binlake.sql import targets
@@ -68,7 +70,7 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[
            "previous_table_id": 0, "dropped": False, "query": "CREATE TABLE kv (...)",
            "table_info": info.SerializeToString(), "table_json": decode.table_json(info)}
     spark.createDataFrame([ddl], decode.DDL_HISTORY_DDL).write.format("delta").save(
-        ingest.table_path(path, ingest.DDL_HISTORY))
+        location.table_path(path, location.DDL_HISTORY))
     rows = []
     for i, (op, before, after) in enumerate(changes):
         ts = base + 1 + step * (1 + i // TXN)
@@ -85,11 +87,11 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[
         part = [r for r in rows if a <= r["commit_ts"] < b]
         spark.createDataFrame(part, decode.CHANGES_DDL).write.format("delta").mode(
             "overwrite" if n == 0 else "append").partitionBy("commit_date").save(
-            ingest.table_path(path, ingest.CHANGES))
+            location.table_path(path, location.CHANGES))
         ledger.append((a, b, ["p1"], {"p1": len(part)}, {"main.kv:x": len(part)}, len(part) // TXN, len(part),
                        1 if n == 0 else 0, "done", dt.datetime(2026, 11, 20, 9, 0)))
     spark.createDataFrame(ledger, ingest.WINDOWS_DDL).write.format("delta").save(
-        ingest.table_path(path, ingest.WINDOWS))
+        location.table_path(path, location.WINDOWS))
     return {"path": path, "final": sorted((r["id"], r["v"], r["n"]) for r in live.values()),
             "end": cuts[-1], "changes": len(changes)}
 
@@ -153,7 +155,7 @@ def test_consistent_over_the_same_lake(kind: str, spark: SparkSession, lake: dic
     applier = runner.Applier(spark, t)
     summary = applier.run()
     assert summary.windows == WINDOWS and summary.changes == lake["changes"]
-    assert applier.reader._readers[ingest.CHANGES] is not None  # read in process, not through Spark
+    assert applier.reader._readers[location.CHANGES] is not None  # read in process, not through Spark
     assert _rows(url) == lake["final"]
     assert runner.Applier(spark, t).run().windows == 0  # nothing after the checkpoint
     assert _rows(url) == lake["final"]

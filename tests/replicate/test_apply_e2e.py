@@ -31,8 +31,8 @@ from pyspark.sql import SparkSession
 
 from binlake import errors, failpoint
 from binlake.lake import ingest
-from binlake.lake import pump_source as lake_source
-from binlake.lake.planner import plan_window
+from binlake.lake.pumps import datasource as lake_source
+from binlake.lake.pumps.planner import plan_window
 from binlake.registry.client import RegistryClient
 from binlake.replicate import checkpoint, runner, table_write, task
 from binlake.sql import checksum, diff

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_rawcompact import image, play, reference, steps, table
 
-from binlake.lake import decode
+from binlake.lake.decoding import decode
 from binlake.proto import binlog_pb2
 from binlake.replicate import arrowcompact, compactor, rawcompact, read, table_write
 from binlake.replicate.compactor import Change

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from binlake.lake import decode
-from binlake.lake.image import value_json
+from binlake.lake.decoding import decode
+from binlake.lake.decoding.image import value_json
 from binlake.proto import binlog_pb2
 from binlake.replicate import checkpoint, compactor, parallel, rawcompact
 from binlake.replicate.causality import TableKeys, group

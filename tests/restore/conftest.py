@@ -22,8 +22,8 @@ from pyspark.sql import SparkSession
 
 from binlake import errors
 from binlake.lake import ingest
-from binlake.lake import pump_source as lake_source
-from binlake.lake.planner import plan_window
+from binlake.lake.pumps import datasource as lake_source
+from binlake.lake.pumps.planner import plan_window
 from binlake.sql import checksum
 from binlake.testing.devcluster import DevCluster
 from binlake.workload import ops as wops

@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 from binlake.registry.client import RegistryClient
 from binlake.replicate import runner, task
 from binlake.restore import checks, history, restore, snapshot
+from binlake.restore import tables as restore_tables
 from binlake.sql import checksum, diff
 from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
@@ -96,7 +97,7 @@ def defaults_lake(cluster: DevCluster, spark: SparkSession, tmp_path_factory: py
 
 def _checksums(spark: SparkSession, lake: str, ts: int, source: str = "auto") -> dict[str, tuple[int, str]]:
     p = restore.plan(spark, lake, ts, None, source)
-    frames = restore.frames(spark, p)
+    frames = restore_tables.frames(spark, p)
     return {t.info.name: checks.frame_checksum(frames[t.table_id], t.info) for t in p.tables}
 
 

@@ -24,8 +24,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from binlake import cli, errors, failpoint, tso
-from binlake.lake.ingest import read_windows
+from binlake.lake.store.ledger import read_windows
 from binlake.restore import checks, history, layout, restore, snapshot
+from binlake.restore import tables as restore_tables
 from binlake.sql import checksum
 from binlake.testing.devcluster import DevCluster
 from binlake.workload import ops as wops
@@ -53,7 +54,7 @@ def captured(cluster: DevCluster, spark: SparkSession, tmp_path_factory: pytest.
 def checksums_at(spark: SparkSession, lake: str, ts: int, source: str = "changes",
                  tables: list[str] | None = None) -> tuple[dict[str, tuple[int, str]], list[str]]:
     p = restore.plan(spark, lake, ts, tables, source)
-    frames = restore.frames(spark, p)
+    frames = restore_tables.frames(spark, p)
     got = {t.info.name: checks.frame_checksum(frames[t.table_id], t.info) for t in p.tables}
     return got, [t.base.kind for t in p.tables]
 
@@ -144,7 +145,7 @@ def test_bank_total_and_accounts_hold_at_many_ts(
         if ts < up.captures[0].ts // 2:
             continue
         p = restore.plan(spark, lake, ts, [wops.BANK_TABLE])
-        df = restore.frames(spark, p)[p.tables[0].table_id]
+        df = restore_tables.frames(spark, p)[p.tables[0].table_id]
         row = df.agg(F.sum("balance").alias("total"), F.count("*").alias("n")).collect()[0]
         if row["n"] == 0:  # before the accounts were loaded
             continue

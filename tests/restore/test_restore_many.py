@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 
 from binlake.registry.client import RegistryClient
 from binlake.restore import checks, direct, restore
+from binlake.restore import tables as restore_tables
 from binlake.sql import checksum
 from binlake.sql import schema as sc
 from binlake.testing.devcluster import DevCluster
@@ -133,7 +134,7 @@ def test_a_subset_reads_nothing_of_the_other_tables_beyond_the_shared_scan(
     chosen = {t.table_id for t in p_sub.tables}
     # What leaves the shared scan: only the chosen tables' rows, one per live key (r001's
     # moved key 0 and t002's rows before the truncate are gone already).
-    shared = restore.shared_changes(spark, p_sub)
+    shared = restore_tables.shared_changes(spark, p_sub)
     per_table = {r["table_id"]: r["n"] for r in shared.groupBy("table_id").agg(F.count("*").alias("n")).collect()}
     assert set(per_table) == chosen
     assert sum(per_table.values()) == sum(many.checksums[n][0] for n in names)

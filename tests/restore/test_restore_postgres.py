@@ -12,8 +12,9 @@ from dbfixtures import postgres_server  # noqa: F401
 from pyspark.sql import SparkSession
 
 from binlake.restore import checks, restore
+from binlake.restore import tables as restore_tables
+from binlake.stack.localdb import LocalPostgres
 from binlake.testing.devcluster import DevCluster
-from binlake.testing.devdb import LocalPostgres
 from binlake.workload import plan as wplan
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -29,6 +30,6 @@ def test_restore_equals_a_postgresql_upstream_at_each_capture(
     ingest_all(spark, lake, cluster.registry_addr, [up.start_ts, (up.start_ts + up.end_ts) // 2, up.end_ts])
     for cap in up.captures:
         p = restore.plan(spark, lake, cap.ts)
-        frames = restore.frames(spark, p)
+        frames = restore_tables.frames(spark, p)
         got = {t.info.name: checks.frame_checksum(frames[t.table_id], t.info) for t in p.tables}
         assert got == cap.checksums, f"at {cap.ts}"

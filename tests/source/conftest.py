@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from srckit import Cluster, start_cluster
 
-from binlake.testing.devdb import LocalMariaDB, LocalPostgres
+from binlake.stack.localdb import LocalMariaDB, LocalPostgres
 
 
 @pytest.fixture(scope="module")

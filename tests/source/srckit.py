@@ -19,7 +19,7 @@ from binlake.pump.node import PumpNode
 from binlake.registry.client import RegistryClient
 from binlake.registry.server import RegistryServer
 from binlake.source.replay import Replay  # noqa: F401 (re-exported for the tests)
-from binlake.testing.devdb import LocalMariaDB
+from binlake.stack.localdb import LocalMariaDB
 
 
 @dataclasses.dataclass

@@ -21,7 +21,7 @@ from binlake import errors, failpoint
 from binlake.net import free_port
 from binlake.source.mysql.source import MySQLSource
 from binlake.sql import checksum
-from binlake.testing.devdb import LocalMariaDB
+from binlake.stack.localdb import LocalMariaDB
 
 pytestmark = pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
                                 "mariadb-server); CI always has it")

@@ -23,7 +23,7 @@ from test_mysql_source import fresh_db, source, wait_caught_up
 from binlake import cli, errors
 from binlake.registry.client import RegistryClient
 from binlake.sql import checksum
-from binlake.testing.devdb import LocalMariaDB
+from binlake.stack.localdb import LocalMariaDB
 
 pytestmark = [pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
                                  "mariadb-server); CI always has it"), pytest.mark.slow]
@@ -44,8 +44,8 @@ def _ts(cluster: Cluster) -> int:
 
 
 def _wait_safe(cluster: Cluster, ts: int) -> None:
-    from binlake.lake import pump_source as lake_source
-    from binlake.lake.planner import plan_window
+    from binlake.lake.pumps import datasource as lake_source
+    from binlake.lake.pumps.planner import plan_window
 
     def passed() -> bool:
         try:

@@ -36,7 +36,7 @@ from binlake.source.mysql.source import MySQLSource, _Txn, load_catalog
 from binlake.source.mysql.tables import TableFilter
 from binlake.source.mysql.values import prepare_table_map
 from binlake.source.tables import assign_ids
-from binlake.testing.devdb import LocalMariaDB
+from binlake.stack.localdb import LocalMariaDB
 
 _needs_server = pytest.mark.skipif(not LocalMariaDB.available(),
                                    reason="MariaDB not installed (apt-get install mariadb-server)")

@@ -22,7 +22,7 @@ from binlake import cli, errors
 from binlake.registry.client import RegistryClient
 from binlake.source.postgres.source import PostgresSource
 from binlake.sql import checksum
-from binlake.testing.devdb import LocalPostgres
+from binlake.stack.localdb import LocalPostgres
 
 pytestmark = [pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQL not installed (apt-get install "
                                  "postgresql); CI always has it"), pytest.mark.slow]
@@ -52,8 +52,8 @@ def _has_row(cluster: Cluster, key: int) -> bool:
 def test_added_columns_read_their_defaults_downstream(pg: LocalPostgres, cluster: Cluster, tmp_path: pathlib.Path,
                                                       spark: Any) -> None:
     from binlake.lake import ingest
-    from binlake.lake import pump_source as lake_source
-    from binlake.lake.planner import plan_window
+    from binlake.lake.pumps import datasource as lake_source
+    from binlake.lake.pumps.planner import plan_window
     from binlake.replicate import runner, task
     from binlake.sql import diff
 

@@ -35,7 +35,7 @@ from binlake.source.journal import SourceState
 from binlake.source.postgres import snapshot as snap
 from binlake.source.postgres.source import SNAPSHOT_SLOT, PostgresSource
 from binlake.sql import checksum
-from binlake.testing.devdb import LocalPostgres
+from binlake.stack.localdb import LocalPostgres
 
 pytestmark = pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQL not installed (apt-get install "
                                 "postgresql); CI always has it")
@@ -121,8 +121,8 @@ def test_snapshot_with_concurrent_writes_ingested_and_applied_equals_upstream(
         pg: LocalPostgres, cluster: Cluster, tmp_path: pathlib.Path, spark: Any,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from binlake.lake import ingest
-    from binlake.lake import pump_source as lake_source
-    from binlake.lake.planner import plan_window
+    from binlake.lake.pumps import datasource as lake_source
+    from binlake.lake.pumps.planner import plan_window
     from binlake.registry.client import RegistryClient
     from binlake.replicate import runner, task
     from binlake.sql import diff

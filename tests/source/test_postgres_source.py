@@ -16,7 +16,7 @@ from srckit import Cluster, Replay, SourceThread
 from binlake import errors
 from binlake.source.postgres.source import PostgresSource
 from binlake.sql import checksum
-from binlake.testing.devdb import LocalPostgres
+from binlake.stack.localdb import LocalPostgres
 
 pytestmark = pytest.mark.skipif(not LocalPostgres.available(), reason="PostgreSQL not installed (apt-get install "
                                 "postgresql); CI always has it")

@@ -1,4 +1,4 @@
-"""The in-process reader of the lake (``binlake.lake.arrowread``) against Spark's
+"""The in-process reader of the lake (``binlake.lake.store.arrowread``) against Spark's
 own read of the same Delta tables: the same rows for any ``commit_ts`` range
 (across dates, appends and a window written again), and a clear refusal, never
 a wrong answer, for a table that needs what a plain Parquet read does not do
@@ -16,7 +16,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from binlake import tso
-from binlake.lake import arrowread, decode, ingest
+from binlake.lake import ingest
+from binlake.lake.decoding import decode
+from binlake.lake.store import arrowread, location
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -51,7 +53,7 @@ def _arrow_read(reader: arrowread.TableReader, lo: int, hi: int) -> list[tuple[A
 
 
 def test_ranges_equal_sparks_read(spark: SparkSession, tmp_path: pathlib.Path) -> None:
-    path = ingest.table_path(str(tmp_path / "lake"), ingest.CHANGES)
+    path = location.table_path(str(tmp_path / "lake"), location.CHANGES)
     _write(spark, path, _rows(0, 12, "a"), "overwrite")  # 23:59:50 .. 00:00:01: two partitions
     _write(spark, path, _rows(12, 8, "a"), "append")
     reader = arrowread.TableReader(path)
@@ -129,21 +131,21 @@ def test_apply_reads_through_spark_when_in_process_cannot(spark: SparkSession, t
            "table_id": 7, "previous_table_id": 0, "dropped": False, "query": "CREATE TABLE t (...)",
            "table_info": info.SerializeToString(), "table_json": decode.table_json(info)}
     spark.createDataFrame([ddl], decode.DDL_HISTORY_DDL).write.format("delta").save(
-        ingest.table_path(lake, ingest.DDL_HISTORY))
-    path = ingest.table_path(lake, ingest.CHANGES)
+        location.table_path(lake, location.DDL_HISTORY))
+    path = location.table_path(lake, location.CHANGES)
     _write(spark, path, rows, "overwrite")
     end = rows[-1]["commit_ts"] + 1
     spark.createDataFrame([(create_ts - 5, end, ["p1"], {"p1": 12}, {"main.t:insert": 12}, 12, 12, 1, "done",
                             dt.datetime(2026, 11, 21, 1, 0))], ingest.WINDOWS_DDL).write.format("delta").save(
-        ingest.table_path(lake, ingest.WINDOWS))
+        location.table_path(lake, location.WINDOWS))
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
     spark.sql(f"DELETE FROM delta.`{path}` WHERE seq = 1")  # 4 of the 12 inserts
     url = f"sqlite:///{tmp_path / 'target.db'}"
     applier = runner.Applier(spark, task.Task(name="dv", lake=lake, target=url, mode="consistent"))
     summary = applier.run()
     assert summary.changes == 8
-    assert applier.reader._readers[ingest.CHANGES] is None  # it fell back to Spark
-    assert applier.reader._readers[ingest.WINDOWS] is not None  # ... for that table only
+    assert applier.reader._readers[location.CHANGES] is None  # it fell back to Spark
+    assert applier.reader._readers[location.WINDOWS] is not None  # ... for that table only
     with open_target(url) as t, t.engine.connect() as c:
         ids = sorted(r[0] for r in c.exec_driver_sql("SELECT id FROM t"))
     assert ids == [i for i in range(12) if i % 3 != 1]

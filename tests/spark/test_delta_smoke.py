@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from binlake.lake import spark as lake_spark
+from binlake.lake.sparkenv import session as lake_spark
 
 ROWS = [(1, "a", 10), (2, "b", 10), (3, "c", 20)]
 COLUMNS = ["id", "name", "part"]

@@ -26,12 +26,15 @@ from pyspark.sql import SparkSession
 
 from binlake import errors, failpoint, tso
 from binlake.client.reader import pull_window
-from binlake.lake import checkpoint, ingest
-from binlake.lake import pump_source as lake_source
-from binlake.lake.image import image_values
-from binlake.lake.planner import plan_window
-from binlake.lake.pump_check import check_pumps
-from binlake.lake.rows import OPS
+from binlake.lake import ingest
+from binlake.lake.decoding.image import image_values
+from binlake.lake.decoding.rows import OPS
+from binlake.lake.pumps import checkpoint
+from binlake.lake.pumps import datasource as lake_source
+from binlake.lake.pumps.planner import plan_window
+from binlake.lake.pumps.pump_check import check_pumps
+from binlake.lake.store import ledger as lake_ledger
+from binlake.lake.store import location
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.sql import checksum
@@ -83,7 +86,7 @@ def lake_in_order(spark: SparkSession, cluster: DevCluster, upstream: dict[str, 
 
 
 def table_rows(spark: SparkSession, lake: str, name: str, drop: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
-    df = spark.read.format("delta").load(ingest.table_path(lake, name))
+    df = spark.read.format("delta").load(location.table_path(lake, name))
     cols = [c for c in df.columns if c not in drop]
     return sorted((tuple(r) for r in df.select(*cols).collect()), key=repr)
 
@@ -104,10 +107,10 @@ def replay(spark: SparkSession, lake: str) -> dict[int, dict[str, tuple[str, int
     """The final image of every key per table id: the change table applied in
     (commit_ts, seq) order (a primary-key change removes the old key)."""
     ddl = {(r["table_id"], r["schema_version"]): binlog_pb2.TableInfo.FromString(bytes(r["table_info"]))
-           for r in spark.read.format("delta").load(ingest.table_path(lake, "ddl_history")).collect()
+           for r in spark.read.format("delta").load(location.table_path(lake, "ddl_history")).collect()
            if r["table_info"] is not None}
     state: dict[int, dict[str, tuple[str, int]]] = {}
-    changes = (spark.read.format("delta").load(ingest.table_path(lake, "changes"))
+    changes = (spark.read.format("delta").load(location.table_path(lake, "changes"))
                .select("table_id", "op", "keys", "before", "after", "schema_version", "commit_ts", "seq")
                .orderBy("commit_ts", "seq").collect())
     for r in changes:
@@ -153,7 +156,7 @@ def test_windows_hold_exactly_the_workloads_row_changes(
 ) -> None:
     lake, results = lake_in_order["lake"], lake_in_order["results"]
     summary = upstream["summary"]
-    changes = spark.read.format("delta").load(ingest.table_path(lake, "changes"))
+    changes = spark.read.format("delta").load(location.table_path(lake, "changes"))
 
     got = {(r["table_id"], r["op"]): r["count"] for r in changes.groupBy("table_id", "op").count().collect()}
     assert got == expected_counts(cluster, summary.start_ts, summary.end_ts)
@@ -180,7 +183,7 @@ def test_windows_hold_exactly_the_workloads_row_changes(
     assert {r["commit_date"] for r in changes.select("commit_date").distinct().collect()} == {
         tso.to_datetime(summary.start_ts).date(), tso.to_datetime(summary.end_ts).date()}
 
-    ddl = spark.read.format("delta").load(ingest.table_path(lake, "ddl_history"))
+    ddl = spark.read.format("delta").load(location.table_path(lake, "ddl_history"))
     assert ddl.count() == summary.ddls
     windows = table_rows(spark, lake, "windows")
     assert [(w[0], w[1]) for w in windows] == upstream["windows"]
@@ -241,19 +244,19 @@ def test_ingest_killed_half_way_leaves_no_window_and_a_rerun_repairs_it(
         env=env, capture_output=True, text=True, timeout=300)
     assert crashed.returncode == 137, crashed.stderr[-2000:]
     # Its rows reached the change table, but the ledger only knows the first window ...
-    assert spark.read.format("delta").load(ingest.table_path(lake, "changes")).where(
+    assert spark.read.format("delta").load(location.table_path(lake, "changes")).where(
         f"commit_ts >= {w2[0]} AND commit_ts < {w2[1]}").count() == lake_in_order["results"][1].rows
-    assert [(w["start_ts"], w["end_ts"]) for w in ingest.read_windows(spark, lake)] == [w1]
-    assert ingest.uncovered(ingest.read_windows(spark, lake), w1[0], w2[1]) == [w2]
+    assert [(w["start_ts"], w["end_ts"]) for w in lake_ledger.read_windows(spark, lake)] == [w1]
+    assert lake_ledger.uncovered(lake_ledger.read_windows(spark, lake), w1[0], w2[1]) == [w2]
     # ... and a re-run replaces the half-written window: the same rows, once.
     again = ingest.ingest_window(spark, lake, cluster.registry_addr, *w2)
     assert again.rows == lake_in_order["results"][1].rows and not again.replaced
     where = f"commit_ts < {w2[1]}"
     for name in ("changes", "ddl_history"):
-        got = spark.read.format("delta").load(ingest.table_path(lake, name)).where(where)
-        want = spark.read.format("delta").load(ingest.table_path(lake_in_order["lake"], name)).where(where)
+        got = spark.read.format("delta").load(location.table_path(lake, name)).where(where)
+        want = spark.read.format("delta").load(location.table_path(lake_in_order["lake"], name)).where(where)
         assert sorted(map(tuple, got.collect()), key=repr) == sorted(map(tuple, want.collect()), key=repr), name
-    assert [(w["start_ts"], w["end_ts"], w["rows"]) for w in ingest.read_windows(spark, lake)] == [
+    assert [(w["start_ts"], w["end_ts"], w["rows"]) for w in lake_ledger.read_windows(spark, lake)] == [
         (r.start_ts, r.end_ts, r.rows) for r in lake_in_order["results"][:2]]
 
 
@@ -281,7 +284,7 @@ def test_a_crash_before_the_checkpoint_only_holds_gc_longer(
     with pytest.raises(failpoint.FailpointError):
         ingest.ingest_window(spark, lake, cluster.registry_addr, *w1)
     monkeypatch.delenv(failpoint.ENV)
-    assert [(w["start_ts"], w["end_ts"]) for w in ingest.read_windows(spark, lake)] == [w1]
+    assert [(w["start_ts"], w["end_ts"]) for w in lake_ledger.read_windows(spark, lake)] == [w1]
 
     def lake_checkpoint() -> int:
         with RegistryClient(cluster.registry_addr) as reg:
@@ -334,7 +337,7 @@ def test_transaction_on_two_pumps_is_read_once(
     result = ingest.ingest_window(spark, str(tmp_path / "lake"), cluster.registry_addr, start, commit_ts + 1)
     assert (result.txns, result.rows, result.duplicates) == (1, 1, 1)
     assert result.rows_per_pump == {"pump1": 1, "pump2": 0}
-    rows = spark.read.format("delta").load(ingest.table_path(str(tmp_path / "lake"), "changes")).collect()
+    rows = spark.read.format("delta").load(location.table_path(str(tmp_path / "lake"), "changes")).collect()
     assert [(r["start_ts"], r["pump"], r["op"]) for r in rows] == [(start, "pump1", "insert")]
 
 
@@ -378,7 +381,7 @@ def test_data_source_reads_a_window_on_its_own(
     opts = {"registry": cluster.registry_addr, "start_ts": str(summary.start_ts), "end_ts": str(summary.end_ts)}
     df = spark.read.format("binlake").options(**opts, sub_window=str((summary.end_ts - summary.start_ts) // 4 + 1)).load()
     assert df.rdd.getNumPartitions() == 2 * 4
-    lake = spark.read.format("delta").load(ingest.table_path(lake_in_order["lake"], "changes"))
+    lake = spark.read.format("delta").load(location.table_path(lake_in_order["lake"], "changes"))
     assert sorted(df.collect()) == sorted(lake.select(*df.columns).collect())
     ddl = spark.read.format("binlake").options(**opts, kind="ddl").load()
     assert ddl.count() == summary.ddls

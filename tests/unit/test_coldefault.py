@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from binlake import codec, coldefault, errors
-from binlake.lake.schema_history import SchemaHistory
+from binlake.lake.decoding.schema_history import SchemaHistory
 from binlake.proto import binlog_pb2
 from binlake.restore import fills
 from binlake.source.mysql.tables import Catalog, TableFilter

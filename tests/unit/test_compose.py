@@ -127,7 +127,7 @@ def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
 
 
 def test_the_lake_is_in_the_bucket_and_no_service_shares_a_volume(compose: dict[str, Any]) -> None:
-    from binlake.lake import location
+    from binlake.lake.store import location
 
     services = compose["services"]
     store = services["seaweedfs"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from binlake.lake.checkpoint import CONSUMER_ID_ENV, consumer_id, contiguous_end
+from binlake.lake.pumps.checkpoint import CONSUMER_ID_ENV, consumer_id, contiguous_end
 
 
 def w(start: int, end: int, status: str = "done") -> dict[str, object]:

@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from binlake import codec, tso
-from binlake.lake import decode
-from binlake.lake import image as lake_image
-from binlake.lake.change_decoder import ChangeDecoder, change_rows
-from binlake.lake.ddl_rows import ddl_row
-from binlake.lake.image import image_values, value_json
-from binlake.lake.rows import commit_date
-from binlake.lake.schema_history import SchemaHistory, UnknownTableError
-from binlake.lake.txn import CorruptBinlogError
+from binlake.lake.decoding import decode
+from binlake.lake.decoding import image as lake_image
+from binlake.lake.decoding.change_decoder import ChangeDecoder, change_rows
+from binlake.lake.decoding.ddl_rows import ddl_row
+from binlake.lake.decoding.image import image_values, value_json
+from binlake.lake.decoding.rows import commit_date
+from binlake.lake.decoding.schema_history import SchemaHistory, UnknownTableError
+from binlake.lake.decoding.txn import CorruptBinlogError
 from binlake.proto import binlog_pb2
 from binlake.sql import schema as sc
 from binlake.sql.schema import ColumnDef, new_table

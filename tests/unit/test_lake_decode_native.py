@@ -1,4 +1,4 @@
-"""The native image decoder (``binlake.lake._imagec``) against the pure-Python
+"""The native image decoder (``binlake.lake.decoding._imagec``) against the pure-Python
 path it accelerates: the extension is built here, its output is byte-for-byte the
 Python path's for every kind of datum and edge value, rows it does not decode
 exactly go back to Python (results and errors identical), and the
@@ -19,21 +19,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from binlake import codec, errors, tso
-from binlake.lake import image as lake_image
-from binlake.lake import native as lake_native
-from binlake.lake import pump_source as source
-from binlake.lake.arrow_batches import changes_batch
-from binlake.lake.change_decoder import ChangeDecoder
-from binlake.lake.native import (
+from binlake.lake.decoding import image as lake_image
+from binlake.lake.decoding import native as lake_native
+from binlake.lake.decoding.arrow_batches import changes_batch
+from binlake.lake.decoding.change_decoder import ChangeDecoder
+from binlake.lake.decoding.native import (
     NATIVE_DECODE_ENV,
     StringColumn,
     native_available,
     native_enabled,
     native_import_error,
 )
-from binlake.lake.rows import CHANGE_COLUMNS
-from binlake.lake.schema_history import SchemaHistory
-from binlake.lake.txn import CorruptBinlogError
+from binlake.lake.decoding.rows import CHANGE_COLUMNS
+from binlake.lake.decoding.schema_history import SchemaHistory
+from binlake.lake.decoding.txn import CorruptBinlogError
+from binlake.lake.pumps import datasource as source
 from binlake.proto import binlog_pb2
 
 TS = tso.compose(1_795_000_000_000)  # 2026-11-18
@@ -43,7 +43,7 @@ DAY_US = 86_400_000_000
 DT_MIN_US, DT_MAX_US = -62_135_596_800_000_000, 253_402_300_799_999_999
 COLUMN_TYPES = [binlog_pb2.ColumnType.Value(n) for n in binlog_pb2.ColumnType.keys()]
 
-needs_native = pytest.mark.skipif(not native_available(), reason="binlake.lake._imagec is not built "
+needs_native = pytest.mark.skipif(not native_available(), reason="binlake.lake.decoding._imagec is not built "
                                   "(test_the_extension_is_built says how to build it)")
 
 
@@ -52,7 +52,7 @@ def test_the_extension_is_built() -> None:
     """CI runs on a fresh machine: a build that silently failed (setup.py marks the
     extension optional) must fail here, not just make decoding slower."""
     assert native_available(), (
-        "the C extension binlake.lake._imagec did not import "
+        "the C extension binlake.lake.decoding._imagec did not import "
         f"({native_import_error()}). Build it with `make setup` (or `.venv/bin/pip install --no-deps -e .`) "
         "on a machine with a C compiler (gcc) and the Python headers; pip prints the compiler error "
         "(it is optional, so the install itself succeeds without it).")

@@ -1,4 +1,4 @@
-"""binlake.lake.location: the lake URI, table locations, and the S3 settings handed
+"""binlake.lake.store.location: the lake URI, table locations, and the S3 settings handed
 to Spark (s3a) and delta-rs, from AWS_* / BINLAKE_LAKE_S3_* / [lake.s3]."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pathlib
 import pytest
 
 from binlake import errors
-from binlake.lake import location
+from binlake.lake import s3settings
+from binlake.lake.store import location
 
 
 @pytest.fixture(autouse=True)
@@ -17,7 +18,7 @@ def _no_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith(("AWS_", "BINLAKE_LAKE_S3_")):
             monkeypatch.delenv(key)
-    location.use_config_file(None)
+    s3settings.use_config_file(None)
 
 
 def test_parse_paths_and_s3_uris(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,39 +57,39 @@ def test_settings_env_beats_config_file_and_reach_both_engines(
     cfg = tmp_path / "binlake.toml"
     cfg.write_text('[lake.s3]\nendpoint_url = "http://10.0.0.5:8333"\nregion = "eu-west-3"\n'
                    'access_key_id = "from-file"\nsecret_access_key = "file-secret"\n')
-    location.use_config_file(str(cfg))
-    s = location.s3_settings()
+    s3settings.use_config_file(str(cfg))
+    s = s3settings.s3_settings()
     assert (s.endpoint_url, s.region, s.access_key_id, s.allow_http) == (
         "http://10.0.0.5:8333", "eu-west-3", "from-file", True)
     assert "file-secret" not in repr(s)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-env")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
-    hadoop = location.hadoop_conf()
+    hadoop = s3settings.hadoop_conf()
     assert hadoop["fs.s3a.access.key"] == "from-env" and hadoop["fs.s3a.secret.key"] == "env-secret"
     assert hadoop["fs.s3a.endpoint"] == "http://10.0.0.5:8333" and hadoop["fs.s3a.path.style.access"] == "true"
     assert hadoop["fs.s3a.connection.ssl.enabled"] == "false"
-    opts = location.storage_options()
+    opts = s3settings.storage_options()
     assert opts["AWS_ENDPOINT_URL"] == "http://10.0.0.5:8333" and opts["AWS_ALLOW_HTTP"] == "true"
     assert opts["AWS_ACCESS_KEY_ID"] == "from-env" and opts["AWS_REGION"] == "eu-west-3"
-    start = location.spark_conf()
+    start = s3settings.spark_conf()
     assert start["spark.hadoop.fs.s3a.endpoint"] == "http://10.0.0.5:8333"
     # Start confs land on the JVM's command line: the keys go through its environment instead.
     assert not any("env-secret" in v or "from-env" in v for v in start.values())
-    assert location.aws_env()["AWS_SECRET_ACCESS_KEY"] == "env-secret"
+    assert s3settings.aws_env()["AWS_SECRET_ACCESS_KEY"] == "env-secret"
 
 
 def test_bad_s3_settings_name_the_key(tmp_path: pathlib.Path) -> None:
     cfg = tmp_path / "binlake.toml"
     cfg.write_text('[lake.s3]\nendpoint_url = "10.0.0.5:8333"\n')
-    location.use_config_file(str(cfg))
+    s3settings.use_config_file(str(cfg))
     with pytest.raises(errors.InvalidArgument, match=r"\[lake.s3\] endpoint_url.*not an http"):
-        location.s3_settings()
+        s3settings.s3_settings()
     cfg.write_text('[lake.s3]\nbucket = "x"\n')
     with pytest.raises(errors.InvalidArgument, match="unknown key"):
-        location.s3_settings()
+        s3settings.s3_settings()
 
 
 def test_without_s3_settings_spark_uses_the_sdk_chain() -> None:
-    conf = location.hadoop_conf()
+    conf = s3settings.hadoop_conf()
     assert "fs.s3a.access.key" not in conf and "fs.s3a.endpoint" not in conf
-    assert "AWS_ACCESS_KEY_ID" not in location.storage_options()
+    assert "AWS_ACCESS_KEY_ID" not in s3settings.storage_options()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from binlake.lake import staging
+from binlake.lake.store import staging
 
 
 def test_only_a_local_lake_stages(tmp_path: pathlib.Path) -> None:

@@ -8,13 +8,16 @@ import argparse
 import pytest
 
 from binlake import errors, tso
-from binlake.lake import commands, ingest, pump_pull
-from binlake.lake.pump_check import check_pumps
-from binlake.lake.pump_pull import pull_resumable
-from binlake.lake.read_options import ReadOptions
-from binlake.lake.schema_history import SchemaHistory
-from binlake.lake.spark_errors import binlake_error
-from binlake.lake.window_index import WindowIndex, _splits
+from binlake.cli.args import window_args
+from binlake.lake import commands, ingest
+from binlake.lake.decoding.schema_history import SchemaHistory
+from binlake.lake.pumps import pump_pull
+from binlake.lake.pumps.pump_check import check_pumps
+from binlake.lake.pumps.pump_pull import pull_resumable
+from binlake.lake.pumps.read_options import ReadOptions
+from binlake.lake.pumps.window_index import WindowIndex, _splits
+from binlake.lake.sparkenv.spark_errors import binlake_error
+from binlake.lake.store import ledger, location
 from binlake.proto import binlog_pb2
 from binlake.sql import schema as sc
 from binlake.sql.schema import ColumnDef, new_table
@@ -27,11 +30,11 @@ def w(s: int, e: int) -> dict[str, int]:
 
 
 def test_uncovered_ranges() -> None:
-    assert ingest.uncovered([], 0, 100) == [(0, 100)]
-    assert ingest.uncovered([w(10, 20), w(30, 40)], 0, 100) == [(0, 10), (20, 30), (40, 100)]
-    assert ingest.uncovered([w(30, 40), w(0, 30)], 0, 35) == []
-    assert ingest.uncovered([w(0, 50)], 10, 20) == []
-    assert ingest.uncovered([w(60, 70)], 0, 50) == [(0, 50)]
+    assert ledger.uncovered([], 0, 100) == [(0, 100)]
+    assert ledger.uncovered([w(10, 20), w(30, 40)], 0, 100) == [(0, 10), (20, 30), (40, 100)]
+    assert ledger.uncovered([w(30, 40), w(0, 30)], 0, 35) == []
+    assert ledger.uncovered([w(0, 50)], 10, 20) == []
+    assert ledger.uncovered([w(60, 70)], 0, 50) == [(0, 50)]
 
 
 def test_overlap_rules() -> None:
@@ -106,7 +109,7 @@ def test_binlake_errors_are_recovered_from_spark_messages() -> None:
             "binlake.errors.OutOfRange: window [1, 2) starts below pump pump1's GC ts 5\n\n  at org.apache...")
     err = binlake_error(RuntimeError(text))
     assert isinstance(err, errors.OutOfRange) and str(err) == "window [1, 2) starts below pump pump1's GC ts 5"
-    err = binlake_error(RuntimeError("binlake.lake.decode.UnknownTableError: table id 7 has no definition"))
+    err = binlake_error(RuntimeError("binlake.lake.decoding.decode.UnknownTableError: table id 7 has no definition"))
     assert isinstance(err, errors.FailedPrecondition) and "table id 7" in str(err)
     assert binlake_error(RuntimeError("java.lang.OutOfMemoryError")) is None
 
@@ -119,12 +122,12 @@ def test_window_predicate_bounds_the_partitions() -> None:
 
 
 def test_lake_paths_and_argument_checks(tmp_path: object) -> None:
-    assert ingest.table_path("s3a://bucket/lake/", "changes") == "s3a://bucket/lake/changes"
-    assert ingest.table_path("/data/lake", "windows") == "/data/lake/windows"
+    assert location.table_path("s3a://bucket/lake/", "changes") == "s3a://bucket/lake/changes"
+    assert location.table_path("/data/lake", "windows") == "/data/lake/windows"
     with pytest.raises(ValueError, match="unknown lake table"):
-        ingest.table_path("/data/lake", "snapshots")
+        location.table_path("/data/lake", "snapshots")
     with pytest.raises(errors.InvalidArgument, match="lake must be"):
-        ingest.check_lake("  ")
+        location.check_lake("  ")
     with pytest.raises(TypeError, match="SparkSession"):
         ingest.ingest_window(None, "/tmp/lake", "127.0.0.1:1", 1, 2)
     with pytest.raises(errors.InvalidArgument, match="empty"):
@@ -137,13 +140,13 @@ def test_cli_window_arguments() -> None:
     def ns(**kw: object) -> argparse.Namespace:
         return argparse.Namespace(**{"start_ts": None, "end_ts": None, "start": None, "end": None, **kw})
 
-    assert commands.window_args(ns(start_ts=1, end=5)) == (1, 5)
+    assert window_args(ns(start_ts=1, end=5)) == (1, 5)
     with pytest.raises(errors.InvalidArgument, match="once"):
-        commands.window_args(ns(start_ts=1, start=2, end_ts=5))
+        window_args(ns(start_ts=1, start=2, end_ts=5))
     with pytest.raises(errors.InvalidArgument, match="needs a start"):
-        commands.window_args(ns(end_ts=5))
+        window_args(ns(end_ts=5))
     with pytest.raises(errors.InvalidArgument, match="empty"):
-        commands.window_args(ns(start_ts=5, end_ts=5))
+        window_args(ns(start_ts=5, end_ts=5))
     assert commands.pump_list(" a, b ,") == ["a", "b"] and commands.pump_list(None) is None
     with pytest.raises(errors.InvalidArgument, match="at least one"):
         commands.pump_list(",")
@@ -191,7 +194,7 @@ def test_pump_reads_resume_after_a_transient_failure(monkeypatch: pytest.MonkeyP
 
 
 def test_unreachable_pump_is_named() -> None:
-    from binlake.lake.planner import WindowPlan
+    from binlake.lake.pumps.planner import WindowPlan
     from binlake.registry.model import NodeRecord
 
     port = __import__("pumpkit").free_port()

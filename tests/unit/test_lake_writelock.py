@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from binlake.lake import writelock
+from binlake.lake.store import writelock
 
 
 def test_lock_path_local_and_uri(tmp_path: pathlib.Path) -> None:

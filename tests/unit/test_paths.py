@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from binlake import cli, config
-from binlake.lake import spark
+from binlake.lake.sparkenv import session as spark
 
 
 def test_paths_default_to_the_checkout_and_follow_the_environment(

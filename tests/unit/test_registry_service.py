@@ -14,7 +14,8 @@ import pytest
 from binlake import errors, tso
 from binlake.registry.model import NodeRecord, NodeState, ReplicationSetting
 from binlake.registry.service import DEAD_AFTER_MS, MAX_TS_COUNT, RegistryService
-from binlake.registry.store import DB_FILE_NAME, RegistryStore, SQLiteStore, open_store
+from binlake.registry.store import DB_FILE_NAME, RegistryStore, SQLiteStore
+from binlake.registry.stores import open_store
 
 ONLINE, PAUSING, PAUSED, CLOSING, OFFLINE = (
     NodeState.ONLINE,
@@ -590,7 +591,7 @@ def test_registry_and_etcd_address_lists() -> None:
 
 def test_replication_history_applies_from_a_tso_ahead_and_survives_restart(
         tmp_path: pathlib.Path, service: RegistryService) -> None:
-    from binlake import replication
+    from binlake.registry import replicas
 
     assert service.get_replication() == []
     history = service.set_replication(2, 2, 30_000)
@@ -608,25 +609,25 @@ def test_replication_history_applies_from_a_tso_ahead_and_survives_restart(
     assert service.get_replication() == later
     # Prewrites pick the setting in force at their start_ts; before the first, R = W = 1.
     one = ReplicationSetting(0, 1, 1)
-    assert replication.setting_at(later, later[0].from_ts - 1) == one
-    assert replication.setting_at(later, later[0].from_ts) == later[0]
-    assert replication.setting_at(later, later[1].from_ts + 5) == later[1]
+    assert replicas.setting_at(later, later[0].from_ts - 1) == one
+    assert replicas.setting_at(later, later[0].from_ts) == later[0]
+    assert replicas.setting_at(later, later[1].from_ts + 5) == later[1]
     # A window is read with the lowest W in force from a transaction's lifetime before it to its end.
-    lookback = tso.compose(replication.TXN_LOOKBACK_MS)
+    lookback = tso.compose(replicas.TXN_LOOKBACK_MS)
     start = later[0].from_ts + lookback
-    assert replication.min_acks_for_window(later, start, start + 10) == 2
-    assert replication.min_acks_for_window(later, start - 2, start + 10) == 1
-    assert replication.min_acks_for_window([], start, start + 10) == 1
+    assert replicas.min_acks_for_window(later, start, start + 10) == 2
+    assert replicas.min_acks_for_window(later, start - 2, start + 10) == 1
+    assert replicas.min_acks_for_window([], start, start + 10) == 1
     # A shorter promised lifetime (txn_lookback_s) brings the new W to windows sooner; the
     # windows before the change keep the old one whatever it is.
     short = tso.compose(2_000)
-    assert replication.min_acks_for_window(later, later[0].from_ts + short, later[0].from_ts + short + 10,
+    assert replicas.min_acks_for_window(later, later[0].from_ts + short, later[0].from_ts + short + 10,
                                            lookback_ms=2_000) == 2
-    assert replication.min_acks_for_window(later, later[0].from_ts + short - 2, later[0].from_ts + short,
+    assert replicas.min_acks_for_window(later, later[0].from_ts + short - 2, later[0].from_ts + short,
                                            lookback_ms=2_000) == 1
-    assert replication.min_acks_for_window(later, later[0].from_ts - 10, later[0].from_ts, lookback_ms=0) == 1
+    assert replicas.min_acks_for_window(later, later[0].from_ts - 10, later[0].from_ts, lookback_ms=0) == 1
     with pytest.raises(ValueError, match="lookback_ms"):
-        replication.min_acks_for_window(later, start, start + 10, lookback_ms=-1)
+        replicas.min_acks_for_window(later, start, start + 10, lookback_ms=-1)
 
 
 def test_replication_history_is_kept_by_the_sqlite_store(tmp_path: pathlib.Path) -> None:

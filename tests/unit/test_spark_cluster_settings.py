@@ -12,10 +12,10 @@ import zipfile
 import pytest
 
 from binlake import config, errors
-from binlake.lake import spark as lake_spark
+from binlake.lake.sparkenv import session as lake_spark
 from binlake.stack import airflow_db
-from binlake.testing.devdb import LocalPostgres
-from binlake.testing.sparkcluster import SparkCluster
+from binlake.stack.localdb import LocalPostgres
+from binlake.stack.sparkcluster import SparkCluster
 
 
 def test_code_zip_holds_this_binlake_and_is_reused(tmp_path: pathlib.Path) -> None:
@@ -26,7 +26,7 @@ def test_code_zip_holds_this_binlake_and_is_reused(tmp_path: pathlib.Path) -> No
     with zipfile.ZipFile(first) as z:
         names = set(z.namelist())
         # The very files this process runs, under binlake/ (what an executor imports).
-        assert z.read("binlake/lake/pump_source.py") == (root / "lake" / "pump_source.py").read_bytes()
+        assert z.read("binlake/lake/pumps/datasource.py") == (root / "lake" / "pumps" / "datasource.py").read_bytes()
     assert "binlake/__init__.py" in names and not any("__pycache__" in n or n.endswith(".so") for n in names)
     # Same contents, same file; no temporary left behind.
     assert lake_spark.code_zip(tmp_path) == first
@@ -34,7 +34,7 @@ def test_code_zip_holds_this_binlake_and_is_reused(tmp_path: pathlib.Path) -> No
     # The zip imports binlake in a fresh interpreter (nothing else on its path).
     import subprocess
 
-    out = subprocess.run([sys.executable, "-S", "-c", "import binlake.lake.read_options as m; print(m.__file__)"],
+    out = subprocess.run([sys.executable, "-S", "-c", "import binlake.lake.pumps.read_options as m; print(m.__file__)"],
                          env={"PYTHONPATH": str(first), "PATH": os.environ.get("PATH", "")},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith(str(first)), out.stderr

@@ -111,11 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure_tls(args)
         _configure_spark(args)
         # An S3 lake's endpoint and keys may come from the command's --config ([lake.s3]).
-        from binlake.lake import location
+        from binlake.lake import s3settings
 
-        location.use_config_file(getattr(args, "config", None))
+        s3settings.use_config_file(getattr(args, "config", None))
         if getattr(args, "master", None) is not None:
-            from binlake.lake.spark import check_master
+            from binlake.lake.sparkenv.session import check_master
 
             check_master(args.master, "--master")
         return _dispatch(parser, args)

@@ -15,7 +15,8 @@ import pathlib
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from binlake import argcheck, errors, tso
+from binlake import errors, tso
+from binlake.cli import argcheck
 from binlake.net import DEFAULT_REGISTRY_ADDR, parse_addr_list
 
 # The exit status of a user's mistake (bad flags, bad config, a refused request).
@@ -132,7 +133,7 @@ def int_list(text: str) -> str:
 def s3_lake_arg(text: str) -> str:
     """An ``s3://bucket/prefix`` lake (the benchmarks' second lake beside the local one)."""
     from binlake import errors
-    from binlake.lake import location
+    from binlake.lake.store import location
 
     try:
         parsed = location.parse(text, "the lake")
@@ -175,11 +176,26 @@ def add_lake(p: argparse.ArgumentParser) -> None:
 
 
 def add_window(p: argparse.ArgumentParser) -> None:
-    """A commit_ts window as TSOs or datetimes (``lake.commands.window_args`` reads it)."""
+    """A commit_ts window as TSOs or datetimes (``window_args`` reads it)."""
     p.add_argument("--start-ts", type=window_ts_arg, help="window start (inclusive), a TSO")
     p.add_argument("--end-ts", type=window_ts_arg, help="window end (exclusive), a TSO")
     p.add_argument("--start", type=datetime_arg, help="window start as an ISO datetime (UTC unless offset given)")
     p.add_argument("--end", type=datetime_arg, help="window end as an ISO datetime")
+
+
+def window_args(args: argparse.Namespace) -> tuple[int, int]:
+    """The window of ``--start-ts/--end-ts`` or ``--start/--end`` (exactly one form each)."""
+    if args.start_ts is not None and args.start is not None:
+        raise errors.InvalidArgument("give the window start once: --start-ts or --start, not both")
+    if args.end_ts is not None and args.end is not None:
+        raise errors.InvalidArgument("give the window end once: --end-ts or --end, not both")
+    start = args.start_ts if args.start_ts is not None else args.start
+    end = args.end_ts if args.end_ts is not None else args.end
+    if start is None or end is None:
+        raise errors.InvalidArgument("a window needs a start (--start-ts or --start) and an end (--end-ts or --end)")
+    if start >= end:
+        raise errors.InvalidArgument(f"window [{start}, {end}) is empty: the start must be before the end")
+    return start, end
 
 
 def registry_addr(args: argparse.Namespace) -> str:

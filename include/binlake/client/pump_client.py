@@ -15,7 +15,7 @@
   ``PumpConn``).
 
 Replication (``replicas`` R, ``min_acks`` W: the registry's setting in force at
-the prewrite's start_ts, else ``ClientSettings``'; see ``binlake.replication``): a prewrite
+the prewrite's start_ts, else ``ClientSettings``'; see ``binlake.registry.replicas``): a prewrite
 goes to R Pumps picked by the strategy (on distinct hosts while there are enough
 hosts), and is acknowledged once W of them fsynced it; fewer than W writable
 Pumps fail the write with ``errors.NotEnoughReplicas``, never fewer copies. The
@@ -57,7 +57,7 @@ from binlake.client import wire
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
 from binlake.registry.model import NodeRecord, NodeState, ReplicationSetting
-from binlake.replication import setting_at
+from binlake.registry.replicas import setting_at
 
 log = logging.getLogger(__name__)
 

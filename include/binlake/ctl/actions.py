@@ -11,8 +11,8 @@ from typing import Any
 from google.protobuf import json_format
 
 from binlake import errors, tso
+from binlake.cli.args import window_args
 from binlake.client.reader import pull_pump, pull_window
-from binlake.lake.commands import window_args
 from binlake.proto import binlog_pb2
 from binlake.registry.client import RegistryClient
 from binlake.registry.model import NodeRecord, NodeState
@@ -107,13 +107,13 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
 
 def _replicas(reg: RegistryClient) -> int:
     """The largest R configured here or set in the registry (any copy may be the only one)."""
-    from binlake.replication import configured
+    from binlake.registry.replicas import configured
 
     return max([configured().replicas, *(s.replicas for s in reg.get_replication())])
 
 
 def _replication(args: argparse.Namespace, reg: RegistryClient) -> int:
-    from binlake.replication import configured_lookback_ms, min_acks_for_window
+    from binlake.registry.replicas import configured_lookback_ms, min_acks_for_window
 
     # Checked whether or not a setting is appended: a bad value is never silently ignored.
     if not 0 <= args.grace_s <= 3600:
@@ -235,9 +235,9 @@ def _readable(reg: RegistryClient, nodes: list[NodeRecord], start: int, end: int
     """The Pumps to read ``[start, end)`` from: every one that may hold it, less up to
     W - 1 unreachable ones (``window.cluster_readiness``; each Pump checks its own
     safe ts and GC ts when read, waiting with ``wait``)."""
-    from binlake.lake.planner import WindowPlan, pumps_for_window
-    from binlake.lake.pump_check import pump_statuses
-    from binlake.replication import cluster_min_acks
+    from binlake.lake.pumps.planner import WindowPlan, pumps_for_window
+    from binlake.lake.pumps.pump_check import pump_statuses
+    from binlake.registry.replicas import cluster_min_acks
     from binlake.window import Readiness, Window, cluster_readiness, pump_views
 
     chosen = pumps_for_window(nodes, start, end)

@@ -1,6 +1,6 @@
 """``binlake ingest`` and ``binlake lake ...``: the lake from the command line.
 
-Each command builds the one SparkSession (``lake.spark.build_spark``) in this
+Each command builds the one SparkSession (``lake.sparkenv.session.build_spark``) in this
 process. Spark's own console output is turned down so that a refused window
 prints one clear line (the CLI's ``binlake <cmd>: error: ...``), not a JVM
 stack trace.
@@ -15,30 +15,12 @@ import os
 import pathlib
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from binlake import errors, tso
-from binlake.lake import connect
-from binlake.lake.spark import LAKE_CONF
-
-if TYPE_CHECKING:
-    # pyspark is heavy; type checkers see it, runtime imports it where a session is used.
-    from pyspark.sql import SparkSession
-
-
-def window_args(args: argparse.Namespace) -> tuple[int, int]:
-    """The window of ``--start-ts/--end-ts`` or ``--start/--end`` (exactly one form each)."""
-    if args.start_ts is not None and args.start is not None:
-        raise errors.InvalidArgument("give the window start once: --start-ts or --start, not both")
-    if args.end_ts is not None and args.end is not None:
-        raise errors.InvalidArgument("give the window end once: --end-ts or --end, not both")
-    start = args.start_ts if args.start_ts is not None else args.start
-    end = args.end_ts if args.end_ts is not None else args.end
-    if start is None or end is None:
-        raise errors.InvalidArgument("a window needs a start (--start-ts or --start) and an end (--end-ts or --end)")
-    if start >= end:
-        raise errors.InvalidArgument(f"window [{start}, {end}) is empty: the start must be before the end")
-    return start, end
+from binlake.cli.args import window_args
+from binlake.lake.sparkenv.session import command_session
+from binlake.lake.sparkenv.spark_errors import command_error
 
 
 def pump_list(text: str | None) -> list[str] | None:
@@ -50,30 +32,10 @@ def pump_list(text: str | None) -> list[str] | None:
     return pumps
 
 
-def session(master: str | None = None, quiet: bool = True) -> SparkSession:
-    from binlake.lake.spark import build_spark
-
-    spark = build_spark("binlake-cli", master, extra_conf=LAKE_CONF)
-    if quiet and not connect.is_remote(spark):
-        # Failures reach the user as one line from binlake; Spark's task logs would bury it.
-        spark.sparkContext.setLogLevel("FATAL")
-    return spark
-
-
-def _spark_error(exc: Exception, what: str) -> errors.BinlakeError:
-    from binlake.lake.spark_errors import binlake_error, s3_unreachable
-
-    err = binlake_error(exc) or s3_unreachable(exc, what)
-    if err is not None:
-        return err
-    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    return errors.FailedPrecondition(f"{what}: {first[:500]}")
-
-
 # ---------------------------------------------------------------- binlake ingest
 def ingest(args: argparse.Namespace, registry: str) -> int:
     from binlake.lake.ingest import ingest_window
-    from binlake.lake.pump_check import plan_read
+    from binlake.lake.pumps.pump_check import plan_read
 
     start, end = window_args(args)
     writable_lake(args.lake)
@@ -91,7 +53,7 @@ def ingest(args: argparse.Namespace, registry: str) -> int:
                 console.log(message, highlight=False)
 
         status.update("starting Spark")
-        spark = session(args.master, quiet=args.log_level != "DEBUG")
+        spark = command_session(args.master, quiet=args.log_level != "DEBUG")
         try:
             result = ingest_window(spark, args.lake, registry, start, end, pumps, progress,
                                    decode_here=args.decode_here_rows)
@@ -100,7 +62,7 @@ def ingest(args: argparse.Namespace, registry: str) -> int:
         except (ValueError, TypeError) as exc:
             raise errors.InvalidArgument(str(exc)) from None
         except Exception as exc:  # a Spark/Delta failure: its first line, not a JVM trace
-            raise _spark_error(exc, f"ingest [{start}, {end})") from None
+            raise command_error(exc, f"ingest [{start}, {end})") from None
     if args.json:
         print(json.dumps(result.to_dict(), sort_keys=True))
     else:
@@ -116,10 +78,10 @@ def _fmt_ts(ts: int) -> str:
 def existing_lake(lake: str) -> None:
     """A local lake must be a directory that exists; an S3 lake's bucket must answer
     the configured endpoint and keys (other URIs are Spark's to resolve)."""
-    from binlake.lake import location
+    from binlake.lake.store import location, s3
 
     if location.parse(lake, "--lake").is_s3:
-        location.probe(lake)
+        s3.probe(lake)
     if "://" not in lake and not os.path.isdir(lake):
         what = "is a file" if os.path.exists(lake) else "does not exist"
         raise errors.InvalidArgument(f"--lake {lake} {what}: give the lake directory an ingest wrote")
@@ -129,30 +91,30 @@ def writable_lake(lake: str) -> None:
     """A local lake must be a directory, or creatable under a writable one; an S3
     lake's bucket must answer the configured endpoint and keys (checked before a JVM
     starts, so nothing is written with settings that cannot work)."""
-    from binlake.lake import location
+    from binlake.lake.store import location, s3
 
     if location.parse(lake, "--lake").is_s3:
-        location.probe(lake)
+        s3.probe(lake)
     if "://" in lake:
         return
     path = os.path.abspath(lake)
     if os.path.exists(path) and not os.path.isdir(path):
         raise errors.InvalidArgument(f"--lake {lake} is a file: give a directory for the lake")
-    from binlake.argcheck import can_create_under
+    from binlake.cli.argcheck import can_create_under
 
     if not can_create_under(pathlib.Path(path)):
         raise errors.InvalidArgument(f"--lake {lake} cannot be created: no writable directory there")
 
 
 def windows(args: argparse.Namespace) -> int:
-    from binlake.lake.ingest import read_windows, uncovered
+    from binlake.lake.store.ledger import read_windows, uncovered
 
     existing_lake(args.lake)
-    spark = session(args.master)
+    spark = command_session(args.master)
     try:
         rows = read_windows(spark, args.lake)
     except Exception as exc:
-        raise _spark_error(exc, f"reading the windows of {args.lake}") from None
+        raise command_error(exc, f"reading the windows of {args.lake}") from None
     if args.json:
         for r in rows:
             print(json.dumps(r, default=str, sort_keys=True))
@@ -183,7 +145,8 @@ def windows(args: argparse.Namespace) -> int:
 def changes(args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
 
-    from binlake.lake.ingest import CHANGES, is_delta, table_path
+    from binlake.lake.store.ledger import is_delta
+    from binlake.lake.store.location import CHANGES, table_path
 
     existing_lake(args.lake)
     if not args.table or not args.table.strip():
@@ -191,7 +154,7 @@ def changes(args: argparse.Namespace) -> int:
     db, _, tbl = args.table.strip().rpartition(".")
     if args.from_ts is not None and args.to_ts is not None and args.from_ts >= args.to_ts:
         raise errors.InvalidArgument(f"--from-ts {args.from_ts} must be below --to-ts {args.to_ts}")
-    spark = session(args.master)
+    spark = command_session(args.master)
     path = table_path(args.lake, CHANGES)
     if not is_delta(spark, path):
         raise errors.NotFound(f"no change table at {path}: nothing was ingested into {args.lake}")
@@ -205,7 +168,7 @@ def changes(args: argparse.Namespace) -> int:
     try:
         rows = df.orderBy("commit_ts", "seq").limit(args.limit).collect()
     except Exception as exc:
-        raise _spark_error(exc, f"reading changes of {args.table}") from None
+        raise command_error(exc, f"reading changes of {args.table}") from None
     if args.json:
         for r in rows:
             print(json.dumps(r.asDict(), default=_json_default, ensure_ascii=False))

@@ -9,7 +9,7 @@ not ingested yet (the gaps inside the ledger, plus the windows of the newest
 window's length between its end and the safe ts).
 
 Read without Spark: the ``windows`` ledger through delta-rs
-(``binlake.lake.arrowread``), the Pumps and consumers from the registry. So
+(``binlake.lake.store.arrowread``), the Pumps and consumers from the registry. So
 ``binlake lake status`` answers in a second, and ``binlake lake metrics``
 serves the same figures to Prometheus at scrape time.
 """
@@ -27,8 +27,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from binlake import errors, tso
-from binlake.lake import arrowread, location
-from binlake.lake.ingest import WINDOWS, table_path, uncovered
+from binlake.lake.store import arrowread, location, s3
+from binlake.lake.store.ledger import uncovered
+from binlake.lake.store.location import WINDOWS, table_path
 
 
 @dataclasses.dataclass
@@ -83,7 +84,7 @@ def ledger(lake: str) -> list[tuple[int, int]]:
             raise errors.InvalidArgument(
                 f"{lake} is neither a local directory nor on S3: freshness reads the windows ledger with "
                 "delta-rs (use `binlake lake windows` for a lake on another file system)")
-        location.probe(lake)  # bucket, keys, endpoint: one clear line when wrong
+        s3.probe(lake)  # bucket, keys, endpoint: one clear line when wrong
         if not _s3_table_exists(path):
             return []
     elif not os.path.isdir(os.path.join(local, "_delta_log")):
@@ -100,7 +101,7 @@ def _s3_table_exists(path: str) -> bool:
     """Whether the S3 table at ``path`` has a Delta log (one listing, through delta-rs's settings)."""
     from pyarrow import fs as pafs
 
-    store = location.s3_filesystem()
+    store = s3.s3_filesystem()
     log_dir = location.to_object_store(path)[len("s3://"):] + "/_delta_log"
     found = store.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
     return any(f.path.endswith(".json") or f.path.endswith(".checkpoint.parquet") for f in found)

@@ -50,15 +50,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
-from binlake.lake import arrow_batches, checkpoint, connect, location, staging, writelock
-from binlake.lake import pump_source as lake_source
-from binlake.lake.ddl_rows import ddl_row
-from binlake.lake.planner import check_window, pumps_for_window
-from binlake.lake.pump_check import plan_read, pump_statuses
-from binlake.lake.rows import CHANGES_DDL, DDL_COLUMNS, DDL_HISTORY_DDL, WINDOWS_DDL, commit_date
-from binlake.lake.schema_history import SchemaHistory, UnknownTableError
-from binlake.lake.spark_errors import binlake_error
-from binlake.lake.window_index import WindowIndex, index_window, merge_consecutive, scan_ddls
+from binlake.lake.decoding import arrow_batches
+from binlake.lake.decoding.ddl_rows import ddl_row
+from binlake.lake.decoding.rows import CHANGES_DDL, DDL_COLUMNS, DDL_HISTORY_DDL, WINDOWS_DDL, commit_date
+from binlake.lake.decoding.schema_history import SchemaHistory, UnknownTableError
+from binlake.lake.pumps import checkpoint
+from binlake.lake.pumps import datasource as lake_source
+from binlake.lake.pumps.planner import check_window, pumps_for_window
+from binlake.lake.pumps.pump_check import plan_read, pump_statuses
+from binlake.lake.pumps.window_index import WindowIndex, index_window, merge_consecutive, scan_ddls
+from binlake.lake.sparkenv import connect
+from binlake.lake.sparkenv.spark_errors import binlake_error
+from binlake.lake.store import s3, staging, writelock
+from binlake.lake.store.ledger import is_delta, read_windows, uncovered
+from binlake.lake.store.location import CHANGES, DDL_HISTORY, WINDOWS, table_path
 from binlake.registry.client import RegistryClient
 
 if TYPE_CHECKING:
@@ -67,11 +72,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Where the lake and its tables are: binlake.lake.location (re-exported here for the
-# ingest's callers).
-CHANGES, DDL_HISTORY, WINDOWS = location.CHANGES, location.DDL_HISTORY, location.WINDOWS
-check_lake, table_path, is_delta, read_windows = (location.check_lake, location.table_path, location.is_delta,
-                                                 location.read_windows)
 # Partitions of about this many row changes at least: smaller ones cost more
 # in task overhead than they win in balance.
 MIN_ROWS_PER_PARTITION = 20_000
@@ -135,7 +135,7 @@ class IngestResult:
 
 def _small_table_rows(path: str, columns: Sequence[str] | None, where: Any = None) -> list[dict[str, Any]] | None:
     # pyarrow and delta-rs are imported when a table is read, not with this module.
-    from binlake.lake import arrowread
+    from binlake.lake.store import arrowread
 
     return arrowread.small_table_rows(path, columns, where)
 
@@ -154,28 +154,6 @@ def check_overlap(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int)
                 f"[{s}, {e}) ({tso.iso(s)} .. {tso.iso(e)}) without the same bounds: re-ingest exactly that window, or "
                 "choose a window that does not overlap it")
     return same
-
-
-def uncovered(windows: Sequence[dict[str, Any]], start_ts: int, end_ts: int) -> list[tuple[int, int]]:
-    """The parts of ``[start_ts, end_ts)`` no ingested window covers."""
-    gaps: list[tuple[int, int]] = []
-    cursor = start_ts
-    for s, e in sorted((int(w["start_ts"]), int(w["end_ts"])) for w in windows):
-        if e <= cursor:
-            continue
-        if s >= end_ts:
-            break
-        if s > cursor:
-            gaps.append((cursor, s))
-        cursor = max(cursor, e)
-    if cursor < end_ts:
-        gaps.append((cursor, end_ts))
-    return gaps
-
-
-def load_history(spark: SparkSession, lake: str, before_ts: int) -> SchemaHistory:
-    """The definitions ``ddl_history`` holds from DDLs committed before ``before_ts``."""
-    return _load_ddl_history(spark, lake, before_ts, before_ts)[0]
 
 
 def _load_ddl_history(spark: SparkSession, lake: str, start_ts: int,
@@ -211,8 +189,8 @@ def _same_ddl_rows(held: Sequence[Mapping[str, Any]], txns: Sequence[Any]) -> bo
 def _history_from_pumps(registry: str, gaps: list[tuple[int, int]]) -> tuple[list[Any], list[str]]:
     """DDLs in the uncovered ranges, read from every Pump that may hold them, plus
     notes on ranges a Pump cannot serve any more (below its GC ts)."""
-    from binlake.lake.planner import WindowPlan
-    from binlake.replication import cluster_min_acks
+    from binlake.lake.pumps.planner import WindowPlan
+    from binlake.registry.replicas import cluster_min_acks
 
     with RegistryClient(registry) as reg:
         nodes, _ = reg.list_nodes("pump")
@@ -307,7 +285,7 @@ def _validate(spark: SparkSession, lake: str, registry: str, start_ts: int, end_
     if spark is None or not hasattr(spark, "read"):
         raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
     # An S3 lake is checked (bucket, keys, endpoint) before anything is read or written.
-    location.prepare(spark, lake)
+    s3.prepare(spark, lake)
     if not isinstance(registry, str):
         raise errors.InvalidArgument(f"registry must be HOST:PORT, got {registry!r}")
     net.parse_addr_list(registry, "registry")
@@ -653,7 +631,7 @@ def _may_append(lake: str, w: _Window) -> bool:
     ``replaceWhere`` must find and remove the rows it replaces, which made it 2-3
     times an append's cost. Called under the lake's write lock, after
     ``_fence_earlier``."""
-    from binlake.lake import arrowread
+    from binlake.lake.store import arrowread
 
     return arrowread.may_hold(table_path(lake, CHANGES), _prune_predicate(w.start_ts, w.end_ts)) is False
 

@@ -257,9 +257,5 @@ def op_put(key: bytes, value: bytes, lease: int = 0) -> rpc_pb2.RequestOp:
     return rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=key, value=value, lease=lease))
 
 
-def op_get(key: bytes) -> rpc_pb2.RequestOp:
-    return rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=key))
-
-
 def op_delete(key: bytes) -> rpc_pb2.RequestOp:
     return rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(key=key))

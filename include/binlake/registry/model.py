@@ -101,7 +101,7 @@ class ReplicationSetting:
     ``start_ts >= from_ts`` are written to ``replicas`` Pumps and acknowledged at
     ``min_acks``. The registry keeps every setting ever made (a history), so a
     window is read with the setting that was in force when it was written
-    (``binlake.replication``)."""
+    (``binlake.registry.replicas``)."""
 
     from_ts: int
     replicas: int

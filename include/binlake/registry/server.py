@@ -20,7 +20,8 @@ from binlake.registry.election import Election
 from binlake.registry.etcd_store import EtcdStore
 from binlake.registry.model import NodeRecord, NodeState
 from binlake.registry.service import RegistryService
-from binlake.registry.store import RegistryStore, open_store
+from binlake.registry.store import RegistryStore
+from binlake.registry.stores import open_store
 
 log = logging.getLogger(__name__)
 

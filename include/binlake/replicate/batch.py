@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from binlake.lake import decode
+from binlake.lake.decoding import decode
 from binlake.proto import binlog_pb2
 from binlake.replicate import arrowcompact, rawcompact, rules
 from binlake.replicate.compactor import DELETE, INSERT, UPDATE, Change

@@ -95,9 +95,10 @@ def apply_command(args: argparse.Namespace) -> int:
     until = parse_until(args.until_ts, args.until)
     if args.action == "status" and (until is not None):
         raise errors.InvalidArgument("apply status takes no --until/--until-ts")
-    from binlake.lake.commands import _spark_error, session
+    from binlake.lake.sparkenv.session import command_session
+    from binlake.lake.sparkenv.spark_errors import command_error
 
-    spark = session(args.master)
+    spark = command_session(args.master)
     applier = runner.Applier(spark, t, lake=args.lake, target_url=args.target,
                              progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     if args.action == "status":
@@ -114,7 +115,7 @@ def apply_command(args: argparse.Namespace) -> int:
         raise
     except Exception as exc:
         if type(exc).__module__.startswith(("py4j", "pyspark")):
-            raise _spark_error(exc, "apply") from None
+            raise command_error(exc, "apply") from None
         raise
     if args.json:
         print(json.dumps(report.summary_dict(summary)))
@@ -125,7 +126,7 @@ def apply_command(args: argparse.Namespace) -> int:
 
 def _check_apply_args(args: argparse.Namespace) -> None:
     """The flags that override the task file, checked before Spark starts."""
-    from binlake import argcheck
+    from binlake.cli import argcheck
 
     if not args.task.strip():
         raise errors.InvalidArgument("--task is empty: give a task file (see config/task.sample.toml)")
@@ -136,7 +137,7 @@ def _check_apply_args(args: argparse.Namespace) -> None:
 
 
 def diff_command(args: argparse.Namespace) -> int:
-    from binlake import argcheck
+    from binlake.cli import argcheck
     from binlake.sql.diff import diff_databases
 
     argcheck.db_url("SOURCE", args.source)

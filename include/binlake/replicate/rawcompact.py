@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from binlake.lake.image import _value_of
+from binlake.lake.decoding.image import _value_of
 from binlake.proto import binlog_pb2
 from binlake.replicate.compactor import DELETE, INSERT, UPDATE, Change, hashable
 

@@ -20,7 +20,9 @@ import numpy as np
 import pyarrow as pa
 
 from binlake import errors
-from binlake.lake import arrowread, decode, location
+from binlake.lake.decoding import decode
+from binlake.lake.store import arrowread, location
+from binlake.lake.store import ledger as lake_ledger
 from binlake.proto import binlog_pb2
 from binlake.replicate import rules
 from binlake.replicate.task import Task
@@ -88,10 +90,10 @@ class LakeReader:
         """The ledger's done windows by start_ts (their bounds, status and row count)."""
         table = self._read_in_process(location.WINDOWS, lambda r: r.read(_WINDOW_COLUMNS))
         if table is None:
-            rows = location.read_windows(self.spark, self.lake)
+            rows = lake_ledger.read_windows(self.spark, self.lake)
         else:
             rows = sorted(table.to_pylist(), key=lambda w: (int(w["start_ts"]), int(w["end_ts"])))
-            # One row per window, as ingest.read_windows gives (a ledger row committed
+            # One row per window, as ledger.read_windows gives (a ledger row committed
             # twice by a lost client's attempt and its retry is the same window).
             rows = list({(int(w["start_ts"]), int(w["end_ts"])): w for w in rows}.values())
         return [w for w in rows if w.get("status", "done") == "done"]
@@ -103,7 +105,7 @@ class LakeReader:
             found: list[dict[str, Any]] = table.to_pylist()
         else:
             path = location.table_path(self.lake, location.DDL_HISTORY)
-            if not location.is_delta(self.spark, path):
+            if not lake_ledger.is_delta(self.spark, path):
                 return []
             found = [r.asDict() for r in self.spark.read.format("delta").load(path).select(*_DDL_COLUMNS).collect()]
         # Sorted here: a Spark orderBy is two more jobs (sampling, then the sort) for a few rows.
@@ -127,7 +129,7 @@ class LakeReader:
         df = None
         if table is None:
             path = location.table_path(self.lake, location.CHANGES)
-            if not location.is_delta(self.spark, path):
+            if not lake_ledger.is_delta(self.spark, path):
                 return empty_read(), set()
             df = (self.spark.read.format("delta").load(path)
                   .where(f"commit_date >= DATE'{d0}' AND commit_date <= DATE'{d1}' "

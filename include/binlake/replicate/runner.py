@@ -29,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode, location
+from binlake.lake.decoding import decode
+from binlake.lake.store import s3
 from binlake.replicate import checkpoint, consistent, parallel, rules, target_ddl
 from binlake.replicate.batch import Batch, Batcher
 from binlake.replicate.read import LakeReader
@@ -52,7 +53,7 @@ class Applier:
         self.task = task
         # An S3 lake is checked (bucket, keys, endpoint) before the target is touched.
         self.lake = lake or task.lake
-        location.prepare(spark, self.lake)
+        s3.prepare(spark, self.lake)
         url = target_url or task.target
         if "://" not in url:
             raise errors.InvalidArgument(

@@ -149,7 +149,7 @@ def fill_sql(value: binlog_pb2.Datum, src: binlog_pb2.ColumnInfo, target: str) -
     on a classic session (Delta's Python ``DeltaTable.update`` needs a server plugin
     over Connect)."""
     from binlake import codec
-    from binlake.lake.image import value_json
+    from binlake.lake.decoding.image import value_json
 
     if not isinstance(value, binlog_pb2.Datum) or not isinstance(src, binlog_pb2.ColumnInfo):
         raise TypeError(f"fill_sql takes a Datum and a ColumnInfo, got {type(value).__name__}, "

@@ -146,13 +146,13 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 
 def _session(args: argparse.Namespace) -> Any:
-    from binlake.lake.commands import session
+    from binlake.lake.sparkenv.session import command_session
 
-    return session(args.master, quiet=args.log_level != "DEBUG")
+    return command_session(args.master, quiet=args.log_level != "DEBUG")
 
 
 def _check_lake(args: argparse.Namespace) -> str:
-    from binlake import argcheck
+    from binlake.cli import argcheck
 
     if args.lake is None:
         raise errors.InvalidArgument("no lake given: pass --lake DIR or set BINLAKE_LAKE_DIR")
@@ -171,7 +171,7 @@ def _run(args: argparse.Namespace, what: str, fn: Any) -> Any:
     """Run ``fn(spark, progress)`` with a status line; Spark failures become one line."""
     from rich.console import Console
 
-    from binlake.lake.commands import _spark_error
+    from binlake.lake.sparkenv.spark_errors import command_error
 
     console = Console(stderr=True)
     began = time.monotonic()
@@ -190,7 +190,7 @@ def _run(args: argparse.Namespace, what: str, fn: Any) -> Any:
         except (ValueError, TypeError) as exc:
             raise errors.InvalidArgument(str(exc)) from None
         except Exception as exc:
-            raise _spark_error(exc, what) from None
+            raise command_error(exc, what) from None
 
 
 def snapshot_cmd(args: argparse.Namespace) -> int:
@@ -236,7 +236,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
     tables = _tables(args.tables)
     if args.out is None and args.target is None:
         raise errors.InvalidArgument("give a destination: --out DIR (Delta tables) or --target URL (a database)")
-    from binlake import argcheck
+    from binlake.cli import argcheck
 
     if args.out is not None:
         argcheck.writable_dir("--out", args.out)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from binlake import errors, tso
-from binlake.lake.ingest import uncovered
+from binlake.lake.store.ledger import uncovered
 
 
 def done_windows(windows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from binlake import errors, tso
-from binlake.lake import decode
+from binlake.lake.decoding import decode
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import fills as fill_mod
@@ -92,7 +92,7 @@ def _fill_value(fill: fill_mod.Fill) -> Any:
     """A fill's Python value as ``ImageDecoder.typed`` gives an image's value of its column
     (through the image JSON, so both paths type it alike)."""
     from binlake import codec
-    from binlake.lake.image import value_json
+    from binlake.lake.decoding.image import value_json
     from binlake.replicate.rawcompact import ImageDecoder
 
     col = fill.column

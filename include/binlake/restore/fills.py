@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from binlake import coldefault
-from binlake.lake.schema_history import SchemaHistory
+from binlake.lake.decoding.schema_history import SchemaHistory
 from binlake.proto import binlog_pb2
 
 

@@ -44,8 +44,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import connect, decode, writelock
-from binlake.lake.location import is_delta, read_windows
+from binlake.lake.decoding import decode
+from binlake.lake.sparkenv import connect
+from binlake.lake.store import writelock
+from binlake.lake.store.ledger import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import coverage, fills, layout, onepass, rebuild

@@ -14,7 +14,7 @@ The catalogs carry the names and the table definitions.
 
 from __future__ import annotations
 
-from binlake.lake import location
+from binlake.lake.store import location
 
 SNAPSHOTS = "snapshots"
 HISTORY = "history"

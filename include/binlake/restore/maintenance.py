@@ -23,8 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from binlake import tso
-from binlake.lake import writelock
-from binlake.lake.location import CHANGES, DDL_HISTORY, WINDOWS, is_delta, read_windows, table_path
+from binlake.lake.store import writelock
+from binlake.lake.store.ledger import is_delta, read_windows
+from binlake.lake.store.location import CHANGES, DDL_HISTORY, WINDOWS, table_path
 from binlake.restore import coverage, history, layout, snapshot
 
 DEFAULT_RETENTION_DAYS = 7.0  # a Pump's default GC retention (binlake pump --gc-retention-days)
@@ -45,7 +46,7 @@ def optimize_vacuum(spark: Any, lake: str, retention_hours: float,
                     progress: Callable[[str], None] | None = None) -> list[str]:
     if retention_hours < 1:
         raise ValueError(f"retention_hours must be >= 1, got {retention_hours}")
-    from binlake.lake import connect
+    from binlake.lake.sparkenv import connect
 
     say = progress or (lambda _m: None)
     done = []

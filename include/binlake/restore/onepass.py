@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from binlake.lake import decode
+from binlake.lake.decoding import decode
 from binlake.restore import rebuild
 
 DEFAULT_PARALLELISM = 4
@@ -137,7 +137,7 @@ def materialize(spark: Any, frame: Any) -> Any:
     """``frame`` computed once (one pass over what it reads) and kept, partitioned by
     table_id, for the per-table jobs that follow (a local checkpoint: lineage cut, so
     no later job plans or reads the lake again)."""
-    from binlake.lake import connect
+    from binlake.lake.sparkenv import connect
 
     # The server's parallelism on a Spark Connect session (which has no sparkContext).
     parts = max(2, 2 * connect.default_parallelism(spark))

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from binlake import errors, tso
-from binlake.lake import decode
-from binlake.lake.location import CHANGES, DDL_HISTORY, is_delta, table_path
+from binlake.lake.decoding import decode
+from binlake.lake.store.ledger import is_delta
+from binlake.lake.store.location import CHANGES, DDL_HISTORY, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import fills as fill_mod

@@ -26,19 +26,28 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import threading
 import time
 import zoneinfo
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode
-from binlake.lake.location import check_lake, is_delta, read_windows, table_path
+from binlake.lake.store.ledger import is_delta, read_windows
+from binlake.lake.store.location import check_lake, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import coverage, history, layout, onepass, rebuild, snapshot
 from binlake.restore import direct as _direct
+from binlake.restore.tables import (
+    Item,
+    Plan,
+    TablePlan,
+    Tally,
+    in_plan_order,
+    items,
+    shared_changes,
+    write_tables,
+)
 from binlake.sql import targets
 from binlake.sql import url as sql_url
 from binlake.sql.diff import diff_databases
@@ -73,26 +82,6 @@ def resolve_ts(commit_ts: int | None = None, datetime: str | None = None, tz: st
         raise errors.InvalidArgument(str(exc)) from None
 
 
-@dataclasses.dataclass
-class TablePlan:
-    table_id: int
-    info: binlog_pb2.TableInfo
-    base: rebuild.Base
-
-    @property
-    def name(self) -> str:
-        return f"{self.info.db}.{self.info.name}"
-
-
-@dataclasses.dataclass
-class Plan:
-    lake: str
-    ts: int
-    schema: decode.SchemaHistory
-    tables: list[TablePlan]
-    source: str
-
-
 def plan(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None, source: str = "auto") -> Plan:
     """The tables to rebuild at ``ts`` and where each starts; refuses (nothing written)
     when the ledger does not cover the restore or a table is unknown."""
@@ -121,77 +110,6 @@ def plan(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None, so
         snapshot.check_base(windows, schema, table_id, ts, base, name)
         plans.append(TablePlan(table_id, info, base))
     return Plan(lake, ts, schema, plans, source)
-
-
-def shared_changes(spark: Any, p: Plan) -> Any:
-    """The last change per (table, key) of every planned table, computed in one pass
-    over the change table and materialized (``onepass``); None when no table reads
-    changes (every base already at T)."""
-    slices = [onepass.slice_for(p.schema, t.table_id, p.ts, t.base) for t in p.tables if t.base.ts < p.ts]
-    if not slices:
-        return None
-    return onepass.materialize(spark, onepass.last_changes(spark, rebuild.changes_frame(spark, p.lake), p.schema,
-                                                           slices))
-
-
-def frames(spark: Any, p: Plan, shared: Any = None) -> dict[int, Any]:
-    """table id -> the lazy typed DataFrame of the table at T, each reading its slice of
-    ``shared`` (``shared_changes``, computed here when not given): the lake is read once
-    whatever the number of tables."""
-    if shared is None:
-        shared = shared_changes(spark, p)
-    out = {}
-    for t in p.tables:
-        reads = shared is not None and t.base.ts < p.ts
-        final = reads and onepass.slice_for(p.schema, t.table_id, p.ts, t.base).final
-        out[t.table_id] = rebuild.state_from(spark, onepass.of_table(shared, t.table_id) if reads else None,
-                                             p.schema, t.table_id, p.ts, t.base, final)
-    return out
-
-
-# One table's work: its plan, and either its one-pass change rows (decoded in Python)
-# or its typed Spark frame.
-Item = tuple[TablePlan, list[Any], Any]
-
-
-def items(spark: Any, p: Plan, shared: Any, direct: set[int]) -> Iterator[Item]:
-    """Every planned table's work, the ``direct`` ones first, as their rows stream out
-    of ``shared`` (one table's rows in memory at a time per worker), then the others
-    with their typed frames."""
-    seen: set[int] = set()
-    by_id = {t.table_id: t for t in p.tables}
-    if shared is not None and direct:
-        stream = onepass.of_tables(shared, sorted(direct)).toLocalIterator(prefetchPartitions=True)
-        for table_id, rows in onepass.grouped(stream):
-            seen.add(table_id)
-            yield by_id[table_id], rows, None
-    for table_id in sorted(direct - seen):  # no change row left: the table is empty at T
-        yield by_id[table_id], [], None
-    typed = [t for t in p.tables if t.table_id not in direct]
-    if typed:
-        for t, df in zip(typed, frames(spark, dataclasses.replace(p, tables=typed), shared).values(), strict=True):
-            yield t, [], df
-
-
-def _in_plan_order(p: Plan, done: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
-    order = {t.name: i for i, t in enumerate(p.tables)}
-    return sorted(done, key=lambda d: order[d[0]])
-
-
-class Tally:
-    """Progress over tables and rows, shared by the threads writing tables."""
-
-    def __init__(self, total: int, say: Progress) -> None:
-        self.total, self.say = total, say
-        self.tables = self.rows = 0
-        self._lock = threading.Lock()
-
-    def done(self, name: str, rows: int, what: str = "rows") -> None:
-        with self._lock:
-            self.tables += 1
-            self.rows += rows
-            self.say(f"[{self.tables}/{self.total} tables, {self.rows:,} rows] {name}: {rows:,} {what}")
-        failpoint.hit("restore-after-table")
 
 
 @dataclasses.dataclass
@@ -233,26 +151,6 @@ def out_path(out: str, info: binlog_pb2.TableInfo) -> str:
     return f"{base.rstrip('/')}/{info.db}.{info.name}"
 
 
-def written_rows(spark: Any, path: str) -> int:
-    """The rows of the Delta table just written at ``path`` by one overwrite: its last
-    commit's ``numOutputRows`` (a file read; loading the table's state would be a
-    Spark job per table), else a count."""
-    log = path.removeprefix("file:") if path.startswith(("/", "file:/")) else None
-    if log is not None:
-        try:
-            commits = sorted(f for f in os.listdir(os.path.join(log, "_delta_log")) if f.endswith(".json"))
-            with open(os.path.join(log, "_delta_log", commits[-1])) as fh:
-                for line in fh:
-                    action = json.loads(line)
-                    if "commitInfo" in action:
-                        metrics = action["commitInfo"].get("operationMetrics", {})
-                        if "numOutputRows" in metrics:
-                            return int(metrics["numOutputRows"])
-        except (OSError, IndexError, ValueError):
-            pass
-    return int(spark.read.format("delta").load(path).count())
-
-
 def check_out(spark: Any, out: str, p: Plan, replace: bool) -> None:
     if not isinstance(out, str) or not out.strip():
         raise errors.InvalidArgument(f"out must be a directory path or URI, got {out!r}")
@@ -262,34 +160,6 @@ def check_out(spark: Any, out: str, p: Plan, replace: bool) -> None:
     if taken:
         raise errors.AlreadyExists(
             f"{out} already holds table(s) {', '.join(taken)}: choose an empty --out directory or pass --replace")
-
-
-def write_tables(spark: Any, p: Plan, path_of: Callable[[TablePlan], str], parallelism: int,
-                 say: Progress) -> list[tuple[str, int, str]]:
-    """Every planned table rebuilt and written as a typed Delta table at ``path_of(table)``
-    (each one commit), from one pass over the lake, ``parallelism`` tables at once.
-    Tables rebuilt from changes alone go to local paths through delta-rs (``direct``);
-    the others through Spark. (db.table, rows, base kind) per table, in plan order."""
-    say(f"reading the lake once for {len(p.tables)} table(s)")
-    shared = shared_changes(spark, p)
-    direct = {t.table_id for t in p.tables
-              if "://" not in path_of(t) and _direct.delta_eligible(p.schema, t.table_id, p.ts, t.base)}
-    tally = Tally(len(p.tables), say)
-
-    def one(item: Item) -> tuple[str, int, str]:
-        t, raw, df = item
-        path = path_of(t)
-        if df is None:
-            rows = _direct.rows_at(p.schema, t.table_id, p.ts, raw)
-            _direct.write_delta(path, _direct.arrow_table(t.info, rows))
-            n = len(rows)
-        else:
-            df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
-            n = written_rows(spark, path)
-        tally.done(t.name, n, "rows from " + t.base.kind)
-        return (t.name, n, t.base.kind)
-
-    return _in_plan_order(p, onepass.each_table(items(spark, p, shared, direct), one, parallelism))
 
 
 def write_out(spark: Any, p: Plan, out: str, replace: bool = False, progress: Progress | None = None,
@@ -367,7 +237,7 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
         tally.done(t.name, n, "rows from " + t.base.kind)
         return (t.name, n, t.base.kind)
 
-    done = _in_plan_order(p, onepass.each_table(items(spark, p, shared, direct), load, parallelism))
+    done = in_plan_order(p, onepass.each_table(items(spark, p, shared, direct), load, parallelism))
     return RestoreResult(p.ts, done, time.monotonic() - started, target=url)
 
 

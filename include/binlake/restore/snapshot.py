@@ -20,11 +20,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
-from binlake.lake import decode, writelock
-from binlake.lake.location import is_delta, read_windows
+from binlake.lake.decoding import decode
+from binlake.lake.store import writelock
+from binlake.lake.store.ledger import is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import coverage, layout, onepass, rebuild
+from binlake.restore.tables import Plan, TablePlan, write_tables
 
 Progress = Callable[[str], None]
 
@@ -130,19 +132,17 @@ def _take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None, say: Pro
     found = rebuild.tables_at(schema, ts)
     chosen = rebuild.select_tables(found, tables, ts)
     entries = [e for e in catalog(spark, lake) if e.snapshot_ts != ts]
-    from binlake.restore import restore  # restore plans its bases with this module
-
     plans = []
     for table_id, info in sorted(chosen.items()):
         base = base_for(spark, entries, schema, table_id, ts)
         check_base(windows, schema, table_id, ts, base, f"{info.db}.{info.name}")
-        plans.append(restore.TablePlan(table_id, info, base))
-    p = restore.Plan(lake, ts, schema, plans, "auto")
+        plans.append(TablePlan(table_id, info, base))
+    p = Plan(lake, ts, schema, plans, "auto")
     # One pass over the lake for every table, then the tables written concurrently.
     # They are not the lake's until the catalog's marker row names them (the commit
     # point), which is checked against the write turn once more.
     check()
-    written = restore.write_tables(spark, p, lambda t: layout.snapshot_table(lake, ts, t.table_id), parallelism, say)
+    written = write_tables(spark, p, lambda t: layout.snapshot_table(lake, ts, t.table_id), parallelism, say)
     failpoint.hit("snapshot-after-table")
     rows_out = []
     done = []

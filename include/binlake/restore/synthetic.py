@@ -42,7 +42,7 @@ def build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows:
     """Write the synthetic lake (one turn at the lake's writes); returns the last commit_ts."""
     if not isinstance(tables, int) or not 1 <= tables <= rows:
         raise ValueError(f"tables must be an integer from 1 to rows ({rows}), got {tables!r}")
-    from binlake.lake import writelock
+    from binlake.lake.store import writelock
 
     with writelock.lake_writes(lake, what="synthetic lake", spark=spark):
         return _build_lake(spark, lake, rows, changes, t0, windows, tables)
@@ -53,9 +53,9 @@ def _build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows
 
     from pyspark.sql import functions as F
 
-    from binlake.lake import decode
-    from binlake.lake.location import CHANGES, DDL_HISTORY, table_path
-    from binlake.lake.rows import WINDOWS_DDL
+    from binlake.lake.decoding import decode
+    from binlake.lake.decoding.rows import WINDOWS_DDL
+    from binlake.lake.store.location import CHANGES, DDL_HISTORY, table_path
 
     info = _table_info(0, tables)
     ddls = []

@@ -137,7 +137,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _check_args(args: argparse.Namespace) -> None:
     """Every option checked before any connection: with the database down, a wrong
     --registry or --data-dir is still reported as itself."""
-    from binlake import argcheck
+    from binlake.cli import argcheck
 
     argcheck.addr_list("--registry", args.registry)
     argcheck.listen_addr("--status-addr", args.status_addr)

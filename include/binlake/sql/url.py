@@ -1,9 +1,9 @@
 """Database URLs binlake accepts, and connecting to one.
 
 Every role that writes to or reads a SQL database by URL (the apply's targets,
-restore, ``binlake diff``, the command-line checks) parses it here, so a URL is
-accepted or refused the same way everywhere. Which URLs a database takes, and
-how its engine is set up, its ``Target`` module says (``binlake.sql.targets``).
+restore, ``binlake diff``, the command-line checks of ``binlake.cli.argcheck``) parses
+it here, so a URL is accepted or refused the same way everywhere. Which URLs a database
+takes, and how its engine is set up, its ``Target`` module says (``binlake.sql.targets``).
 """
 
 from __future__ import annotations

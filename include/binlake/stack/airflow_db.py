@@ -1,7 +1,7 @@
 """Airflow's metadata database on this machine (``binlake up``, the demo, the DAG tests).
 
 ``binlake up`` keeps it on a throwaway PostgreSQL server of its own
-(``binlake.testing.devdb.LocalPostgres``, data in ``<data>/airflow/postgres``)
+(``binlake.stack.localdb.LocalPostgres``, data in ``<data>/airflow/postgres``)
 whenever the PostgreSQL server binaries are installed: the scheduler, the DAG
 processor, the API server, the triggerer and the ``airflow`` CLI (a backfill, a
 trigger) all write it at once, which PostgreSQL's row locks and MVCC take in
@@ -58,7 +58,7 @@ def choose(requested: str, home: pathlib.Path) -> tuple[str, str]:
     are; ``--airflow-db postgres`` on a new data dir moves to PostgreSQL).
     ``postgres`` when it cannot start is FailedPrecondition saying why.
     """
-    from binlake.testing.devdb import LocalPostgres
+    from binlake.stack.localdb import LocalPostgres
 
     if requested not in CHOICES:
         raise ValueError(f"requested must be one of {', '.join(CHOICES)}, got {requested!r}")

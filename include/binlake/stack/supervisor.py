@@ -5,7 +5,7 @@ What runs (each a child process with its own log under ``<data>/logs``):
 - the registry (``<data>/registry``) and N Pumps (``<data>/pump1..N``) on fixed
   loopback ports, so a restart finds the same cluster with the same data;
 - the always-on Spark: a Spark Connect server on ``--spark-connect-port``
-  (``binlake.lake.connect_server``), whose clients are the DAGs' Spark jobs
+  (``binlake.lake.sparkenv.connect_server``), whose clients are the DAGs' Spark jobs
   (``BINLAKE_SPARK_REMOTE``), so a window costs its work rather than a JVM start;
 - Airflow with its metadata on a PostgreSQL server of the stack's own (data in
   ``<data>/airflow/postgres``; SQLite ``<data>/airflow/airflow.db`` where no
@@ -325,7 +325,7 @@ class Stack:
         """Start the Connect server's process; ``_wait_spark_connect`` waits for it to serve.
         In between the stack prepares Airflow's metadata: neither needs the other, and
         a JVM start and `airflow db migrate` each take seconds."""
-        from binlake.lake import connect_server
+        from binlake.lake.sparkenv import connect_server
 
         port = self.cfg.spark_connect_port
         try:
@@ -339,7 +339,7 @@ class Stack:
     def _wait_spark_connect(self) -> None:
         """Wait until the Connect server started by ``_start_spark_connect`` serves (before
         any Airflow component starts, so no DAG task runs before its Spark is there)."""
-        from binlake.lake import connect_server
+        from binlake.lake.sparkenv import connect_server
 
         child, self.connect_starting = self.connect_starting, None
         if child is None:
@@ -356,7 +356,7 @@ class Stack:
         return f"spark://127.0.0.1:{self.cfg.spark_master_port}"
 
     def _start_spark_cluster(self) -> None:
-        from binlake.testing.sparkcluster import SparkCluster
+        from binlake.stack.sparkcluster import SparkCluster
 
         # One worker with this machine's cores: each ingest is an application taking
         # them while it runs (the next one queues at the master until they are free).
@@ -459,7 +459,7 @@ class Stack:
 
     def _start_metadata_db(self) -> str:
         """Start Airflow's PostgreSQL when the stack uses one; what the metadata is on, for the log."""
-        from binlake.testing.devdb import LocalPostgres
+        from binlake.stack.localdb import LocalPostgres
 
         backend, why = airflow_db.choose(self.cfg.airflow_db, self.airflow_home)
         if backend == airflow_db.SQLITE:

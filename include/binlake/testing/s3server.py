@@ -30,7 +30,7 @@ from typing import Any, Self
 
 from binlake import errors
 from binlake.net import free_port
-from binlake.testing import procs
+from binlake.stack import procs
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0

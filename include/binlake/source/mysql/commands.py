@@ -30,7 +30,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from binlake import argcheck
+    from binlake.cli import argcheck
 
     argcheck.names("--tables", args.tables, "shop.*,app.orders")
 

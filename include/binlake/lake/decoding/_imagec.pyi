@@ -1,4 +1,4 @@
-"""Types of ``binlake.lake._imagec``, the C extension built from ``_imagec.c`` (its
+"""Types of ``binlake.lake.decoding._imagec``, the C extension built from ``_imagec.c`` (its
 header comment states the contract: the pure-Python path's exact text, or None)."""
 
 from collections.abc import Iterable, Sequence

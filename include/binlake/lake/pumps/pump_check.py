@@ -17,7 +17,7 @@ import dataclasses
 import grpc
 
 from binlake import errors, rpc
-from binlake.lake.planner import WindowPlan, plan_window
+from binlake.lake.pumps.planner import WindowPlan, plan_window
 from binlake.proto import pump_pb2, pump_pb2_grpc
 from binlake.registry.model import NodeRecord
 from binlake.window import Readiness, cluster_readiness, gone_error, pump_views, readiness, waiting_error
@@ -111,7 +111,7 @@ def plan_read(registry: str, start_ts: int, end_ts: int, pumps: list[str] | None
     """The Pumps to read for ``[start_ts, end_ts)``, each checked to be able to serve it
     (``min_acks`` None: the W in force for the window, ``replication.cluster_min_acks``)."""
     from binlake.registry.client import RegistryClient
-    from binlake.replication import cluster_min_acks
+    from binlake.registry.replicas import cluster_min_acks
 
     plan = plan_window(registry, start_ts, end_ts, pumps)
     if not plan.pumps:

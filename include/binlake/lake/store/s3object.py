@@ -7,7 +7,7 @@ PyArrow's S3 file system has no precondition headers, and delta-rs's Python API
 does not expose its object store's. Rather than a new dependency (boto3/botocore,
 tens of megabytes) for two request kinds, this module signs them itself with AWS
 Signature Version 4 (the standard library's ``hmac``/``hashlib``) and sends them
-with ``http.client``, using the settings ``lake.location`` resolved (endpoint,
+with ``http.client``, using the settings ``lake.s3settings`` resolved (endpoint,
 region, keys, addressing style).
 
 Only static keys (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, optionally a

@@ -71,13 +71,14 @@ def writable_file(flag: str, value: str) -> pathlib.Path:
 def lake(flag: str, value: str) -> str:
     """A lake: an existing local directory, or an ``s3://BUCKET/PREFIX`` whose bucket
     answers the configured credentials (another URI is checked by whoever opens it)."""
-    from binlake.lake import location
+    from binlake.lake.store import location
+    from binlake.lake.store import s3 as lake_s3
 
     if not value.strip():
         raise errors.InvalidArgument(f"{flag} is empty: give the lake directory or URI")
     where = location.parse(value, flag)
     if where.is_s3:
-        location.probe(value)
+        lake_s3.probe(value)
     if "://" not in value:
         path = pathlib.Path(value).expanduser()
         if path.exists() and not path.is_dir():

@@ -28,7 +28,7 @@ reader never mistakes them for text. ``image_values`` reads an image back to
 the exact Python values ``binlake.codec`` produces, given the definition.
 
 ``TablePlan`` turns a table definition's serialized rows into image JSON (in C
-through ``binlake.lake.native`` when it is built, with this module's Python
+through ``binlake.lake.decoding.native`` when it is built, with this module's Python
 path as the reference and fallback).
 """
 
@@ -43,8 +43,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from binlake import codec
-from binlake.lake import native as native_mod
-from binlake.lake.txn import CorruptBinlogError
+from binlake.lake.decoding import native as native_mod
+from binlake.lake.decoding.txn import CorruptBinlogError
 from binlake.proto import binlog_pb2
 
 _EPOCH = dt.datetime(1970, 1, 1)

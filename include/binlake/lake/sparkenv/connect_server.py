@@ -7,7 +7,7 @@ on ``spark.jars``, Delta's SQL extension and catalog, UTC, the lake's small
 snapshot partitioning, and Python workers running this interpreter with
 binlake importable (the ``binlake`` data source runs in them).
 
-    python -m binlake.lake.connect_server [--port 15002] [--master local[*]]
+    python -m binlake.lake.sparkenv.connect_server [--port 15002] [--master local[*]]
 
 runs one in the foreground (what the compose service does).
 """
@@ -26,9 +26,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 from binlake import errors
-from binlake.lake import location
-from binlake.lake.connect import DEFAULT_PORT
-from binlake.lake.spark import LAKE_CONF, check_master, delta_jars
+from binlake.lake import s3settings
+from binlake.lake.sparkenv.connect import DEFAULT_PORT
+from binlake.lake.sparkenv.session import LAKE_CONF, check_master, delta_jars
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
@@ -64,7 +64,7 @@ def server_conf(port: int, extra: Mapping[str, str] | None = None) -> dict[str, 
         "spark.connect.session.manager.defaultSessionTimeout": "10m",
         **LAKE_CONF,
         # An S3 lake's endpoint and addressing (its keys come through server_env).
-        **location.spark_conf(),
+        **s3settings.spark_conf(),
     }
     conf.update(extra or {})
     return conf
@@ -92,7 +92,7 @@ def server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     # An S3 lake's keys reach the server through its environment, never its command line.
-    env.update(location.aws_env())
+    env.update(s3settings.aws_env())
     return env
 
 
@@ -156,7 +156,7 @@ class ConnectServer:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m binlake.lake.connect_server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m binlake.lake.sparkenv.connect_server", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"gRPC port (default {DEFAULT_PORT})")
     parser.add_argument("--master", default="local[*]", help="the server's Spark master (default local[*])")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="an extra Spark conf")

@@ -17,8 +17,8 @@ from typing import Any, cast
 from google.protobuf.message import DecodeError
 
 from binlake import errors, tso
-from binlake.lake.rows import check_ts
-from binlake.lake.txn import CorruptBinlogError
+from binlake.lake.decoding.rows import check_ts
+from binlake.lake.decoding.txn import CorruptBinlogError
 from binlake.proto import binlog_pb2
 
 

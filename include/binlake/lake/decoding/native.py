@@ -1,8 +1,8 @@
-"""The optional native image decoder (``binlake.lake._imagec``) and its Arrow string buffers.
+"""The optional native image decoder (``binlake.lake.decoding._imagec``) and its Arrow string buffers.
 
 The step serialized row -> image JSON runs in the C extension ``_imagec`` when
 it is built (``pip install -e .`` builds it), which returns exactly the text of
-the pure-Python path (``binlake.lake.image``), or hands the row back to it
+the pure-Python path (``binlake.lake.decoding.image``), or hands the row back to it
 (anything unusual: garbled bytes, invalid UTF-8, NaN, dates beyond year 9999),
 so results and errors never depend on whether it is there. Without the
 extension everything runs in Python; ``BINLAKE_NATIVE_DECODE=0`` in the
@@ -29,7 +29,7 @@ from typing import Any
 # The extension module (typed by its .pyi), or None where it was not built.
 _imagec: ModuleType | None
 try:  # the native image decoder; optional: without it the pure-Python path does everything
-    from binlake.lake import _imagec
+    from binlake.lake.decoding import _imagec
     _IMAGEC_ERROR = ""
 except ImportError as _exc:  # not built (no C compiler when installed), or built for another Python
     _imagec = None
@@ -40,7 +40,7 @@ NATIVE_DECODE_ENV = "BINLAKE_NATIVE_DECODE"
 
 
 def native_available() -> bool:
-    """Whether the native image decoder (``binlake.lake._imagec``) was built and imports
+    """Whether the native image decoder (``binlake.lake.decoding._imagec``) was built and imports
     (``native_import_error()`` says why not)."""
     return _imagec is not None
 
@@ -52,7 +52,7 @@ def imagec() -> Any:
 
 
 def native_import_error() -> str:
-    """Why ``binlake.lake._imagec`` did not import ("" when it did)."""
+    """Why ``binlake.lake.decoding._imagec`` did not import ("" when it did)."""
     return _IMAGEC_ERROR
 
 
@@ -71,7 +71,7 @@ class StringColumn:
     1, native byte order), ``data`` (the UTF-8 text back to back), ``validity`` (a
     bitmap, bit set = not null; None when there is no null). What the native decoder
     hands over instead of a list, so the text never becomes Python objects on its
-    way to Arrow (``binlake.lake.pump_source.changes_batch`` wraps the buffers). Reads
+    way to Arrow (``binlake.lake.pumps.datasource.changes_batch`` wraps the buffers). Reads
     like a list (``len``, iteration, indexing, ``==`` with a list) for everything else."""
 
     __slots__ = ("length", "offsets", "data", "validity", "null_count")

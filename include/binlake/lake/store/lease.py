@@ -46,7 +46,8 @@ from collections.abc import Callable
 
 from binlake import errors
 from binlake.config import S3Settings
-from binlake.lake import location, s3object
+from binlake.lake import s3settings
+from binlake.lake.store import location, s3object
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class WriterLease:
 
     def __init__(self, lake: str, *, settings: S3Settings | None = None, ttl_s: float | None = None,
                  what: str = "", on_lost: Callable[[str], None] | None = None) -> None:
-        s = settings or location.s3_settings()
+        s = settings or s3settings.s3_settings()
         ttl = s.writer_lease_ttl_s if ttl_s is None else ttl_s
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 1 <= ttl <= 3600:
             raise ValueError(f"the writer lease TTL must be 1..3600 seconds, got {ttl!r}")

@@ -5,19 +5,25 @@ Every Spark entry point (jobs, tests, the Airflow tasks) goes through
 and the Python the executors run. The Delta jars are resolved ahead of time by
 ``make setup`` (Maven, from ``jars/pom.xml``) and put on ``spark.jars``: a
 Spark start never downloads anything, so it works offline and is reproducible.
+A lake on S3 gets its s3a settings (``binlake.lake.s3settings``) at the start
+and, on a session already running, through ``configure_spark``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 import sys
 import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from binlake import config, errors
+from binlake.config import MASTER_PATTERN, S3Settings
+from binlake.lake import s3settings
+from binlake.lake.sparkenv import connect
 
 if TYPE_CHECKING:
     # pyspark is heavy to import; only load it when a session is really built.
@@ -37,16 +43,9 @@ _DELTA_CONF = {
 _DOWNLOADING_CONFS = ("spark.jars.packages", "spark.jars.repositories", "spark.jars.ivySettings")
 
 
-# Spark's master URL forms (a typo would otherwise surface only after a JVM start).
-MASTER_PATTERN = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
-                     r"(spark|k8s|mesos|sc)://\S+)$")
-
-
 def check_master(master: str, what: str = "Spark master") -> str:
     """``master`` if it is a Spark master URL (local[N], spark://HOST:PORT, yarn, k8s://...);
     InvalidArgument naming ``what`` otherwise."""
-    from binlake import errors
-
     if not isinstance(master, str) or not MASTER_PATTERN.match(master.strip()):
         raise errors.InvalidArgument(
             f"{what} {master!r} is not a Spark master URL: use local[N], local[*], spark://HOST:PORT, "
@@ -57,8 +56,6 @@ def check_master(master: str, what: str = "Spark master") -> str:
 def jars_dir() -> Path:
     """The directory holding the Delta jars: ``$BINLAKE_JARS_DIR``, else ``<checkout>/jars/lib``
     (``binlake.config.PathSettings``)."""
-    from binlake import config
-
     return config.paths().jars()
 
 
@@ -94,7 +91,7 @@ def code_zip(cache_dir: Path | None = None) -> Path:
     written to a temporary name then renamed: a reader never sees a half-written zip, and
     two drivers building it at once end with the same file. C extensions cannot be
     imported from a zip: executors then use the pure-Python image decoder
-    (``binlake.lake.native``); set ``BINLAKE_SPARK_SHIP_CODE=false`` when every worker
+    (``binlake.lake.decoding.native``); set ``BINLAKE_SPARK_SHIP_CODE=false`` when every worker
     has this binlake installed, native decoder included.
     """
     import binlake
@@ -125,15 +122,11 @@ def code_zip(cache_dir: Path | None = None) -> Path:
 def ship_code() -> bool:
     """Whether cluster jobs ship binlake to the executors (``[spark] ship_code``,
     ``$BINLAKE_SPARK_SHIP_CODE``; default yes)."""
-    from binlake import config
-
     return config.load(config.SparkSettings).ship_code
 
 
 def configured_master() -> str | None:
     """The master of ``[spark] master`` / ``$BINLAKE_SPARK_MASTER``; None when unset."""
-    from binlake import config
-
     return config.load(config.SparkSettings).master
 
 
@@ -159,7 +152,7 @@ def build_spark(
     On a cluster master (``spark://``, yarn, k8s) binlake itself is shipped to
     the executors (``code_zip``) unless ``BINLAKE_SPARK_SHIP_CODE=false``. A Spark
     Connect URL (``sc://HOST:PORT``) gives a client session of that always-on
-    server instead (``binlake.lake.connect``); the other arguments are then the
+    server instead (``binlake.lake.sparkenv.connect``); the other arguments are then the
     server's business.
     ``extra_conf`` is applied last, so it may override anything set here
     (e.g. ``spark.pyspark.python`` when executors live on hosts with another
@@ -176,8 +169,6 @@ def build_spark(
     chosen = master or (None if under_submit else configured_master())
     if chosen is not None and chosen.strip().startswith("sc://"):
         # An always-on Spark Connect server: its confs (Delta, jars) are the server's.
-        from binlake.lake import connect
-
         return connect.connect(chosen, app_name)
     extra = dict(extra_conf or {})
     downloading = [key for key in _DOWNLOADING_CONFS if key in extra]
@@ -213,9 +204,7 @@ def build_spark(
     # The lake may be on S3: the s3a settings from AWS_* / [lake.s3], without the keys
     # (start confs end up on the JVM's command line): those are set on the running
     # session below, and the JVM inherits AWS_* from this process.
-    from binlake.lake import location
-
-    conf.update(location.spark_conf())
+    conf.update(s3settings.spark_conf())
     conf.update(extra)
 
     builder = SparkSession.builder.appName(app_name)
@@ -236,5 +225,35 @@ def build_spark(
             session.sparkContext.addPyFile(str(zipped))
     # A session already running in this process keeps its start-time confs: bring
     # its Hadoop configuration up to the S3 settings in force now.
-    location.configure_spark(session)
+    configure_spark(session)
     return session
+
+
+def configure_spark(spark: SparkSession, settings: S3Settings | None = None) -> None:
+    """Apply the s3a confs to a running classic session's Hadoop configuration (the
+    one Delta and binlake's log checks open file systems with)."""
+    if connect.is_remote(spark):
+        return  # a Spark Connect server holds its own settings
+    conf = s3settings.hadoop_conf(settings)
+    key = (id(spark), tuple(sorted(conf.items())))
+    if _configured.get(id(spark)) == key:
+        return  # already in force: no py4j round trips
+    hconf: Any = spark.sparkContext._jsc.hadoopConfiguration()  # py4j: untyped
+    for name, value in conf.items():
+        hconf.set(name, value)
+    _configured[id(spark)] = key
+
+
+# The s3a settings last applied to each session (by id), so re-applying is free.
+_configured: dict[int, tuple[int, tuple[tuple[str, str], ...]]] = {}
+
+
+def command_session(master: str | None = None, quiet: bool = True) -> SparkSession:
+    """The session a ``binlake`` command runs its Spark jobs in (``build_spark`` with
+    ``LAKE_CONF``); ``quiet``: Spark's own logs off on a local session, since failures
+    reach the user as one line (``spark_errors.command_error``) and Spark's task logs
+    would bury it."""
+    spark = build_spark("binlake-cli", master, extra_conf=LAKE_CONF)
+    if quiet and not connect.is_remote(spark):
+        spark.sparkContext.setLogLevel("FATAL")
+    return spark

@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from binlake.lake import location
+from binlake.lake.store import location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -54,7 +54,7 @@ STALE_S = 3600.0
 def staging_dir(lake: str) -> str | None:
     """The local staging directory of ``lake``; None for a lake not on this host's
     file system (S3), whose rows go to Spark inside the plan instead."""
-    from binlake.lake.arrowread import local_path
+    from binlake.lake.store.arrowread import local_path
 
     if not isinstance(lake, str) or not lake.strip():
         raise ValueError(f"lake must be a path or URI, got {lake!r}")

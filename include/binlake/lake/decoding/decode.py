@@ -3,13 +3,13 @@
 The entry point of decoding, and the names the rest of binlake has always read
 from here. Each concept lives in its own module:
 
-* ``binlake.lake.rows`` - the two row shapes (``CHANGE_COLUMNS``, ``DDL_COLUMNS``), ``commit_date``;
-* ``binlake.lake.txn`` - complete transactions: validation, prewrite parse, ``CorruptBinlogError``;
-* ``binlake.lake.schema_history`` - ``SchemaHistory``, ``UnknownTableError``;
-* ``binlake.lake.image`` - image JSON of datums and rows, ``image_values``, ``TablePlan``;
-* ``binlake.lake.native`` - the optional C decoder and ``StringColumn`` (Arrow string buffers);
-* ``binlake.lake.change_decoder`` - ``ChangeDecoder``, ``change_rows``;
-* ``binlake.lake.ddl_rows`` - ``ddl_row``, ``table_json``.
+* ``binlake.lake.decoding.rows`` - the two row shapes (``CHANGE_COLUMNS``, ``DDL_COLUMNS``), ``commit_date``;
+* ``binlake.lake.decoding.txn`` - complete transactions: validation, prewrite parse, ``CorruptBinlogError``;
+* ``binlake.lake.decoding.schema_history`` - ``SchemaHistory``, ``UnknownTableError``;
+* ``binlake.lake.decoding.image`` - image JSON of datums and rows, ``image_values``, ``TablePlan``;
+* ``binlake.lake.decoding.native`` - the optional C decoder and ``StringColumn`` (Arrow string buffers);
+* ``binlake.lake.decoding.change_decoder`` - ``ChangeDecoder``, ``change_rows``;
+* ``binlake.lake.decoding.ddl_rows`` - ``ddl_row``, ``table_json``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from binlake.lake.change_decoder import ChangeDecoder, change_rows
-from binlake.lake.ddl_rows import ddl_row, table_json
-from binlake.lake.image import TablePlan, image_values, value_json
-from binlake.lake.native import (
+from binlake.lake.decoding.change_decoder import ChangeDecoder, change_rows
+from binlake.lake.decoding.ddl_rows import ddl_row, table_json
+from binlake.lake.decoding.image import TablePlan, image_values, value_json
+from binlake.lake.decoding.native import (
     IMAGE_COLUMNS,
     NATIVE_DECODE_ENV,
     StringColumn,
@@ -28,7 +28,7 @@ from binlake.lake.native import (
     native_enabled,
     native_import_error,
 )
-from binlake.lake.rows import (
+from binlake.lake.decoding.rows import (
     CHANGE_COLUMNS,
     CHANGES_DDL,
     DDL_COLUMNS,
@@ -37,8 +37,8 @@ from binlake.lake.rows import (
     commit_date,
     commit_date_days,
 )
-from binlake.lake.schema_history import SchemaHistory, UnknownTableError
-from binlake.lake.txn import CorruptBinlogError, check_txn, is_ddl, parse_prewrite
+from binlake.lake.decoding.schema_history import SchemaHistory, UnknownTableError
+from binlake.lake.decoding.txn import CorruptBinlogError, check_txn, is_ddl, parse_prewrite
 from binlake.proto import binlog_pb2
 
 __all__ = [

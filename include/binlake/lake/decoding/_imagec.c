@@ -1,5 +1,5 @@
 /*
- * binlake.lake._imagec - native accelerator for the hot step of decoding
+ * binlake.lake.decoding._imagec - native accelerator for the hot step of decoding
  * binlogs into change rows: serialized Row / UpdatedRow bytes + a per-table
  * plan -> image JSON strings (the canonical format binlake.lake.image's
  * module docstring defines).
@@ -967,7 +967,7 @@ static PyObject *get_row(PyObject *rows, Py_ssize_t i) {
 /* The images can also go straight into Arrow's string layout instead of one str
  * each: per column an int32 offsets buffer (rows + 1 entries, starting at 0), the
  * UTF-8 text back to back, and a validity bitmap (bit i set: row i is not null,
- * least significant bit first). binlake.lake.pump_source wraps them with
+ * least significant bit first). binlake.lake.pumps.datasource wraps them with
  * pyarrow.Array.from_buffers, so the text is never turned into Python objects at
  * all (making those str and converting them back to UTF-8 for Arrow cost about as
  * much as decoding). The four columns are the change rows' op, keys, before and
@@ -1206,7 +1206,7 @@ static PySequenceMethods columns_as_sequence = {
 
 static PyTypeObject ColumnsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "binlake.lake._imagec.Columns",
+    .tp_name = "binlake.lake.decoding._imagec.Columns",
     .tp_basicsize = sizeof(ColumnsObject),
     .tp_dealloc = (destructor)columns_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1377,7 +1377,7 @@ static PyMethodDef plan_methods[] = {
 
 static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "binlake.lake._imagec.Plan",
+    .tp_name = "binlake.lake.decoding._imagec.Plan",
     .tp_basicsize = sizeof(PlanObject),
     .tp_dealloc = (destructor)plan_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1389,7 +1389,7 @@ static PyTypeObject PlanType = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "binlake.lake._imagec",
+    .m_name = "binlake.lake.decoding._imagec",
     .m_doc = "Native image JSON for binlake.lake.decode (exactly the Python path's output, or no answer).",
     .m_size = -1,
 };

@@ -1,4 +1,4 @@
-"""DDL rows: a DDL transaction as its ``ddl_history`` row (``DDL_COLUMNS`` in ``binlake.lake.rows``)."""
+"""DDL rows: a DDL transaction as its ``ddl_history`` row (``DDL_COLUMNS`` in ``binlake.lake.decoding.rows``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from binlake import codec
-from binlake.lake.txn import check_txn, parse_prewrite
+from binlake.lake.decoding.txn import check_txn, parse_prewrite
 from binlake.proto import binlog_pb2
 
 

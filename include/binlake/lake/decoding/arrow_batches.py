@@ -9,8 +9,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from binlake.lake.native import StringColumn
-from binlake.lake.rows import CHANGE_COLUMNS, DDL_COLUMNS, WINDOW_COLUMNS
+from binlake.lake.decoding.native import StringColumn
+from binlake.lake.decoding.rows import CHANGE_COLUMNS, DDL_COLUMNS, WINDOW_COLUMNS
 
 # Rows per Arrow batch handed to Spark: large enough to amortise the per-batch
 # cost, small enough to keep a partition's memory bounded (~10 MB of images).

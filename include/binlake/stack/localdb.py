@@ -1,7 +1,8 @@
-"""Throwaway database servers as local processes: PostgreSQL and MariaDB.
+"""Database servers as local processes: PostgreSQL and MariaDB.
 
-The tests, the demo and the benchmarks need real upstream/target databases
-but no service manager: ``LocalPostgres(root)`` and ``LocalMariaDB(root)``
+``binlake up`` runs Airflow's metadata database on ``LocalPostgres``; the tests,
+the demo and the benchmarks need real upstream/target databases but no service
+manager: ``LocalPostgres(root)`` and ``LocalMariaDB(root)``
 create a data directory under ``root``, start the server on a free loopback
 TCP port with its log in ``root``, wait until it accepts connections, and stop
 it gracefully (then by force). They use the Debian packages' binaries
@@ -32,7 +33,7 @@ from typing import Any, Self
 
 from binlake import errors
 from binlake.net import free_port
-from binlake.testing import procs
+from binlake.stack import procs
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -126,7 +127,7 @@ class _LocalServer:
             self.port = self._fixed_port or free_port()
             log_size = self.log_path.stat().st_size if self.log_path.exists() else 0
             with self.log_path.open("ab") as log:
-                log.write(f"\n--- binlake.testing.devdb: starting {self.kind} on 127.0.0.1:{self.port}\n".encode())
+                log.write(f"\n--- binlake.stack.localdb: starting {self.kind} on 127.0.0.1:{self.port}\n".encode())
                 log.flush()
                 self.proc = subprocess.Popen(
                     self._server_command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -297,7 +298,7 @@ class LocalPostgres(_LocalServer):
 
     def _run_tool(self, args: list[str], what: str) -> None:
         with self.log_path.open("ab") as log:
-            log.write(f"\n--- binlake.testing.devdb: {' '.join(args)}\n".encode())
+            log.write(f"\n--- binlake.stack.localdb: {' '.join(args)}\n".encode())
             log.flush()
             res = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  timeout=START_TIMEOUT_S, **self._popen_kwargs())
@@ -461,7 +462,7 @@ class LocalMariaDB(_LocalServer):
             "--skip-test-db", "--skip-name-resolve", *self._user_args(),
         ]
         with self.log_path.open("ab") as log:
-            log.write(f"\n--- binlake.testing.devdb: {' '.join(args)}\n".encode())
+            log.write(f"\n--- binlake.stack.localdb: {' '.join(args)}\n".encode())
             log.flush()
             res = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  timeout=START_TIMEOUT_S)

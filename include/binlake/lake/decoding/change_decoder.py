@@ -2,7 +2,7 @@
 
 Each transaction's row changes are decoded with the table definitions in force
 at its commit_ts (``SchemaHistory``) into the ``CHANGE_COLUMNS`` shape
-(``binlake.lake.rows``), images as image JSON (``binlake.lake.image``).
+(``binlake.lake.decoding.rows``), images as image JSON (``binlake.lake.decoding.image``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from binlake import errors
-from binlake.lake import native as native_mod
-from binlake.lake.image import TablePlan
-from binlake.lake.native import IMAGE_COLUMNS, StringColumn, native_enabled
-from binlake.lake.rows import CHANGE_COLUMNS, EPOCH_DATE, commit_date_days
-from binlake.lake.schema_history import SchemaHistory
-from binlake.lake.txn import CorruptBinlogError, check_txn, parse_prewrite
+from binlake.lake.decoding import native as native_mod
+from binlake.lake.decoding.image import TablePlan
+from binlake.lake.decoding.native import IMAGE_COLUMNS, StringColumn, native_enabled
+from binlake.lake.decoding.rows import CHANGE_COLUMNS, EPOCH_DATE, commit_date_days
+from binlake.lake.decoding.schema_history import SchemaHistory
+from binlake.lake.decoding.txn import CorruptBinlogError, check_txn, parse_prewrite
 from binlake.proto import binlog_pb2
 
 # Change-row columns as ChangeDecoder keeps them. Numbers are array.array (machine
@@ -58,7 +58,7 @@ class ChangeDecoder:
             raise TypeError(f"pump must be a str, got {type(pump).__name__}")
         if native and native_mod.imagec() is None:
             raise errors.FailedPrecondition(
-                "the native decoder binlake.lake._imagec is not built (reinstall with a C compiler: make setup)")
+                "the native decoder binlake.lake.decoding._imagec is not built (reinstall with a C compiler: make setup)")
         self.history = history
         self.pump = pump
         self.native = native_enabled() if native is None else bool(native)

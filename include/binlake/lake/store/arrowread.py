@@ -15,7 +15,7 @@ delta-rs reads what a plain Parquet reader can: a table that needs a reader
 feature it does not apply to Parquet files itself (deletion vectors, column
 mapping, a newer protocol) raises ``NotReadable``; the caller then reads
 through Spark, which is always correct, only slower. A lake on S3 is read here
-too, with the endpoint and credentials ``binlake.lake.location`` gives both
+too, with the endpoint and credentials ``binlake.lake.store.location`` gives both
 engines (delta-rs only reads: Spark is the one writer of every lake table).
 """
 
@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from binlake import errors
-from binlake.lake import location
+from binlake.lake import s3settings
+from binlake.lake.store import location
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class TableReader:
                 raise NotReadable(f"{path} holds no Delta table")
             where = local
         elif path.startswith(("s3://", "s3a://")):
-            where, options = location.to_object_store(path), location.storage_options()
+            where, options = location.to_object_store(path), s3settings.storage_options()
         else:
             raise NotReadable(f"{path} is neither a local directory nor on S3")
         try:

@@ -55,7 +55,7 @@ def lock_path(lake: str) -> str:
     """The lock file of ``lake`` (a local directory or a URI)."""
     if not isinstance(lake, str) or not lake.strip():
         raise ValueError(f"lake must be a path or URI, got {lake!r}")
-    from binlake.lake.arrowread import local_path
+    from binlake.lake.store.arrowread import local_path
 
     local = local_path(lake)
     if local is not None:
@@ -138,8 +138,8 @@ def _host_lock(path: str) -> Iterator[None]:
 
 def _take_lease(lake: str, what: str, spark: Any, progress: Callable[[str], None] | None) -> Any:
     """The lake's writer lease when it is on S3 (taken, renewing), else None."""
-    from binlake.lake import lease as lease_mod
-    from binlake.lake import location
+    from binlake.lake.store import lease as lease_mod
+    from binlake.lake.store import location
 
     if not location.parse(lake).is_s3:
         return None
@@ -151,7 +151,7 @@ def _take_lease(lake: str, what: str, spark: Any, progress: Callable[[str], None
 
 def _cancel(spark: Any, why: str) -> None:
     """Stop the session's running jobs: a write still uploading files never commits."""
-    from binlake.lake import connect
+    from binlake.lake.sparkenv import connect
 
     log.error("cancelling the Spark jobs writing the lake: %s", why)
     if connect.is_remote(spark):

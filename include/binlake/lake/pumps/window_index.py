@@ -19,9 +19,9 @@ import json
 from collections.abc import Mapping
 
 from binlake import errors
-from binlake.lake.planner import check_window
-from binlake.lake.pump_pull import pull_resumable
-from binlake.lake.txn import parse_prewrite
+from binlake.lake.decoding.txn import parse_prewrite
+from binlake.lake.pumps.planner import check_window
+from binlake.lake.pumps.pump_pull import pull_resumable
 from binlake.proto import binlog_pb2
 
 

@@ -1,12 +1,13 @@
-"""Errors out of Spark: the binlake error a failed Spark job carries, rebuilt as its class."""
+"""Errors out of Spark: the binlake error a failed Spark job carries, rebuilt as its class,
+and the one line a command reports for any failed Spark job (``command_error``)."""
 
 from __future__ import annotations
 
 import re
 
 from binlake import errors
-from binlake.lake.schema_history import UnknownTableError
-from binlake.lake.txn import CorruptBinlogError
+from binlake.lake.decoding.schema_history import UnknownTableError
+from binlake.lake.decoding.txn import CorruptBinlogError
 
 _ERROR_LINE = re.compile(r"^binlake(?:\.\w+)*\.(\w+): (.+)$", re.MULTILINE)
 # The decoding errors outside binlake.errors a worker may raise, by class name.
@@ -50,3 +51,14 @@ def s3_unreachable(exc: BaseException, what: str) -> errors.Unavailable | None:
     return errors.Unavailable(
         f"{what}: the lake's S3 store stopped answering ({op.group(1) + ': ' if op else ''}{root[:200]}); "
         "check that the endpoint is up, then rerun")
+
+
+def command_error(exc: Exception, what: str) -> errors.BinlakeError:
+    """The one-line error a command (``binlake ingest``, ``lake``, ``apply``, ``restore``,
+    ...) reports for the Spark job doing ``what`` that failed with ``exc``: the binlake
+    error the job carries, a lost S3 store, else the first line of Spark's message."""
+    err = binlake_error(exc) or s3_unreachable(exc, what)
+    if err is not None:
+        return err
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return errors.FailedPrecondition(f"{what}: {first[:500]}")

@@ -16,12 +16,12 @@ Change rows (the ``changes`` table, ``CHANGE_COLUMNS``)::
   insert/update (an update that changes the key carries the new key here and
   the old one in ``before``), the before image's for delete.
 * ``before``/``after`` - image JSON of the whole row (``before`` is null for an
-  insert, ``after`` for a delete); the format is described in ``binlake.lake.image``.
+  insert, ``after`` for a delete); the format is described in ``binlake.lake.decoding.image``.
 * ``schema_version`` - the version of the table definition the images were
   decoded with: the ``ddl_history`` row with this ``table_id`` and
   ``schema_version`` holds the column types needed to read them back typed.
 
-DDL rows (the ``ddl_history`` table, ``DDL_COLUMNS``, made by ``binlake.lake.ddl_rows``)::
+DDL rows (the ``ddl_history`` table, ``DDL_COLUMNS``, made by ``binlake.lake.decoding.ddl_rows``)::
 
     commit_ts long, start_ts long, schema_version long, db string, tbl string,
     table_id long, previous_table_id long, dropped boolean, query string,

@@ -1,4 +1,4 @@
-"""A throwaway Spark standalone cluster: one master and N workers from the pyspark wheel.
+"""A Spark standalone cluster as local processes: one master and N workers from the pyspark wheel.
 
 The tests and ``binlake up --spark-cluster`` need a real ``spark://`` master
 but no Spark installation beside pyspark: the wheel ships ``bin/spark-class``

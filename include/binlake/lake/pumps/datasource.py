@@ -38,7 +38,7 @@ pulls), ``window_index`` (the planning scan, ``scan_ddls``), ``arrow_batches``
 (rows -> Arrow) and ``spark_errors`` (errors out of Spark). The names other code
 has always read from here are re-exported below.
 
-Why a scan before the read: see ``binlake.lake.window_index``.
+Why a scan before the read: see ``binlake.lake.pumps.window_index``.
 """
 
 from __future__ import annotations
@@ -47,16 +47,16 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors
-from binlake.lake.arrow_batches import BATCH_ROWS, changes_batch, ddl_batch
-from binlake.lake.change_decoder import ChangeDecoder
-from binlake.lake.ddl_rows import ddl_row
-from binlake.lake.pump_check import STATUS_TIMEOUT_S, check_pumps, plan_read, pump_statuses
-from binlake.lake.pump_pull import PULL_ATTEMPTS, pull_resumable
-from binlake.lake.read_options import KINDS, ReadOptions
-from binlake.lake.rows import CHANGES_DDL, DDL_HISTORY_DDL
-from binlake.lake.schema_history import SchemaHistory
-from binlake.lake.spark_errors import binlake_error
-from binlake.lake.window_index import WindowIndex, index_window, scan_ddls
+from binlake.lake.decoding.arrow_batches import BATCH_ROWS, changes_batch, ddl_batch
+from binlake.lake.decoding.change_decoder import ChangeDecoder
+from binlake.lake.decoding.ddl_rows import ddl_row
+from binlake.lake.decoding.rows import CHANGES_DDL, DDL_HISTORY_DDL
+from binlake.lake.decoding.schema_history import SchemaHistory
+from binlake.lake.pumps.pump_check import STATUS_TIMEOUT_S, check_pumps, plan_read, pump_statuses
+from binlake.lake.pumps.pump_pull import PULL_ATTEMPTS, pull_resumable
+from binlake.lake.pumps.read_options import KINDS, ReadOptions
+from binlake.lake.pumps.window_index import WindowIndex, index_window, scan_ddls
+from binlake.lake.sparkenv.spark_errors import binlake_error
 
 if TYPE_CHECKING:
     # pyspark is heavy; type checkers see it, runtime imports it where a session is used.
