@@ -6,15 +6,17 @@ from __future__ import annotations
 import pytest
 from binlake_airflow import config
 
+from binlake import errors
+
 
 def test_an_aws_connection_gives_the_aws_variables() -> None:
     got = config.s3_from_connection("AK", "SK", {"endpoint_url": "http://s3:8333", "region_name": "eu-west-1"})
     assert got == {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_ENDPOINT_URL": "http://s3:8333",
                    "AWS_REGION": "eu-west-1"}
     assert config.s3_from_connection(None, None, {}) == {}  # the SDK's own chain (IAM role)
-    with pytest.raises(config.ConfigError, match="no password"):
+    with pytest.raises(errors.ConfigError, match="no password"):
         config.s3_from_connection("AK", "", {})
-    with pytest.raises(config.ConfigError, match="not an http"):
+    with pytest.raises(errors.ConfigError, match="not an http"):
         config.s3_from_connection("AK", "SK", {"endpoint_url": "s3:8333"})
 
 

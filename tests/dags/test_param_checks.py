@@ -144,7 +144,7 @@ def test_ingest_deadline_setting(monkeypatch: pytest.MonkeyPatch) -> None:
                                 (deadline.CALLBACK_ENV, "nodots", "dotted path"),
                                 (deadline.WEBHOOK_ENV, "ftp://x", r"an http\(s\) URL")):
         monkeypatch.setenv(env, value)
-        with pytest.raises(config.ConfigError, match=message):
+        with pytest.raises(errors.ConfigError, match=message):
             deadline.alert(five, start)
         monkeypatch.delenv(env)
     monkeypatch.setenv(deadline.DEADLINE_ENV, "off")
@@ -171,7 +171,7 @@ def test_spark_master_setting_and_the_submit_operators_master(monkeypatch: pytes
     from binlake_airflow.operators import IngestSubmitOperator
 
     monkeypatch.setenv("BINLAKE_SPARK_MASTER", "spark:/h1")
-    with pytest.raises(config.ConfigError, match=r"binlake_spark_master .*not a Spark master URL"):
+    with pytest.raises(errors.ConfigError, match=r"binlake_spark_master .*not a Spark master URL"):
         config.spark_master()
     monkeypatch.setenv("BINLAKE_SPARK_MASTER", "spark://h1:7077")
     assert config.spark_master() == "spark://h1:7077"
