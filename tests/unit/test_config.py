@@ -153,3 +153,24 @@ def test_a_commands_file_and_exports_reach_later_loads_and_children(
     finally:
         config.reset()
     assert config.load(config.SparkSettings).master is None and config.exported() == {}
+
+
+# Named BINLAKE_* but no setting: the crash-test failpoint (binlake.failpoint) and the
+# flush-less benchmark's switch (bench/noflush/sitecustomize.py, set for its Pump
+# children only), each read by its own module on purpose, and a psycopg2 type's name.
+NOT_SETTINGS = {"BINLAKE_FAILPOINT", "BINLAKE_BENCH_NO_FLUSH", "BINLAKE_TEXT"}
+
+
+def test_every_binlake_variable_named_anywhere_is_the_models() -> None:
+    """The variables the code, the DAGs, the compose file, the sample and the README
+    name are fields of the model (its env names): there is no other reader."""
+    known = {env for cls in config.SECTIONS for name in cls.model_fields for env in config.env_names(cls, name)}
+    files = [ROOT / "docker-compose.yaml", ROOT / "README.md", SAMPLE]
+    for folder in ("include", "plugins", "dags", "jobs", "scripts", "bench"):
+        files += sorted((ROOT / folder).rglob("*.py"))
+    unknown: dict[str, str] = {}
+    for path in files:
+        for name in re.findall(r"(?<![A-Z0-9_])BINLAKE_[A-Z0-9_]*[A-Z0-9]\b(?!_)", path.read_text()):
+            if name not in known and name not in NOT_SETTINGS:
+                unknown.setdefault(name, str(path.relative_to(ROOT)))
+    assert not unknown, f"BINLAKE_* variables that are no setting of binlake.config: {unknown}"
