@@ -444,6 +444,11 @@ class LogSettings(BaseSettings):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Log verbosity of the binlake command (the default of --log-level).")
 
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
 
 INGEST_MODES = ("connect", "spark-submit", "inprocess")
 
