@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rows-per-window must be >= 0 and --rows-per-txn in 1..100000")
     # The ingest DAG's own reading of a duration schedule (its Airflow plugin package).
     sys.path.insert(0, str(ROOT / "plugins"))
-    from binlake_airflow.config import duration_seconds
+    from binlake.config import duration_seconds
 
     period_s = duration_seconds(args.schedule)
     if not period_s:

@@ -126,7 +126,7 @@ def binlake_ingest() -> None:
     ingest = IngestSubmitOperator(
         task_id=ingest_tasks.SPARK_SUBMIT_TASK,
         conn_id="spark_default",
-        application=str(config.INGEST_JOB),
+        application=str(config.ingest_job()),
         name="binlake-ingest-{{ ts_nodash }}",
         application_args=[
             "--start-ts", _plan_value("start_ts"),

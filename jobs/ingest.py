@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
+from binlake import config, errors
 from binlake.cli.args import Parser, ts_arg
 from binlake.net import DEFAULT_REGISTRY_ADDR
 
@@ -28,9 +28,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="jobs/ingest.py", description=__doc__.splitlines()[0])
     parser.add_argument("--start-ts", type=ts_arg, required=True, help="window start (inclusive), a TSO")
     parser.add_argument("--end-ts", type=ts_arg, required=True, help="window end (exclusive), a TSO")
-    parser.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"), required="BINLAKE_LAKE_DIR" not in os.environ,
+    # The defaults come from binlake.config ([lake] dir, [cluster] registry), read when
+    # the job starts; a bad value there is a one-line error naming its variable.
+    try:
+        lake = config.load(config.LakeSettings).dir
+        registry = config.load(config.ClusterSettings).registry or DEFAULT_REGISTRY_ADDR
+    except errors.ConfigError as exc:
+        parser.error(str(exc))
+    parser.add_argument("--lake", default=lake, required=lake is None,
                         help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
-    parser.add_argument("--registry", default=os.environ.get("BINLAKE_REGISTRY", DEFAULT_REGISTRY_ADDR),
+    parser.add_argument("--registry", default=registry,
                         help="registry HOST:PORT or a group's HOST:PORT,HOST:PORT,... "
                         f"(default: $BINLAKE_REGISTRY, else {DEFAULT_REGISTRY_ADDR})")
     parser.add_argument("--pumps", help="comma-separated Pump ids (default: every Pump that may hold the window)")

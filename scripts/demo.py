@@ -374,8 +374,11 @@ def act3(cluster: DevCluster, root: pathlib.Path, summary: Any) -> int:
     say(f"{len(ends)} windows of {WINDOW_S}s cover the workload; one DAG run each (dag.test against that "
         f"metadata DB; Airflow and Spark logs in {log})")
     with log.open("w") as out:
-        child = subprocess.Popen([sys.executable, __file__, "--dag-runs", json.dumps(spec)], env=env,
-                                 stdout=out, stderr=subprocess.STDOUT)
+        # dag.test() (Airflow 3.3) cannot finish a run of a DAG that declares a
+        # DeadlineAlert (it looks the alert up by its serialized form, not the id the
+        # scheduler's sync gives it): this child parses the ingest DAG without its deadline.
+        child = subprocess.Popen([sys.executable, __file__, "--dag-runs", json.dumps(spec)],
+                                 env={**env, "BINLAKE_INGEST_DEADLINE": "off"}, stdout=out, stderr=subprocess.STDOUT)
         report: dict[str, Any] = {}
         seen = 0
         while True:
@@ -455,10 +458,6 @@ def dag_runs(spec: dict[str, Any]) -> int:
 
     # Started before the runs, so every in-process ingest reuses this JVM.
     spark = build_spark("binlake-demo", "local[2]", shuffle_partitions=2, extra_conf=LAKE_CONF)
-    # dag.test() (Airflow 3.3) cannot finish a run of a DAG that declares a
-    # DeadlineAlert (it looks the alert up by its serialized form, not the id the
-    # scheduler's sync gives it): this child parses the ingest DAG without its deadline.
-    os.environ["BINLAKE_INGEST_DEADLINE"] = "off"
     bag = DagBag(dag_folder=str(DAGS))
     if bag.import_errors:
         print(bag.import_errors)

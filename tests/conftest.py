@@ -54,6 +54,16 @@ os.environ["SPARK_CONF_DIR"] = str(CHILD_SPARK_CONF_DIR)
 SPARK_TEST_CONF = {"spark.databricks.delta.snapshotPartitions": "2"}
 
 
+@pytest.fixture(autouse=True)
+def _settings_of_one_test() -> Iterator[None]:
+    """What a test made this process's configuration (a command's --config, the DAGs'
+    S3 Connection as a source, settings exported to children) ends with it."""
+    yield
+    from binlake import config
+
+    config.reset()
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """One local Delta-enabled session for the whole pytest process, whatever the

@@ -1,18 +1,31 @@
 """Configuration: defaults < TOML file < ``BINLAKE_*`` environment < command-line flags.
 
-Each component has a settings class; ``config/binlake.toml`` documents every key.
-A TOML file has one table per component (``[registry]``, ``[pump]``,
-``[client]``, ``[security]``, ``[paths]``, ``[restore]``, ``[lake.s3]``); unknown keys and bad values are reported with the key's name.
+Every setting of binlake is a field of one of the section classes below, listed in
+``SECTIONS`` (the configuration reference is rendered from them, so each field says
+what it is for); ``config/binlake.toml`` documents every key. A TOML file has one
+table per section (``[registry]``, ``[pump]``, ``[client]``, ``[security]``,
+``[paths]``, ``[spark]``, ``[restore]``, ``[lake]``, ``[lake.s3]``, ...); unknown keys
+and bad values are reported on one line with the key's name and its variable.
+
+Each field is also read from the environment, as ``BINLAKE_<SECTION>_<KEY>`` or the
+variable its ``validation_alias`` names, and, in the Airflow plugin, from the Airflow
+Variable its ``airflow_variable`` names (``binlake_airflow.config``'s settings source).
+Nothing in binlake reads a ``BINLAKE_*`` variable but this module: a command's child
+processes get the settings it chose through ``child_env``, never through writes into
+this process's environment.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import pathlib
 import re
 import tomllib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -51,6 +64,52 @@ def _non_empty(value: Any, what: str) -> Any:
     if isinstance(value, str) and not value.strip():
         raise ValueError(f"is empty; give {what}")
     return value
+
+
+def _variable(name: str, connection: str | None = None) -> dict[str, Any]:
+    """The ``json_schema_extra`` of a field the Airflow plugin also reads from the
+    Variable ``name`` (and, before it, from the Connection ``connection``)."""
+    extra: dict[str, Any] = {"airflow_variable": name}
+    if connection is not None:
+        extra["airflow_connection"] = connection
+    return extra
+
+
+def airflow_variable(field: FieldInfo) -> str | None:
+    """The Airflow Variable that sets ``field`` in the DAGs' tasks; None for none."""
+    extra = field.json_schema_extra
+    value = extra.get("airflow_variable") if isinstance(extra, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def airflow_connection(field: FieldInfo) -> str | None:
+    """The Airflow Connection that sets ``field`` in the DAGs' tasks, above its Variable; None for none."""
+    extra = field.json_schema_extra
+    value = extra.get("airflow_connection") if isinstance(extra, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def env_names(cls: type[BaseSettings], name: str) -> tuple[str, ...]:
+    """The environment variables that set field ``name`` of ``cls``, first one first."""
+    field = cls.model_fields[name]
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(str(choice) for choice in alias.choices)
+    if isinstance(alias, str):
+        return (alias,)
+    return (f"{cls.model_config.get('env_prefix', '')}{name}".upper(),)
+
+
+# The one spelling of a duration in settings: 30s, 5 min, 1.5h, 1d.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str) -> float | None:
+    """The seconds of a duration in the settings' one spelling (``30s``, ``5 min``,
+    ``1.5h``, ``1d``), or None when ``text`` is not one."""
+    match = _DURATION.match(text)
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()] if match else None
 
 
 class RegistrySettings(BaseSettings):
@@ -207,7 +266,7 @@ class RestoreSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BINLAKE_RESTORE_", extra="forbid")
 
-    parallelism: int = Field(4, ge=1, le=64, description=(
+    parallelism: int = Field(4, ge=1, le=64, json_schema_extra=_variable("binlake_restore_parallelism"), description=(
         "Tables written (Delta) or loaded (a target database) at once after the one pass over the lake; "
         "SQLite targets load one at a time (one writer)."))
 
@@ -216,15 +275,24 @@ class S3Settings(BaseSettings):
     """How to reach an S3 lake: ``[lake.s3]`` in the config file, BINLAKE_LAKE_S3_* in
     the environment; the standard AWS_* variables take precedence over both."""
 
-    model_config = SettingsConfigDict(env_prefix="BINLAKE_LAKE_S3_", extra="forbid")
+    # The AWS SDK's own variables come first (an empty one counts as unset), as for
+    # every other tool that reaches the bucket.
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_LAKE_S3_", extra="forbid", validate_by_name=True,
+                                      env_ignore_empty=True)
 
-    endpoint_url: str | None = Field(None, description=(
+    endpoint_url: str | None = Field(None, validation_alias=AliasChoices(
+        "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "BINLAKE_LAKE_S3_ENDPOINT_URL"), description=(
         "S3 endpoint, e.g. http://127.0.0.1:8333 for SeaweedFS or MinIO (default: AWS's own)."))
-    region: str = Field("us-east-1", description="Region of the bucket.")
-    access_key_id: str | None = Field(None, description="Access key (else AWS_ACCESS_KEY_ID).")
-    secret_access_key: str | None = Field(None, description="Secret key (else AWS_SECRET_ACCESS_KEY); never logged.",
-                                          repr=False)
-    session_token: str | None = Field(None, description="Session token of temporary credentials.", repr=False)
+    region: str = Field("us-east-1", validation_alias=AliasChoices(
+        "AWS_REGION", "AWS_DEFAULT_REGION", "BINLAKE_LAKE_S3_REGION"), description="Region of the bucket.")
+    access_key_id: str | None = Field(None, validation_alias=AliasChoices(
+        "AWS_ACCESS_KEY_ID", "BINLAKE_LAKE_S3_ACCESS_KEY_ID"), description="Access key (AWS_ACCESS_KEY_ID wins).")
+    secret_access_key: str | None = Field(None, validation_alias=AliasChoices(
+        "AWS_SECRET_ACCESS_KEY", "BINLAKE_LAKE_S3_SECRET_ACCESS_KEY"), repr=False,
+        description="Secret key (AWS_SECRET_ACCESS_KEY wins); never logged.")
+    session_token: str | None = Field(None, validation_alias=AliasChoices(
+        "AWS_SESSION_TOKEN", "BINLAKE_LAKE_S3_SESSION_TOKEN"), repr=False,
+        description="Session token of temporary credentials (AWS_SESSION_TOKEN wins).")
     path_style: bool = Field(True, description=(
         "Address buckets as ENDPOINT/BUCKET (what S3-compatible servers need) rather than BUCKET.ENDPOINT."))
     writer_lease_ttl_s: float = Field(60.0, ge=1, le=3600, description=(
@@ -277,20 +345,33 @@ class PathSettings(BaseSettings):
 # binlake.lake.sparkenv.session checks a master given on a command line with it too.
 MASTER_PATTERN = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
                             r"(spark|k8s|mesos|sc)://\S+)$")
+# A Spark Connect URL, sc://HOST:PORT with optional ;-parameters (binlake.lake.sparkenv.connect
+# checks the URLs it connects to with it too).
+REMOTE_PATTERN = re.compile(r"^sc://[A-Za-z0-9.\-\[\]:]+:\d{1,5}(/;?[A-Za-z0-9_=;.\-]*)?$")
 
 
 class SparkSettings(BaseSettings):
     """Where binlake's Spark jobs run (the CLI's lake commands, jobs/ingest.py and
     jobs/apply.py, the DAGs' in-process sessions and spark-submit ingests)."""
 
-    model_config = SettingsConfigDict(env_prefix="BINLAKE_SPARK_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_SPARK_", extra="forbid", env_ignore_empty=True,
+                                      str_strip_whitespace=True)
 
-    master: str | None = Field(None, description=(
+    master: str | None = Field(None, json_schema_extra=_variable("binlake_spark_master"), description=(
         "Spark master: local[N], spark://HOST:PORT (a standalone cluster), yarn, k8s://URL "
-        "(default local[*]; the DAGs' Variable binlake_spark_master wins)."))
+        "(default local[*]; the DAGs' Variable binlake_spark_master wins, and for spark-submit "
+        "ingests wins over the spark_default connection)."))
     ship_code: bool = Field(True, description=(
         "On a cluster master, ship this binlake to the executors (a zip on spark.submit.pyFiles) "
         "instead of relying on a copy installed on every worker."))
+    remote: str | None = Field(None, json_schema_extra=_variable("binlake_spark_remote"), description=(
+        "The always-on Spark Connect server (sc://HOST:PORT) the DAGs' jobs are clients of "
+        "(`binlake up` and docker-compose.yaml set it); unset: none."))
+    python: str | None = Field(None, json_schema_extra=_variable("binlake_spark_python"), description=(
+        "The Python the spark-submit ingests' driver and executors run (default: the worker's own "
+        "interpreter, the one binlake is installed in)."))
+    worker_memory: str = Field("2g", description=(
+        "Memory each worker of `binlake up --spark-cluster` offers its executors (Spark's --memory: 512m, 2g)."))
 
     @field_validator("master")
     @classmethod
@@ -301,6 +382,235 @@ class SparkSettings(BaseSettings):
             raise ValueError(f"{v!r} is not a Spark master URL (local[N], spark://HOST:PORT, yarn, k8s://URL)")
         return v.strip()
 
+    @field_validator("remote")
+    @classmethod
+    def _remote(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        if not REMOTE_PATTERN.match(v.strip()):
+            raise ValueError(f"{v!r} is not a Spark Connect URL: use sc://HOST:PORT")
+        return v.strip()
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        return v or None
+
+    @field_validator("worker_memory")
+    @classmethod
+    def _memory(cls, v: str) -> str:
+        if not re.match(r"^[1-9]\d*[mMgG]$", v):
+            raise ValueError(f"{v!r} is not an amount of memory such as 512m or 2g")
+        return v.lower()
+
+
+class LakeSettings(BaseSettings):
+    """The lake: where the ingest writes and every lake command, job and DAG reads
+    (an S3 lake's endpoint and keys are ``[lake.s3]``)."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_LAKE_", extra="forbid", env_ignore_empty=True,
+                                      str_strip_whitespace=True)
+
+    dir: str | None = Field(None, json_schema_extra=_variable("binlake_lake"), description=(
+        "The lake's directory or URI (s3://BUCKET/PREFIX), the default of --lake; the DAGs "
+        "default to data/lake under the project root."))
+    consumer_id: str | None = Field(None, description=(
+        "The id the lake's ingest registers as a consumer of the Pumps (default lake:<absolute path "
+        "or URI>); set it when two lakes on different hosts have the same path."))
+
+
+class ClusterSettings(BaseSettings):
+    """Where the commands, jobs and DAGs that read the Pumps find the registry."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_", extra="forbid", validate_by_name=True,
+                                      env_ignore_empty=True, str_strip_whitespace=True)
+
+    # BINLAKE_CLIENT_REGISTRY is what docker-compose.yaml gives every client, and
+    # BINLAKE_PUMP_REGISTRY every Pump: a command run in either container finds the same registry.
+    registry: str | None = Field(
+        None, validation_alias=AliasChoices("BINLAKE_REGISTRY", "BINLAKE_CLIENT_REGISTRY", "BINLAKE_PUMP_REGISTRY"),
+        json_schema_extra=_variable("binlake_registry", connection="binlake_registry"), description=(
+            "Registry HOST:PORT, or a registry group's HOST:PORT,HOST:PORT,... (the default of "
+            "--registry; unset: 127.0.0.1:8230). The DAGs read the Airflow Connection binlake_registry first."))
+
+    @field_validator("registry")
+    @classmethod
+    def _registry(cls, v: str | None) -> str | None:
+        return _check_addr_list(v or None, "registry")
+
+
+class LogSettings(BaseSettings):
+    """What the binlake command logs."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_LOG_", extra="forbid", env_ignore_empty=True,
+                                      str_strip_whitespace=True)
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log verbosity of the binlake command (the default of --log-level).")
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+
+INGEST_MODES = ("connect", "spark-submit", "inprocess")
+
+
+class IngestSettings(BaseSettings):
+    """How the ingest DAG's runs ingest a window (read when a task runs)."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_INGEST_", extra="forbid", validate_by_name=True,
+                                      env_ignore_empty=True, str_strip_whitespace=True)
+
+    mode: Literal["connect", "spark-submit", "inprocess"] | None = Field(
+        None, json_schema_extra=_variable("binlake_ingest_mode"), description=(
+            "Where a window's Spark job runs: connect (a client of the always-on Spark Connect server, "
+            "the default when [spark] remote is set), spark-submit (a Spark application per window "
+            "through the spark_default connection, the default otherwise) or inprocess (a local[*] "
+            "Spark inside the task)."))
+    batch_windows: int = Field(1, ge=1, le=288, json_schema_extra=_variable("binlake_ingest_batch_windows"),
+                               description="At most this many consecutive due windows in one run's Spark job "
+                               "(connect mode; 1: each window in its own run).")
+    batch_max_rows: int = Field(100_000, ge=0, le=10**9, json_schema_extra=_variable("binlake_ingest_batch_max_rows"),
+                                description="Windows join a batch while their row changes together stay at or "
+                                "under this; a bigger window gets a run of its own.")
+    safe_ts_poll_s: float = Field(
+        5.0, gt=0, le=3600, validation_alias=AliasChoices("BINLAKE_SAFE_TS_POLL_S"),
+        json_schema_extra=_variable("binlake_safe_ts_poll_s"),
+        description="Seconds between the wait step's polls of the Pumps' safe ts.")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() not in INGEST_MODES:
+            raise ValueError(f"{v!r} is not one of {', '.join(INGEST_MODES)}")
+        return v.strip().lower() if isinstance(v, str) else v
+
+
+# The values of a deadline that turn the alert off.
+DEADLINE_OFF = ("off", "none", "0", "false", "no")
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+class IngestDagSettings(BaseSettings):
+    """The ingest DAG's shape, read when its file is parsed: from the environment
+    only (an Airflow Variable there would cost a database query on every parse);
+    changing one means restarting the DAG processor with the new environment."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_INGEST_", extra="forbid", env_ignore_empty=True,
+                                      str_strip_whitespace=True)
+
+    schedule: str = Field("5m", description=(
+        "Window length as a duration (30s, 5m, 1h) or a cron expression or preset (*/5 * * * *, @hourly; UTC)."))
+    start_date: dt.datetime | None = Field(None, description=(
+        "Where catch-up starts, ISO-8601 (UTC unless an offset is given); default 2026-11-01, and "
+        "`binlake up` sets the day the stack first came up."))
+    max_active_runs: int = Field(4, ge=1, le=256, description=(
+        "Ingest runs (windows) at once when catching up or backfilling."))
+    deadline: str = Field("15m", description=(
+        "Alert when a window is not ingested this long after it closed (a duration), or off."))
+    deadline_webhook: str | None = Field(None, description="An http(s) URL the deadline alert POSTs a JSON line to.")
+    deadline_callback: str = Field("binlake_airflow.deadline.window_late", description=(
+        "Dotted path of the awaitable the deadline alert runs."))
+    job: pathlib.Path | None = Field(None, description=(
+        "The spark-submit entry point of the ingest (default <checkout>/jobs/ingest.py)."))
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str) -> str:
+        seconds = duration_seconds(v)
+        if seconds is not None and seconds < 1:
+            raise ValueError(f"{v!r}: an ingest interval must be at least 1s")
+        return v or "5m"
+
+    @field_validator("start_date", mode="before")
+    @classmethod
+    def _start(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                v = dt.datetime.fromisoformat(v)
+            except ValueError:
+                raise ValueError(f"{v!r} is not an ISO-8601 datetime such as 2026-11-21T08:00:00") from None
+        if isinstance(v, dt.datetime) and v.tzinfo is None:
+            v = v.replace(tzinfo=dt.UTC)
+        return v
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, v: str) -> str:
+        if v.lower() not in DEADLINE_OFF and duration_seconds(v) is None:
+            raise ValueError(f"{v!r} is not a duration such as 30s, 15m or 1h (or off)")
+        return v
+
+    @field_validator("deadline_webhook")
+    @classmethod
+    def _webhook(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://", v):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+    @field_validator("deadline_callback")
+    @classmethod
+    def _callback(cls, v: str) -> str:
+        if not _DOTTED.match(v):
+            raise ValueError(f"{v!r} is not a dotted path such as mypackage.alerts.ingest_late")
+        return v
+
+
+class ApplySettings(BaseSettings):
+    """The apply DAG's replication tasks."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_APPLY_", extra="forbid", env_ignore_empty=True,
+                                      str_strip_whitespace=True)
+
+    tasks: str | None = Field(None, json_schema_extra=_variable("binlake_apply_tasks"), description=(
+        "Task files the apply DAG runs: a directory of *.toml or comma-separated files, relative to "
+        "the project root (default config/tasks)."))
+
+
+class MaintenanceSettings(BaseSettings):
+    """The maintenance DAG: VACUUM and the Pumps' GC report."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_", extra="forbid", env_ignore_empty=True)
+
+    # Restores read the tables' *current* versions, which VACUUM never removes, so any
+    # retention keeps every restore the ledger promises; the floor only protects jobs
+    # still reading an older version while VACUUM runs.
+    vacuum_retention_hours: float = Field(
+        168.0, ge=1, json_schema_extra=_variable("binlake_vacuum_retention_hours"),
+        description="VACUUM keeps files older versions need for this many hours (at least 1).")
+    # The default: a day before a Pump's retention (7 days) would lose the binlogs.
+    gc_margin_hours: float = Field(
+        24.0, ge=0, lt=24 * 3650, json_schema_extra=_variable("binlake_gc_margin_hours"),
+        description="The GC report fails when the oldest window not ingested yet is this many hours "
+        "from falling out of a Pump's retention.")
+
+
+class NativeSettings(BaseSettings):
+    """The C extensions: each on by default when built; off (false/0) forces the
+    pure-Python path, e.g. to compare the two."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_NATIVE_", extra="forbid", env_ignore_empty=True)
+
+    decode: bool = Field(True, description="Decode the lake's row images with the C extension.")
+    framing: bool = Field(True, description="Read the MySQL binlog's event framing with the C extension.")
+    rows: bool = Field(True, description="Decode MySQL row events with the C extension.")
+    pgoutput: bool = Field(True, description="Decode PostgreSQL pgoutput messages with the C extension.")
+
+
+class SourceSettings(BaseSettings):
+    """The log-reading sources (`binlake mysql-source`, `binlake pg-source`) and the workload generator."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_", extra="forbid", env_ignore_empty=True,
+                                      str_strip_whitespace=True)
+
+    read_burst_ms: float = Field(5.0, ge=0, le=100, description=(
+        "After a read of a trickle of events, a source sleeps this long (ms) so the next read "
+        "brings more at once (0: never; read when a source starts)."))
+    upstream: str | None = Field(None, description=(
+        "SQLAlchemy URL of the upstream database `binlake workload` writes (the default of --upstream)."))
+
 
 def paths() -> PathSettings:
     """The paths from the environment (BINLAKE_JARS_DIR, ...), else the checkout's."""
@@ -309,16 +619,92 @@ def paths() -> PathSettings:
 
 S = TypeVar("S", bound=BaseSettings)
 
+# Every section of the configuration and its table in the TOML file: the model the
+# configuration reference and config/binlake.toml document.
 SECTIONS: dict[type[BaseSettings], str] = {
     RegistrySettings: "registry",
     PumpSettings: "pump",
     ClientSettings: "client",
     SecuritySettings: "security",
     PathSettings: "paths",
-    RestoreSettings: "restore",
+    ClusterSettings: "cluster",
+    LogSettings: "log",
     SparkSettings: "spark",
+    LakeSettings: "lake",
     S3Settings: "lake.s3",
+    IngestSettings: "ingest",
+    IngestDagSettings: "ingest.dag",
+    ApplySettings: "apply",
+    RestoreSettings: "restore",
+    MaintenanceSettings: "maintenance",
+    NativeSettings: "native",
+    SourceSettings: "source",
 }
+
+# A settings source of another origin (the Airflow plugin's Variables and Connections):
+# a factory taking the section class.
+SourceFactory = Callable[[type[BaseSettings]], PydanticBaseSettingsSource]
+
+# What the running command chose beyond its own environment: its --config file (every
+# load without a file of its own reads it), the settings sources registered for a
+# section, and the variables its child processes must see (``child_env``).
+_process_file: pathlib.Path | None = None
+_process_sources: dict[type[BaseSettings], list[SourceFactory]] = {}
+_exported: dict[str, str] = {}
+
+
+def use_file(path: str | pathlib.Path | None) -> None:
+    """Read ``path`` (the command's --config) in every ``load`` without a file of its
+    own from now on in this process; None: no file."""
+    global _process_file
+    _process_file = pathlib.Path(path) if path is not None else None
+
+
+def use_source(cls: type[BaseSettings], factory: SourceFactory) -> None:
+    """Ask ``factory``'s source too, above the environment, in every ``load`` of ``cls``
+    from now on in this process (once per factory)."""
+    factories = _process_sources.setdefault(cls, [])
+    if factory not in factories:
+        factories.append(factory)
+
+
+def export(cls: type[BaseSettings], values: Mapping[str, Any]) -> None:
+    """Hand ``values`` (fields of ``cls`` this process chose from its flags or config
+    file) to its child processes as their environment variables (``child_env``)."""
+    for name, value in values.items():
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        _exported[env_names(cls, name)[0]] = text
+
+
+def exported() -> dict[str, str]:
+    """The variables ``export`` recorded: what a child process needs beyond this one's environment."""
+    return dict(_exported)
+
+
+def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process: ``base`` (default this process's environment)
+    with the settings this process exported on top."""
+    env = dict(os.environ if base is None else base)
+    env.update(_exported)
+    return env
+
+
+def reset() -> None:
+    """Forget the command's file, sources and exports (the end of ``binlake.cli.main``)."""
+    use_file(None)
+    _process_sources.clear()
+    _exported.clear()
+
+
+def source_keys(cls: type[BaseSettings], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (by field name) keyed as pydantic-settings' own sources key them: a field
+    with a ``validation_alias`` by its first alias, so a higher source's value replaces a
+    lower one's instead of sitting beside it. Unknown names are kept (and refused)."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        field = cls.model_fields.get(name)
+        out[env_names(cls, name)[0] if field is not None and field.validation_alias is not None else name] = value
+    return out
 
 
 class _TomlSection(PydanticBaseSettingsSource):
@@ -330,41 +716,51 @@ class _TomlSection(PydanticBaseSettingsSource):
         return self._values.get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(self._values)
+        return source_keys(self.settings_cls, self._values)
 
 
 def _section(doc: dict[str, Any], section: str) -> Any:
-    """The table ``section`` of a TOML document; a dotted name (``lake.s3``) is nested."""
+    """The table ``section`` of a TOML document; a dotted name (``lake.s3``) is nested,
+    and a section's own sub-sections (``s3`` in ``[lake]``) are not its keys."""
     table: Any = doc
     for part in section.split("."):
         if not isinstance(table, dict):
             return table
         table = table.get(part, {})
+    if isinstance(table, dict):
+        children = {name.rpartition(".")[2] for name in SECTIONS.values() if name.rpartition(".")[0] == section}
+        table = {k: v for k, v in table.items() if k not in children}
     return table
 
 
 def read_toml(path: str | pathlib.Path) -> dict[str, Any]:
     p = pathlib.Path(path)
     if not p.is_file():
-        raise errors.InvalidArgument(f"config file {p} does not exist (see config/binlake.toml for a sample)")
+        raise errors.ConfigError(f"config file {p} does not exist (see config/binlake.toml for a sample)")
     try:
         with p.open("rb") as fh:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
-        raise errors.InvalidArgument(f"config file {p} is not valid TOML: {exc}") from None
+        raise errors.ConfigError(f"config file {p} is not valid TOML: {exc}") from None
 
 
-def load(cls: type[S], config_file: str | pathlib.Path | None = None, **overrides: Any) -> S:
-    """Build ``cls`` from defaults, the file's table, the environment and ``overrides``
-    (None values in overrides are ignored, so unset CLI flags fall through)."""
+def load(cls: type[S], config_file: str | pathlib.Path | None = None, *,
+         sources: Sequence[SourceFactory] = (), **overrides: Any) -> S:
+    """Build ``cls`` from defaults, the file's table (``config_file``, else the command's
+    --config), the environment, ``sources`` and the ones registered for ``cls`` (above
+    the environment, in that order) and ``overrides`` (None values in overrides are
+    ignored, so unset CLI flags fall through). Read anew on every call: a changed
+    environment (or Airflow Variable) takes effect at once."""
     section = SECTIONS.get(cls, "")
+    path = config_file if config_file is not None else _process_file
     values: dict[str, Any] = {}
-    if config_file is not None:
-        doc = read_toml(config_file)
+    if path is not None:
+        doc = read_toml(path)
         table = _section(doc, section)
         if not isinstance(table, dict):
-            raise errors.InvalidArgument(f"config file {config_file}: [{section}] must be a table")
+            raise errors.ConfigError(f"config file {path}: [{section}] must be a table")
         values = table
+    factories = [*sources, *_process_sources.get(cls, ())]
 
     class _Loaded(cls):  # type: ignore[valid-type, misc]
         @classmethod
@@ -376,14 +772,16 @@ def load(cls: type[S], config_file: str | pathlib.Path | None = None, **override
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings, _TomlSection(settings_cls, values))
+            return (init_settings, *(f(settings_cls) for f in factories), env_settings,
+                    _TomlSection(settings_cls, values))
 
     _Loaded.__name__ = cls.__name__
     try:
         loaded = _Loaded(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        raise errors.InvalidArgument(describe_validation_error(exc, section, cls)) from None
-    return cls.model_validate(loaded.model_dump())
+        raise errors.ConfigError(describe_validation_error(exc, section, cls)) from None
+    # Only the keys some layer set, so model_fields_set still tells them from defaults.
+    return cls.model_validate(loaded.model_dump(exclude_unset=True))
 
 
 def check_file(config_file: str | pathlib.Path) -> None:
@@ -393,20 +791,24 @@ def check_file(config_file: str | pathlib.Path) -> None:
     for cls, section in SECTIONS.items():
         table = _section(doc, section)
         if not isinstance(table, dict):
-            raise errors.InvalidArgument(f"config file {config_file}: [{section}] must be a table")
+            raise errors.ConfigError(f"config file {config_file}: [{section}] must be a table")
         if not table:
             continue
         try:
             cls.model_validate(table)
         except ValidationError as exc:
-            raise errors.InvalidArgument(describe_validation_error(exc, section, cls)) from None
+            raise errors.ConfigError(describe_validation_error(exc, section, cls)) from None
 
 
 def describe_validation_error(exc: ValidationError, section: str, cls: type[BaseSettings]) -> str:
-    prefix = cls.model_config.get("env_prefix", "")
+    """One line naming each refused key with its TOML table, variable and Airflow Variable."""
+    by_alias = {env.lower(): name for name in cls.model_fields for env in env_names(cls, name)}
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "?"
+        loc = [str(p) for p in err["loc"]]
+        if loc and loc[0].lower() in by_alias:
+            loc[0] = by_alias[loc[0].lower()]
+        key = ".".join(loc) or "?"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (see config/binlake.toml for the keys)"
@@ -415,6 +817,12 @@ def describe_validation_error(exc: ValidationError, section: str, cls: type[Base
         given = err.get("input")
         # Our own validators already quote the value; pydantic's messages do not.
         shown = f" (got {given!r})" if given is not None and err["type"] not in ("extra_forbidden", "value_error") else ""
-        lines.append(f"[{section}] {key} / {prefix}{key.upper()}: {msg}{shown}")
+        field = cls.model_fields.get(loc[0]) if loc else None
+        names = env_names(cls, loc[0]) if field is not None else (f"{cls.model_config.get('env_prefix', '')}{key}".upper(),)
+        where = " / ".join(names)
+        variable = airflow_variable(field) if field is not None else None
+        if variable is not None:
+            where += f" / Airflow Variable {variable}"
+        lines.append(f"[{section}] {key} / {where}: {msg}{shown}")
     # One line, as every user mistake is reported (the CLI prints it after "error:").
     return "invalid configuration: " + "; ".join(lines)

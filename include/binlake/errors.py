@@ -12,6 +12,11 @@ class InvalidArgument(BinlakeError, ValueError):
     """The request itself is malformed; retrying it unchanged cannot succeed."""
 
 
+class ConfigError(InvalidArgument):
+    """A setting (config file, environment variable, Airflow Variable or Connection) has
+    a value binlake cannot use; the one-line message names the setting and where it is set."""
+
+
 class FailedPrecondition(BinlakeError):
     """The request is well-formed but the system is not in a state to serve it."""
 

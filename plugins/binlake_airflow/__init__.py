@@ -1,8 +1,9 @@
 """binlake's Airflow side: what the DAGs in ``dags/`` use to talk to binlake.
 
-- ``config``: where tasks find the registry, the lake and the Spark settings at
-  run time (Airflow Variables, then ``BINLAKE_*`` environment, then defaults),
-  plus the one parse-time setting, the ingest schedule.
+- ``config``: Airflow Connections and Variables as a settings source of
+  ``binlake.config``'s model, above the ``BINLAKE_*`` environment: where tasks
+  find the registry, the lake and Spark at run time; plus the ingest DAG's
+  parse-time shape (schedule, start date, runs at once), from the environment.
 - ``triggers``: ``SafeTsTrigger``, which waits in the triggerer (asyncio, no
   worker slot) until every planned Pump's safe ts has reached a window's end.
 - ``operators``: ``WaitForSafeTsOperator``, the deferrable task around it.

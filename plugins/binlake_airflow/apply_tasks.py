@@ -32,7 +32,12 @@ DEFAULT_TASK_DIR = "config/tasks"
 
 def _configured() -> tuple[str, bool]:
     """The setting's text and whether someone set it (False: the default directory)."""
-    text = config.setting("binlake_apply_tasks", ("BINLAKE_APPLY_TASKS",), None)
+    from binlake import errors
+
+    try:
+        text = config.apply_tasks()
+    except errors.ConfigError as exc:
+        raise AirflowFailException(str(exc)) from None
     return (text, True) if text is not None else (DEFAULT_TASK_DIR, False)
 
 

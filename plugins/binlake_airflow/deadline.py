@@ -14,9 +14,9 @@ runs a callback:
   (``package.module.function``, importable by the triggerer), called with the
   same keyword arguments and Airflow's ``context``.
 
-Settings (environment, read when the DAG file is parsed, like the schedule:
-they shape the DAG): ``BINLAKE_INGEST_DEADLINE`` the grace (``15m`` by
-default, ``30s``/``5m``/``1h``; ``off`` disables the alert),
+Settings (``binlake.config.IngestDagSettings``: environment, read when the DAG
+file is parsed, like the schedule: they shape the DAG): ``BINLAKE_INGEST_DEADLINE``
+the grace (``15m`` by default, ``30s``/``5m``/``1h``; ``off`` disables the alert),
 ``BINLAKE_INGEST_DEADLINE_WEBHOOK``, ``BINLAKE_INGEST_DEADLINE_CALLBACK``.
 
 Airflow measures the deadline from the run's logical date, which for the
@@ -31,32 +31,28 @@ import asyncio
 import datetime as dt
 import json
 import logging
-import os
-import re
 import urllib.request
 from typing import Any
 
+from binlake import config
+
 log = logging.getLogger(__name__)
 
-DEADLINE_ENV = "BINLAKE_INGEST_DEADLINE"
-WEBHOOK_ENV = "BINLAKE_INGEST_DEADLINE_WEBHOOK"
-CALLBACK_ENV = "BINLAKE_INGEST_DEADLINE_CALLBACK"
-DEFAULT_GRACE = "15m"
-DEFAULT_CALLBACK = "binlake_airflow.deadline.window_late"
-_OFF = ("off", "none", "0", "false", "no")
-_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+DEADLINE_ENV = config.env_names(config.IngestDagSettings, "deadline")[0]
+WEBHOOK_ENV = config.env_names(config.IngestDagSettings, "deadline_webhook")[0]
+CALLBACK_ENV = config.env_names(config.IngestDagSettings, "deadline_callback")[0]
 
 
 def grace(text: str | None = None) -> dt.timedelta | None:
-    """``BINLAKE_INGEST_DEADLINE`` as a duration; None when the alert is off."""
-    from binlake_airflow.config import ConfigError, duration_seconds
+    """``BINLAKE_INGEST_DEADLINE`` (or ``text``; empty: the default) as a duration;
+    None when the alert is off."""
+    from binlake_airflow.config import dag_setting
 
-    raw = (text if text is not None else os.environ.get(DEADLINE_ENV, "")).strip() or DEFAULT_GRACE
-    if raw.lower() in _OFF:
+    raw: str = dag_setting("deadline", text)
+    if raw.lower() in config.DEADLINE_OFF:
         return None
-    seconds = duration_seconds(raw)
-    if seconds is None:
-        raise ConfigError(f"{DEADLINE_ENV}={raw!r} is not a duration such as 30s, 15m or 1h (or off)")
+    seconds = config.duration_seconds(raw)
+    assert seconds is not None  # the model accepts durations and "off" only
     return dt.timedelta(seconds=seconds)
 
 
@@ -79,17 +75,11 @@ def alert(timetable: Any, start: dt.datetime) -> Any:
     # The public path (airflow.sdk) exports these lazily, which mypy cannot see.
     from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference  # type: ignore[attr-defined]
 
-    from binlake_airflow.config import ConfigError
-
     late = grace()
     if late is None:
         return None
-    path = os.environ.get(CALLBACK_ENV, "").strip() or DEFAULT_CALLBACK
-    if not _DOTTED.match(path):
-        raise ConfigError(f"{CALLBACK_ENV}={path!r} is not a dotted path such as mypackage.alerts.ingest_late")
-    webhook = os.environ.get(WEBHOOK_ENV, "").strip() or None
-    if webhook is not None and not re.match(r"^https?://", webhook):
-        raise ConfigError(f"{WEBHOOK_ENV}={webhook!r} is not an http(s) URL")
+    settings = config.load(config.IngestDagSettings)
+    path, webhook = settings.deadline_callback, settings.deadline_webhook
     return DeadlineAlert(
         reference=DeadlineReference.DAGRUN_LOGICAL_DATE,
         interval=window_length(timetable, start) + late,

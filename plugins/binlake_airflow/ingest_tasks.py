@@ -90,7 +90,7 @@ def plan(data_interval_start: dt.datetime | None, data_interval_end: dt.datetime
         batch = config.ingest_batch_windows() if mode == config.CONNECT else 1
         batch_max_rows = config.ingest_batch_max_rows()
         config.ingest_max_active_runs()  # the DAG's; checked here so a bad one fails the first task
-    except config.ConfigError as exc:
+    except errors.ConfigError as exc:
         raise AirflowFailException(str(exc)) from None
     # Several runs at once are safe on an S3 lake too, in every mode (and however many
     # `airflow backfill create --max-active-runs` asks for): each run's Delta writes
@@ -160,6 +160,7 @@ def _session(window: Mapping[str, Any]) -> tuple[Any, bool, str | None]:
     """(session, whether this task owns it, the Connect URL if any) for the run's mode."""
     from pyspark.sql import SparkSession
 
+    from binlake import errors
     from binlake.lake.sparkenv import connect
     from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
 
@@ -167,7 +168,7 @@ def _session(window: Mapping[str, Any]) -> tuple[Any, bool, str | None]:
     if window.get("mode") == config.CONNECT:
         try:
             remote = config.spark_remote() or connect.DEFAULT_REMOTE
-        except config.ConfigError as exc:
+        except errors.ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
         try:
             return connect.connect(remote, name), True, remote

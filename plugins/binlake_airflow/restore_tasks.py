@@ -22,19 +22,11 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from binlake import errors
+from binlake.config import MaintenanceSettings
 from binlake_airflow import config, sessions
 
 log = logging.getLogger(__name__)
-
-# The maintenance DAG keeps every version Delta may still be reading for this
-# long (VACUUM's retention). Restores read the tables' *current* versions, which
-# VACUUM never removes, so any retention keeps every restore the ledger promises;
-# the floor only protects jobs still reading an older version while it runs.
-DEFAULT_VACUUM_RETENTION_HOURS = 168.0
-MIN_VACUUM_RETENTION_HOURS = 1.0
-# The GC report fails when the oldest window not ingested yet is this close to
-# a Pump's retention (default 7 days): the binlogs would be lost within a day.
-DEFAULT_GC_MARGIN_HOURS = 24.0
 
 
 def _fail(exc: BaseException) -> Exception:
@@ -120,7 +112,7 @@ def resolve(params: Mapping[str, Any], run_id: str) -> dict[str, Any]:
         if not isinstance(replace, bool):
             raise ValueError(f"replace: give true or false, got {replace!r}")
         lake = config.lake_dir()
-    except (errors.BinlakeError, config.ConfigError, ValueError) as exc:
+    except (errors.BinlakeError, ValueError) as exc:
         raise AirflowFailException(f"bad params: {exc}") from None
     staging = out or f"{lake.rstrip('/')}/restores/{_safe(run_id)}"
     # For out, replace is the user's; the staging dir of a target run is the run's own.
@@ -288,16 +280,7 @@ def history_update() -> dict[str, Any]:
 
 
 def gc_margin_hours() -> float:
-    text = config.setting("binlake_gc_margin_hours", ("BINLAKE_GC_MARGIN_HOURS",), str(DEFAULT_GC_MARGIN_HOURS))
-    try:
-        hours = float(text or "")
-    except ValueError:
-        hours = -1.0
-    if not 0 <= hours < 24 * 3650:
-        raise AirflowFailException(
-            f"binlake_gc_margin_hours must be a number of hours >= 0, got {text!r}; "
-            "fix the Variable binlake_gc_margin_hours (or env BINLAKE_GC_MARGIN_HOURS)")
-    return hours
+    return _maintenance().gc_margin_hours
 
 
 def maintenance_settings() -> dict[str, Any]:
@@ -305,24 +288,22 @@ def maintenance_settings() -> dict[str, Any]:
     gc_report), so a bad one fails the run at its start, without retries, naming it."""
     try:
         lake, registry = config.lake_dir(), config.registry_addr()
-    except config.ConfigError as exc:
+    except errors.ConfigError as exc:
         raise AirflowFailException(str(exc)) from None
     return {"lake": lake, "registry": registry, "vacuum_retention_hours": vacuum_retention_hours(),
             "gc_margin_hours": gc_margin_hours()}
 
 
 def vacuum_retention_hours() -> float:
-    text = config.setting("binlake_vacuum_retention_hours", ("BINLAKE_VACUUM_RETENTION_HOURS",),
-                          str(DEFAULT_VACUUM_RETENTION_HOURS))
+    return _maintenance().vacuum_retention_hours
+
+
+def _maintenance() -> MaintenanceSettings:
+    """The maintenance DAG's settings; a bad one fails the task without retries, naming it."""
     try:
-        hours = float(text or "")
-    except ValueError:
-        hours = -1.0
-    if hours < MIN_VACUUM_RETENTION_HOURS:
-        raise AirflowFailException(
-            f"binlake_vacuum_retention_hours must be a number >= {MIN_VACUUM_RETENTION_HOURS}, got {text!r}; "
-            "fix the Variable binlake_vacuum_retention_hours (or env BINLAKE_VACUUM_RETENTION_HOURS)")
-    return hours
+        return config.maintenance()
+    except errors.ConfigError as exc:
+        raise AirflowFailException(str(exc)) from None
 
 
 def optimize_vacuum() -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from binlake import errors
 from binlake_airflow import config
 
 
@@ -49,7 +50,7 @@ def job_session(name: str) -> Iterator[Any]:
 
     try:
         remote = config.spark_remote()
-    except config.ConfigError as exc:
+    except errors.ConfigError as exc:
         raise AirflowFailException(str(exc)) from None
     if not remote:
         with own_session(name) as spark:

@@ -20,6 +20,8 @@ from unittest import mock
 import pytest
 from binlake_airflow import config
 
+from binlake import errors
+
 DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
 
 
@@ -149,7 +151,7 @@ def test_ingest_dag_shape(dagbag: Any) -> None:
     # The operator spells the job's "no retry can help" exit status itself (no binlake import at parse time).
     assert operators.EXIT_FINAL == errors.EXIT_FINAL
     assert spark._conn_id == "spark_default"
-    assert pathlib.Path(spark.application) == config.INGEST_JOB
+    assert pathlib.Path(spark.application) == config.ingest_job()
     assert spark.application_args[:2] == ["--start-ts", "{{ ti.xcom_pull(task_ids='plan', key='start_ts') }}"]
     assert type(tasks["wait"]).__name__ == "WaitForSafeTsOperator"
 
@@ -175,14 +177,14 @@ def test_schedule_setting(spec: str, kind: str, detail: Any) -> None:
 
 @pytest.mark.parametrize("spec", ["every five minutes", "0s", "61 * * * *"])
 def test_bad_schedule_setting_names_the_variable(spec: str) -> None:
-    with pytest.raises(config.ConfigError, match="BINLAKE_INGEST_SCHEDULE"):
+    with pytest.raises(errors.ConfigError, match="BINLAKE_INGEST_SCHEDULE"):
         config.ingest_timetable(spec)
 
 
 def test_start_date_setting() -> None:
     assert config.ingest_start_date("").isoformat() == "2026-11-01T00:00:00+00:00"
     assert config.ingest_start_date("2026-11-21T08:05").isoformat() == "2026-11-21T08:05:00+00:00"
-    with pytest.raises(config.ConfigError, match="BINLAKE_INGEST_START_DATE"):
+    with pytest.raises(errors.ConfigError, match="BINLAKE_INGEST_START_DATE"):
         config.ingest_start_date("yesterday")
 
 
@@ -190,7 +192,7 @@ def test_max_active_runs_setting() -> None:
     assert config.ingest_max_active_runs("") == config.DEFAULT_MAX_ACTIVE_RUNS
     assert config.ingest_max_active_runs("16") == 16
     for bad in ("0", "many", "1000"):
-        with pytest.raises(config.ConfigError, match="BINLAKE_INGEST_MAX_ACTIVE_RUNS"):
+        with pytest.raises(errors.ConfigError, match="BINLAKE_INGEST_MAX_ACTIVE_RUNS"):
             config.ingest_max_active_runs(bad)
 
 

@@ -120,8 +120,8 @@ def test_apply_without_task_files_is_skipped_and_a_missing_path_fails(
 
 
 @pytest.mark.parametrize(("variable", "value", "message"), [
-    ("BINLAKE_VACUUM_RETENTION_HOURS", "0", "binlake_vacuum_retention_hours must be a number >= 1"),
-    ("BINLAKE_GC_MARGIN_HOURS", "soon", "binlake_gc_margin_hours must be a number of hours"),
+    ("BINLAKE_VACUUM_RETENTION_HOURS", "0", "binlake_vacuum_retention_hours: Input should be greater than or equal to 1"),
+    ("BINLAKE_GC_MARGIN_HOURS", "soon", "binlake_gc_margin_hours: Input should be a valid number"),
     ("BINLAKE_REGISTRY", "nowhere", "binlake_registry"),
 ])
 def test_bad_maintenance_settings_fail_its_first_tasks(monkeypatch: pytest.MonkeyPatch, variable: str, value: str,
@@ -144,7 +144,7 @@ def test_ingest_deadline_setting(monkeypatch: pytest.MonkeyPatch) -> None:
                                 (deadline.CALLBACK_ENV, "nodots", "dotted path"),
                                 (deadline.WEBHOOK_ENV, "ftp://x", r"an http\(s\) URL")):
         monkeypatch.setenv(env, value)
-        with pytest.raises(config.ConfigError, match=message):
+        with pytest.raises(errors.ConfigError, match=message):
             deadline.alert(five, start)
         monkeypatch.delenv(env)
     monkeypatch.setenv(deadline.DEADLINE_ENV, "off")
@@ -171,7 +171,7 @@ def test_spark_master_setting_and_the_submit_operators_master(monkeypatch: pytes
     from binlake_airflow.operators import IngestSubmitOperator
 
     monkeypatch.setenv("BINLAKE_SPARK_MASTER", "spark:/h1")
-    with pytest.raises(config.ConfigError, match=r"binlake_spark_master .*not a Spark master URL"):
+    with pytest.raises(errors.ConfigError, match=r"BINLAKE_SPARK_MASTER / Airflow Variable binlake_spark_master: .*not a Spark master URL"):
         config.spark_master()
     monkeypatch.setenv("BINLAKE_SPARK_MASTER", "spark://h1:7077")
     assert config.spark_master() == "spark://h1:7077"

@@ -26,7 +26,7 @@ from airflow.exceptions import AirflowFailException
 from binlake_airflow import config, ingest_tasks
 from binlake_airflow.triggers import SafeTsTrigger
 
-from binlake import tso
+from binlake import errors, tso
 from binlake.config import RegistrySettings
 from binlake.net import free_port
 from binlake.registry.client import RegistryClient
@@ -64,7 +64,7 @@ def test_connection_forms(host: str, port: int | None, want: str) -> None:
     ("h1", 70000, "not a TCP port"),
 ])
 def test_malformed_connection_names_it(host: str, port: int | None, error: str) -> None:
-    with pytest.raises(config.ConfigError) as info:
+    with pytest.raises(errors.ConfigError) as info:
         config.registry_from_connection(host, port)
     message = str(info.value)
     assert message.startswith("Airflow Connection binlake_registry") and error in message
@@ -87,7 +87,7 @@ def test_precedence_connection_variable_env_default(monkeypatch: pytest.MonkeyPa
     assert config.registry_addr() == "var1:8230"
     # A malformed Connection is an error, not a silent fall back to the Variable.
     _connection(monkeypatch, "c1:8230;c2:8230")
-    with pytest.raises(config.ConfigError, match="^Airflow Connection binlake_registry: "):
+    with pytest.raises(errors.ConfigError, match="^Airflow Connection binlake_registry: "):
         config.registry_addr()
     # ... and fails the plan step at once (no retry can fix it), naming the Connection.
     end = dt.datetime.now(dt.UTC)

@@ -67,3 +67,110 @@ def test_bad_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("BINLAKE_CLIENT_MAX_FAILURES", "zero")
     with pytest.raises(errors.InvalidArgument, match="BINLAKE_CLIENT_MAX_FAILURES"):
         config.load(config.ClientSettings)
+
+
+def _tables(doc: dict[str, object], prefix: str = "") -> set[str]:
+    """The dotted names of every table in a TOML document."""
+    names = set()
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            names.add(prefix + key)
+            names |= _tables(value, f"{prefix}{key}.")
+    return names
+
+
+def test_sample_has_every_section_and_nothing_unknown(tmp_path: pathlib.Path) -> None:
+    """Every section of the model is a table of the sample and every table a section;
+    with its commented examples uncommented the sample still validates (no unknown key,
+    no example value the model refuses)."""
+    import tomllib
+
+    assert _tables(tomllib.loads(SAMPLE.read_text())) == set(config.SECTIONS.values())
+    config.check_file(SAMPLE)
+    examples = tmp_path / "examples.toml"
+    examples.write_text(re.sub(r"^# ?([a-z_]+ = )", r"\1", SAMPLE.read_text(), flags=re.M))
+    config.check_file(examples)
+    for cls in config.SECTIONS:
+        config.load(cls, examples)
+
+
+def test_every_field_has_a_description() -> None:
+    for cls in config.SECTIONS:
+        for name, field in cls.model_fields.items():
+            assert field.description, f"{cls.__name__}.{name} has no description"
+
+
+@pytest.mark.parametrize(("env", "value", "cls", "field", "want"), [
+    ("BINLAKE_LAKE_DIR", "/l", config.LakeSettings, "dir", "/l"),
+    ("BINLAKE_REGISTRY", "r1:8230,r2:8230", config.ClusterSettings, "registry", "r1:8230,r2:8230"),
+    ("BINLAKE_CLIENT_REGISTRY", "c:8230", config.ClusterSettings, "registry", "c:8230"),
+    ("BINLAKE_SAFE_TS_POLL_S", "0.5", config.IngestSettings, "safe_ts_poll_s", 0.5),
+    ("BINLAKE_INGEST_MODE", " InProcess ", config.IngestSettings, "mode", "inprocess"),
+    ("BINLAKE_NATIVE_DECODE", "0", config.NativeSettings, "decode", False),
+    ("BINLAKE_READ_BURST_MS", "0", config.SourceSettings, "read_burst_ms", 0.0),
+    ("BINLAKE_GC_MARGIN_HOURS", "2", config.MaintenanceSettings, "gc_margin_hours", 2.0),
+    ("AWS_REGION", "eu-west-3", config.S3Settings, "region", "eu-west-3"),
+    ("BINLAKE_LAKE_S3_REGION", "eu-west-1", config.S3Settings, "region", "eu-west-1"),
+])
+def test_the_documented_variables_set_the_model(monkeypatch: pytest.MonkeyPatch, env: str, value: str,
+                                                cls: type, field: str, want: object) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "BINLAKE_REGISTRY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(env, value)
+    assert getattr(config.load(cls), field) == want
+
+
+def test_the_aws_variables_win_over_binlake_s3_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BINLAKE_LAKE_S3_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    assert config.load(config.S3Settings).region == "eu-west-3"
+    monkeypatch.setenv("AWS_REGION", "")  # empty counts as unset
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    assert config.load(config.S3Settings).region == "eu-west-1"
+
+
+def test_a_bad_variable_is_one_line_naming_it_and_its_airflow_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BINLAKE_SAFE_TS_POLL_S", "0")
+    with pytest.raises(errors.ConfigError) as caught:
+        config.load(config.IngestSettings)
+    message = str(caught.value)
+    assert "\n" not in message and isinstance(caught.value, errors.BinlakeError)
+    assert "[ingest] safe_ts_poll_s / BINLAKE_SAFE_TS_POLL_S / Airflow Variable binlake_safe_ts_poll_s" in message
+
+
+def test_a_commands_file_and_exports_reach_later_loads_and_children(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[spark]\nmaster = "local[2]"\n')
+    monkeypatch.delenv("BINLAKE_SPARK_MASTER", raising=False)
+    try:
+        config.use_file(f)
+        assert config.load(config.SparkSettings).master == "local[2]"
+        config.export(config.SparkSettings, {"master": "local[2]", "ship_code": False})
+        env = config.child_env({"PATH": "/bin"})
+        assert env == {"PATH": "/bin", "BINLAKE_SPARK_MASTER": "local[2]", "BINLAKE_SPARK_SHIP_CODE": "false"}
+        assert "BINLAKE_SPARK_MASTER" not in __import__("os").environ
+    finally:
+        config.reset()
+    assert config.load(config.SparkSettings).master is None and config.exported() == {}
+
+
+# Named BINLAKE_* but no setting: the crash-test failpoint (binlake.failpoint) and the
+# flush-less benchmark's switch (bench/noflush/sitecustomize.py, set for its Pump
+# children only), each read by its own module on purpose, and a psycopg2 type's name.
+NOT_SETTINGS = {"BINLAKE_FAILPOINT", "BINLAKE_BENCH_NO_FLUSH", "BINLAKE_TEXT"}
+
+
+def test_every_binlake_variable_named_anywhere_is_the_models() -> None:
+    """The variables the code, the DAGs, the compose file, the sample and the README
+    name are fields of the model (its env names): there is no other reader."""
+    known = {env for cls in config.SECTIONS for name in cls.model_fields for env in config.env_names(cls, name)}
+    files = [ROOT / "docker-compose.yaml", ROOT / "README.md", SAMPLE]
+    for folder in ("include", "plugins", "dags", "jobs", "scripts", "bench"):
+        files += sorted((ROOT / folder).rglob("*.py"))
+    unknown: dict[str, str] = {}
+    for path in files:
+        for name in re.findall(r"(?<![A-Z0-9_])BINLAKE_[A-Z0-9_]*[A-Z0-9]\b(?!_)", path.read_text()):
+            if name not in known and name not in NOT_SETTINGS:
+                unknown.setdefault(name, str(path.relative_to(ROOT)))
+    assert not unknown, f"BINLAKE_* variables that are no setting of binlake.config: {unknown}"

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import os
 import pathlib
+from collections.abc import Iterator
 
 import pytest
 
-from binlake import errors
+from binlake import config, errors
 from binlake.lake import s3settings
 from binlake.lake.store import location
 
 
 @pytest.fixture(autouse=True)
-def _no_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for key in list(os.environ):
         if key.startswith(("AWS_", "BINLAKE_LAKE_S3_")):
             monkeypatch.delenv(key)
-    s3settings.use_config_file(None)
+    config.reset()
+    yield
+    config.reset()  # the file a test chose is not the next one's
 
 
 def test_parse_paths_and_s3_uris(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,7 +60,7 @@ def test_settings_env_beats_config_file_and_reach_both_engines(
     cfg = tmp_path / "binlake.toml"
     cfg.write_text('[lake.s3]\nendpoint_url = "http://10.0.0.5:8333"\nregion = "eu-west-3"\n'
                    'access_key_id = "from-file"\nsecret_access_key = "file-secret"\n')
-    s3settings.use_config_file(str(cfg))
+    config.use_file(cfg)
     s = s3settings.s3_settings()
     assert (s.endpoint_url, s.region, s.access_key_id, s.allow_http) == (
         "http://10.0.0.5:8333", "eu-west-3", "from-file", True)
@@ -81,7 +84,7 @@ def test_settings_env_beats_config_file_and_reach_both_engines(
 def test_bad_s3_settings_name_the_key(tmp_path: pathlib.Path) -> None:
     cfg = tmp_path / "binlake.toml"
     cfg.write_text('[lake.s3]\nendpoint_url = "10.0.0.5:8333"\n')
-    s3settings.use_config_file(str(cfg))
+    config.use_file(cfg)
     with pytest.raises(errors.InvalidArgument, match=r"\[lake.s3\] endpoint_url.*not an http"):
         s3settings.s3_settings()
     cfg.write_text('[lake.s3]\nbucket = "x"\n')

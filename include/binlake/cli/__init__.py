@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
@@ -62,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="binlake", description=__doc__.splitlines()[0], epilog=_EPILOG_TOP, formatter_class=fmt
     )
     parser.add_argument("--version", action="version", version=f"binlake {__version__}")
-    parser.add_argument("--log-level", default=os.environ.get("BINLAKE_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity (default INFO)")
+    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="log verbosity (default: [log] level, $BINLAKE_LOG_LEVEL, else INFO)")
     # TLS for every gRPC server and client this command runs ([security] in --config,
     # BINLAKE_SECURITY_* env); paths only, and no env-derived defaults shown here.
     parser.add_argument("--ca", help="CA certificate (PEM): verify peers; servers then require client certs")
@@ -100,20 +99,26 @@ def _bench_help(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from binlake import config
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        # The level in force, for the commands that quiet Spark below DEBUG.
+        args.log_level = level = args.log_level or config.load(config.LogSettings).level
+    except errors.BinlakeError as exc:
+        print(f"binlake: error: {exc}", file=sys.stderr)
+        return EXIT_USER
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command is None:
         parser.print_help()
         return EXIT_USER
     try:
+        # Every setting this command reads without a file of its own comes from its --config
+        # too (an S3 lake's [lake.s3], [spark], [native], ...), for as long as it runs.
+        config.use_file(getattr(args, "config", None))
         _configure_tls(args)
         _configure_spark(args)
-        # An S3 lake's endpoint and keys may come from the command's --config ([lake.s3]).
-        from binlake.lake import s3settings
-
-        s3settings.use_config_file(getattr(args, "config", None))
         if getattr(args, "master", None) is not None:
             from binlake.lake.sparkenv.session import check_master
 
@@ -125,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        config.reset()
 
 
 def _configure_tls(args: argparse.Namespace) -> None:
@@ -134,24 +141,26 @@ def _configure_tls(args: argparse.Namespace) -> None:
     settings = config.load(config.SecuritySettings, getattr(args, "config", None),
                            ca=args.ca, cert=args.cert, key=args.key)
     rpc.configure_tls(settings.files())
-    # Child processes (`binlake up`'s registry and Pumps, spark-submit) inherit the same
-    # files through the environment (paths only; the key's contents are never copied).
-    for name in ("ca", "cert", "key"):
-        value = getattr(settings, name)
-        if value:
-            os.environ[f"BINLAKE_SECURITY_{name.upper()}"] = value
+    # Child processes (`binlake up`'s registry and Pumps, Spark's Python workers and
+    # servers) get the same files in the environment built for them (paths only; the
+    # key's contents are never copied).
+    config.export(config.SecuritySettings,
+                  {name: getattr(settings, name) for name in ("ca", "cert", "key") if getattr(settings, name)})
 
 
 def _configure_spark(args: argparse.Namespace) -> None:
-    """[spark] from env > the command's --config file, for this process's Spark and the
-    spark-submit and Airflow processes it starts (they read the environment)."""
+    """[spark] from env > the command's --config file: this process reads it through
+    ``config.use_file``; the spark-submit and Airflow processes it starts get it in the
+    environment built for them (``config.child_env``)."""
     from binlake import config
 
-    settings = config.load(config.SparkSettings, getattr(args, "config", None))
-    if settings.master and not os.environ.get("BINLAKE_SPARK_MASTER", "").strip():
-        os.environ["BINLAKE_SPARK_MASTER"] = settings.master
+    settings = config.load(config.SparkSettings)
+    chosen: dict[str, object] = {}
+    if settings.master:
+        chosen["master"] = settings.master
     if not settings.ship_code:
-        os.environ["BINLAKE_SPARK_SHIP_CODE"] = "false"
+        chosen["ship_code"] = False
+    config.export(config.SparkSettings, chosen)
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

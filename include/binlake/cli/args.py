@@ -10,7 +10,6 @@ line with exit status ``EXIT_USER``.
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -162,16 +161,15 @@ def datetime_arg(text: str) -> int:
 
 def add_registry(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--registry", default=os.environ.get("BINLAKE_REGISTRY", os.environ.get("BINLAKE_PUMP_REGISTRY")),
+        "--registry",
         help="registry HOST:PORT, or a registry group's HOST:PORT,HOST:PORT,... (clients find and follow "
-             f"its leader; default: $BINLAKE_REGISTRY, else {DEFAULT_REGISTRY_ADDR})",
+             f"its leader; default: [cluster] registry, $BINLAKE_REGISTRY, else {DEFAULT_REGISTRY_ADDR})",
     )
 
 
 def add_lake(p: argparse.ArgumentParser) -> None:
     """Where the lake is and which Spark reads it (``lake.commands`` builds the session)."""
-    p.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"),
-                   help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
+    p.add_argument("--lake", help="lake directory or URI (default: [lake] dir, $BINLAKE_LAKE_DIR)")
     p.add_argument("--master", help="Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
 
 
@@ -200,9 +198,19 @@ def window_args(args: argparse.Namespace) -> tuple[int, int]:
 
 def registry_addr(args: argparse.Namespace) -> str:
     """The checked --registry of ``add_registry`` (one HOST:PORT or a registry group's
-    comma-separated list, as given), else the default."""
+    comma-separated list, as given), else ``[cluster] registry``, else the default."""
+    from binlake import config
+
     if args.registry is not None and not args.registry.strip():
         raise errors.InvalidArgument("--registry is empty: give the registry's HOST:PORT (e.g. 127.0.0.1:8230)")
-    addr = args.registry or DEFAULT_REGISTRY_ADDR
-    parse_addr_list(addr, "--registry")
-    return addr
+    if args.registry is None:
+        return config.load(config.ClusterSettings).registry or DEFAULT_REGISTRY_ADDR
+    parse_addr_list(args.registry, "--registry")
+    return str(args.registry)
+
+
+def lake_arg(args: argparse.Namespace) -> str | None:
+    """The --lake of ``add_lake``, else ``[lake] dir``; None when neither is set."""
+    from binlake import config
+
+    return args.lake if args.lake is not None else config.load(config.LakeSettings).dir

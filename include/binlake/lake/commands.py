@@ -325,8 +325,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 
 def _ingest_command(args: argparse.Namespace) -> int:
-    from binlake.cli.args import registry_addr
+    from binlake.cli.args import lake_arg, registry_addr
 
+    args.lake = lake_arg(args)
     if not args.lake:
         raise errors.InvalidArgument("ingest needs --lake PATH (the lake directory or URI), or $BINLAKE_LAKE_DIR")
     return ingest(args, registry_addr(args))
@@ -334,9 +335,11 @@ def _ingest_command(args: argparse.Namespace) -> int:
 
 def _lake_command(args: argparse.Namespace) -> int:
     from binlake.cli import build_parser
+    from binlake.cli.args import lake_arg
 
     if args.lake_command is None:
         build_parser().parse_args(["lake", "--help"])
+    args.lake = lake_arg(args)
     if not args.lake:
         raise errors.InvalidArgument(f"lake {args.lake_command} needs --lake PATH, or $BINLAKE_LAKE_DIR")
     if args.lake_command == "status":

@@ -16,32 +16,15 @@ which each hand these to their engine.
 
 from __future__ import annotations
 
-import os
-
 from binlake import config
 from binlake.config import S3Settings
 
-# The config file whose [lake.s3] table is read (the CLI's --config sets it).
-_config_file: str | None = None
-
-
-def use_config_file(path: str | None) -> None:
-    """Read ``[lake.s3]`` from ``path`` from now on in this process (None: no file)."""
-    global _config_file
-    _config_file = path
-
 
 def s3_settings() -> S3Settings:
-    """The S3 settings in force: AWS_* > BINLAKE_LAKE_S3_* > [lake.s3] > defaults."""
-    env = os.environ
-    overrides = {
-        "endpoint_url": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
-        "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
-        "access_key_id": env.get("AWS_ACCESS_KEY_ID"),
-        "secret_access_key": env.get("AWS_SECRET_ACCESS_KEY"),
-        "session_token": env.get("AWS_SESSION_TOKEN"),
-    }
-    return config.load(S3Settings, _config_file, **overrides)
+    """The S3 settings in force: AWS_* > BINLAKE_LAKE_S3_* > [lake.s3] of the command's
+    --config > defaults (``binlake.config.S3Settings``; in the DAGs' tasks the
+    ``binlake_lake_s3`` Connection comes first)."""
+    return config.load(S3Settings)
 
 
 def hadoop_conf(settings: S3Settings | None = None) -> dict[str, str]:

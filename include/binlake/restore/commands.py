@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from typing import Any
 
@@ -59,8 +58,7 @@ def _parallelism(args: argparse.Namespace) -> int:
 
 
 def _lake_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lake", default=os.environ.get("BINLAKE_LAKE_DIR"),
-                   help="lake directory or URI (default: $BINLAKE_LAKE_DIR)")
+    p.add_argument("--lake", help="lake directory or URI (default: [lake] dir, $BINLAKE_LAKE_DIR)")
     p.add_argument("--master", help="Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
     p.add_argument("--tables", help="comma-separated TABLE or DB.TABLE names (default: every table)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
@@ -153,7 +151,9 @@ def _session(args: argparse.Namespace) -> Any:
 
 def _check_lake(args: argparse.Namespace) -> str:
     from binlake.cli import argcheck
+    from binlake.cli.args import lake_arg
 
+    args.lake = lake_arg(args)
     if args.lake is None:
         raise errors.InvalidArgument("no lake given: pass --lake DIR or set BINLAKE_LAKE_DIR")
     if getattr(args, "tz", None) is not None and not args.tz.strip():

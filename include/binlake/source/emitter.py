@@ -21,7 +21,6 @@ an answer (committed with the journaled commit_ts, or rolled back).
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -52,9 +51,10 @@ def source_client_settings(registry: str) -> ClientSettings:
     with the source's batch size and batches in flight where it does not set them."""
     settings = ClientSettings(registry=registry)
     update: dict[str, int] = {}
-    if "BINLAKE_CLIENT_MAX_BATCH_BYTES" not in os.environ:
+    # model_fields_set: the fields the environment set (the others hold their defaults).
+    if "max_batch_bytes" not in settings.model_fields_set:
         update["max_batch_bytes"] = SOURCE_BATCH_BYTES
-    if "BINLAKE_CLIENT_MAX_INFLIGHT_BATCHES" not in os.environ:
+    if "max_inflight_batches" not in settings.model_fields_set:
         update["max_inflight_batches"] = SOURCE_INFLIGHT_BATCHES
     return settings.model_copy(update=update)
 

@@ -27,10 +27,6 @@ compare both in one run.
 
 from __future__ import annotations
 
-import os
-
-from binlake import errors
-
 READ_BURST_ENV = "BINLAKE_READ_BURST_MS"
 READ_BURST_S = 0.005
 # Less than this read since the reader last ran out: a trickle, worth a sleep. A few
@@ -40,13 +36,6 @@ BURST_BYTES = 16 << 10
 
 def read_burst_s() -> float:
     """The burst sleep in seconds: ``BINLAKE_READ_BURST_MS`` if set, else ``READ_BURST_S``."""
-    text = os.environ.get(READ_BURST_ENV, "").strip()
-    if not text:
-        return READ_BURST_S
-    try:
-        ms = float(text)
-    except ValueError:
-        ms = -1.0  # refused below, with the same line as a number out of range
-    if not 0 <= ms <= 100:
-        raise errors.InvalidArgument(f"{READ_BURST_ENV}={text!r}: expected milliseconds in 0..100")
-    return ms / 1000
+    from binlake import config
+
+    return config.load(config.SourceSettings).read_burst_ms / 1000

@@ -125,7 +125,10 @@ class SparkCluster:
         self._fixed_port = master_port
         self.master_port = master_port
         self.ui_port = 0
-        self._env = dict(os.environ if env is None else env)
+        from binlake import config
+
+        # The settings the command chose (TLS files, ...) reach the executors' Python workers too.
+        self._env = config.child_env(env)
         self.master_wrap = list(master_wrap)
         if worker_hosts is not None and len(worker_hosts) != workers:
             raise ValueError(f"worker_hosts names {len(worker_hosts)} hosts for {workers} workers")

@@ -116,7 +116,10 @@ class Child:
         with self.log_path.open("ab") as log:
             log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} binlake up: {shlex.join(self.args)}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+            # Without an environment of its own, a child gets this command's with the settings
+            # it chose from flags and --config (TLS files, the Spark master) on top.
+            env = self.env if self.env is not None else config.child_env()
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
 
     @property
@@ -361,7 +364,8 @@ class Stack:
         # One worker with this machine's cores: each ingest is an application taking
         # them while it runs (the next one queues at the master until they are free).
         self.spark_cluster = SparkCluster(self.data / "spark", workers=1, cores=max(1, os.cpu_count() or 1),
-                                          memory="2g", master_port=self.cfg.spark_master_port)
+                                          memory=config.load(config.SparkSettings).worker_memory,
+                                          master_port=self.cfg.spark_master_port)
         try:
             self.spark_cluster.start(timeout_s=self.cfg.ready_timeout_s)
         except errors.BinlakeError as exc:
@@ -374,7 +378,7 @@ class Stack:
 
     def airflow_env(self) -> dict[str, str]:
         """The environment of every Airflow component (and of `airflow` commands run by hand)."""
-        env = dict(os.environ)
+        env = config.child_env()
         bin_dir = str(pathlib.Path(sys.executable).parent)
         env.update({
             # spark-submit and airflow live next to this interpreter (the venv).
@@ -418,9 +422,9 @@ class Stack:
     def _ingest_start_date(self) -> str:
         """The ingest DAG's start date: an explicit BINLAKE_INGEST_START_DATE, else the
         time of this stack's first `binlake up` (kept in its state file)."""
-        explicit = os.environ.get("BINLAKE_INGEST_START_DATE", "").strip()
-        if explicit:
-            return explicit
+        explicit = config.load(config.IngestDagSettings).start_date
+        if explicit is not None:
+            return explicit.isoformat()
         path = self.airflow_home / STATE_FILE
         with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
             return str(json.loads(path.read_text())["ingest_start_date"])
@@ -556,7 +560,7 @@ class Stack:
     def apply_tasks_line(self) -> str:
         """Where the apply DAG finds its replication task files (its runs are skipped while
         there are none), as plugins/binlake_airflow/apply_tasks.py reads the setting."""
-        explicit = os.environ.get("BINLAKE_APPLY_TASKS", "").strip()
+        explicit = config.load(config.ApplySettings).tasks
         if explicit:
             return f"task files from BINLAKE_APPLY_TASKS={explicit}"
         tasks = self.cfg.plugins_folder.resolve().parent / "config" / "tasks"

@@ -10,7 +10,7 @@ force). ``kill()`` is the crash: SIGKILL of the whole process group, after which
 ``start()`` brings the same server (same data, same ports) back.
 
     with LocalS3(tmp / "s3", buckets=("lake",)) as s3:
-        os.environ.update(s3.env())     # AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...
+        env = {**os.environ, **s3.env()}    # AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... for a child
         ... --lake s3://lake/prefix ...
 """
 

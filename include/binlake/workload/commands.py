@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
 from binlake import errors
@@ -51,8 +50,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         ),
     )
     add_registry(p)
-    p.add_argument("--upstream", default=os.environ.get("BINLAKE_UPSTREAM"),
-                   help="SQLAlchemy URL of the upstream database (default: $BINLAKE_UPSTREAM)")
+    p.add_argument("--upstream", help="SQLAlchemy URL of the upstream database (default: [source] upstream, "
+                   "$BINLAKE_UPSTREAM)")
     p.add_argument("--profile", choices=["oltp", "bank", "ddl", "mixed"], default="oltp",
                    help="transaction mix (default oltp)")
     p.add_argument("--tables", type=positive_int, default=4, help="oltp tables sbtest1..K (default 4)")
@@ -84,6 +83,10 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from binlake import config
+
+    if args.upstream is None:
+        args.upstream = config.load(config.SourceSettings).upstream
     if not args.upstream:
         raise errors.InvalidArgument(
             "workload needs --upstream URL (a SQLAlchemy URL such as sqlite:///data/upstream.db), "

@@ -20,7 +20,6 @@ where it was not built.
 from __future__ import annotations
 
 import array
-import os
 import struct
 from collections.abc import Iterator
 from types import ModuleType
@@ -58,8 +57,10 @@ def native_import_error() -> str:
 
 def native_enabled() -> bool:
     """Whether a ChangeDecoder uses the native decoder by default: it is built and
-    ``BINLAKE_NATIVE_DECODE`` is not ``0``."""
-    return _imagec is not None and os.environ.get(NATIVE_DECODE_ENV, "").strip() != "0"
+    ``[native] decode`` (``BINLAKE_NATIVE_DECODE``) is not off."""
+    from binlake import config
+
+    return _imagec is not None and config.load(config.NativeSettings).decode
 
 
 _OFFSETS = struct.Struct("=2i")  # a value's start and end in a StringColumn

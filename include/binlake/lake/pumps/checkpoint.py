@@ -32,7 +32,9 @@ _MAX_ID = 128
 def consumer_id(lake: str) -> str:
     """The lake's consumer id: ``$BINLAKE_LAKE_CONSUMER_ID``, else ``lake:<absolute path or URI>``
     (a hash of it when the path is too long or has whitespace)."""
-    override = os.environ.get(CONSUMER_ID_ENV, "").strip()
+    from binlake import config
+
+    override = config.load(config.LakeSettings).consumer_id
     if override:
         return override
     where = lake if "://" in lake else os.path.abspath(lake)

@@ -25,6 +25,8 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from binlake.config import REMOTE_PATTERN
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -36,14 +38,13 @@ DEFAULT_REMOTE = f"sc://127.0.0.1:{DEFAULT_PORT}"
 # A lost server is retried this many times (about 4 s in all) before the job fails.
 RETRIES = 4
 
-_REMOTE = re.compile(r"^sc://[A-Za-z0-9.\-\[\]:]+:\d{1,5}(/;?[A-Za-z0-9_=;.\-]*)?$")
 
 
 def check_remote(url: Any, what: str = "Spark Connect URL") -> str:
     """``url`` if it is a Spark Connect URL ``sc://HOST:PORT``; InvalidArgument naming ``what`` otherwise."""
     from binlake import errors
 
-    if not isinstance(url, str) or not _REMOTE.match(url.strip()):
+    if not isinstance(url, str) or not REMOTE_PATTERN.match(url.strip()):
         raise errors.InvalidArgument(
             f"{what} {url!r} is not a Spark Connect URL: use sc://HOST:PORT (e.g. {DEFAULT_REMOTE})")
     return url.strip()

@@ -82,9 +82,12 @@ def server_command(port: int = DEFAULT_PORT, master: str = "local[*]",
 
 def server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The server's environment: its Python workers run this interpreter and import
-    this binlake (the data source's classes are pickled by reference)."""
-    env = dict(os.environ if base is None else base)
+    this binlake (the data source's classes are pickled by reference), with the
+    settings this command chose (``config.child_env``)."""
     import binlake
+    from binlake import config
+
+    env = config.child_env(base)
 
     include = str(pathlib.Path(binlake.__file__).resolve().parents[1])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

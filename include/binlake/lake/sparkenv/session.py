@@ -30,8 +30,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
-MASTER_ENV = "BINLAKE_SPARK_MASTER"
-SHIP_CODE_ENV = "BINLAKE_SPARK_SHIP_CODE"
 JARS_DIR_ENV = "BINLAKE_JARS_DIR"
 
 _DELTA_CONF = {
@@ -183,10 +181,6 @@ def build_spark(
     if extra.get("spark.jars"):
         jars.append(extra.pop("spark.jars"))
 
-    # The driver is this interpreter; executors must run the same one (same
-    # minor version, same installed packages, e.g. binlake's data source).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-
     from pyspark.sql import SparkSession
 
     conf: dict[str, str] = {
@@ -205,6 +199,9 @@ def build_spark(
     # (start confs end up on the JVM's command line): those are set on the running
     # session below, and the JVM inherits AWS_* from this process.
     conf.update(s3settings.spark_conf())
+    # The Python workers get the settings this command chose from its flags and config
+    # file (TLS files, ...) as their environment, as its other child processes do.
+    conf.update({f"spark.executorEnv.{name}": value for name, value in config.exported().items()})
     conf.update(extra)
 
     builder = SparkSession.builder.appName(app_name)
@@ -215,6 +212,11 @@ def build_spark(
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    # The driver is this interpreter; Python workers must run the same one (same minor
+    # version, same installed packages, e.g. binlake's data source). pyspark takes the
+    # workers' interpreter from this attribute when it wraps each function, and would
+    # otherwise take $PYSPARK_PYTHON or whatever python3 is first on PATH.
+    session.sparkContext.pythonExec = sys.executable
     running = session.sparkContext.master or ""
     if is_cluster(running) and ship_code():
         # Executors import binlake from the zip before any installed copy (pyspark puts

@@ -24,7 +24,6 @@ only path.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from types import ModuleType
@@ -88,7 +87,9 @@ def import_error() -> str:
 
 def enabled() -> bool:
     """Built, and not switched off with ``BINLAKE_NATIVE_FRAMING=0``."""
-    return _framec is not None and os.environ.get(NATIVE_FRAMING_ENV, "").strip() != "0"
+    from binlake import config
+
+    return _framec is not None and config.load(config.NativeSettings).framing
 
 
 def from_library(ev: Any, log_pos: int) -> tuple[Any, ...] | None:

@@ -25,7 +25,6 @@ when a source starts); without the built extension it is the only path.
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 from typing import Any
 
@@ -70,7 +69,9 @@ def import_error() -> str:
 
 def enabled() -> bool:
     """Built, and not switched off with ``BINLAKE_NATIVE_ROWS=0``."""
-    return _rowsc is not None and os.environ.get(NATIVE_ROWS_ENV, "").strip() != "0"
+    from binlake import config
+
+    return _rowsc is not None and config.load(config.NativeSettings).rows
 
 
 def _byte_table(codec: str) -> list[int]:

@@ -16,7 +16,6 @@ when a source starts); without the built extension it is the only path.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -54,7 +53,9 @@ def import_error() -> str:
 
 def enabled() -> bool:
     """Built, and not switched off with ``BINLAKE_NATIVE_PGOUTPUT=0``."""
-    return _pgoutc is not None and os.environ.get(NATIVE_PGOUTPUT_ENV, "").strip() != "0"
+    from binlake import config
+
+    return _pgoutc is not None and config.load(config.NativeSettings).pgoutput
 
 
 def build_plan(table: SourceTable, oids: Sequence[int], info: binlog_pb2.TableInfo) -> Any | None:
