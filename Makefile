@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml setup.py include/binlake/lake/decoding/_imagec.c includ
 $(STAMP): include/binlake/_native/binlake_native.h include/binlake/_native/binlake_tags.h
 
 test: setup
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=30 tests
 
 # The suite without the tests marked slow: the quick loop while changing code.
 test-fast: setup
