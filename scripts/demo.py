@@ -26,9 +26,9 @@ and ``binlake diff`` against the upstream prints every table OK
 (``scripts/demo_apply.py``).
 
 Act 5 - point in time: ``binlake restore`` rebuilds every table as of a
-commit_ts taken in the middle of act 2's workload, and the result equals the
-upstream copied at that very ts; the bank total is unchanged
-(``scripts/demo_restore.py``).
+commit_ts taken in the middle of act 2's workload, as Delta tables and into a
+DuckDB file, and both equal the upstream copied at that very ts; the bank total
+is unchanged (``scripts/demo_restore.py``).
 
 Act 6 - an existing database: ``binlake source mysql`` follows a MariaDB's
 row binlog through a kill -9 of the source, and the binlogs in the Pumps
