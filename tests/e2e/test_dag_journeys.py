@@ -400,7 +400,8 @@ def test_ingest_bad_settings_and_no_window_fail_the_first_task(stack: Stack) -> 
     try:
         stack.run("binlake_ingest", "bad-mode", {}, logical_date=stack.window[1],
                   interval=(stack.window[1], stack.window[1] + dt.timedelta(seconds=5)))
-        stack.fails_first("binlake_ingest", "bad-mode", "plan", "binlake_ingest_mode must be one of")
+        stack.fails_first("binlake_ingest", "bad-mode", "plan",
+                          "Airflow Variable binlake_ingest_mode: 'fast' is not one of")
     finally:
         stack.set_variable("binlake_ingest_mode", None)
 
