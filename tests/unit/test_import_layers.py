@@ -31,36 +31,41 @@ def test_binlake_keeps_its_import_contract() -> None:
     assert "0 broken" in done.stdout
 
 
-def test_an_import_up_a_layer_breaks_the_contract(tmp_path: pathlib.Path) -> None:
+def _broken_copy(tmp_path: pathlib.Path, module: str, line: str | None) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` over a copy of the package with ``line`` appended to ``module``
+    (a path under the package; a new module when ``line`` is None); it must fail."""
     copy = tmp_path / "src" / "binlake"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     shutil.copy(CHECKOUT / "pyproject.toml", tmp_path / "pyproject.toml")
-    # tso is a shared leaf: the command line is the top layer.
-    with (copy / "tso.py").open("a") as f:
-        f.write("\nimport binlake.cli  # noqa: E402,F401\n")
+    if line is None:
+        (copy / module).write_text('"""A module no layer names."""\n')
+    else:
+        with (copy / module).open("a") as f:
+            f.write(f"\n{line}  # noqa: E402,F401\n")
     done = _lint_imports(copy.parent, tmp_path)
     assert done.returncode != 0, done.stdout[-4000:]
+    return done
+
+
+def test_an_import_up_a_layer_breaks_the_contract(tmp_path: pathlib.Path) -> None:
+    # tso is a shared leaf: the command line is the top layer.
+    done = _broken_copy(tmp_path, "tso.py", "import binlake.cli")
     assert "binlake's layers, from the command line down to the shared leaves BROKEN" in done.stdout
     assert "binlake.tso -> binlake.cli" in done.stdout
 
 
 def test_production_code_importing_the_test_tooling_breaks_the_contract(tmp_path: pathlib.Path) -> None:
-    copy = tmp_path / "src" / "binlake"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    shutil.copy(CHECKOUT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with (copy / "stack" / "supervisor.py").open("a") as f:
-        f.write("\nfrom binlake.testing import devcluster  # noqa: E402,F401\n")
-    done = _lint_imports(copy.parent, tmp_path)
-    assert done.returncode != 0, done.stdout[-4000:]
+    done = _broken_copy(tmp_path, "stack/supervisor.py", "from binlake.testing import devcluster")
     assert "binlake.testing is test tooling: no production module imports it BROKEN" in done.stdout
     assert "binlake.stack.supervisor -> binlake.testing.devcluster" in done.stdout
 
 
+def test_a_target_importing_a_role_breaks_the_contract(tmp_path: pathlib.Path) -> None:
+    # The targets are shared SQL code: the apply uses them, never the reverse.
+    done = _broken_copy(tmp_path, "sql/targets/duckdb.py", "from binlake.replicate import checkpoint")
+    assert "binlake.sql.targets.duckdb -> binlake.replicate.checkpoint" in done.stdout
+
+
 def test_a_new_module_must_be_placed_in_a_layer(tmp_path: pathlib.Path) -> None:
-    copy = tmp_path / "src" / "binlake"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    shutil.copy(CHECKOUT / "pyproject.toml", tmp_path / "pyproject.toml")
-    (copy / "unplaced.py").write_text('"""A module no layer names."""\n')
-    done = _lint_imports(copy.parent, tmp_path)
-    assert done.returncode != 0, done.stdout[-4000:]
+    done = _broken_copy(tmp_path, "unplaced.py", None)
     assert "binlake.unplaced" in done.stdout + done.stderr
