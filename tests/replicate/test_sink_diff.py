@@ -197,3 +197,4 @@ def test_diff_against_an_empty_target_streams_its_fix_sql(tmp_path: pathlib.Path
     with sqlite3.connect(tmp_path / "empty.db") as db:
         db.executescript("BEGIN;\n" + fix.read_text() + "COMMIT;\n")  # as `sqlite3 empty.db < fix.sql` would
     assert diff.diff_databases(source_url, target_url).ok
+

@@ -13,14 +13,18 @@ first key of chunk i+1)``; the same range is read from the target. Should the
 two databases order keys differently (different collations), a row may fall in
 another chunk on one side: keys reported missing on one side and extra on the
 other with the same row hash are reconciled at the end, so that never shows as
-a difference.
+a difference. Where the two orders disagree so far that a target row falls in two
+of the ranges, or in none (a case-insensitive collation against a binary one),
+it is reported as extra or missing: compare such tables by a key whose order both
+share, or with the same collation on both sides.
 
 Memory holds one chunk of source rows and one batch of target rows, never a
 table: the target's rows of a chunk's range are streamed and matched against
-the chunk by key; a key on one side only (or differing) goes to a spill file
-on disk (SQLite, with the fix statement it needs when ``--fix-sql`` asks),
-where the cross-chunk reconciliation runs once the table is read. The report
-keeps exact counts and the first ``keep_keys`` keys of each kind; fix
+the chunk by row hash (which covers the key); a row on one side only goes to a
+spill file on disk (SQLite, with the fix statement it needs when ``--fix-sql``
+asks), where keys on both sides are told apart from rows that two collations put
+in different chunks, once the table is read. The report keeps exact counts and
+the first ``keep_keys`` keys of each kind; fix
 statements stream from the spill to their file (a table's deletes before its
 inserts), and a table missing in the target streams its rows' INSERTs
 straight there.
@@ -255,23 +259,31 @@ def _diff_table(src: Connection, tgt: Connection, name: str, src_info: binlog_pb
             if hi is not None:
                 q = q.where(sa.tuple_(*tgt_keys) < sa.tuple_(*hi) if len(key) > 1 else tgt_keys[0] < hi[0])
             # key text -> (row hash, row) of the chunk's source rows not yet met in the target
-            pending = {_key_text(r, key, src_json): (checksum.row_hash(r, src_json), r) for r in rows}
+            # row hash -> the chunk's source rows of that hash not yet met in the target: a
+            # target row with a hash here is the same row (its key included), so an equal
+            # chunk costs a hash per row and no key text.
+            pending: dict[int, list[dict[str, Any]]] = {}
+            for r in rows:
+                pending.setdefault(checksum.row_hash(r, src_json), []).append(r)
             differs = False
             for tr in tgt.execution_options(yield_per=_TARGET_BATCH).execute(q):
                 trow = dict(tr._mapping)
                 result.target_rows += 1
-                k = _key_text(trow, key, tgt_json)
                 h = checksum.row_hash(trow, tgt_json)
-                met = pending.pop(k, None)
-                if met is not None and met[0] == h:
+                same = pending.get(h)
+                if same:
+                    same.pop()
+                    if not same:
+                        del pending[h]
                     continue
                 differs = True
-                if met is not None:
-                    spill.add(_SRC, k, met[0], key, functools.partial(_insert_sql, tgt_engine, name, met[1]))
-                spill.add(_TGT, k, h, key, functools.partial(_delete_sql, tgt_engine, name, key, trow))
-            for k, (h, r) in pending.items():
-                differs = True
-                spill.add(_SRC, k, h, key, functools.partial(_insert_sql, tgt_engine, name, r))
+                spill.add(_TGT, _key_text(trow, key, tgt_json), h, key,
+                          functools.partial(_delete_sql, tgt_engine, name, key, trow))
+            for h, left in pending.items():
+                for r in left:
+                    differs = True
+                    spill.add(_SRC, _key_text(r, key, src_json), h, key,
+                              functools.partial(_insert_sql, tgt_engine, name, r))
             result.chunks_differing += differs
         # Rows that fell into different chunks on the two sides (collation order) meet here.
         spill.reconcile()
