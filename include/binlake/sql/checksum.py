@@ -117,7 +117,7 @@ class _Acc:
 
 def load_schema(url: str) -> dict[str, binlog_pb2.TableInfo]:
     """binlake's current table definitions in ``url`` (empty if it has none)."""
-    engine = _engine(url)
+    engine = reader_engine(url)
     try:
         with engine.connect() as conn:
             return recorded_schema(conn)
@@ -133,7 +133,7 @@ def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal:
     named ones). binlake's own ``_binlake_*`` tables are skipped unless named or
     ``include_internal``. ``schema`` gives binlake table definitions to type the
     columns by (default: the database's own ``_binlake_schema``, if any)."""
-    engine = _engine(url)
+    engine = reader_engine(url)
     try:
         with engine.connect() as conn:
             # One snapshot for every table, so the checksums belong to one moment.
@@ -180,10 +180,6 @@ def _typed_table(conn: Connection, name: str, info: binlog_pb2.TableInfo | None)
     renamed.CopyFrom(info)
     renamed.name = name
     return targets.kind(conn.dialect.name).sa_table(renamed)
-
-
-def _engine(url: str) -> sa.Engine:
-    return reader_engine(url)
 
 
 def _show(engine: sa.Engine) -> str:

@@ -47,7 +47,7 @@ from sqlalchemy.engine import Connection
 from binlake import errors
 from binlake.proto import binlog_pb2
 from binlake.sql import checksum, targets
-from binlake.sql.url import reader_engine
+from binlake.sql.url import check_reachable, reader_engine
 
 OK, DIFF, MISSING = "OK", "DIFF", "MISSING"
 _SHOW_KEYS = 10
@@ -187,12 +187,7 @@ def diff_databases(source_url: str, target_url: str, tables: Sequence[str] | Non
 
 def _engine(url: str, what: str) -> sa.Engine:
     engine = reader_engine(url)
-    try:
-        with engine.connect():
-            pass
-    except sa.exc.DBAPIError as exc:
-        engine.dispose()
-        raise errors.Unavailable(f"cannot reach the {what} {_show(engine)}: {errors.first_line(exc)}") from None
+    check_reachable(engine, f"the {what}")
     return engine
 
 

@@ -42,42 +42,43 @@ def _parse(url: str) -> tuple[type[targets.Target], sa.engine.URL]:
     return kind, kind.prepare_url(parsed)
 
 
-def target_kind(url: str) -> type[targets.Target]:
-    """The database ``url`` names (``errors.InvalidArgument`` for one binlake has no target for)."""
-    return _parse(url)[0]
-
-
-def reader_engine(url: str) -> sa.engine.Engine:
-    """An engine that only reads the database at ``url`` (diff, checksums), not yet
-    connected: none of a writer's settings or locks."""
+def _create(url: str, *, writer: bool) -> sa.engine.Engine:
+    """An engine for ``url``, not yet connected: a writer's with its database's options
+    and listeners (a file database's directory created), else a reader's, which takes
+    none of a writer's settings or locks."""
     kind, parsed = _parse(url)
-    try:
-        engine = sa.create_engine(parsed)
-    except ImportError as exc:
-        raise errors.FailedPrecondition(f"database {parsed.render_as_string(hide_password=True)}: its driver "
-                                        f"is not installed ({exc}); run `make setup`") from None
-    kind.prepare_engine(engine, writer=False)
-    return engine
-
-
-def open_engine(url: str) -> sa.engine.Engine:
-    """An engine for the database at ``url`` (a target, or one to check), answering now (one
-    round trip); a file database's directory is created. ``errors.Unavailable`` if it does not."""
-    kind, parsed = _parse(url)
-    shown = parsed.render_as_string(hide_password=True)
-    options: dict[str, Any] = kind.engine_options(parsed)
+    options: dict[str, Any] = kind.engine_options(parsed) if writer else {}
     try:
         engine = sa.create_engine(parsed, **options)
     except ImportError as exc:
-        raise errors.FailedPrecondition(f"target {shown}: its driver is not installed ({exc}); run `make setup`") \
-            from None
-    kind.prepare_engine(engine)
+        raise errors.FailedPrecondition(f"database {parsed.render_as_string(hide_password=True)}: its driver "
+                                        f"is not installed ({exc}); run `make setup`") from None
+    kind.prepare_engine(engine, writer=writer)
+    return engine
+
+
+def reader_engine(url: str) -> sa.engine.Engine:
+    """An engine that only reads the database at ``url`` (diff, checksums), not yet connected."""
+    return _create(url, writer=False)
+
+
+def check_reachable(engine: sa.engine.Engine, what: str) -> None:
+    """One round trip to ``engine``'s database; ``errors.Unavailable`` naming it as ``what``
+    (the engine disposed) when it does not answer."""
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
     except sa.exc.DBAPIError as exc:
         engine.dispose()
-        raise errors.Unavailable(f"cannot reach target {shown}: {errors.first_line(exc)}") from None
+        shown = engine.url.render_as_string(hide_password=True)
+        raise errors.Unavailable(f"cannot reach {what} {shown}: {errors.first_line(exc)}") from None
+
+
+def open_engine(url: str) -> sa.engine.Engine:
+    """An engine for the database at ``url`` (a target, or one to check), answering now (one
+    round trip); a file database's directory is created. ``errors.Unavailable`` if it does not."""
+    engine = _create(url, writer=True)
+    check_reachable(engine, "target")
     return engine
 
 
