@@ -271,6 +271,57 @@ class RestoreSettings(BaseSettings):
         "SQLite targets load one at a time (one writer)."))
 
 
+_MEMORY = re.compile(r"^[1-9]\d*[mMgG]$")
+
+
+class MemorySettings(BaseSettings):
+    """Every memory bound of binlake's data work, in one place (``[memory]``).
+
+    The rule they keep: no process's memory grows with the size of a table, a
+    window, a snapshot or the lake. Spark does the data work in its executors,
+    partitioned by key; what must pass through one process (a target's
+    connection, the task or CLI process) streams in batches of the sizes below.
+    A job that still runs out of memory names the setting to raise. ``binlake
+    lake status`` prints the values in force."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_MEMORY_", extra="forbid", env_ignore_empty=True,
+                                      str_strip_whitespace=True)
+
+    driver: str = Field("2g", description=(
+        "Heap of the Spark driver JVM binlake starts (CLI commands, in-process DAG tasks, spark-submit "
+        "ingests): spark.driver.memory. In local mode it is the executors' heap too."))
+    executor: str = Field("1g", description=(
+        "Heap of each executor on a cluster master (spark.executor.memory); the workers of "
+        "`binlake up --spark-cluster` offer [spark] worker_memory (2g) to them: keep it below that."))
+    partition_rows: int = Field(200_000, ge=1_000, le=100_000_000, description=(
+        "Rows of one partition of a restore's, snapshot's or history build's shared result: the most rows "
+        "one task holds, and what streams through the driver at a time."))
+    batch_rows: int = Field(10_000, ge=100, le=1_000_000, description=(
+        "Rows per batch written to a target database or an Arrow/Delta batch by a restore (a database "
+        "load's memory is a few such batches, whatever the table's size)."))
+    direct_rows: int = Field(50_000, ge=0, le=10_000_000, description=(
+        "A table with at most this many rows at T is decoded in the CLI/task process (no Spark job: the "
+        "many-tables path); larger ones are rebuilt by Spark's executors and streamed."))
+    read_budget: int = Field(200_000, ge=1_000, le=100_000_000, description=(
+        "The apply's read of the lake: the most row changes held at once (consecutive small windows are "
+        "read together up to this; a larger window is read and applied in pieces of this size)."))
+    diff_keys: int = Field(100, ge=0, le=1_000_000, description=(
+        "Differing keys `binlake diff` lists per table and kind (the counts are always exact; fix SQL "
+        "goes to its file as it is found)."))
+
+    @field_validator("driver", "executor")
+    @classmethod
+    def _heap(cls, v: str) -> str:
+        if not _MEMORY.match(v):
+            raise ValueError(f"{v!r} is not an amount of memory such as 512m or 2g")
+        return v.lower()
+
+
+def memory() -> MemorySettings:
+    """The memory bounds in force (environment and the command's config file)."""
+    return load(MemorySettings)
+
+
 class S3Settings(BaseSettings):
     """How to reach an S3 lake: ``[lake.s3]`` in the config file, BINLAKE_LAKE_S3_* in
     the environment; the standard AWS_* variables take precedence over both."""
@@ -636,6 +687,7 @@ SECTIONS: dict[type[BaseSettings], str] = {
     IngestDagSettings: "ingest.dag",
     ApplySettings: "apply",
     RestoreSettings: "restore",
+    MemorySettings: "memory",
     MaintenanceSettings: "maintenance",
     NativeSettings: "native",
     SourceSettings: "source",

@@ -191,6 +191,11 @@ def build_spark(
         # commit_ts and Airflow data intervals are UTC; never depend on the host zone.
         "spark.sql.session.timeZone": "UTC",
     }
+    # The heaps are [memory] settings (one place for every memory bound); they take
+    # effect when this call starts the JVM (a running one keeps its own).
+    bounds = config.memory()
+    conf["spark.driver.memory"] = bounds.driver
+    conf["spark.executor.memory"] = bounds.executor
     if shuffle_partitions is not None:
         if shuffle_partitions < 1:
             raise ValueError(f"shuffle_partitions must be >= 1, got {shuffle_partitions}")
