@@ -296,6 +296,8 @@ class MemorySettings(BaseSettings):
     partition_rows: int = Field(200_000, ge=1_000, le=100_000_000, description=(
         "Rows of one partition of a restore's, snapshot's or history build's shared result: the most rows "
         "one task holds, and what streams through the driver at a time."))
+    partition_bytes: int = Field(64 * MiB, ge=MiB, le=4 * GiB, description=(
+        "Bytes (of row images) of one such partition: wide rows make more, smaller partitions."))
     batch_rows: int = Field(10_000, ge=100, le=1_000_000, description=(
         "Rows per batch written to a target database or an Arrow/Delta batch by a restore (a database "
         "load's memory is a few such batches, whatever the table's size)."))

@@ -203,7 +203,7 @@ def _update(spark: Any, lake: str, tables: Sequence[str] | None, say: Progress, 
                        f"AND commit_date <= DATE'{decode.commit_date(end - 1).isoformat()}'")
                 .where((F.col("commit_ts") > lo_all - 1) & (F.col("commit_ts") <= end - 1)
                        & F.col("table_id").isin([t.table_id for t in todo])))
-        shared = onepass.materialize(spark, scan)
+        shared = onepass.materialize(spark, scan, ("table_id", "commit_ts", "seq"))
 
     def one(t: _Todo) -> tuple[int, tuple[str, str, dict[str, Any]]]:
         check()  # no commit once the lake's write turn is lost

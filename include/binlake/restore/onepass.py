@@ -14,8 +14,9 @@ primary-key order, so renamed key columns keep their keys); the typed rebuild
 (``rebuild.state_from``) then runs over a table's slice of this result, which
 holds one row per key, and groups by the typed key again - so two texts of one
 typed key (a retyped key column) still resolve to the later event. The result
-is materialized once (``materialize``: a local checkpoint, partitioned by
-table), so no later job reads the lake.
+is materialized once (``materialize``: a local checkpoint in key-range
+partitions of a bounded number of rows, each table's rows contiguous), so no
+later job reads the lake and no partition grows with a table.
 
 ``each_table`` runs the per-table writes (Delta tables, target loads) on a
 bounded pool of threads: Spark runs their jobs concurrently and a database
@@ -123,25 +124,62 @@ def last_changes(spark: Any, changes: Any, schema: decode.SchemaHistory, slices:
                      "schema_version", F.col("e.image").alias("image"))
     last = (evts.groupBy("table_id", "_deletes", F.col("e.k").alias("_k"))
             .agg(F.max_by(value, F.struct("commit_ts", "seq", F.col("e.sub"))).alias("l"))
-            .select("table_id", "_deletes", "l.*"))
+            .select("table_id", "_deletes", "_k", "l.*"))
     # A key whose last event is a delete is dropped here unless the slice keeps deletes
     # (base rows to remove, or a key column whose text changed with its type).
     return last.where(~F.col("del") | F.col("_deletes")).select(
         "table_id", "commit_ts", "seq", F.when(F.col("del"), "delete").otherwise("insert").alias("op"),
         F.lit(None).cast("string").alias("keys"),
         F.when(F.col("del"), F.col("image")).alias("before"), F.when(~F.col("del"), F.col("image")).alias("after"),
-        "schema_version")
+        "schema_version", F.xxhash64("_k").alias("key_hash"))
 
 
-def materialize(spark: Any, frame: Any) -> Any:
-    """``frame`` computed once (one pass over what it reads) and kept, partitioned by
-    table_id, for the per-table jobs that follow (a local checkpoint: lineage cut, so
-    no later job plans or reads the lake again)."""
+# The order of ``last_changes``' rows in a materialized result: by table, then by
+# key (its hash), so a table's rows are contiguous and a big table spans partitions.
+KEY_ORDER = ("table_id", "key_hash")
+
+
+def materialize(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER) -> Any:
+    """``frame`` computed once (one pass over what it reads) and kept for the per-table
+    jobs that follow (a local checkpoint: lineage cut, so no later job plans or reads
+    the lake again), in partitions of at most about ``[memory] partition_rows`` rows
+    and ``partition_bytes`` bytes of images, sorted by ``order`` (table_id first).
+
+    Why ranges and not one partition per table: a partition is what one task holds
+    and what streams through the driver at a time (``toLocalIterator``), so its size
+    must be a setting, not a table's. Range partitions keep each table's rows
+    contiguous across consecutive partitions: the driver reads the result as one
+    ordered stream, table after table, in bounded pieces."""
+    from pyspark.sql import functions as F
+
+    from binlake import config
     from binlake.lake.sparkenv import connect
 
+    bounds = config.memory()
+    staged = frame.localCheckpoint(eager=True)
+    images = [F.coalesce(F.length(c), F.lit(0)) for c in ("before", "after") if c in staged.columns]
+    size = staged.agg(F.count(F.lit(1)).alias("n"),
+                      F.sum(sum(images[1:], images[0]) if images else F.lit(0)).alias("b")).first()
+    total, nbytes = int(size["n"]), int(size["b"] or 0)
     # The server's parallelism on a Spark Connect session (which has no sparkContext).
-    parts = max(2, 2 * connect.default_parallelism(spark))
-    return frame.repartition(parts, "table_id").sortWithinPartitions("table_id").localCheckpoint(eager=True)
+    parts = max(2, 2 * connect.default_parallelism(spark), -(-total // bounds.partition_rows),
+                -(-nbytes // bounds.partition_bytes))
+    if total <= bounds.partition_rows and nbytes <= bounds.partition_bytes:
+        # Small: one partition per table is bounded by the settings already.
+        shaped = staged.repartition(parts, "table_id")
+    else:
+        shaped = staged.repartitionByRange(parts, *order)
+    return shaped.sortWithinPartitions(*order).localCheckpoint(eager=True)
+
+
+def sizes(shared: Any) -> dict[int, tuple[int, int]]:
+    """table_id -> (rows, bytes of row images) in a materialized result (one small
+    aggregate job)."""
+    from pyspark.sql import functions as F
+
+    images = F.coalesce(F.length("before"), F.lit(0)) + F.coalesce(F.length("after"), F.lit(0))
+    found = shared.groupBy("table_id").agg(F.count(F.lit(1)).alias("n"), F.sum(images).alias("b")).collect()
+    return {int(r["table_id"]): (int(r["n"]), int(r["b"] or 0)) for r in found}
 
 
 def of_table(shared: Any, table_id: int) -> Any:
@@ -160,7 +198,8 @@ def of_tables(shared: Any, table_ids: Sequence[int]) -> Any:
 
 def grouped(rows: Iterable[Any]) -> Iterator[tuple[int, list[Any]]]:
     """(table_id, rows) runs of rows that arrive grouped by table_id (``materialize``
-    keeps each table in one partition, sorted)."""
+    keeps each table's rows contiguous). The callers stream only tables of at most
+    ``[memory] direct_rows`` rows through here: a run is one table's list."""
     current: int | None = None
     batch: list[Any] = []
     for r in rows:

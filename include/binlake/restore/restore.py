@@ -43,6 +43,7 @@ from binlake.restore.tables import (
     Plan,
     TablePlan,
     Tally,
+    direct_tables,
     in_plan_order,
     items,
     shared_changes,
@@ -192,8 +193,20 @@ def open_target(url: str) -> targets.Target:
     return sql_url.open_target(url)
 
 
+def bounded(df: Any, rows: int) -> Any:
+    """``df`` (about ``rows`` rows) in partitions of at most about ``[memory] partition_rows``
+    rows: what streaming it through this process holds at a time (``python_rows``). A
+    typed rebuild that aggregates has Spark's shuffle partitions, whose size would
+    otherwise grow with the table."""
+    from binlake import config
+
+    per = config.memory().partition_rows
+    return df if rows <= per else df.repartition(-(-rows // per))
+
+
 def python_rows(df: Any, info: binlog_pb2.TableInfo) -> Iterator[dict[str, Any]]:
-    """The rows of a typed frame as the Python values ``binlake.codec`` uses (what sinks load)."""
+    """The rows of a typed frame as the Python values ``binlake.codec`` uses (what sinks
+    load), streamed partition by partition (one partition in the driver at a time)."""
     cols = C.columns_of(info)
     for r in df.select(*[f"`{c.name}`" for c in cols]).toLocalIterator(prefetchPartitions=True):
         yield {c.name: C.python_value(r[i], c.type) for i, c in enumerate(cols)}
@@ -227,12 +240,21 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
     if parallelism > 1:
         target.ensure_schema_table()
     shared = shared_changes(spark, p)
-    direct = {t.table_id for t in p.tables if _direct.eligible(p.schema, t.table_id, p.ts, t.base)}
+    found = onepass.sizes(shared) if shared is not None else {}
+    direct = direct_tables(p, found, lambda t: _direct.eligible(p.schema, t.table_id, p.ts, t.base))
     tally = Tally(len(p.tables), say)
 
     def load(item: Item) -> tuple[str, int, str]:
         t, raw, df = item
-        rows = _direct.rows_at(p.schema, t.table_id, p.ts, raw) if df is None else python_rows(df, t.info)
+        if df is None:
+            rows: Iterable[Mapping[str, Any]] = _direct.rows_at(p.schema, t.table_id, p.ts, raw)
+        else:
+            if t.base.frame is not None or not onepass.slice_for(p.schema, t.table_id, p.ts, t.base).final:
+                # An aggregating rebuild: its partitions are Spark's shuffle's, sized here.
+                estimate = (found.get(t.table_id, (0, 0))[0]
+                            + (int(t.base.frame.count()) if t.base.frame is not None else 0))
+                df = bounded(df, estimate)
+            rows = python_rows(df, t.info)
         n = load_table(target, t.info, rows)
         tally.done(t.name, n, "rows from " + t.base.kind)
         return (t.name, n, t.base.kind)

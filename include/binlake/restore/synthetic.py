@@ -27,28 +27,33 @@ def table_name(index: int, tables: int) -> str:
     return "bench" if tables == 1 else f"bench_{index + 1:04d}"
 
 
-def _table_info(index: int = 0, tables: int = 1) -> Any:
+def _table_info(index: int = 0, tables: int = 1, width: int = 60) -> Any:
     from binlake.sql import schema
     from binlake.sql.schema import ColumnDef
 
-    cols = [ColumnDef("id", "int", False), ColumnDef("k", "int", False), ColumnDef("c", "string", True, length=120),
+    cols = [ColumnDef("id", "int", False), ColumnDef("k", "int", False), ColumnDef("c", "string", True, length=max(120, width)),
             ColumnDef("balance", "decimal", True, precision=20, scale=2)]
     info = schema.new_table(FIRST_TABLE_ID + index, "main", table_name(index, tables), cols, ["id"], None, 1)
     return info
 
 
 def build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows: int = WINDOWS,
-               tables: int = 1) -> int:
-    """Write the synthetic lake (one turn at the lake's writes); returns the last commit_ts."""
+               tables: int = 1, width: int = 60) -> int:
+    """Write the synthetic lake (one turn at the lake's writes); returns the last commit_ts.
+    ``width``: the characters of column ``c`` (wide rows with few of them: a lot of
+    bytes quickly, for the memory tests)."""
     if not isinstance(tables, int) or not 1 <= tables <= rows:
         raise ValueError(f"tables must be an integer from 1 to rows ({rows}), got {tables!r}")
+    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= 65_000:
+        raise ValueError(f"width must be an integer from 1 to 65000, got {width!r}")
     from binlake.lake.store import writelock
 
     with writelock.lake_writes(lake, what="synthetic lake", spark=spark):
-        return _build_lake(spark, lake, rows, changes, t0, windows, tables)
+        return _build_lake(spark, lake, rows, changes, t0, windows, tables, width)
 
 
-def _build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows: int, tables: int) -> int:
+def _build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows: int, tables: int,
+                width: int) -> int:
     import datetime as dt
 
     from pyspark.sql import functions as F
@@ -57,10 +62,10 @@ def _build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows
     from binlake.lake.decoding.rows import WINDOWS_DDL
     from binlake.lake.store.location import CHANGES, DDL_HISTORY, table_path
 
-    info = _table_info(0, tables)
+    info = _table_info(0, tables, width)
     ddls = []
     for i in range(tables):
-        t = _table_info(i, tables)
+        t = _table_info(i, tables, width)
         ddl = {"commit_ts": t0 - 2, "start_ts": t0 - 3, "schema_version": t.schema_version, "db": t.db,
                "tbl": t.name, "table_id": t.table_id, "previous_table_id": 0, "dropped": False,
                "query": f"CREATE TABLE {t.name} (...)", "table_info": t.SerializeToString(),
@@ -82,7 +87,7 @@ def _build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows
         # Canonical image JSON: names sorted, decimal as a string with its scale.
         bal = F.format_number((F.pmod(F.xxhash64(key, v), F.lit(10_000_000)) / 100).cast("decimal(20,2)"), 2)
         return F.concat(F.lit('{"balance":"'), F.regexp_replace(bal, ",", ""), F.lit('","c":"'),
-                        F.lpad(F.conv(F.abs(F.xxhash64(v, key)).cast("string"), 10, 36), 60, "x"),
+                        F.lpad(F.conv(F.abs(F.xxhash64(v, key)).cast("string"), 10, 36), width, "x"),
                         F.lit('","id":'), key.cast("string"), F.lit(',"k":'), F.pmod(v * 7, 1000).cast("string"),
                         F.lit("}"))
 

@@ -76,10 +76,26 @@ def frames(spark: Any, p: Plan, shared: Any = None) -> dict[int, Any]:
 Item = tuple[TablePlan, list[Any], Any]
 
 
+def direct_tables(p: Plan, found: dict[int, tuple[int, int]], fits: Callable[[TablePlan], bool]) -> set[int]:
+    """The tables decoded in this process (``direct``): those ``fits`` accepts whose rows
+    at T are at most ``[memory] direct_rows`` and whose images take at most
+    ``partition_bytes`` (``found``: the one-pass result's ``onepass.sizes``). The others
+    are rebuilt by Spark's executors, so no table's size reaches this process's memory."""
+    from binlake import config
+
+    bounds = config.memory()
+
+    def small(table_id: int) -> bool:
+        rows, nbytes = found.get(table_id, (0, 0))
+        return rows <= bounds.direct_rows and nbytes <= bounds.partition_bytes
+
+    return {t.table_id for t in p.tables if small(t.table_id) and fits(t)}
+
+
 def items(spark: Any, p: Plan, shared: Any, direct: set[int]) -> Iterator[Item]:
     """Every planned table's work, the ``direct`` ones first, as their rows stream out
-    of ``shared`` (one table's rows in memory at a time per worker), then the others
-    with their typed frames."""
+    of ``shared`` (one small table's rows in memory at a time per worker: see
+    ``direct_tables``), then the others with their typed frames."""
     seen: set[int] = set()
     by_id = {t.table_id: t for t in p.tables}
     if shared is not None and direct:
@@ -144,8 +160,8 @@ def write_tables(spark: Any, p: Plan, path_of: Callable[[TablePlan], str], paral
     the others through Spark. (db.table, rows, base kind) per table, in plan order."""
     say(f"reading the lake once for {len(p.tables)} table(s)")
     shared = shared_changes(spark, p)
-    direct = {t.table_id for t in p.tables
-              if "://" not in path_of(t) and _direct.delta_eligible(p.schema, t.table_id, p.ts, t.base)}
+    direct = direct_tables(p, onepass.sizes(shared) if shared is not None else {}, lambda t: "://" not in path_of(t)
+                           and _direct.delta_eligible(p.schema, t.table_id, p.ts, t.base))
     tally = Tally(len(p.tables), say)
 
     def one(item: Item) -> tuple[str, int, str]:
