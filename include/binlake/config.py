@@ -296,8 +296,10 @@ class MemorySettings(BaseSettings):
     partition_rows: int = Field(200_000, ge=1_000, le=100_000_000, description=(
         "Rows of one partition of a restore's, snapshot's or history build's shared result: the most rows "
         "one task holds, and what streams through the driver at a time."))
-    partition_bytes: int = Field(64 * MiB, ge=MiB, le=4 * GiB, description=(
-        "Bytes (of row images) of one such partition: wide rows make more, smaller partitions."))
+    partition_bytes: int | None = Field(None, ge=MiB, le=4 * GiB, description=(
+        "Bytes (of row images) of one such partition: wide rows make more, smaller partitions "
+        "(default: the driver heap / 32, e.g. 64 MiB for 2g: the driver copies a partition a few "
+        "times while it hands it over)."))
     batch_rows: int = Field(10_000, ge=100, le=1_000_000, description=(
         "Rows per batch written to a target database or an Arrow/Delta batch by a restore (a database "
         "load's memory is a few such batches, whatever the table's size)."))
@@ -310,6 +312,13 @@ class MemorySettings(BaseSettings):
     diff_keys: int = Field(100, ge=0, le=1_000_000, description=(
         "Differing keys `binlake diff` lists per table and kind (the counts are always exact; fix SQL "
         "goes to its file as it is found)."))
+
+    def partition_bytes_in_force(self) -> int:
+        """``partition_bytes``, or its default from the driver heap."""
+        if self.partition_bytes is not None:
+            return self.partition_bytes
+        amount, unit = int(self.driver[:-1]), self.driver[-1]
+        return max(MiB, amount * (GiB if unit == "g" else MiB) // 32)
 
     @field_validator("driver", "executor")
     @classmethod

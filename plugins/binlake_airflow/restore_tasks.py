@@ -177,7 +177,7 @@ def load(resolved: Mapping[str, Any]) -> dict[str, Any]:
     Each table is claimed for this run (``binlake.restore.claims``): a retry replaces
     what this run created, never a table another run or a person made (unless replace)."""
     from binlake import errors
-    from binlake.restore import claims, restore
+    from binlake.restore import claims, restore, stream
 
     if not resolved.get("target"):
         raise AirflowSkipException("no target: the restore is the Delta tables in out")
@@ -193,7 +193,7 @@ def load(resolved: Mapping[str, Any]) -> dict[str, Any]:
                 for t in p.tables:
                     df = spark.read.format("delta").load(restore.out_path(resolved["out"], t.info))
                     claims.create(target, t.info, run_id, int(resolved["ts"]), replace)
-                    n = target.bulk_load(t.info, restore.python_rows(df, t.info))
+                    n = target.bulk_load(t.info, stream.python_rows(df, t.info))
                     loaded.append({"table": t.name, "rows": int(n)})
             finally:
                 target.close()

@@ -163,8 +163,8 @@ def materialize(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER) -> Any
     total, nbytes = int(size["n"]), int(size["b"] or 0)
     # The server's parallelism on a Spark Connect session (which has no sparkContext).
     parts = max(2, 2 * connect.default_parallelism(spark), -(-total // bounds.partition_rows),
-                -(-nbytes // bounds.partition_bytes))
-    if total <= bounds.partition_rows and nbytes <= bounds.partition_bytes:
+                -(-nbytes // bounds.partition_bytes_in_force()))
+    if total <= bounds.partition_rows and nbytes <= bounds.partition_bytes_in_force():
         # Small: one partition per table is bounded by the settings already.
         shaped = staged.repartition(parts, "table_id")
     else:

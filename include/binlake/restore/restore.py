@@ -28,15 +28,16 @@ import json
 import os
 import time
 import zoneinfo
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+import pyarrow as pa
 
 from binlake import errors, failpoint, tso
 from binlake.lake.store.ledger import is_delta, read_windows
 from binlake.lake.store.location import check_lake, table_path
 from binlake.proto import binlog_pb2
-from binlake.restore import columns as C
-from binlake.restore import coverage, history, layout, onepass, rebuild, snapshot
+from binlake.restore import coverage, history, layout, onepass, rebuild, snapshot, stream
 from binlake.restore import direct as _direct
 from binlake.restore.tables import (
     Item,
@@ -193,33 +194,18 @@ def open_target(url: str) -> targets.Target:
     return sql_url.open_target(url)
 
 
-def bounded(df: Any, rows: int) -> Any:
-    """``df`` (about ``rows`` rows) in partitions of at most about ``[memory] partition_rows``
-    rows: what streaming it through this process holds at a time (``python_rows``). A
-    typed rebuild that aggregates has Spark's shuffle partitions, whose size would
-    otherwise grow with the table."""
-    from binlake import config
-
-    per = config.memory().partition_rows
-    return df if rows <= per else df.repartition(-(-rows // per))
-
-
-def python_rows(df: Any, info: binlog_pb2.TableInfo) -> Iterator[dict[str, Any]]:
-    """The rows of a typed frame as the Python values ``binlake.codec`` uses (what sinks
-    load), streamed partition by partition (one partition in the driver at a time)."""
-    cols = C.columns_of(info)
-    for r in df.select(*[f"`{c.name}`" for c in cols]).toLocalIterator(prefetchPartitions=True):
-        yield {c.name: C.python_value(r[i], c.type) for i, c in enumerate(cols)}
-
-
-def load_table(target: targets.Target, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
-    """Create table ``info`` in ``target`` (refused when it exists) and load ``rows``, in
-    one transaction: where DDL is transactional (``Target.transactional_ddl``) a crash
-    leaves no table at all rather than an empty or partial one; MySQL commits its DDL."""
+def load_table(target: targets.Target, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]] = (),
+               *, tables: Iterable[pa.Table] = ()) -> int:
+    """Create table ``info`` in ``target`` (refused when it exists) and load ``rows`` (or
+    ``tables``: Arrow tables from ``stream.arrow_tables``), in one transaction: where DDL
+    is transactional (``Target.transactional_ddl``) a crash leaves no table at all rather
+    than an empty or partial one; MySQL commits its DDL."""
     with target.engine.connect() as conn:
         conn.begin()
         target.create_table_in(conn, info, if_exists="fail")
         n = int(target.insert_rows(conn, info, rows))
+        for table in tables:
+            n += int(target.insert_arrow(conn, info, table))
         conn.commit()
     return n
 
@@ -227,10 +213,11 @@ def load_table(target: targets.Target, info: binlog_pb2.TableInfo, rows: Iterabl
 def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress: Progress | None = None,
                 parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
     """Create every table from its definition at T and bulk-load its rows, up to
-    ``parallelism`` tables at once. Tables rebuilt from the lake's changes alone are
-    decoded in Python from the one-pass result as it streams out of Spark (no Spark
-    job per table); tables with base rows (a snapshot, the history tables) or a
-    retyped column take the typed Spark rebuild (``frames``)."""
+    ``parallelism`` tables at once. Small tables rebuilt from the lake's changes alone
+    are decoded in Python from the one-pass result as it streams out of Spark (no
+    Spark job per table); big ones, and tables with base rows (a snapshot, the history
+    tables) or a retyped column, take the typed Spark rebuild (``frames``), streamed
+    to the target in bounded batches (``stream``)."""
     onepass.check_parallelism(parallelism)
     if not target.concurrent_writers:
         parallelism = 1  # one writer at a time (SQLite, DuckDB): concurrent loads would only wait on its lock
@@ -247,15 +234,18 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
     def load(item: Item) -> tuple[str, int, str]:
         t, raw, df = item
         if df is None:
-            rows: Iterable[Mapping[str, Any]] = _direct.rows_at(p.schema, t.table_id, p.ts, raw)
+            n = load_table(target, t.info, _direct.rows_at(p.schema, t.table_id, p.ts, raw))
         else:
             if t.base.frame is not None or not onepass.slice_for(p.schema, t.table_id, p.ts, t.base).final:
-                # An aggregating rebuild: its partitions are Spark's shuffle's, sized here.
-                estimate = (found.get(t.table_id, (0, 0))[0]
-                            + (int(t.base.frame.count()) if t.base.frame is not None else 0))
-                df = bounded(df, estimate)
-            rows = python_rows(df, t.info)
-        n = load_table(target, t.info, rows)
+                # An aggregating rebuild: its partitions are Spark's shuffle's, sized here
+                # (the base's rows taken as wide as the changes' images).
+                rows, nbytes = found.get(t.table_id, (0, 0))
+                based = int(t.base.frame.count()) if t.base.frame is not None else 0
+                df = stream.bounded(df, rows + based, nbytes + based * (nbytes // rows if rows else 256))
+            if stream.arrow_ready(t.info):
+                n = load_table(target, t.info, tables=stream.arrow_tables(df, t.info))
+            else:
+                n = load_table(target, t.info, stream.python_rows(df, t.info))
         tally.done(t.name, n, "rows from " + t.base.kind)
         return (t.name, n, t.base.kind)
 

@@ -87,7 +87,7 @@ def direct_tables(p: Plan, found: dict[int, tuple[int, int]], fits: Callable[[Ta
 
     def small(table_id: int) -> bool:
         rows, nbytes = found.get(table_id, (0, 0))
-        return rows <= bounds.direct_rows and nbytes <= bounds.partition_bytes
+        return rows <= bounds.direct_rows and nbytes <= bounds.partition_bytes_in_force()
 
     return {t.table_id for t in p.tables if small(t.table_id) and fits(t)}
 

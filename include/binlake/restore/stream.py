@@ -1,0 +1,104 @@
+"""A typed table streamed out of Spark into a target database, in bounded pieces.
+
+A restore into a database passes every row through one connection, so through
+the process that holds it; what that process holds at a time must be a
+setting, never a table. Two forms, both partition by partition
+(``toLocalIterator``: one partition in the driver at a time, the next one
+prefetched):
+
+- ``arrow_tables``: the executors turn their rows into Arrow record batches of
+  at most ``[memory] batch_rows`` rows and ship each as one Arrow IPC message;
+  this process only reads the messages and hands each batch to the target's
+  ``insert_arrow`` (PostgreSQL: ``COPY`` as CSV written by Arrow). No Python
+  object per row. For tables whose every column Arrow writes as the target
+  reads it (``arrow_ready``);
+- ``python_rows``: the rows as the Python values ``binlake.codec`` uses, for
+  the other column types (dates, times, bytes, JSON), one at a time.
+
+``bounded`` sizes a frame's partitions first when they come from a shuffle
+(an aggregating rebuild), whose partitions would otherwise grow with the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from binlake.proto import binlog_pb2
+from binlake.restore import columns as C
+
+# Column types whose Spark value, as Arrow, is what a target's ``insert_arrow``
+# takes (``arrowcompact``'s types): integers, strings, doubles, booleans, and
+# decimals as their exact text.
+_ARROW_READY = frozenset({binlog_pb2.INT, binlog_pb2.UINT, binlog_pb2.STRING, binlog_pb2.FLOAT,
+                          binlog_pb2.DECIMAL, binlog_pb2.BOOL})
+
+
+# The most bytes of one Arrow IPC message ``arrow_tables`` ships (a few MB: large
+# enough to cost nothing per message, small against the driver's heap).
+BLOB_BYTES = 4 << 20
+
+
+def bounded(df: Any, rows: int, nbytes: int) -> Any:
+    """``df`` (about ``rows`` rows of about ``nbytes`` bytes) in partitions of at most about
+    ``[memory] partition_rows`` rows and ``partition_bytes`` bytes: what streaming it
+    through this process holds at a time."""
+    from binlake import config
+
+    for name, value in (("rows", rows), ("nbytes", nbytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a count (0 or more), got {value!r}")
+    bounds = config.memory()
+    parts = max(-(-rows // bounds.partition_rows), -(-nbytes // bounds.partition_bytes_in_force()))
+    return df if parts <= 1 else df.repartition(parts)
+
+
+def python_rows(df: Any, info: binlog_pb2.TableInfo) -> Iterator[dict[str, Any]]:
+    """The rows of a typed frame as the Python values ``binlake.codec`` uses (what sinks
+    load), streamed partition by partition (one partition in the driver at a time)."""
+    cols = C.columns_of(info)
+    for r in df.select(*[f"`{c.name}`" for c in cols]).toLocalIterator(prefetchPartitions=True):
+        yield {c.name: C.python_value(r[i], c.type) for i, c in enumerate(cols)}
+
+
+def arrow_ready(info: binlog_pb2.TableInfo) -> bool:
+    """Whether every column of ``info`` streams as Arrow (``arrow_tables``)."""
+    return all(c.type in _ARROW_READY for c in info.columns)
+
+
+def arrow_tables(df: Any, info: binlog_pb2.TableInfo) -> Iterator[pa.Table]:
+    """The rows of a typed frame as Arrow tables of at most ``[memory] batch_rows`` rows,
+    columns named and typed as ``insert_arrow`` takes them (decimals as text)."""
+    from binlake import config
+
+    if not arrow_ready(info):
+        raise ValueError(f"table {info.db}.{info.name} has columns Arrow cannot load as they are: use python_rows")
+    cols = C.columns_of(info)
+    per = config.memory().batch_rows
+
+    # Runs in the Python workers: each batch of the partition becomes one IPC message.
+    # Nested (pickled by value): the workers need pyarrow only, not binlake.
+    def pack(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for batch in batches:
+            # At most ``per`` rows and about BLOB_BYTES a message: one message is one
+            # value in the driver JVM, which copies it while handing it over.
+            step = max(1, min(per, BLOB_BYTES * batch.num_rows // max(1, batch.nbytes)))
+            for start in range(0, batch.num_rows, step):
+                piece = batch.slice(start, step)
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, piece.schema) as writer:
+                    writer.write_batch(piece)
+                yield pa.RecordBatch.from_pydict({"ipc": [sink.getvalue().to_pybytes()]},
+                                                 schema=pa.schema([("ipc", pa.binary())]))
+
+    packed = df.select(*[f"`{c.name}`" for c in cols]).mapInArrow(pack, "ipc binary")
+    for row in packed.toLocalIterator(prefetchPartitions=True):
+        table = pa.ipc.open_stream(row["ipc"]).read_all()
+        if any(pa.types.is_decimal(f.type) for f in table.schema):
+            table = pa.table({f.name: table.column(f.name).cast(pa.string()) if pa.types.is_decimal(f.type)
+                              else table.column(f.name) for f in table.schema})
+        yield table
