@@ -46,7 +46,7 @@ class ApplySummary:
                  f"  row changes  {self.changes:,} ({ops}); {self.filtered:,} filtered out",
                  f"  rows written {self.rows_written:,} after compaction",
                  f"  DDLs         {self.ddls}",
-                 f"  reads        at most {self.largest_read:,} row changes held"
+                 f"  largest read {self.largest_read:,} row changes"
                  + (f"; {self.split_windows} window(s) read in {self.pieces} pieces" if self.split_windows else ""),
                  f"  rate         {rate:,.0f} row changes/s in {self.elapsed_s:.1f}s",
                  f"  checkpoint   {self.checkpoint_ts} ({tso.iso(self.checkpoint_ts)})"]
