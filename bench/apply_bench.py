@@ -296,7 +296,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         return 2
     from binlake.lake.decoding import decode
     from binlake.lake.sparkenv.session import LAKE_CONF, build_spark
-    from binlake.replicate import read, runner, task
+    from binlake.replicate import runner, task
     from binlake.stack.localdb import LocalPostgres
 
     root = Path(tempfile.mkdtemp(prefix="apply-bench-"))
@@ -332,7 +332,7 @@ def main(args: argparse.Namespace | None = None) -> int:
         warm.run(until_ts=bounds[0][1])
         span = 0
         rows = 0
-        while span < len(counts) and rows + counts[span] <= read.READ_BUDGET:
+        while span < len(counts) and rows + counts[span] <= warm.reader.budget:
             rows += counts[span]
             span += 1
         for _ in range(2):

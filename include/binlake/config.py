@@ -308,7 +308,8 @@ class MemorySettings(BaseSettings):
         "many-tables path); larger ones are rebuilt by Spark's executors and streamed."))
     read_budget: int = Field(200_000, ge=1_000, le=100_000_000, description=(
         "The apply's read of the lake: the most row changes held at once (consecutive small windows are "
-        "read together up to this; a larger window is read and applied in pieces of this size)."))
+        "read together up to this; a larger window is read and applied in pieces of at most this size, cut "
+        "between transactions)."))
     diff_keys: int = Field(100, ge=0, le=1_000_000, description=(
         "Differing keys `binlake diff` lists per table and kind (the counts are always exact; fix SQL "
         "goes to its file as it is found)."))

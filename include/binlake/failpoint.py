@@ -43,6 +43,9 @@ The names, where they are, and what a crash there must not break:
 ``apply-before-commit``   apply (consistent mode), a window's rows and checkpoint
                           written, before the target commit (nothing of it may show)
 ``apply-after-window``    apply, after a window committed (the checkpoint is its end)
+``apply-after-piece``     apply, after a piece of a window read in pieces was written,
+                          before the next (consistent mode: nothing of the window may
+                          show; parallel mode: the checkpoint is the piece's end)
 ``apply-after-group``     apply (parallel mode), in a worker after its conflict
                           groups committed (a rerun applies only the other groups)
 ``snapshot-after-table``  snapshot, after a table's data, before the snapshot's
@@ -75,6 +78,7 @@ NAMES = (
     "source-after-commit",
     "apply-before-commit",
     "apply-after-window",
+    "apply-after-piece",
     "apply-after-group",
     "snapshot-after-table",
     "history-before-catalog",

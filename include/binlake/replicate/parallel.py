@@ -12,6 +12,14 @@ no unique key but its primary key (PostgreSQL, SQLite), its final changes are
 on distinct keys and cannot conflict: they are dealt into buckets by key as
 Arrow (``arrow_buckets``), not as Python changes.
 
+A window read in pieces (``read.LakeReader.pieces``) is written piece after
+piece, in commit order: a piece's last batch ends at the piece's end (a
+commit_ts boundary, never inside a transaction), where the checkpoint moves,
+which keeps its promise (every change before it is in, none after). A rerun
+from inside the window cuts the same pieces (the cuts are the whole window's,
+whatever the checkpoint), so its batches end where the crashed run's did and
+their bucket rows are found.
+
 Why threads in the apply's own process, not Spark tasks (as this mode first
 used, through an RDD, which a Spark Connect session does not have): the batch
 is already in this process (read from the lake), and this process writes the

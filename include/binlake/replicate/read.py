@@ -1,25 +1,35 @@
 """The apply's reads from the lake: the windows ledger, the DDL history, and
-the changes of a run of windows as one Arrow table in commit order.
+the changes of a run of windows, or of a piece of one window, as one Arrow
+table in commit order.
 
 Each lake table is read in this process (``lake.arrowread``: delta-rs picks
 the files, PyArrow reads them) unless it cannot be (then through Spark, from
 then on, logged once), and ``changes`` goes through Spark whenever the task
 has expression filters, which Spark evaluates (Spark SQL over the images:
-``expr_skips``). Consecutive small windows are read together (``READ_BUDGET``)
-and served from that one read.
+``expr_skips``).
+
+A read holds at most the read budget (``[memory] read_budget``) of row
+changes, whatever the windows' sizes: consecutive small windows are read
+together up to it and served from that one read; a window with more row
+changes than that (the ledger counts them) is read in pieces (``pieces``):
+consecutive commit_ts ranges of at most the budget each, cut only between two
+commit_ts, so a transaction is never split (one larger than the budget is a
+piece of its own). The cuts come from row counts per commit_ts bucket, counted
+over the commit_ts column alone (in this process, streamed) or by a Spark
+aggregate: the window itself is never held to find them.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from binlake import errors
+from binlake import config, errors
 from binlake.lake.decoding import decode
 from binlake.lake.store import arrowread, location
 from binlake.lake.store import ledger as lake_ledger
@@ -36,12 +46,12 @@ _WINDOW_COLUMNS = ("start_ts", "end_ts", "status", "rows")
 _DDL_COLUMNS = ("commit_ts", "table_id", "previous_table_id", "dropped", "table_info", "query")
 # The apply's own columns beside an image's, as Spark's analysis errors list them.
 _INTERNAL_COLUMN = re.compile(r"`?__binlake_\w+`?(, )?")
-# Consecutive windows are read from the lake in one read while their row
-# changes (the ledger's counts) add up to at most this many: small windows (the
-# ingest DAG's five minutes) then do not each pay a read (a Spark job, when Spark
-# reads), and the memory a read holds stays bounded (one window larger than this
-# is read alone; two reads are held while one is written and the next compacted).
-READ_BUDGET = 200_000
+# The commit_ts buckets a window (or an over-budget bucket of it) is counted in
+# to find its pieces' cuts: a bucket over the budget is counted again in as many
+# finer buckets, down to one commit_ts.
+_BUCKETS = 1024
+
+_T = TypeVar("_T")
 
 
 def empty_read() -> pa.Table:
@@ -70,13 +80,24 @@ _Read = tuple[int, int, pa.Table, np.ndarray, set[tuple[int, int]]]
 class LakeReader:
     """A task's reads of its lake, for one ``Applier``. Used by one thread at a
     time: the run's own thread reads the ledger and ddl_history, then only its
-    prefetch thread reads windows."""
+    prefetch thread reads windows.
+
+    Consecutive windows are read in one read while their row changes (the
+    ledger's counts) add up to at most ``budget``: small windows (the ingest DAG's
+    five minutes) then do not each pay a read (a Spark job, when Spark reads). A
+    window over the budget is read in pieces of at most the budget (``pieces``),
+    so no read holds more than the budget, or one transaction larger than it
+    (``peak_rows`` is the most a read held). The apply holds two reads at most:
+    the one being written and the next being compacted."""
 
     def __init__(self, spark: Any, task: Task, lake: str, task_rules: rules.Rules) -> None:
         self.spark = spark
         self.task = task
         self.lake = lake
         self.rules = task_rules
+        self.budget = config.memory().read_budget
+        # The most row changes one read of ``changes`` held.
+        self.peak_rows = 0
         # The last read from the lake (``window_rows``).
         self._buffer: _Read | None = None
         # Lake table -> its in-process reader, or None when Spark must read it (``_reader``).
@@ -128,13 +149,11 @@ class LakeReader:
                                           lambda r: r.read_changes(int(lo), int(hi), _READ, d0, d1))
         df = None
         if table is None:
-            path = location.table_path(self.lake, location.CHANGES)
-            if not lake_ledger.is_delta(self.spark, path):
+            df = self._spark_changes(lo, hi)
+            if df is None:
                 return empty_read(), set()
-            df = (self.spark.read.format("delta").load(path)
-                  .where(f"commit_date >= DATE'{d0}' AND commit_date <= DATE'{d1}' "
-                         f"AND commit_ts >= {int(lo)} AND commit_ts < {int(hi)}"))
             table = df.select(*_READ).toArrow()
+        self.peak_rows = max(self.peak_rows, table.num_rows)
         # One chunk per column: slices and array kernels then never cross chunk boundaries.
         table = table.combine_chunks()
         if not in_commit_order(table):  # the scan usually is: then no copy of every column
@@ -142,6 +161,75 @@ class LakeReader:
         skip = (expr_skips(self.task, self.rules, history, df, table)
                 if df is not None and self.task.expr_filters else set())
         return table, skip
+
+    def _spark_changes(self, lo: int, hi: int) -> Any:
+        """The ``changes`` rows with ``lo <= commit_ts < hi`` as a Spark DataFrame
+        (partitions pruned by their dates), or None when there is no table yet."""
+        path = location.table_path(self.lake, location.CHANGES)
+        if not lake_ledger.is_delta(self.spark, path):
+            return None
+        d0, d1 = decode.commit_date(lo), decode.commit_date(max(lo, hi - 1))
+        return (self.spark.read.format("delta").load(path)
+                .where(f"commit_date >= DATE'{d0}' AND commit_date <= DATE'{d1}' "
+                       f"AND commit_ts >= {int(lo)} AND commit_ts < {int(hi)}"))
+
+    def split(self, window: dict[str, Any]) -> bool:
+        """Whether ``window`` is read in pieces: its ledger row count is over the budget."""
+        return int(window.get("rows") or 0) > self.budget
+
+    def pieces(self, window: dict[str, Any], lo: int) -> list[tuple[int, int]]:
+        """The commit_ts ranges ``window`` is read and applied in, from ``lo`` (its
+        start, or a checkpoint inside it) to its end: one range unless the window
+        is over the budget (``split``).
+
+        The cuts are those of the whole window, whatever ``lo`` is (the first range
+        starts at ``lo``): a rerun from a checkpoint inside the window cuts the
+        same pieces, as parallel mode's bucket rows (named by a batch's end) need."""
+        a, b = int(window["start_ts"]), int(window["end_ts"])
+        if not a <= lo < b:
+            raise ValueError(f"{lo} is not inside window [{a}, {b})")
+        if not self.split(window):
+            return [(lo, b)]
+        cuts: list[int] = []
+        held = 0
+        for start, rows in self._segments(a, b):
+            if held and held + rows > self.budget:
+                cuts.append(start)
+                held = 0
+            held += rows
+        bounds = [a, *cuts, b]
+        return [(max(x, lo), y) for x, y in zip(bounds, bounds[1:], strict=False) if y > lo]
+
+    def _segments(self, lo: int, hi: int) -> Iterator[tuple[int, int]]:
+        """``[lo, hi)`` as consecutive commit_ts ranges that hold rows, each given as
+        (its start, its row count): each holds at most the budget, or one commit_ts."""
+        width = -(-(hi - lo) // _BUCKETS)
+        counts = self._ts_counts(lo, hi, width)
+        for i in np.flatnonzero(counts):
+            start = lo + int(i) * width
+            end = min(hi, start + width)
+            if counts[i] > self.budget and end - start > 1:
+                yield from self._segments(start, end)  # finer buckets, down to one commit_ts
+            else:
+                yield start, int(counts[i])
+
+    def _ts_counts(self, lo: int, hi: int, width: int) -> np.ndarray:
+        """Row changes per commit_ts bucket of ``width`` over ``[lo, hi)``: scanned
+        here (the commit_ts column, streamed) or counted by a Spark aggregate (a
+        row per bucket comes back, never the rows)."""
+        d0, d1 = decode.commit_date(lo), decode.commit_date(max(lo, hi - 1))
+        counts = self._read_in_process(location.CHANGES, lambda r: r.commit_ts_counts(lo, hi, width, d0, d1))
+        if counts is not None:
+            return counts
+        counts = np.zeros(-(-(hi - lo) // width), dtype=np.int64)
+        df = self._spark_changes(lo, hi)
+        if df is not None:
+            from pyspark.sql import functions as F
+
+            bucket = F.expr(f"(commit_ts - {int(lo)}) div {int(width)}").alias("bucket")
+            for row in df.select(bucket).groupBy("bucket").count().collect():
+                counts[int(row["bucket"])] += int(row["count"])
+        return counts
 
     def _reader(self, name: str) -> arrowread.TableReader | None:
         """The in-process reader of lake table ``name`` (``arrowread``), or None when
@@ -154,7 +242,7 @@ class LakeReader:
                 log.info("apply %s: reading the lake's %s table through Spark: %s", self.task.name, name, exc)
         return self._readers[name]
 
-    def _read_in_process(self, name: str, read: Callable[[arrowread.TableReader], pa.Table]) -> pa.Table | None:
+    def _read_in_process(self, name: str, read: Callable[[arrowread.TableReader], _T]) -> _T | None:
         """``read`` on table ``name``'s in-process reader; None (and Spark from then
         on) when there is none or the table turns out unreadable there."""
         reader = self._reader(name)
@@ -167,20 +255,25 @@ class LakeReader:
             log.info("apply %s: reading the lake's %s table through Spark from now on: %s", self.task.name, name, exc)
             return None
 
-    def window_rows(self, windows: list[dict[str, Any]], n: int, lo: int, history: decode.SchemaHistory
+    def window_rows(self, windows: list[dict[str, Any]], n: int, lo: int, hi: int, history: decode.SchemaHistory
                     ) -> tuple[pa.Table, np.ndarray, set[tuple[int, int]], int, int]:
-        """The changes of window ``n`` (from ``lo``) as (table, its commit_ts as a
-        NumPy array, expression-filter skips, first index, end index): read with
-        the windows after it that fit in ``READ_BUDGET``, or taken from such an
-        earlier read."""
-        hi = int(windows[n]["end_ts"])
+        """The changes of window ``n`` from ``lo`` to ``hi`` (its end, or the end of
+        one of its ``pieces``) as (table, its commit_ts as a NumPy array,
+        expression-filter skips, first index, end index). A piece of a window
+        read in pieces is read alone; a whole window is read with the windows after
+        it that fit in the budget, or taken from such an earlier read."""
         buf = self._buffer
+        if self.split(windows[n]):
+            self._buffer = None  # the last read goes before this one comes
+            data, skip = self.read_changes(lo, hi, history)
+            return data, data.column("commit_ts").to_numpy(), skip, 0, data.num_rows
         if buf is None or not (buf[0] <= lo and hi <= buf[1]):
+            self._buffer = None
             rows = 0
             last = n
             while last < len(windows):
                 more = int(windows[last].get("rows") or 0)
-                if last > n and rows + more > READ_BUDGET:
+                if last > n and rows + more > self.budget:
                     break
                 rows += more
                 last += 1

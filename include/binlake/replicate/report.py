@@ -29,6 +29,9 @@ class ApplySummary:
     first_window: tuple[int, int] | None = None
     last_window: tuple[int, int] | None = None
     behind: int = 0
+    split_windows: int = 0  # windows over the read budget, read and applied in pieces
+    pieces: int = 0  # the pieces those windows took
+    largest_read: int = 0  # the most row changes one read of the lake held
 
     @property
     def changes(self) -> int:
@@ -43,6 +46,8 @@ class ApplySummary:
                  f"  row changes  {self.changes:,} ({ops}); {self.filtered:,} filtered out",
                  f"  rows written {self.rows_written:,} after compaction",
                  f"  DDLs         {self.ddls}",
+                 f"  largest read {self.largest_read:,} row changes"
+                 + (f"; {self.split_windows} window(s) read in {self.pieces} pieces" if self.split_windows else ""),
                  f"  rate         {rate:,.0f} row changes/s in {self.elapsed_s:.1f}s",
                  f"  checkpoint   {self.checkpoint_ts} ({tso.iso(self.checkpoint_ts)})"]
         if self.behind:
@@ -54,7 +59,8 @@ def summary_dict(s: ApplySummary) -> dict[str, Any]:
     """The summary as JSON-ready values (jobs, the DAG's XCom, ``--json``)."""
     return {"task": s.task, "target": s.target, "windows": s.windows, "changes_by_op": dict(s.changes_by_op),
             "changes": s.changes, "rows_written": s.rows_written, "ddls": s.ddls, "filtered": s.filtered,
-            "checkpoint_ts": s.checkpoint_ts, "elapsed_s": round(s.elapsed_s, 3), "behind": s.behind}
+            "checkpoint_ts": s.checkpoint_ts, "elapsed_s": round(s.elapsed_s, 3), "behind": s.behind,
+            "split_windows": s.split_windows, "pieces": s.pieces, "largest_read": s.largest_read}
 
 
 def progress_bar(n: int, total: int, width: int = 20) -> str:

@@ -7,11 +7,15 @@ order, filtered, routed, compacted and written to the target, exactly once.
    a gap stops the apply naming the missing window (``Applier.plan``);
 2. read (``read``): the window's ``changes`` and the DDL history as Arrow, in
    this process or through Spark (which also evaluates expression filters);
-   the next window is read and cut in a second thread while one is written;
+   a window over the read budget is read in pieces of at most the budget (cut
+   between transactions), so the memory held does not grow with the window;
+   the next window (or piece) is read and cut in a second thread while one is
+   written: two reads are held at most;
 3. batch (``batch``): the window cut at its DDLs into batches, filtered, routed
    and compacted to one final change per key (safe mode: decoded instead);
-4. write, in the task's mode: ``consistent`` (the window in one target
-   transaction) or ``parallel`` (each batch's conflict groups by worker threads);
+4. write, in the task's mode: ``consistent`` (the window, all its pieces, in one
+   target transaction) or ``parallel`` (each batch's conflict groups by worker
+   threads; a piece ends a batch);
    both write a table's changes with ``table_write``, which also checks the target
    against the log in normal mode (``TargetDiverged``); the checkpoint moves in
    the same target transaction as the data;
@@ -23,8 +27,10 @@ target, and converges.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,6 +46,19 @@ from binlake.sql import targets
 from binlake.sql.url import open_target
 
 Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class _Piece:
+    """A piece of a window (the whole window unless it is read in pieces), read
+    and cut into batches, ready to write."""
+
+    index: int  # 0-based, among the window's pieces
+    count: int  # the window's pieces (from the checkpoint on)
+    batches: list[Batch]
+    safe: bool
+    counted: ApplySummary  # what the piece holds and filters out
+    rows: int  # row changes read for it
 
 
 class Applier:
@@ -63,6 +82,8 @@ class Applier:
         self.rules = rules.Rules(task)
         self.progress = progress or (lambda _msg: None)
         self.reader = LakeReader(spark, task, self.lake, self.rules)
+        # The pieces of the window being read (``_prepare``, in the prefetch thread).
+        self._plan: list[tuple[int, int]] = []
 
     def plan(self, start: int, until_ts: int | None) -> tuple[list[dict[str, Any]], int]:
         """The windows to apply from checkpoint ts ``start`` (0: from the first), and
@@ -124,25 +145,36 @@ class Applier:
             if cp is None and start == 0 and windows:
                 self._bootstrap(target, batcher, int(windows[0]["start_ts"]), summary)
             summary.checkpoint_ts = start
-            # Window n+1 is read and compacted in a second thread while window n is
-            # written: the target works on the write while this process compacts.
-            # Only reads happen ahead (the lake, the DDL history); what commits, and
-            # the checkpoint, stay strictly in window order.
+            fresh = cp is None
+            # The next piece (the next window's first, after a window's last) is read
+            # and compacted in a second thread while one is written: the target works
+            # on the write while this process compacts. Only reads happen ahead (the
+            # lake, the DDL history), one piece at a time: two pieces are held at
+            # most. What commits, and the checkpoint, stay strictly in commit order.
             with ThreadPoolExecutor(1, thread_name_prefix="apply-prefetch") as pool:
-                ahead = pool.submit(self._prepare, batcher, windows, 0, start, cp is None)
+                ahead = pool.submit(self._prepare, batcher, windows, 0, 0, start, fresh)
                 for n, w in enumerate(windows, start=1):
                     a, b = int(w["start_ts"]), int(w["end_ts"])
-                    batches, safe, counted = ahead.result()
-                    if n < len(windows):
-                        ahead = pool.submit(self._prepare, batcher, windows, n, b, cp is None)
-                    if self.task.mode == "parallel":
-                        parallel.apply_window(self.spark, target, self.target_url, self.task, batches, a, b, safe,
-                                              summary, batcher.ddl_change)
-                    else:
-                        consistent.apply_window(target, self.task.name, batches, a, b, safe, summary,
-                                                batcher.ddl_change)
-                    summary.changes_by_op.update(counted.changes_by_op)
-                    summary.filtered += counted.filtered
+                    with self._window(target, a, b, summary, batcher) as write:
+                        while True:
+                            piece = ahead.result()
+                            last = piece.index + 1 == piece.count
+                            if not last:
+                                ahead = pool.submit(self._prepare, batcher, windows, n - 1, piece.index + 1, start,
+                                                    fresh)
+                            elif n < len(windows):
+                                ahead = pool.submit(self._prepare, batcher, windows, n, 0, b, fresh)
+                            write(piece.batches, piece.safe)
+                            summary.changes_by_op.update(piece.counted.changes_by_op)
+                            summary.filtered += piece.counted.filtered
+                            if piece.count > 1:
+                                summary.pieces += 1
+                                self.progress(f"window [{a}, {b}): piece {piece.index + 1}/{piece.count} "
+                                              f"({piece.rows:,} changes)")
+                            if last:
+                                break
+                            failpoint.hit("apply-after-piece")
+                    summary.split_windows += piece.count > 1
                     summary.windows += 1
                     summary.first_window = summary.first_window or (a, b)
                     summary.last_window = (a, b)
@@ -151,24 +183,45 @@ class Applier:
                                   f"{summary.changes:,} row changes, {summary.ddls} DDL")
                     failpoint.hit("apply-after-window")
         finally:
+            summary.largest_read = self.reader.peak_rows
             self.reader.forget()
             target.close()
         summary.elapsed_s = time.monotonic() - began
         return summary
 
-    def _prepare(self, batcher: Batcher, windows: list[dict[str, Any]], n: int, start: int, fresh: bool
-                 ) -> tuple[list[Batch], bool, ApplySummary]:
-        """Window ``n`` (0-based; its changes from ``start``, the checkpoint) read and
-        cut into batches: (batches, safe mode or not, what it counted). ``fresh``:
-        the target had no checkpoint when the run began."""
+    @contextlib.contextmanager
+    def _window(self, target: targets.Target, a: int, b: int, summary: ApplySummary, batcher: Batcher
+                ) -> Iterator[consistent.PieceWriter]:
+        """The writer of window ``[a, b)``'s pieces in the task's mode: consistent
+        mode's one transaction, committed with the checkpoint at ``b`` when the
+        block ends; parallel mode's batches, each with its checkpoint."""
+        if self.task.mode == "parallel":
+            def write(batches: list[Batch], safe: bool) -> None:
+                parallel.apply_window(self.spark, target, self.target_url, self.task, batches, a, b, safe, summary,
+                                      batcher.ddl_change)
+
+            yield write
+        else:
+            with consistent.window(target, self.task.name, a, b, summary, batcher.ddl_change) as in_transaction:
+                yield in_transaction
+
+    def _prepare(self, batcher: Batcher, windows: list[dict[str, Any]], n: int, k: int, start: int, fresh: bool
+                 ) -> _Piece:
+        """Piece ``k`` of window ``n`` (both 0-based; the window's changes from
+        ``start``, the checkpoint) read and cut into batches. ``fresh``: the target
+        had no checkpoint when the run began. Piece 0 plans the window's pieces."""
         a = int(windows[n]["start_ts"])
         # Safe mode for the configured windows, and for the first one after a restored
         # snapshot: the snapshot may already hold part of that window.
         safe = a < self.task.safe_mode_until_ts or (fresh and self.task.start_after_ts > 0 and n == 0)
+        if k == 0:
+            # Only this thread plans and reads: the plan waits here for the window's next pieces.
+            self._plan = self.reader.pieces(windows[n], max(a, start))
+        lo, hi = self._plan[k]
         counted = ApplySummary(self.task.name, "")
-        lo, hi = max(a, start), int(windows[n]["end_ts"])
-        rows = self.reader.window_rows(windows, n, lo, batcher.history)
-        return batcher.batches(rows, lo, hi, counted, safe), safe, counted
+        rows = self.reader.window_rows(windows, n, lo, hi, batcher.history)
+        return _Piece(k, len(self._plan), batcher.batches(rows, lo, hi, counted, safe), safe, counted,
+                      rows[4] - rows[3])
 
     def _bootstrap(self, target: targets.Target, batcher: Batcher, first_start: int, summary: ApplySummary) -> None:
         """A target with no checkpoint, applied from the lake's first window: create

@@ -1,6 +1,7 @@
 """Read the lake's Delta tables as Arrow in this process, without Spark: a
 ``commit_ts`` range of ``changes``, and the small ``windows`` and
-``ddl_history`` tables whole.
+``ddl_history`` tables whole, and the row counts per ``commit_ts`` bucket of a
+range (``commit_ts_counts``) that cut a large window into pieces.
 
 The apply reads every window it applies. Through Spark that is a job per read:
 the Delta scan runs in the JVM, its rows are converted to Arrow there and sent
@@ -27,6 +28,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
@@ -93,29 +95,61 @@ class TableReader:
         SQL predicate over partition values and file statistics, which keeps a
         superset) leaves, in file order. ``NotReadable`` when the table's protocol
         needs what a Parquet read does not do."""
+        dataset = self._dataset(prune)
+        return dataset.to_table(columns=list(columns), filter=where)
+
+    def _dataset(self, prune: str | None) -> ds.Dataset:
+        """The table brought up to date, as a dataset of the files ``prune`` leaves."""
         try:
             self._table.update_incremental()
-            dataset = self._table.to_pyarrow_dataset(file_pruning_predicate=prune)
+            return self._table.to_pyarrow_dataset(file_pruning_predicate=prune)
         except Exception as exc:  # DeltaProtocolError and friends: what delta-rs will not read
             raise NotReadable(f"delta-rs cannot read {self.path}: {errors.first_line(exc)}") from None
-        return dataset.to_table(columns=list(columns), filter=where)
 
     def read_changes(self, lo: int, hi: int, columns: Sequence[str], first_date: dt.date,
                      last_date: dt.date) -> pa.Table:
         """The ``changes`` rows with ``lo <= commit_ts < hi`` (in the partitions
         ``first_date`` .. ``last_date``, which must cover the range), in file order:
         the caller sorts."""
-        if not isinstance(lo, int) or not isinstance(hi, int) or isinstance(lo, bool) or isinstance(hi, bool):
-            raise TypeError(f"lo and hi must be integers, got {lo!r}, {hi!r}")
-        if hi <= lo:
-            raise ValueError(f"empty range [{lo}, {hi})")
-        if first_date > last_date:
-            raise ValueError(f"first_date {first_date} is after last_date {last_date}")
-        # Files are pruned by the partition exactly and by commit_ts statistics as a
-        # superset; the row filter makes the result exact.
-        prune = (f"commit_date >= '{first_date.isoformat()}' AND commit_date <= '{last_date.isoformat()}' "
-                 f"AND commit_ts >= {lo} AND commit_ts < {hi}")
-        return self.read(columns, prune=prune, where=(ds.field("commit_ts") >= lo) & (ds.field("commit_ts") < hi))
+        prune, where = _ts_range(lo, hi, first_date, last_date)
+        return self.read(columns, prune=prune, where=where)
+
+    def commit_ts_counts(self, lo: int, hi: int, width: int, first_date: dt.date, last_date: dt.date
+                         ) -> np.ndarray:
+        """How many ``changes`` rows each ``commit_ts`` bucket of ``[lo, hi)`` holds:
+        bucket ``i`` is ``[lo + i * width, lo + (i + 1) * width)``. Only the
+        ``commit_ts`` column is scanned, batch after batch, so the memory is the
+        buckets' and one batch's, whatever the range holds (the apply cuts a large
+        window into pieces by these counts)."""
+        prune, where = _ts_range(lo, hi, first_date, last_date)
+        if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+            raise ValueError(f"width must be a positive integer, got {width!r}")
+        dataset = self._dataset(prune)
+        bins = -(-(hi - lo) // width)
+        counts = np.zeros(bins, dtype=np.int64)
+        # A little read-ahead only: the scan is one column, its speed is the files'.
+        for batch in dataset.to_batches(columns=["commit_ts"], filter=where, batch_readahead=2,
+                                        fragment_readahead=1):
+            if batch.num_rows:
+                stamps = batch.column(0).to_numpy(zero_copy_only=False)
+                counts += np.bincount((stamps - lo) // width, minlength=bins)
+        return counts
+
+
+def _ts_range(lo: int, hi: int, first_date: dt.date, last_date: dt.date) -> tuple[str, ds.Expression]:
+    """The file pruning predicate and row filter of ``lo <= commit_ts < hi`` (in the
+    partitions ``first_date`` .. ``last_date``, which must cover the range)."""
+    if not isinstance(lo, int) or not isinstance(hi, int) or isinstance(lo, bool) or isinstance(hi, bool):
+        raise TypeError(f"lo and hi must be integers, got {lo!r}, {hi!r}")
+    if hi <= lo:
+        raise ValueError(f"empty range [{lo}, {hi})")
+    if first_date > last_date:
+        raise ValueError(f"first_date {first_date} is after last_date {last_date}")
+    # Files are pruned by the partition exactly and by commit_ts statistics as a
+    # superset; the row filter makes the result exact.
+    prune = (f"commit_date >= '{first_date.isoformat()}' AND commit_date <= '{last_date.isoformat()}' "
+             f"AND commit_ts >= {lo} AND commit_ts < {hi}")
+    return prune, (ds.field("commit_ts") >= lo) & (ds.field("commit_ts") < hi)
 
 
 def small_table_rows(path: str, columns: Sequence[str] | None, where: Any = None) -> list[dict[str, Any]] | None:
