@@ -198,3 +198,43 @@ def test_diff_against_an_empty_target_streams_its_fix_sql(tmp_path: pathlib.Path
         db.executescript("BEGIN;\n" + fix.read_text() + "COMMIT;\n")  # as `sqlite3 empty.db < fix.sql` would
     assert diff.diff_databases(source_url, target_url).ok
 
+
+
+def test_sqlite_inserts_in_batches_of_batch_rows(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's insert_rows and insert_arrow write ``[memory] batch_rows`` rows at a time in
+    the caller's one transaction: a row is read from the caller's iterator only once the
+    batches before it are inserted (the rows' parameters are never all in memory), and
+    the result is the same rows."""
+    import pyarrow as pa
+
+    monkeypatch.setenv("BINLAKE_MEMORY_BATCH_ROWS", "100")
+    info = sc.new_table(301, "app", "narrow", [sc.ColumnDef("id", "int", False), sc.ColumnDef("note", "string")],
+                        ["id"], None, 1)
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    n = 1_050
+    with open_target(url) as t:
+        t.create_table(info)
+        with t.engine.connect() as conn:
+            conn.begin()
+            seen: list[int] = []
+
+            def lazy_rows() -> Any:
+                for i in range(n):
+                    # Inserted so far, in this transaction: every full batch before row i.
+                    seen.append(conn.exec_driver_sql("SELECT count(*) FROM narrow").scalar_one())
+                    yield {"id": i, "note": f"n{i}"}
+
+            assert t.insert_rows(conn, info, lazy_rows()) == n
+            assert seen[99] == 0 and seen[100] == 100 and seen[1_049] == 1_000
+            arrow = pa.table({"id": list(range(n, 2 * n)), "note": [None] * n})
+            assert t.insert_arrow(conn, info, arrow) == n
+            conn.rollback()
+            assert conn.exec_driver_sql("SELECT count(*) FROM narrow").scalar_one() == 0  # one transaction
+            conn.rollback()
+            conn.begin()
+            t.insert_rows(conn, info, lazy_rows())
+            t.insert_arrow(conn, info, arrow)
+            conn.commit()
+    with sa.create_engine(url).connect() as c:
+        got = c.exec_driver_sql("SELECT count(*), count(note), sum(id) FROM narrow").one()
+    assert tuple(got) == (2 * n, n, sum(range(2 * n)))
