@@ -19,7 +19,7 @@ from collections.abc import Callable
 from binlake.sql import schema as sc
 from binlake.sql.url import open_target
 
-ROWS = 120_000  # per table; a list of their fix statements alone would be ~25 MB
+ROWS = 120_000  # per table; a list of the fix statements of one table alone would be ~26 MB
 SMALL = 12_000  # more than one chunk (10,000 rows): the baseline holds a full chunk
 HEADROOM = 16 << 20
 
@@ -86,12 +86,18 @@ def test_diff_of_many_rows_runs_in_the_memory_of_one_chunk(tmp_path: pathlib.Pat
     run = _diff([source, target, "--fix-sql", str(fix), "--keep-keys", "5"], limited)
     assert run.returncode == 1 and run.stderr == "", (baseline >> 20, run.stderr[-2000:])
     out = run.stdout
-    assert f"({ROWS} missing in target, 0 extra, 0 different; 12/12 chunks)" in out, out
+    assert f"({ROWS} missing in target, 0 extra, 0 different; {ROWS // 10_000}/{ROWS // 10_000} chunks)" in out, out
     assert "lost" in out and "MISSING" in out and "2 table(s): 2 differ" in out
     assert f"{ROWS - 5} more missing" in out  # only the first --keep-keys keys are kept
     assert f"{2 * ROWS + 1} fix statement(s) written" in out
     # Every statement is on disk, several times the headroom the command had.
     assert fix.stat().st_size > 2 * HEADROOM
+
+    # A chunk of every row does not fit: one line naming what to lower, no traceback.
+    whole = _diff([source, target, "--tables", "kept", "--chunk-size", str(ROWS)], limited)
+    assert whole.returncode == 2 and whole.stderr == (
+        f"binlake diff: error: out of memory in this process holding a chunk of --chunk-size {ROWS} rows: "
+        "lower --chunk-size\n"), whole.stderr[-2000:]
 
     with sqlite3.connect(tmp_path / "big" / "target.db") as db:
         db.executescript("BEGIN;\n" + fix.read_text() + "COMMIT;\n")

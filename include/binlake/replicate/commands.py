@@ -153,7 +153,13 @@ def diff_command(args: argparse.Namespace) -> int:
         raise errors.InvalidArgument(f"--keep-keys must be a number of keys (0 or more), got {args.keep_keys}")
     if args.fix_sql is not None:
         argcheck.writable_file("--fix-sql", args.fix_sql)
-    report = diff_databases(args.source, args.target, tables, args.chunk_size, args.fix_sql, args.keep_keys)
+    try:
+        report = diff_databases(args.source, args.target, tables, args.chunk_size, args.fix_sql, args.keep_keys)
+    except MemoryError:
+        # A chunk's rows are what this process holds (the rest streams or spills to disk).
+        raise errors.ResourceExhausted(
+            f"out of memory in this process holding a chunk of --chunk-size {args.chunk_size} rows: "
+            "lower --chunk-size") from None
     print(report.summary())
     return 0 if report.ok else 1
 
