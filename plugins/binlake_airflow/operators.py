@@ -154,6 +154,14 @@ class IngestSubmitOperator(SparkSubmitOperator):
         self.master = master
 
     def _get_hook(self) -> Any:
+        # The application's heaps are [memory]'s, as in every session binlake starts; under
+        # spark-submit the driver's JVM is sized before the job's Python runs, so they go on
+        # its command line (--driver-memory, --executor-memory) unless the task set them.
+        from binlake import config
+
+        bounds = config.memory()
+        self._driver_memory = self._driver_memory or bounds.driver
+        self._executor_memory = self._executor_memory or bounds.executor
         hook = super()._get_hook()
         master = str(self.master or "").strip()
         if master:

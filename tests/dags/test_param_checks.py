@@ -183,6 +183,13 @@ def test_spark_master_setting_and_the_submit_operators_master(monkeypatch: pytes
     assert op._get_hook()._connection["master"] == "spark://h1:7077"
     op = IngestSubmitOperator(task_id="ingest", application="jobs/ingest.py", conn_id="spark_default", master="")
     assert op._get_hook()._connection["master"] == "local[2]"
+    # Its driver and executors get the [memory] heaps on spark-submit's command line.
+    monkeypatch.setenv("BINLAKE_MEMORY_DRIVER", "1500m")
+    monkeypatch.setenv("BINLAKE_MEMORY_EXECUTOR", "900m")
+    op = IngestSubmitOperator(task_id="ingest", application="jobs/ingest.py", conn_id="spark_default")
+    command = op._get_hook()._build_spark_submit_command("jobs/ingest.py")
+    assert command[command.index("--driver-memory") + 1] == "1500m"
+    assert command[command.index("--executor-memory") + 1] == "900m"
 
 
 def test_maintenance_of_a_lake_nothing_was_ingested_into_starts_no_spark(

@@ -117,6 +117,38 @@ def test_diff_missing_table_and_bad_input(tmp_path: pathlib.Path) -> None:
         diff.diff_databases(a, b, chunk_size=0)
 
 
+def test_diff_keeps_diff_keys_keys_by_default(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The keys a report keeps: ``[memory] diff_keys`` unless ``keep_keys``/``--keep-keys``
+    says otherwise (the counts stay exact); a negative count is one clear line."""
+    from binlake import cli
+
+    a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    with open_target(a) as src:
+        src.create_table(table_info())
+        src.bulk_load(table_info(), rows(20))
+    with open_target(b) as tgt:
+        tgt.create_table(table_info())
+    monkeypatch.setenv("BINLAKE_MEMORY_DIFF_KEYS", "3")
+    (t,) = diff.diff_databases(a, b).tables
+    assert (t.missing_count, t.only_in_source) == (20, [{"id": "0"}, {"id": "1"}, {"id": "10"}])
+    assert len(diff.diff_databases(a, b, keep_keys=7).tables[0].only_in_source) == 7
+    assert cli.main(["diff", a, b]) == 1
+    out = capsys.readouterr().out
+    assert out.count("missing   id=") == 3 and "... 17 more missing" in out
+    assert cli.main(["diff", a, b, "--keep-keys", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "missing   id=" not in out and "(20 missing in target" in out and "... 20 more missing" in out
+    assert cli.main(["diff", a, b, "--keep-keys", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "binlake diff: error: --keep-keys must be a number of keys (0 or more), got -1")
+    with pytest.raises(errors.InvalidArgument, match="keep_keys must be a count"):
+        diff.diff_databases(a, b, keep_keys=-1)
+    monkeypatch.setenv("BINLAKE_MEMORY_DIFF_KEYS", "-1")
+    assert cli.main(["diff", a, b]) == 2
+    assert "diff_keys" in capsys.readouterr().err
+
+
 def test_open_target_validates() -> None:
     with pytest.raises(errors.InvalidArgument, match="unsupported database 'oracle'"):
         open_target("oracle://u:p@h/db")
@@ -186,7 +218,7 @@ def test_diff_against_an_empty_target_streams_its_fix_sql(tmp_path: pathlib.Path
     assert (by_name["kept"].status, by_name["kept"].missing_count, by_name["kept"].source_rows) == ("DIFF", n, n)
     assert by_name["kept"].only_in_source == [{"id": "0"}, {"id": "1"}, {"id": "10"}]
     assert (by_name["lost"].status, by_name["lost"].source_rows) == ("MISSING", n)
-    assert f"{n - 10} more missing" in report.summary()
+    assert f"{n - 3} more missing" in report.summary()  # the 3 kept are listed
     assert report.fix_statements == 2 * n + 1  # the CREATE TABLE of "lost", every row's INSERT
     size = fix.stat().st_size
     assert size > 2 * n * 60
@@ -198,3 +230,43 @@ def test_diff_against_an_empty_target_streams_its_fix_sql(tmp_path: pathlib.Path
         db.executescript("BEGIN;\n" + fix.read_text() + "COMMIT;\n")  # as `sqlite3 empty.db < fix.sql` would
     assert diff.diff_databases(source_url, target_url).ok
 
+
+
+def test_sqlite_inserts_in_batches_of_batch_rows(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's insert_rows and insert_arrow write ``[memory] batch_rows`` rows at a time in
+    the caller's one transaction: a row is read from the caller's iterator only once the
+    batches before it are inserted (the rows' parameters are never all in memory), and
+    the result is the same rows."""
+    import pyarrow as pa
+
+    monkeypatch.setenv("BINLAKE_MEMORY_BATCH_ROWS", "100")
+    info = sc.new_table(301, "app", "narrow", [sc.ColumnDef("id", "int", False), sc.ColumnDef("note", "string")],
+                        ["id"], None, 1)
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    n = 1_050
+    with open_target(url) as t:
+        t.create_table(info)
+        with t.engine.connect() as conn:
+            conn.begin()
+            seen: list[int] = []
+
+            def lazy_rows() -> Any:
+                for i in range(n):
+                    # Inserted so far, in this transaction: every full batch before row i.
+                    seen.append(conn.exec_driver_sql("SELECT count(*) FROM narrow").scalar_one())
+                    yield {"id": i, "note": f"n{i}"}
+
+            assert t.insert_rows(conn, info, lazy_rows()) == n
+            assert seen[99] == 0 and seen[100] == 100 and seen[1_049] == 1_000
+            arrow = pa.table({"id": list(range(n, 2 * n)), "note": [None] * n})
+            assert t.insert_arrow(conn, info, arrow) == n
+            conn.rollback()
+            assert conn.exec_driver_sql("SELECT count(*) FROM narrow").scalar_one() == 0  # one transaction
+            conn.rollback()
+            conn.begin()
+            t.insert_rows(conn, info, lazy_rows())
+            t.insert_arrow(conn, info, arrow)
+            conn.commit()
+    with sa.create_engine(url).connect() as c:
+        got = c.exec_driver_sql("SELECT count(*), count(note), sum(id) FROM narrow").one()
+    assert tuple(got) == (2 * n, n, sum(range(2 * n)))

@@ -197,3 +197,38 @@ def test_spark_master_and_two_workers(compose: dict[str, Any]) -> None:
     env = services["airflow-scheduler"]["environment"]
     assert env["BINLAKE_SPARK_MASTER"] == url
     assert _flag(services["spark-connect"]["command"], "--master") == url
+
+
+def _default(value: object) -> str:
+    """The default of a ``${NAME:-default}`` value (the value itself when it is none)."""
+    import re
+
+    match = re.fullmatch(r"\$\{(\w+):-([^}]*)\}", str(value))
+    return match.group(2) if match else str(value)
+
+
+def _bytes(amount: str) -> int:
+    return int(amount[:-1]) << (30 if amount[-1].lower() == "g" else 20)
+
+
+def test_spark_services_get_the_memory_settings(compose: dict[str, Any]) -> None:
+    """The services that run or drive Spark jobs have every [memory] setting, each
+    overridable from the environment, with defaults binlake accepts; the executors'
+    heap fits in what a worker offers."""
+    from binlake import config
+
+    services = compose["services"]
+    names = list(config.MemorySettings.model_fields)
+    spark_jobs = ["spark-connect", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
+                  "airflow-apiserver"]
+    for name in spark_jobs:
+        env = services[name]["environment"]
+        for field in names:
+            var = config.env_names(config.MemorySettings, field)[0]
+            assert str(env.get(var, "")).startswith(f"${{{var}:-"), (name, var, env.get(var))
+        defaults = {field: _default(env[config.env_names(config.MemorySettings, field)[0]]) for field in names}
+        settings = config.MemorySettings(**defaults)  # type: ignore[arg-type]  # strings, as from the environment
+        worker = _flag([str(p) for p in services["spark-worker1"]["command"]], "--memory")
+        assert _bytes(settings.executor) <= _bytes(_default(worker)), (settings.executor, worker)
+        # Two workers and the Connect server's driver on one 24 GiB host, with room for the rest.
+        assert 2 * _bytes(_default(worker)) + _bytes(settings.driver) <= 12 << 30

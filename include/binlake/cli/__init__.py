@@ -130,6 +130,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        # Out of memory, here or in a Spark JVM, is one line naming the setting to change,
+        # whichever command ran into it; anything else is a bug and keeps its traceback.
+        from binlake.lake.sparkenv.spark_errors import out_of_memory
+
+        oom = out_of_memory(exc, "")
+        if oom is None:
+            raise
+        print(f"binlake {args.command}: error: {oom}", file=sys.stderr)
+        return EXIT_USER
     finally:
         config.reset()
 

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from binlake import errors, tso
+from binlake import config, errors, tso
 from binlake.cli.args import window_args
 from binlake.lake.sparkenv.session import command_session
 from binlake.lake.sparkenv.spark_errors import command_error
@@ -356,11 +356,16 @@ def status(args: argparse.Namespace) -> int:
 
     existing_lake(args.lake)
     f = freshness.measure(args.lake, registry_addr(args))
+    # The memory bounds this host's data work runs with (what a job that ran out of
+    # memory names), as this command's config file and environment set them.
+    bounds = config.memory().model_dump()
     if args.json:
-        print(json.dumps(f.to_dict(), sort_keys=True))
+        print(json.dumps({**f.to_dict(), "memory": bounds}, sort_keys=True))
     else:
         for line in freshness.lines(f):
             print(line)
+        print("memory          " + ", ".join(f"{name} {value}" for name, value in bounds.items())
+              + "  ([memory], BINLAKE_MEMORY_*)")
     return 0
 
 

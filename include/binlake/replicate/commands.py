@@ -37,7 +37,11 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     d.add_argument("target", help="SQLAlchemy URL of the database to check")
     d.add_argument("--tables", help="comma-separated table names (default: every table)")
     d.add_argument("--chunk-size", type=int, default=10_000, help="rows per checksum chunk (default 10000)")
-    d.add_argument("--fix-sql", help="write the statements that make TARGET equal to SOURCE to this file")
+    d.add_argument("--fix-sql", help="write the statements that make TARGET equal to SOURCE to this file "
+                   "(as they are found: memory holds a chunk, whatever the differences)")
+    d.add_argument("--keep-keys", type=int, default=None, metavar="N",
+                   help="differing keys listed per table and kind; the counts are always exact "
+                        "(default: [memory] diff_keys, $BINLAKE_MEMORY_DIFF_KEYS, else 100)")
     d.set_defaults(handler=diff_command)
 
     b = bench.add_parser(
@@ -145,9 +149,17 @@ def diff_command(args: argparse.Namespace) -> int:
     tables = argcheck.names("--tables", args.tables, "accounts,orders")
     if args.chunk_size < 1:
         raise errors.InvalidArgument(f"--chunk-size must be a positive number of rows, got {args.chunk_size}")
+    if args.keep_keys is not None and args.keep_keys < 0:
+        raise errors.InvalidArgument(f"--keep-keys must be a number of keys (0 or more), got {args.keep_keys}")
     if args.fix_sql is not None:
         argcheck.writable_file("--fix-sql", args.fix_sql)
-    report = diff_databases(args.source, args.target, tables, args.chunk_size, args.fix_sql)
+    try:
+        report = diff_databases(args.source, args.target, tables, args.chunk_size, args.fix_sql, args.keep_keys)
+    except MemoryError:
+        # A chunk's rows are what this process holds (the rest streams or spills to disk).
+        raise errors.ResourceExhausted(
+            f"out of memory in this process holding a chunk of --chunk-size {args.chunk_size} rows: "
+            "lower --chunk-size") from None
     print(report.summary())
     return 0 if report.ok else 1
 

@@ -44,15 +44,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from binlake import errors
+from binlake import config, errors
 from binlake.proto import binlog_pb2
 from binlake.sql import checksum, targets
 from binlake.sql.url import check_reachable, reader_engine
 
 OK, DIFF, MISSING = "OK", "DIFF", "MISSING"
 _SHOW_KEYS = 10
-# Differing keys of each kind a table's report keeps (the counts are always exact).
-KEEP_KEYS = 100
 # Target rows fetched at a time while a chunk's range streams in.
 _TARGET_BATCH = 2_000
 
@@ -104,10 +102,11 @@ class DiffReport:
             for label, keys, count in (("missing", t.only_in_source, t.missing_count),
                                        ("extra", t.only_in_target, t.extra_count),
                                        ("different", t.differing, t.differing_count)):
-                for k in keys[:_SHOW_KEYS]:
+                shown = keys[:_SHOW_KEYS]  # fewer when the report kept fewer (keep_keys)
+                for k in shown:
                     lines.append(f"      {label:<9} {_show_key(k)}")
-                if count > _SHOW_KEYS:
-                    lines.append(f"      ... {count - _SHOW_KEYS} more {label}")
+                if count > len(shown):
+                    lines.append(f"      ... {count - len(shown)} more {label}")
         bad = sum(t.status != OK for t in self.tables)
         lines.append(f"{len(self.tables)} table(s): " + ("all OK" if not bad else f"{bad} differ"))
         if self.fix_statements:
@@ -120,10 +119,14 @@ def _show_key(key: Mapping[str, Any]) -> str:
 
 
 def diff_databases(source_url: str, target_url: str, tables: Sequence[str] | None = None,
-                   chunk_size: int = 10_000, fix_sql: str | None = None, keep_keys: int = KEEP_KEYS) -> DiffReport:
+                   chunk_size: int = 10_000, fix_sql: str | None = None, keep_keys: int | None = None
+                   ) -> DiffReport:
     """Compare every table (or ``tables``) of ``source_url`` with ``target_url``.
     With ``fix_sql``, write the statements that make the target equal to that file.
-    ``keep_keys``: how many differing keys of each kind a table's report lists."""
+    ``keep_keys``: how many differing keys of each kind a table's report lists
+    (default ``[memory] diff_keys``; the counts are exact whatever it is)."""
+    if keep_keys is None:
+        keep_keys = config.memory().diff_keys
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise errors.InvalidArgument(f"chunk size must be a positive integer, got {chunk_size!r}")
     if isinstance(keep_keys, bool) or not isinstance(keep_keys, int) or keep_keys < 0:

@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from binlake import errors
+from binlake import config, errors
 from binlake.lake import s3settings
 from binlake.lake.sparkenv.connect import DEFAULT_PORT
 from binlake.lake.sparkenv.session import LAKE_CONF, check_master, delta_jars
@@ -72,10 +72,17 @@ def server_conf(port: int, extra: Mapping[str, str] | None = None) -> dict[str, 
 
 def server_command(port: int = DEFAULT_PORT, master: str = "local[*]",
                    extra_conf: Mapping[str, str] | None = None) -> list[str]:
-    """The spark-submit command line of a binlake Spark Connect server on ``port``."""
+    """The spark-submit command line of a binlake Spark Connect server on ``port``. The
+    server is the driver of every job its clients run: its heap is ``[memory] driver``
+    (``--driver-memory``; the JVM's size is fixed when it starts) and its executors' on a
+    cluster master ``[memory] executor``, unless ``extra_conf`` sets them."""
     check_master(master, "--master")
-    args = [spark_submit(), "--class", SERVER_CLASS, "--master", master, "--name", "binlake-spark-connect"]
-    for key, value in server_conf(port, extra_conf).items():
+    bounds = config.memory()
+    conf = {"spark.executor.memory": bounds.executor, **server_conf(port, extra_conf)}
+    driver = conf.pop("spark.driver.memory", bounds.driver)
+    args = [spark_submit(), "--class", SERVER_CLASS, "--master", master, "--name", "binlake-spark-connect",
+            "--driver-memory", driver]
+    for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     return args
 
@@ -85,8 +92,6 @@ def server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     this binlake (the data source's classes are pickled by reference), with the
     settings this command chose (``config.child_env``)."""
     import binlake
-    from binlake import config
-
     env = config.child_env(base)
 
     include = str(pathlib.Path(binlake.__file__).resolve().parents[1])

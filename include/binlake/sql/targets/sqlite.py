@@ -10,6 +10,7 @@ IMMEDIATE``) and waits for it, so concurrent writers queue instead of failing.
 from __future__ import annotations
 
 import decimal
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -18,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite as sa_sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from binlake import errors
+from binlake import config, errors
 from binlake.proto import binlog_pb2
 from binlake.sql.schema import ColumnDef
 from binlake.sql.targets.base import DecimalText, Target, bind_processors, key_names, on_conflict_upsert
@@ -158,28 +159,39 @@ class SQLite(Target):
 
     # ------------------------------------------------------------ rows
     def insert_rows(self, conn: Connection, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]]) -> int:
-        """One prepared INSERT run over every row by the driver, each value converted as
-        SQLAlchemy would bind it (SQLAlchemy's own per-row work costs more than SQLite's insert)."""
+        """One prepared INSERT run by the driver over the rows, each value converted as
+        SQLAlchemy would bind it (SQLAlchemy's own per-row work costs more than SQLite's
+        insert); the rows' parameters are built ``[memory] batch_rows`` at a time, so the
+        memory is one batch whatever the number of rows (in the caller's transaction)."""
         names = [c.name for c in info.columns]
         procs = bind_processors(self.table(info), names, conn)
-        params = [tuple(v if v is None or p is None else p(v) for v, p in zip(map(row.get, names), procs,
-                                                                             strict=True))
-                  for row in rows]
-        return _insert(conn, info.name, names, params)
+        batch = config.memory().batch_rows
+        it = iter(rows)
+        done = 0
+        while chunk := list(itertools.islice(it, batch)):
+            params = [tuple(v if v is None or p is None else p(v) for v, p in zip(map(row.get, names), procs,
+                                                                                 strict=True))
+                      for row in chunk]
+            done += _insert(conn, info.name, names, params)
+        return done
 
     def insert_arrow(self, conn: Connection, info: binlog_pb2.TableInfo, rows: pa.Table) -> int:
-        """One prepared INSERT run over the Arrow columns' values, converted as SQLAlchemy binds them."""
+        """One prepared INSERT run over the Arrow columns' values, converted as SQLAlchemy
+        binds them, one record batch (of at most ``[memory] batch_rows`` rows) at a time."""
         if not isinstance(rows, pa.Table):
             raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
         names = rows.column_names
         procs = bind_processors(self.table(info), names, conn)
-        columns = []
-        for name, proc in zip(names, procs, strict=True):
-            values = rows.column(name).to_pylist()
-            if proc is not None:
-                values = [v if v is None else proc(v) for v in values]
-            columns.append(values)
-        return _insert(conn, info.name, names, list(zip(*columns, strict=True)))
+        done = 0
+        for record_batch in rows.to_batches(max_chunksize=config.memory().batch_rows):
+            columns = []
+            for name, proc in zip(names, procs, strict=True):
+                values = record_batch.column(name).to_pylist()
+                if proc is not None:
+                    values = [v if v is None else proc(v) for v in values]
+                columns.append(values)
+            done += _insert(conn, info.name, names, list(zip(*columns, strict=True)))
+        return done
 
     def upsert_statement(self, table: sa.Table, batch: list[dict[str, Any]], names: Sequence[str],
                          key: Sequence[str]) -> Any:
