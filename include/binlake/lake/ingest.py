@@ -796,9 +796,11 @@ def _replace(df: Any, path: str, where: str, partition_by: list[str] | None = No
 
 def _table_op_counts(index: WindowIndex, history: SchemaHistory) -> dict[str, int]:
     """'db.tbl:op' -> row changes, naming each table as it was named when its
-    transaction committed (a table renamed inside the window counts under both names)."""
+    transaction committed (a table renamed inside the window counts under both names):
+    the index counts each table per stretch between its DDLs, named as of the stretch's
+    first commit_ts."""
     out: dict[str, int] = {}
-    for commit_ts, table_id, ins, upd, dele in index.mutations:
+    for commit_ts, table_id, ins, upd, dele in index.table_counts:
         info = history.table(table_id, commit_ts)
         for op, n in (("insert", ins), ("update", upd), ("delete", dele)):
             if n:
