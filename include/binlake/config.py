@@ -282,7 +282,17 @@ class MemorySettings(BaseSettings):
     partitioned by key; what must pass through one process (a target's
     connection, the task or CLI process) streams in batches of the sizes below.
     A job that still runs out of memory names the setting to raise. ``binlake
-    lake status`` prints the values in force."""
+    lake status`` prints the values in force.
+
+    The ingest's own bounds in the task process are fixed, not settings here: its
+    planning scan of a window keeps counts, the DDLs, the duplicate copies and at
+    most ``window_index.SPLIT_CANDIDATES`` partition bounds per Pump, whatever the
+    window's size; and only a window (or batch of windows) of at most
+    ``ingest.DECODE_HERE_ROWS`` (100,000) row changes is decoded in the task
+    process (about 0.4 KB of Arrow a row change: 40 MB, sent to Spark as a staged
+    Parquet file, or on an S3 lake inside the Spark Connect plan), any larger one
+    is read by Spark's executors through the ``binlake`` data source
+    (``binlake ingest --decode-here-rows N`` moves that threshold for one run)."""
 
     model_config = SettingsConfigDict(env_prefix="BINLAKE_MEMORY_", extra="forbid", env_ignore_empty=True,
                                       str_strip_whitespace=True)

@@ -212,7 +212,10 @@ def ingest_window_task(window: Mapping[str, Any], progress: Any = None,
     spark, owned, remote = _session(window)
     say = progress or (lambda msg: log.info("ingest: %s", msg))
     try:
-        ledger = read_windows(spark, window["lake"])
+        # The ledger's windows this run's and the following due ones can meet, whole
+        # (a window found ingested is summarised from its row).
+        reach = max([end_ts] + [int(b) for _a, b in window.get("following") or []])
+        ledger = read_windows(spark, window["lake"], overlapping=(start_ts, reach))
         done = _ingested_since(ledger, start_ts, end_ts, run_started)
         if done is not None:
             log.info("window [%s, %s) was ingested at %s, after this run started (by an earlier run's batch): "
@@ -237,7 +240,8 @@ def ingest_window_task(window: Mapping[str, Any], progress: Any = None,
             results = ingest_windows(spark, window["lake"], window["registry"], bounds[:1], progress=say,
                                      done_since=since)
         if not results:  # another run's batch took this window while this one waited to write
-            done = _ingested_since(read_windows(spark, window["lake"]), start_ts, end_ts, run_started)
+            done = _ingested_since(read_windows(spark, window["lake"], overlapping=(start_ts, end_ts)), start_ts,
+                                   end_ts, run_started)
             return summarize({**(done or {}), "batched_by_another_run": True})
         result = results[0]
         if len(results) > 1:

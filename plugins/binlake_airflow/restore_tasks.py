@@ -242,7 +242,7 @@ def _nothing_ingested(lake: str) -> bool:
 def snapshot_latest() -> dict[str, Any]:
     """A snapshot at the end of the ledger's contiguous windows (T = end - 1)."""
     from binlake import errors
-    from binlake.lake.store.ledger import read_windows
+    from binlake.lake.store.ledger import BOUNDS, read_windows
     from binlake.restore import coverage, snapshot
 
     lake = maintenance_settings()["lake"]
@@ -250,7 +250,7 @@ def snapshot_latest() -> dict[str, Any]:
         raise AirflowSkipException(f"nothing was ingested into {lake} yet: no snapshot to take")
     with _spark_or_connect("binlake-maintenance-snapshot") as spark:
         try:
-            ts = coverage.last_restorable(read_windows(spark, lake))
+            ts = coverage.last_restorable(read_windows(spark, lake, BOUNDS))
             if any(e.snapshot_ts == ts for e in snapshot.catalog(spark, lake)):
                 return {"snapshot_ts": ts, "taken": False}
             result = snapshot.take(spark, lake, ts, progress=lambda m: log.info("snapshot: %s", m),

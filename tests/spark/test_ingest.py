@@ -295,6 +295,30 @@ def test_a_crash_before_the_checkpoint_only_holds_gc_longer(
     assert lake_checkpoint() == w2[1]
 
 
+def test_the_ledger_is_read_as_narrow_as_the_caller_asks(
+    spark: SparkSession, lake_in_order: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_windows`` with columns and a ts range gives exactly those parts of the
+    whole ledger's rows, read here (delta-rs) and through Spark alike."""
+    from binlake.lake.store import arrowread
+
+    lake = lake_in_order["lake"]
+    for through_spark in (False, True):
+        if through_spark:  # what an S3 lake, or a table delta-rs cannot read, takes
+            monkeypatch.setattr(arrowread, "small_table_rows", lambda *_args: None)
+        whole = lake_ledger.read_windows(spark, lake)
+        assert len(whole) == 3 and "rows_per_table_op" in whole[0]
+        assert lake_ledger.read_windows(spark, lake, lake_ledger.BOUNDS) == [
+            {k: w[k] for k in lake_ledger.BOUNDS} for w in whole]
+        middle = whole[1]
+        a, b = int(middle["start_ts"]), int(middle["end_ts"])
+        assert lake_ledger.read_windows(spark, lake, overlapping=(a, b)) == [middle]
+        assert lake_ledger.read_windows(spark, lake, ["rows"], overlapping=(b - 1, b + 1)) == [
+            {k: w[k] for k in ("start_ts", "end_ts", "rows", "ingested_at")} for w in whole[1:]]
+    with pytest.raises(ValueError, match="ledger's columns"):
+        lake_ledger.read_windows(spark, lake, ["start_ts", "colour"])
+
+
 def test_overlapping_window_is_refused(
     spark: SparkSession, cluster: DevCluster, upstream: dict[str, Any], lake_in_order: dict[str, Any]
 ) -> None:

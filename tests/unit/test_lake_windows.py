@@ -4,6 +4,7 @@ the data source's options, and binlake errors recovered from Spark failures."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,7 +16,7 @@ from binlake.lake.pumps import pump_pull
 from binlake.lake.pumps.pump_check import check_pumps
 from binlake.lake.pumps.pump_pull import pull_resumable
 from binlake.lake.pumps.read_options import ReadOptions
-from binlake.lake.pumps.window_index import WindowIndex, _splits
+from binlake.lake.pumps.window_index import WindowIndex, index_streams
 from binlake.lake.sparkenv.spark_errors import binlake_error
 from binlake.lake.store import ledger, location
 from binlake.proto import binlog_pb2
@@ -48,12 +49,64 @@ def test_overlap_rules() -> None:
         ingest.check_overlap(windows, 25, 45)
 
 
+def txn(commit_ts: int, start_ts: int, rows: int, table_id: int = 100) -> binlog_pb2.Binlog:
+    """A committed transaction inserting ``rows`` rows into ``table_id``."""
+    mutation = binlog_pb2.TableMutation(table_id=table_id, inserted_rows=[b"r"] * rows,
+                                        sequence=[binlog_pb2.INSERT] * rows)
+    return binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=start_ts, commit_ts=commit_ts,
+                             prewrite_value=binlog_pb2.PrewriteValue(mutations=[mutation]).SerializeToString())
+
+
 def test_partition_cuts_fall_between_transactions() -> None:
-    txns = [(100, 1, 50), (100, 2, 50), (110, 3, 50), (120, 4, 50), (130, 5, 50)]
-    assert _splits(txns, set(), 100) == [110, 130]
+    def splits(streams: dict[str, list[binlog_pb2.Binlog]]) -> dict[str, list[int]]:
+        # 3 partitions of at least 100 row changes: a cut after every 100 or more.
+        return index_streams(1, 1_000, streams, partitions=3, min_rows_per_partition=100).splits
+
+    txns = [txn(100, 1, 50), txn(100, 2, 50), txn(110, 3, 50), txn(120, 4, 50), txn(130, 5, 50)]
+    assert splits({"p1": txns}) == {"p1": [110, 130]}
     # Two transactions sharing a commit_ts are never cut apart.
-    assert _splits([(100, 1, 100), (100, 2, 100), (105, 3, 1)], set(), 100) == [105]
-    assert _splits(txns, {2}, 100) == [120]  # skipped copies do not count
+    assert splits({"p1": [txn(100, 1, 100), txn(100, 2, 100), txn(105, 3, 1)]}) == {"p1": [105]}
+    # Copies a Pump skips (p1, the lower id, holds start_ts 2 too) do not count.
+    assert splits({"p1": [txn(100, 2, 50)], "p2": txns}) == {"p2": [120]}
+
+
+def test_the_scan_keeps_the_same_state_for_ten_times_the_transactions() -> None:
+    """The scan's memory does not grow with the window's transactions: three Pumps,
+    every 97th transaction held by two of them, 10x the transactions for about the
+    same peak of memory allocated while scanning (the counts stay exact)."""
+    import tracemalloc
+
+    def stream(pump: int, n: int) -> Iterator[binlog_pb2.Binlog]:
+        for i in range(n):  # generated as read: only the scan's own state stays
+            if pump == i % 3 or (i % 97 == 0 and pump == (i + 1) % 3):
+                yield txn(1_000 + 2 * i, 999 + 2 * i, 1 + i % 5, 100 + i % 7)
+
+    def scan(n: int) -> tuple[WindowIndex, int]:
+        tracemalloc.start()
+        try:
+            index = index_streams(1, 10**9, {f"p{k}": stream(k, n) for k in range(3)}, partitions=4,
+                                  min_rows_per_partition=1)
+            return index, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    peaks = []
+    for n in (1_500, 15_000):
+        index, peak = scan(n)
+        peaks.append(peak)
+        dups = [999 + 2 * i for i in range(0, n, 97)]
+        assert (index.total_txns, index.duplicates) == (n, len(dups))
+        # A copy is skipped by the higher pump id of the two holding it.
+        assert index.skip == {f"p{k}": [999 + 2 * i for i in range(0, n, 97) if max(i % 3, (i + 1) % 3) == k]
+                              for k in (1, 2)}
+        assert index.total_rows == sum(1 + i % 5 for i in range(n))
+        owner = [min(i % 3, (i + 1) % 3) if i % 97 == 0 else i % 3 for i in range(n)]  # the lowest id emits
+        assert index.rows == {f"p{k}": sum(1 + i % 5 for i in range(n) if owner[i] == k) for k in range(3)}
+        assert sorted((t, i + u + d) for _ts, t, i, u, d in index.table_counts) == sorted(
+            (100 + k, sum(1 + i % 5 for i in range(k, n, 7))) for k in range(7))
+        per_part = -(-index.total_rows // 4)
+        assert all(len(bounds) <= index.rows[p] // per_part for p, bounds in index.splits.items())
+    assert peaks[1] < 1.5 * peaks[0], f"scan memory grew with the transactions: {peaks}"
 
 
 def test_window_index_travels_as_json() -> None:
@@ -71,10 +124,25 @@ def test_window_index_travels_as_json() -> None:
 def test_table_op_counts_name_tables_as_they_were_then() -> None:
     v1 = new_table(100, "app", "t", [ColumnDef("id", "int", False)], ["id"], None, 1)
     history = SchemaHistory.from_tables([v1], commit_ts=1)
-    history.add(50, sc.rename_table(v1, "t2", 2))
-    index = WindowIndex(1, 100, mutations=[(10, 100, 2, 1, 0), (60, 100, 0, 0, 3), (70, 100, 1, 0, 0)])
+    rename = binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=48, commit_ts=50, ddl_query=b"RENAME TABLE t TO t2",
+                               ddl_table=sc.rename_table(v1, "t2", 2))
+    update = binlog_pb2.TableMutation(table_id=100, updated_rows=[b"r"], sequence=[binlog_pb2.UPDATE])
+    delete = binlog_pb2.TableMutation(table_id=100, deleted_rows=[b"r"] * 3, sequence=[binlog_pb2.DELETE_ROW] * 3)
+    streams = {
+        "p1": [txn(10, 9, 2), binlog_pb2.Binlog(
+            tp=binlog_pb2.COMMIT, start_ts=11, commit_ts=12,
+            prewrite_value=binlog_pb2.PrewriteValue(mutations=[update]).SerializeToString()), txn(70, 69, 1)],
+        # The rename, and a transaction of its commit_ts: it used the definition before the rename.
+        "p2": [rename, txn(50, 49, 4), binlog_pb2.Binlog(
+            tp=binlog_pb2.COMMIT, start_ts=59, commit_ts=60,
+            prewrite_value=binlog_pb2.PrewriteValue(mutations=[delete]).SerializeToString())],
+    }
+    index = index_streams(1, 100, streams)
+    history.apply(rename)
     assert ingest._table_op_counts(index, history) == {
-        "app.t:insert": 2, "app.t:update": 1, "app.t2:delete": 3, "app.t2:insert": 1}
+        "app.t:insert": 6, "app.t:update": 1, "app.t2:delete": 3, "app.t2:insert": 1}
+    # One count per table and stretch between its DDLs, not one per transaction.
+    assert index.table_counts == [(10, 100, 6, 1, 0), (60, 100, 1, 0, 3)]
 
 
 OPTS = {"registry": "127.0.0.1:8230", "start_ts": "10", "end_ts": "20"}

@@ -62,7 +62,7 @@ from binlake.lake.pumps.window_index import WindowIndex, index_window, merge_con
 from binlake.lake.sparkenv import connect
 from binlake.lake.sparkenv.spark_errors import binlake_error
 from binlake.lake.store import s3, staging, writelock
-from binlake.lake.store.ledger import is_delta, read_windows, uncovered
+from binlake.lake.store.ledger import BOUNDS, is_delta, read_windows, uncovered
 from binlake.lake.store.location import CHANGES, DDL_HISTORY, WINDOWS, table_path
 from binlake.registry.client import RegistryClient
 
@@ -393,7 +393,7 @@ def ingest_windows(
             # A run at once with this one may have taken some of these windows
             # meanwhile: the batch stops before the first one the ledger holds now,
             # and nothing is written if it took the first one since done_since.
-            now_ledger = read_windows(spark, lake)
+            now_ledger = read_windows(spark, lake, BOUNDS, overlapping=(whole.start_ts, whole.end_ts))
             if done_since is not None and any(
                     (int(r["start_ts"]), int(r["end_ts"])) == (ws[0].start_ts, ws[0].end_ts)
                     and isinstance(r.get("ingested_at"), dt.datetime) and r["ingested_at"] >= done_since
@@ -460,7 +460,7 @@ def _check_ledger(spark: SparkSession, lake: str, registry: str,
     overlap with other bounds is refused); holds the Pumps' GC for this lake
     before anything is read: a new lake at the first window's start, a known one
     at its ledger's end (the registry keeps the max)."""
-    windows = read_windows(spark, lake)
+    windows = read_windows(spark, lake, BOUNDS)
     replaced = {(w.start_ts, w.end_ts) for w in ws if check_overlap(windows, w.start_ts, w.end_ts)}
     held = checkpoint.contiguous_end(windows)
     checkpoint.report(registry, lake, ws[0].start_ts if held is None else held)
@@ -732,7 +732,7 @@ def _record(spark: SparkSession, lake: str, rows: list[tuple[Any, ...]], check: 
 def _move_checkpoint(spark: SparkSession, lake: str, registry: str, w: _Window, say: Progress) -> None:
     """The lake's consumer checkpoint to the end of its contiguous ledger. After
     the windows row (see lake.checkpoint): the ledger, re-read, decides."""
-    ledger_end = checkpoint.contiguous_end(read_windows(spark, lake))
+    ledger_end = checkpoint.contiguous_end(read_windows(spark, lake, BOUNDS))
     if ledger_end is not None:
         say(f"moving the lake's consumer checkpoint to {tso.format_ts(ledger_end)}")
         try:
@@ -796,9 +796,11 @@ def _replace(df: Any, path: str, where: str, partition_by: list[str] | None = No
 
 def _table_op_counts(index: WindowIndex, history: SchemaHistory) -> dict[str, int]:
     """'db.tbl:op' -> row changes, naming each table as it was named when its
-    transaction committed (a table renamed inside the window counts under both names)."""
+    transaction committed (a table renamed inside the window counts under both names):
+    the index counts each table per stretch between its DDLs, named as of the stretch's
+    first commit_ts."""
     out: dict[str, int] = {}
-    for commit_ts, table_id, ins, upd, dele in index.mutations:
+    for commit_ts, table_id, ins, upd, dele in index.table_counts:
         info = history.table(table_id, commit_ts)
         for op, n in (("insert", ins), ("update", upd), ("delete", dele)):
             if n:

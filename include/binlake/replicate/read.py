@@ -111,7 +111,7 @@ class LakeReader:
         """The ledger's done windows by start_ts (their bounds, status and row count)."""
         table = self._read_in_process(location.WINDOWS, lambda r: r.read(_WINDOW_COLUMNS))
         if table is None:
-            rows = lake_ledger.read_windows(self.spark, self.lake)
+            rows = lake_ledger.read_windows(self.spark, self.lake, _WINDOW_COLUMNS)
         else:
             rows = sorted(table.to_pylist(), key=lambda w: (int(w["start_ts"]), int(w["end_ts"])))
             # One row per window, as ledger.read_windows gives (a ledger row committed

@@ -47,7 +47,7 @@ from binlake import errors, failpoint, tso
 from binlake.lake.decoding import decode
 from binlake.lake.sparkenv import connect
 from binlake.lake.store import writelock
-from binlake.lake.store.ledger import is_delta, read_windows
+from binlake.lake.store.ledger import BOUNDS, is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import coverage, fills, layout, onepass, rebuild
@@ -153,7 +153,7 @@ def update(spark: Any, lake: str, tables: Sequence[str] | None = None,
 def _update(spark: Any, lake: str, tables: Sequence[str] | None, say: Progress, parallelism: int,
             check: Callable[[], None]) -> HistoryResult:
     started = time.monotonic()
-    windows = read_windows(spark, lake)
+    windows = read_windows(spark, lake, BOUNDS)
     first, _ = coverage.lake_span(windows)
     end = coverage.last_restorable(windows) + 1
     ledger = [(int(w["start_ts"]), int(w["end_ts"]), str(w["ingested_at"])) for w in windows

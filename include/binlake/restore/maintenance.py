@@ -24,7 +24,7 @@ from typing import Any
 
 from binlake import tso
 from binlake.lake.store import writelock
-from binlake.lake.store.ledger import is_delta, read_windows
+from binlake.lake.store.ledger import BOUNDS, is_delta, read_windows
 from binlake.lake.store.location import CHANGES, DDL_HISTORY, WINDOWS, table_path
 from binlake.restore import coverage, history, layout, snapshot
 
@@ -104,7 +104,7 @@ def gc_report(spark: Any, lake: str, registry: str, margin_hours: float, now: dt
     if windows is None:
         if spark is None:
             raise ValueError("gc_report needs a Spark session or the ledger's windows")
-        windows = read_windows(spark, lake)
+        windows = read_windows(spark, lake, BOUNDS)
     oldest = coverage.last_restorable(windows) + 1 if windows else 0
     with RegistryClient(registry) as reg:
         nodes, _ = reg.list_nodes("pump")

@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from binlake import errors, failpoint, tso
-from binlake.lake.store.ledger import is_delta, read_windows
+from binlake.lake.store.ledger import BOUNDS, is_delta, read_windows
 from binlake.lake.store.location import check_lake, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import coverage, history, layout, onepass, rebuild, snapshot, stream
@@ -96,7 +96,7 @@ def plan(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None, so
         raise errors.InvalidArgument(f"tables must be a list of table names, got {tables!r}")
     if not is_delta(spark, table_path(lake, "windows")):
         raise errors.NotFound(f"no lake at {lake}: nothing was ingested there (binlake ingest ...)")
-    windows = read_windows(spark, lake)
+    windows = read_windows(spark, lake, BOUNDS)
     coverage.check(windows, ts)  # T above the lake, in no window: refused before anything else
     schema = rebuild.load_schema(spark, lake, ts)
     chosen = rebuild.select_tables(rebuild.tables_at(schema, ts), tables, ts)

@@ -22,7 +22,7 @@ from typing import Any
 from binlake import errors, failpoint, tso
 from binlake.lake.decoding import decode
 from binlake.lake.store import writelock
-from binlake.lake.store.ledger import is_delta, read_windows
+from binlake.lake.store.ledger import BOUNDS, is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import coverage, layout, onepass, rebuild
@@ -126,7 +126,7 @@ def take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None,
 def _take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None, say: Progress, parallelism: int,
           check: Callable[[], None]) -> SnapshotResult:
     started = time.monotonic()
-    windows = read_windows(spark, lake)
+    windows = read_windows(spark, lake, BOUNDS)
     coverage.check(windows, ts)
     schema = rebuild.load_schema(spark, lake, ts)
     found = rebuild.tables_at(schema, ts)
