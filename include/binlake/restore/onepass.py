@@ -156,7 +156,12 @@ def materialize(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER) -> Any
     from binlake.lake.sparkenv import connect
 
     bounds = config.memory()
-    staged = frame.localCheckpoint(eager=True)
+    from pyspark.storagelevel import StorageLevel
+
+    # On disk, not in memory: the checkpoint would otherwise take the storage share of a
+    # heap the shuffles and writes that follow need (a cached block is read back
+    # streaming; the job's memory stays what its tasks hold).
+    staged = frame.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
     images = [F.coalesce(F.length(c), F.lit(0)) for c in ("before", "after") if c in staged.columns]
     size = staged.agg(F.count(F.lit(1)).alias("n"),
                       F.sum(sum(images[1:], images[0]) if images else F.lit(0)).alias("b")).first()
@@ -164,12 +169,30 @@ def materialize(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER) -> Any
     # The server's parallelism on a Spark Connect session (which has no sparkContext).
     parts = max(2, 2 * connect.default_parallelism(spark), -(-total // bounds.partition_rows),
                 -(-nbytes // bounds.partition_bytes_in_force()))
+    fit_shuffles(spark, parts, bounds.partition_bytes_in_force())
     if total <= bounds.partition_rows and nbytes <= bounds.partition_bytes_in_force():
         # Small: one partition per table is bounded by the settings already.
         shaped = staged.repartition(parts, "table_id")
     else:
         shaped = staged.repartitionByRange(parts, *order)
-    return shaped.sortWithinPartitions(*order).localCheckpoint(eager=True)
+    return shaped.sortWithinPartitions(*order).localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
+
+
+def fit_shuffles(spark: Any, parts: int, part_bytes: int) -> None:
+    """The session's shuffles (the typed rebuilds' and history's aggregations that follow)
+    sized like the shared result: at least ``parts`` partitions, and AQE coalescing them
+    to at most ``part_bytes`` each. Only ever raised: with Spark's sort-based aggregation
+    and a small heap, a task's share of wide rows must stay small (each spill it makes
+    costs a reader buffer when merged)."""
+    conf = spark.conf
+    if int(conf.get("spark.sql.shuffle.partitions") or 200) < parts:
+        conf.set("spark.sql.shuffle.partitions", str(parts))
+    advisory = str(conf.get("spark.sql.adaptive.advisoryPartitionSizeInBytes") or "64m").strip().lower()
+    units = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30}
+    number = advisory.rstrip("kmgb")
+    current = int(number) * units.get(advisory[len(number):] or "b", 1) if number.isdigit() else 64 << 20
+    if current > part_bytes:
+        conf.set("spark.sql.adaptive.advisoryPartitionSizeInBytes", str(part_bytes))
 
 
 def sizes(shared: Any) -> dict[int, tuple[int, int]]:

@@ -196,6 +196,10 @@ def build_spark(
     bounds = config.memory()
     conf["spark.driver.memory"] = bounds.driver
     conf["spark.executor.memory"] = bounds.executor
+    # Parquet writers size their row groups from a pool of 95 % of the heap by default,
+    # which leaves nothing to the tasks that feed them when the heap is small and the
+    # rows wide; a third keeps row groups large on any usual heap.
+    conf["spark.hadoop.parquet.memory.pool.ratio"] = "0.3"
     if shuffle_partitions is not None:
         if shuffle_partitions < 1:
             raise ValueError(f"shuffle_partitions must be >= 1, got {shuffle_partitions}")
