@@ -107,7 +107,7 @@ class ProcessPeaks:
     ``interval_s`` in a thread; ``stage()`` gives the peaks per kind while a block ran."""
 
     def __init__(self, interval_s: float = SAMPLE_S) -> None:
-        import psutil
+        import psutil  # type: ignore[import-untyped,unused-ignore]
 
         self._psutil = psutil
         self.interval_s = interval_s
@@ -219,13 +219,12 @@ def skipped(name: str, why: str) -> StageResult:
     return StageResult(name, None, {}, f"skipped: {why}")
 
 
-def typed_row_bytes(spark: Any, typed_dir: str) -> float:
-    """The average typed row of the wide table's rows in ``typed_dir`` (Parquet)."""
+def typed_row_bytes(df: Any) -> float:
+    """The average typed row of a DataFrame of the wide table's rows."""
     from pyspark.sql import functions as F
 
     from binlake.restore import synthetic
 
-    df = spark.read.parquet(typed_dir)
     parts = []
     for name, kind, _nullable, _extra in synthetic.WIDE_COLUMNS:
         width = synthetic.TYPED_WIDTH.get(kind)
@@ -268,7 +267,7 @@ def run_size(spark: Any, sampler: ProcessPeaks, root: pathlib.Path, rows: int, p
     spark.read.parquet(typed).coalesce(1).write.mode("overwrite") \
         .option("timestampNTZFormat", "yyyy-MM-dd HH:mm:ss.SSSSSS").option("dateFormat", "yyyy-MM-dd").csv(str(csv_dir))
     csv_file = next(csv_dir.glob("part-*.csv"))
-    row_bytes = typed_row_bytes(spark, typed)
+    row_bytes = typed_row_bytes(spark.read.parquet(typed))
     print(f"  setup done in {time.perf_counter() - began:.0f}s; {row_bytes:.0f} bytes a typed row, "
           f"{rows * row_bytes / MIB:,.0f} MiB in all", flush=True)
     info = synthetic._table_info(0, 1, "wide")
@@ -276,9 +275,9 @@ def run_size(spark: Any, sampler: ProcessPeaks, root: pathlib.Path, rows: int, p
     applied = str(pg.create_database(f"applied_{rows}"))
     out: list[StageResult] = []
 
-    def restore_into(**dest: str) -> Callable[[], object]:
+    def restore_into(out: str | None = None, target: str | None = None) -> Callable[[], object]:
         def go() -> None:
-            r = restore.run(spark, lake, last, source="changes", parallelism=parallelism, **dest)
+            r = restore.run(spark, lake, last, out=out, target=target, source="changes", parallelism=parallelism)
             if r.rows != rows:
                 raise AssertionError(f"restored {r.rows} rows, expected {rows}")
         return go
@@ -340,8 +339,8 @@ def size_table(rows: int, row_bytes: float, cores: int, results: list[StageResul
         s = max(r.seconds, 1e-9)
         mib_s = rows * row_bytes / MIB / s
         gib_h = rows * row_bytes / GIB / s * 3600
-        floor = FLOOR_OF.get(r.stage)
-        ratio = f"{seconds[floor] / s:.2f}" if floor and seconds.get(floor) else "-"
+        floor_s = seconds.get(FLOOR_OF.get(r.stage, ""))
+        ratio = f"{floor_s / s:.2f}" if floor_s else "-"
         lines.append(f"| {r.stage} | {r.seconds:.1f} | {rows / s:,.0f} | {mib_s:,.1f} | {gib_h:,.1f} | "
                      f"{gib_h / cores:,.1f} | " + " | ".join(_mib(r.peaks.get(k), k) for k in KINDS) + f" | {ratio} |")
     return lines

@@ -42,7 +42,8 @@ def _table_info(index: int = 0, tables: int = 1, shape: str = "narrow") -> Any:
 
     if shape == "wide":
         return schema.new_table(FIRST_TABLE_ID + index, "main", table_name(index, tables),
-                                [ColumnDef(n, t, nullable, **extra) for n, t, nullable, extra in WIDE_COLUMNS],
+                                [ColumnDef(n, t, nullable, precision=e.get("precision"), scale=e.get("scale"),
+                                           length=e.get("length")) for n, t, nullable, e in WIDE_COLUMNS],
                                 ["id"], None, 1)
     cols = [ColumnDef("id", "int", False), ColumnDef("k", "int", False), ColumnDef("c", "string", True, length=120),
             ColumnDef("balance", "decimal", True, precision=20, scale=2)]
