@@ -295,24 +295,25 @@ def run_size(spark: Any, sampler: ProcessPeaks, root: pathlib.Path, rows: int, p
         if not report.ok:
             raise AssertionError(report.summary().splitlines()[1].strip())
 
-    out.append(run_stage(sampler, STAGES[0], lambda: snapshot.take(spark, lake, last, parallelism=parallelism)))
-    out.append(run_stage(sampler, STAGES[1], lambda: history.update(spark, lake, parallelism=parallelism)))
-    out.append(run_stage(sampler, STAGES[2], restore_into(target=restored)))
-    out.append(run_stage(sampler, STAGES[3], restore_into(out=str(root / f"out-{rows}"))))
-    if s3 is not None:
-        out.append(run_stage(sampler, STAGES[4], restore_into(out=f"s3a://{s3.buckets[0]}/out-{rows}")))
-    else:
-        out.append(skipped(STAGES[4], s3_why))
-    out.append(run_stage(sampler, STAGES[5], apply))
-    out.append(run_stage(sampler, STAGES[6], diff))
+    # The floors first and the optional S3 stage last: a run cut short still has its ratios.
     out.append(run_stage(sampler, STAGES[7], lambda: copy_floor(str(pg.create_database(f"floor_{rows}")), info,
                                                                 csv_file)))
     out.append(run_stage(sampler, STAGES[8], lambda: spark.read.parquet(typed).write.format("delta")
                          .mode("overwrite").save(str(root / f"floor-delta-{rows}"))))
+    out.append(run_stage(sampler, STAGES[0], lambda: snapshot.take(spark, lake, last, parallelism=parallelism)))
+    out.append(run_stage(sampler, STAGES[1], lambda: history.update(spark, lake, parallelism=parallelism)))
+    out.append(run_stage(sampler, STAGES[2], restore_into(target=restored)))
+    out.append(run_stage(sampler, STAGES[3], restore_into(out=str(root / f"out-{rows}"))))
+    out.append(run_stage(sampler, STAGES[5], apply))
+    out.append(run_stage(sampler, STAGES[6], diff))
+    if s3 is not None:
+        out.append(run_stage(sampler, STAGES[4], restore_into(out=f"s3a://{s3.buckets[0]}/out-{rows}")))
+    else:
+        out.append(skipped(STAGES[4], s3_why))
     # The next size's lake and rows need the disk more than these do.
     for path in (lake, typed, csv_dir, root / f"out-{rows}", root / f"floor-delta-{rows}"):
         shutil.rmtree(path, ignore_errors=True)
-    return row_bytes, out
+    return row_bytes, sorted(out, key=lambda r: STAGES.index(r.stage))
 
 
 # -- report --------------------------------------------------------------------------
