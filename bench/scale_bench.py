@@ -197,6 +197,27 @@ class StageResult:
     note: str = ""
 
 
+def one_line(exc: BaseException) -> str:
+    """What went wrong, in one line: for a Spark job, the JVM's root cause (such as
+    ``java.lang.OutOfMemoryError: Java heap space``), not py4j's wrapper."""
+    text = ""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            cause = java
+            while cause.getCause() is not None:
+                cause = cause.getCause()
+            lines = [line for line in str(cause.toString()).splitlines() if line.strip()]
+            # A Python worker's failure: its exception's last line, not the traceback's first.
+            text = (f"{lines[0].split(':')[0]}: {lines[-1].strip()}" if len(lines) > 1 and "Traceback" in lines[0]
+                    else lines[0] if lines else "")
+        except Exception:  # a JVM that is gone cannot be asked: the wrapper's text then
+            text = ""
+    if not text:
+        text = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+    return " ".join(text.split())[:200]
+
+
 def run_stage(sampler: ProcessPeaks, name: str, fn: Callable[[], object]) -> StageResult:
     """Time ``fn`` with the memory peaks of its processes; a failure is one printed
     line and a result without seconds (the run goes on)."""
@@ -208,10 +229,55 @@ def run_stage(sampler: ProcessPeaks, name: str, fn: Callable[[], object]) -> Sta
             note = ""
         except Exception as exc:  # the benchmark reports every stage's failure and goes on
             took = None
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            note = f"failed: {type(exc).__name__}: {first}"
+            note = f"failed: {one_line(exc)}"
     print(f"  {name:<38} " + (f"{took:8.1f}s" if took is not None else note), flush=True)
     return StageResult(name, took, peaks, note)
+
+
+class Session:
+    """The Spark session the stages share, started again in a new JVM after a stage
+    failed (a JVM out of heap, or gone, would fail every later stage too)."""
+
+    def __init__(self, master: str | None, s3: bool) -> None:
+        self.master = master
+        self.s3 = s3
+        self.spark: Any = None
+        self.restarts = 0
+        self.start()
+
+    def start(self) -> None:
+        from binlake.lake.sparkenv.session import LAKE_CONF, build_spark, configure_spark
+
+        self.spark = build_spark("binlake-bench-scale", self.master, extra_conf=LAKE_CONF)
+        self.spark.sparkContext.setLogLevel("ERROR")
+        if self.s3:
+            configure_spark(self.spark)
+
+    def restart(self) -> None:
+        """Stop the session and its JVM (PySpark's gateway, started by this process) and
+        start both again."""
+        from pyspark import SparkContext
+
+        print("  (a new Spark session in a new JVM for the stages after a failure)", flush=True)
+        with contextlib.suppress(Exception):
+            self.spark.stop()
+        gateway: Any = getattr(SparkContext, "_gateway", None)
+        proc = getattr(gateway, "proc", None)
+        with contextlib.suppress(Exception):
+            gateway.shutdown()
+        if proc is not None:
+            # The JVM exits when its stdin closes; one that does not is killed.
+            with contextlib.suppress(Exception):
+                proc.stdin.close()
+            try:
+                proc.wait(30)
+            except Exception:
+                proc.kill()
+                proc.wait(30)
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+        self.restarts += 1
+        self.start()
 
 
 def skipped(name: str, why: str) -> StageResult:
@@ -250,13 +316,14 @@ def copy_floor(url: str, info: Any, csv_file: pathlib.Path) -> None:
             copy.write(block)
 
 
-def run_size(spark: Any, sampler: ProcessPeaks, root: pathlib.Path, rows: int, pg: Any, s3: Any,
+def run_size(session: Session, sampler: ProcessPeaks, root: pathlib.Path, rows: int, pg: Any, s3: Any,
              s3_why: str, parallelism: int) -> tuple[float, list[StageResult]]:
     """Every stage at ``rows`` rows; returns (average typed row bytes, results)."""
     from binlake.restore import history, restore, snapshot, synthetic
     from binlake.sql.diff import diff_databases
 
     changes = 2 * rows
+    spark = session.spark
     lake = str(root / f"lake-{rows}")
     typed = str(root / f"typed-{rows}")
     csv_dir = root / f"csv-{rows}"
@@ -277,7 +344,8 @@ def run_size(spark: Any, sampler: ProcessPeaks, root: pathlib.Path, rows: int, p
 
     def restore_into(out: str | None = None, target: str | None = None) -> Callable[[], object]:
         def go() -> None:
-            r = restore.run(spark, lake, last, out=out, target=target, source="changes", parallelism=parallelism)
+            r = restore.run(session.spark, lake, last, out=out, target=target, source="changes",
+                            parallelism=parallelism)
             if r.rows != rows:
                 raise AssertionError(f"restored {r.rows} rows, expected {rows}")
         return go
@@ -286,7 +354,7 @@ def run_size(spark: Any, sampler: ProcessPeaks, root: pathlib.Path, rows: int, p
         from binlake.replicate import runner, task
 
         t = task.Task(name="scale", lake=lake, target=applied, mode="consistent")
-        summary = runner.Applier(spark, t).run()
+        summary = runner.Applier(session.spark, t).run()
         if summary.changes != changes:
             raise AssertionError(f"applied {summary.changes} row changes, expected {changes}")
 
@@ -295,19 +363,24 @@ def run_size(spark: Any, sampler: ProcessPeaks, root: pathlib.Path, rows: int, p
         if not report.ok:
             raise AssertionError(report.summary().splitlines()[1].strip())
 
+    def stage(name: str, fn: Callable[[], object], spark_stage: bool = True) -> None:
+        result = run_stage(sampler, name, fn)
+        out.append(result)
+        if result.seconds is None and spark_stage:
+            session.restart()
+
     # The floors first and the optional S3 stage last: a run cut short still has its ratios.
-    out.append(run_stage(sampler, STAGES[7], lambda: copy_floor(str(pg.create_database(f"floor_{rows}")), info,
-                                                                csv_file)))
-    out.append(run_stage(sampler, STAGES[8], lambda: spark.read.parquet(typed).write.format("delta")
-                         .mode("overwrite").save(str(root / f"floor-delta-{rows}"))))
-    out.append(run_stage(sampler, STAGES[0], lambda: snapshot.take(spark, lake, last, parallelism=parallelism)))
-    out.append(run_stage(sampler, STAGES[1], lambda: history.update(spark, lake, parallelism=parallelism)))
-    out.append(run_stage(sampler, STAGES[2], restore_into(target=restored)))
-    out.append(run_stage(sampler, STAGES[3], restore_into(out=str(root / f"out-{rows}"))))
-    out.append(run_stage(sampler, STAGES[5], apply))
-    out.append(run_stage(sampler, STAGES[6], diff))
+    stage(STAGES[7], lambda: copy_floor(str(pg.create_database(f"floor_{rows}")), info, csv_file), False)
+    stage(STAGES[8], lambda: session.spark.read.parquet(typed).write.format("delta").mode("overwrite")
+          .save(str(root / f"floor-delta-{rows}")))
+    stage(STAGES[0], lambda: snapshot.take(session.spark, lake, last, parallelism=parallelism))
+    stage(STAGES[1], lambda: history.update(session.spark, lake, parallelism=parallelism))
+    stage(STAGES[2], restore_into(target=restored))
+    stage(STAGES[3], restore_into(out=str(root / f"out-{rows}")))
+    stage(STAGES[5], apply)
+    stage(STAGES[6], diff, False)
     if s3 is not None:
-        out.append(run_stage(sampler, STAGES[4], restore_into(out=f"s3a://{s3.buckets[0]}/out-{rows}")))
+        stage(STAGES[4], restore_into(out=f"s3a://{s3.buckets[0]}/out-{rows}"))
     else:
         out.append(skipped(STAGES[4], s3_why))
     # The next size's lake and rows need the disk more than these do.
@@ -382,7 +455,6 @@ def _sizes(text: str | int) -> list[int]:
 
 def main(args: argparse.Namespace) -> int:
     from binlake import errors
-    from binlake.lake.sparkenv.session import LAKE_CONF, build_spark, configure_spark
     from binlake.stack.localdb import LocalPostgres
     from binlake.testing import s3server
 
@@ -401,7 +473,6 @@ def main(args: argparse.Namespace) -> int:
     s3 = None
     s3_why = ""
     sampler = ProcessPeaks().start()
-    spark = None
     try:
         pg.start()
         if args.no_s3:
@@ -414,18 +485,15 @@ def main(args: argparse.Namespace) -> int:
                 os.environ.update(s3.env())
             except Exception as exc:  # the S3 stage is optional: say why it is left out
                 s3, s3_why = None, f"SeaweedFS did not start: {(str(exc).splitlines() or [''])[0][:200]}"
-        spark = build_spark("binlake-bench-scale", args.master, extra_conf=LAKE_CONF)
-        spark.sparkContext.setLogLevel("ERROR")
-        if s3 is not None:
-            configure_spark(spark)
-        cores = int(spark.sparkContext.defaultParallelism)
+        session = Session(args.master, s3 is not None)
+        cores = int(session.spark.sparkContext.defaultParallelism)
         by_size: dict[int, list[StageResult]] = {}
         row_bytes: dict[int, float] = {}
         for n in sizes:
-            row_bytes[n], by_size[n] = run_size(spark, sampler, root, n, pg, s3, s3_why, args.parallel)
+            row_bytes[n], by_size[n] = run_size(session, sampler, root, n, pg, s3, s3_why, args.parallel)
         print()
         print(f"`binlake bench scale --rows {','.join(str(n) for n in sizes)}` (master {args.master or 'default'}, "
-              f"load average {os.getloadavg()[0]:.1f})")
+              f"load average {os.getloadavg()[0]:.1f}; Spark restarted after a failed stage {session.restarts} time(s))")
         for n in sizes:
             print()
             print("\n".join(size_table(n, row_bytes[n], cores, by_size[n])))
