@@ -378,7 +378,11 @@ def run_size(session: Session, sampler: ProcessPeaks, root: pathlib.Path, rows: 
     stage(STAGES[2], restore_into(target=restored))
     stage(STAGES[3], restore_into(out=str(root / f"out-{rows}")))
     stage(STAGES[5], apply)
-    stage(STAGES[6], diff, False)
+    failed = [r.stage for r in out if r.stage in (STAGES[2], STAGES[5]) and r.seconds is None]
+    if failed:
+        out.append(skipped(STAGES[6], f"{' and '.join(failed)} failed"))
+    else:
+        stage(STAGES[6], diff, False)
     if s3 is not None:
         stage(STAGES[4], restore_into(out=f"s3a://{s3.buckets[0]}/out-{rows}"))
     else:
