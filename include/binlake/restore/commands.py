@@ -1,4 +1,4 @@
-"""``binlake snapshot``, ``binlake history``, ``binlake restore`` and ``binlake bench restore``.
+"""``binlake snapshot``, ``binlake history``, ``binlake restore``, ``binlake bench restore`` and ``binlake bench scale``.
 
 Registered in ``binlake.cli`` (``_COMMAND_MODULES``). Every refusal (a ts the
 ledger does not cover, an unknown table, an occupied --out, an unreachable
@@ -142,6 +142,21 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--seaweedfs", action="store_true", help="with --lake: start a throwaway SeaweedFS on loopback")
     b.set_defaults(handler=bench_cmd)
 
+    b = bench.add_parser(
+        "scale", help="snapshot, history, restore, apply and diff of one wide table at growing sizes: "
+                      "throughput, floors, peak memory per process", formatter_class=fmt,
+        epilog=("Examples:\n  binlake bench scale --rows 20000\n"
+                "  binlake bench scale --rows 1000000,10000000 --master local[2]\n"))
+    b.add_argument("--rows", type=int_list, default="1000000",
+                   help="rows of the table, comma-separated for several sizes (default 1000000); "
+                        "each with 2 changes a row")
+    b.add_argument("--master", help="Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
+    b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
+    b.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    b.add_argument("--parallel", type=_parallel, default=4, metavar="N", help="tables written at once (default 4)")
+    b.add_argument("--no-s3", action="store_true", help="leave out the restore into Delta on S3 (SeaweedFS)")
+    b.set_defaults(handler=bench_scale_cmd)
+
 
 def _session(args: argparse.Namespace) -> Any:
     from binlake.lake.sparkenv.session import command_session
@@ -262,3 +277,10 @@ def bench_cmd(args: argparse.Namespace) -> int:
     from binlake.cli.benchmarks import bench_module
 
     return int(bench_module("restore").main(args))
+
+
+def bench_scale_cmd(args: argparse.Namespace) -> int:
+    # bench/scale_bench.py, found the way every benchmark is (``binlake.cli.benchmarks``).
+    from binlake.cli.benchmarks import bench_module
+
+    return int(bench_module("scale").main(args))
