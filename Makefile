@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.binlake-setup
 
-.PHONY: setup test test-fast demo up proto proto-check bench lint typecheck clean
+.PHONY: setup test test-fast test-big demo up proto proto-check bench lint typecheck clean
 
 setup: $(STAMP)
 
@@ -17,11 +17,16 @@ $(STAMP): pyproject.toml setup.py include/binlake/lake/decoding/_imagec.c includ
 $(STAMP): include/binlake/_native/binlake_native.h include/binlake/_native/binlake_tags.h
 
 test: setup
-	$(BIN)/pytest -q --durations=30 tests
+	$(BIN)/pytest -q --durations=30 -m "not big" tests
 
 # The suite without the tests marked slow: the quick loop while changing code.
 test-fast: setup
-	$(BIN)/pytest -q -m "not slow" tests
+	$(BIN)/pytest -q -m "not slow and not big" tests
+
+# Every rebuild of a table three times the driver's heap (tests/restore/test_any_size.py):
+# a quarter of an hour on two cores.
+test-big: setup
+	$(BIN)/pytest -q -m big tests
 
 demo: setup
 	$(BIN)/python scripts/demo.py

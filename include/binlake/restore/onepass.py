@@ -169,7 +169,9 @@ def materialize(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER) -> Any
     # The server's parallelism on a Spark Connect session (which has no sparkContext).
     parts = max(2, 2 * connect.default_parallelism(spark), -(-total // bounds.partition_rows),
                 -(-nbytes // bounds.partition_bytes_in_force()))
-    fit_shuffles(spark, parts, bounds.partition_bytes_in_force())
+    # Only as many as the data needs: a small job leaves the session's shuffles alone.
+    fit_shuffles(spark, max(-(-total // bounds.partition_rows), -(-nbytes // bounds.partition_bytes_in_force())),
+                 bounds.partition_bytes_in_force())
     if total <= bounds.partition_rows and nbytes <= bounds.partition_bytes_in_force():
         # Small: one partition per table is bounded by the settings already.
         shaped = staged.repartition(parts, "table_id")
