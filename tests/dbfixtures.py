@@ -107,3 +107,21 @@ def new_target_url(kind: str, request: pytest.FixtureRequest, tmp_path: pathlib.
         raise ValueError(f"unknown target kind {kind!r}")
     server = request.getfixturevalue("postgres_server" if kind == "postgresql" else "mariadb_server")
     return str(server.create_database(name))
+
+
+def kept_and_lost(source_url: str, target_url: str, n: int, pad: int, first_id: int) -> None:
+    """A diff's two databases: ``n`` narrow rows (a note of about ``pad`` characters) in
+    tables ``kept`` and ``lost`` of the source; the target holds ``kept`` empty and no
+    ``lost`` (table ids ``first_id`` and ``first_id + 1``)."""
+    from binlake.sql import schema as sc
+    from binlake.sql.url import open_target
+
+    narrow = [sc.ColumnDef("id", "int", False), sc.ColumnDef("note", "string")]
+    kept = sc.new_table(first_id, "app", "kept", narrow, ["id"], None, 1)
+    lost = sc.new_table(first_id + 1, "app", "lost", narrow, ["id"], None, 1)
+    with open_target(source_url) as src:
+        for info in (kept, lost):
+            src.create_table(info)
+            src.bulk_load(info, ({"id": i, "note": f"row {i:07d} " + "x" * pad} for i in range(n)))
+    with open_target(target_url) as tgt:
+        tgt.create_table(kept)

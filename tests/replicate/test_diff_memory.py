@@ -16,14 +16,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from binlake.sql import schema as sc
-from binlake.sql.url import open_target
+from dbfixtures import kept_and_lost
 
 ROWS = 120_000  # per table; a list of the fix statements of one table alone would be ~26 MB
 SMALL = 12_000  # more than one chunk (10,000 rows): the baseline holds a full chunk
 HEADROOM = 16 << 20
 
-_NARROW = [sc.ColumnDef("id", "int", False), sc.ColumnDef("note", "string")]
 # `binlake` run by an interpreter that writes its peak address space (kB) to argv[1] at exit.
 _PEAK_THEN_RUN = (
     "import atexit, runpy, sys\n"
@@ -40,14 +38,7 @@ def _databases(root: pathlib.Path, n: int) -> tuple[str, str]:
     holding ``kept`` empty and no ``lost``."""
     root.mkdir()
     source, target = f"sqlite:///{root / 'source.db'}", f"sqlite:///{root / 'target.db'}"
-    kept = sc.new_table(401, "app", "kept", _NARROW, ["id"], None, 1)
-    lost = sc.new_table(402, "app", "lost", _NARROW, ["id"], None, 1)
-    with open_target(source) as src:
-        for info in (kept, lost):
-            src.create_table(info)
-            src.bulk_load(info, ({"id": i, "note": f"row {i:07d} " + "x" * 100} for i in range(n)))
-    with open_target(target) as tgt:
-        tgt.create_table(kept)
+    kept_and_lost(source, target, n, 100, 401)
     return source, target
 
 

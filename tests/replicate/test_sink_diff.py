@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dbfixtures import TARGETS, mariadb_server, new_target_url, postgres_server  # noqa: F401
+from dbfixtures import TARGETS, kept_and_lost, mariadb_server, new_target_url, postgres_server  # noqa: F401
 
 from binlake import errors
 from binlake.proto import binlog_pb2
@@ -197,16 +197,8 @@ def test_diff_against_an_empty_target_streams_its_fix_sql(tmp_path: pathlib.Path
     import tracemalloc
 
     n = 25_000
-    narrow = [sc.ColumnDef("id", "int", False), sc.ColumnDef("note", "string")]
-    kept = sc.new_table(201, "app", "kept", narrow, ["id"], None, 1)
-    lost = sc.new_table(202, "app", "lost", narrow, ["id"], None, 1)
     source_url, target_url = f"sqlite:///{tmp_path / 'big.db'}", f"sqlite:///{tmp_path / 'empty.db'}"
-    with open_target(source_url) as src:
-        for info in (kept, lost):
-            src.create_table(info)
-            src.bulk_load(info, ({"id": i, "note": f"row {i:07d} " + "x" * 40} for i in range(n)))
-    with open_target(target_url) as tgt:
-        tgt.create_table(kept)
+    kept_and_lost(source_url, target_url, n, 40, 201)
     fix = tmp_path / "fix.sql"
     tracemalloc.start()
     try:
