@@ -145,6 +145,8 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("bench", "source"): {"--rows": "10", "--seconds": "0.1", "--dir": str(c.tmp / "bench")},
         ("bench", "apply"): {"--changes": "1000", "--windows": "1", "--targets": "sqlite", "--modes": "consistent",
                              "--master": "local[1]"},
+        ("bench", "scale"): {"--rows": "1000", "--dir": str(c.tmp / "bench"), "--master": "local[1]",
+                             "--parallel": "1"},
         ("bench", "restore"): {"--rows": "10", "--changes": "10", "--dir": str(c.tmp / "bench"),
                                "--master": "local[1]"},
         # The sources' databases are unreachable on purpose (a real server would make
