@@ -22,12 +22,14 @@ def test_lake_status_shows_the_memory_settings_in_force(
     args = ["lake", "status", "--lake", str(lake), "--registry", registry.addr]
     assert cli.main([*args, "--json"]) == 0
     memory = json.loads(capsys.readouterr().out)["memory"]
-    assert memory == {"driver": "3g", "executor": "1g", "partition_rows": 75000, "batch_rows": 10000,
-                      "direct_rows": 50000, "read_budget": 200000, "diff_keys": 100}
+    # partition_bytes in force: its default, the driver heap / 32.
+    assert memory == {"driver": "3g", "executor": "1g", "partition_rows": 75000, "partition_bytes": 96 << 20,
+                      "batch_rows": 10000, "direct_rows": 50000, "read_budget": 200000, "diff_keys": 100}
     assert cli.main(args) == 0
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("memory ")]
     assert line.split(None, 1)[1] == (
-        "driver 3g, executor 1g, partition_rows 75000, batch_rows 10000, direct_rows 50000, read_budget 200000, "
+        "driver 3g, executor 1g, partition_rows 75000, partition_bytes 100663296, batch_rows 10000, direct_rows 50000, "
+        "read_budget 200000, "
         "diff_keys 100  ([memory], BINLAKE_MEMORY_*)")
     monkeypatch.setenv("BINLAKE_MEMORY_EXECUTOR", "lots")
     assert cli.main(args) == 2

@@ -106,7 +106,9 @@ def test_the_scan_keeps_the_same_state_for_ten_times_the_transactions() -> None:
             (100 + k, sum(1 + i % 5 for i in range(k, n, 7))) for k in range(7))
         per_part = -(-index.total_rows // 4)
         assert all(len(bounds) <= index.rows[p] // per_part for p, bounds in index.splits.items())
-    assert peaks[1] < 1.5 * peaks[0], f"scan memory grew with the transactions: {peaks}"
+    # The readers' bounded queues fill more or less as the threads are scheduled (a
+    # loaded machine: about 2x at most); state kept per transaction grows 8x here.
+    assert peaks[1] < 3 * peaks[0] and peaks[1] < 1 << 20, f"scan memory grew with the transactions: {peaks}"
 
 
 def test_window_index_travels_as_json() -> None:

@@ -358,7 +358,8 @@ def status(args: argparse.Namespace) -> int:
     f = freshness.measure(args.lake, registry_addr(args))
     # The memory bounds this host's data work runs with (what a job that ran out of
     # memory names), as this command's config file and environment set them.
-    bounds = config.memory().model_dump()
+    memory = config.memory()
+    bounds = {**memory.model_dump(), "partition_bytes": memory.partition_bytes_in_force()}
     if args.json:
         print(json.dumps({**f.to_dict(), "memory": bounds}, sort_keys=True))
     else:
