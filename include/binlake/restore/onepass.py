@@ -150,28 +150,23 @@ def materialize(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER) -> Any
     must be a setting, not a table's. Range partitions keep each table's rows
     contiguous across consecutive partitions: the driver reads the result as one
     ordered stream, table after table, in bounded pieces."""
-    from pyspark.sql import functions as F
+    from pyspark.storagelevel import StorageLevel
 
     from binlake import config
     from binlake.lake.sparkenv import connect
 
     bounds = config.memory()
-    from pyspark.storagelevel import StorageLevel
-
     # On disk, not in memory: the checkpoint would otherwise take the storage share of a
     # heap the shuffles and writes that follow need (a cached block is read back
     # streaming; the job's memory stays what its tasks hold).
     staged = frame.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
-    images = [F.coalesce(F.length(c), F.lit(0)) for c in ("before", "after") if c in staged.columns]
-    size = staged.agg(F.count(F.lit(1)).alias("n"),
-                      F.sum(sum(images[1:], images[0]) if images else F.lit(0)).alias("b")).first()
-    total, nbytes = int(size["n"]), int(size["b"] or 0)
+    per_table = sizes(staged).values()
+    total, nbytes = sum(n for n, _b in per_table), sum(b for _n, b in per_table)
+    # As many partitions as the data needs; a small job leaves the session's shuffles alone.
+    needed = max(-(-total // bounds.partition_rows), -(-nbytes // bounds.partition_bytes_in_force()))
+    fit_shuffles(spark, needed, bounds.partition_bytes_in_force())
     # The server's parallelism on a Spark Connect session (which has no sparkContext).
-    parts = max(2, 2 * connect.default_parallelism(spark), -(-total // bounds.partition_rows),
-                -(-nbytes // bounds.partition_bytes_in_force()))
-    # Only as many as the data needs: a small job leaves the session's shuffles alone.
-    fit_shuffles(spark, max(-(-total // bounds.partition_rows), -(-nbytes // bounds.partition_bytes_in_force())),
-                 bounds.partition_bytes_in_force())
+    parts = max(2, 2 * connect.default_parallelism(spark), needed)
     if total <= bounds.partition_rows and nbytes <= bounds.partition_bytes_in_force():
         # Small: one partition per table is bounded by the settings already.
         shaped = staged.repartition(parts, "table_id")
@@ -199,10 +194,10 @@ def fit_shuffles(spark: Any, parts: int, part_bytes: int) -> None:
 
 def sizes(shared: Any) -> dict[int, tuple[int, int]]:
     """table_id -> (rows, bytes of row images) in a materialized result (one small
-    aggregate job)."""
+    aggregate job); a frame without images counts their bytes as 0."""
     from pyspark.sql import functions as F
 
-    images = F.coalesce(F.length("before"), F.lit(0)) + F.coalesce(F.length("after"), F.lit(0))
+    images = sum((F.coalesce(F.length(c), F.lit(0)) for c in ("before", "after") if c in shared.columns), F.lit(0))
     found = shared.groupBy("table_id").agg(F.count(F.lit(1)).alias("n"), F.sum(images).alias("b")).collect()
     return {int(r["table_id"]): (int(r["n"]), int(r["b"] or 0)) for r in found}
 
