@@ -47,11 +47,11 @@ class Flags:
 
     rename: str = "--rename"
     into_schema: str = "--into-schema"
-    replace: str = "--replace"
+    replace: str = "pass --replace"  # what to do to overwrite
 
 
 CLI = Flags()
-PARAMS = Flags("rename", "into_schema", "replace")
+PARAMS = Flags("rename", "into_schema", "set replace")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,7 +326,7 @@ def check_target(target: targets.Target, p: Plan, naming: Naming, run_id: str, r
             raise errors.AlreadyExists(
                 f"target {target} already holds table(s) {', '.join(taken)} that this restore did not create: "
                 f"give them other names with {flags.rename} (or {flags.into_schema}), drop them, "
-                f"or pass {flags.replace} to overwrite them")
+                f"or {flags.replace} to overwrite them")
     return placement
 
 
