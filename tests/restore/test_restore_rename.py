@@ -137,12 +137,16 @@ def test_tables_restored_under_new_names_beside_the_live_ones(
     before, recorded = _user_tables(live_url), _recorded(live_url)
     two = ["--tables", f"{OLD},main.bench_0003", "--rename", f"{OLD}=main.{NEW}", "--rename", "bench_0003=b3_early"]
     if kind == "sqlite":
-        # A restore that dies after its first table (SQLite loads one at a time); the same
-        # command again replaces what it made and finishes, without --replace.
+        # A restore that dies after its first table (SQLite loads one at a time). Run again
+        # as another run, it is refused, naming the run that made the table; under that
+        # run's id it replaces what it made and finishes, without --replace.
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("BINLAKE_FAILPOINT", "restore-after-table:raise:1")
-            code, err = restore_cmd(live_url, *two)
+            code, err = restore_cmd(live_url, *two, "--run-id", "fix-0903")
         assert code != 0 and len(set(_user_tables(live_url)) - set(before)) == 1, err
+        code, err = restore_cmd(live_url, *two)
+        assert code == 2 and len(err) == 1 and "run it again with --run-id fix-0903" in err[0], err
+        two += ["--run-id", "fix-0903"]
     code, err = restore_cmd(live_url, *two)
     assert code == 0, err
     after = _user_tables(live_url)

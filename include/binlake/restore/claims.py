@@ -54,6 +54,14 @@ def foreign_tables(target: Any, names: Sequence[str], run_id: str) -> list[str]:
         return [n for n in names if target.has_table(n, conn) and _owner(target, conn, n) != run_id]
 
 
+def foreign_owners(target: Any, names: Sequence[str], run_id: str) -> dict[str, str | None]:
+    """``foreign_tables`` with the run that made each (None: not a restore's)."""
+    _check_run(run_id)
+    with target.engine.connect() as conn:
+        owners = {n: _owner(target, conn, n) for n in names if target.has_table(n, conn)}
+    return {n: owner for n, owner in owners.items() if owner != run_id}
+
+
 def refuse_foreign(target: Any, names: Sequence[str], run_id: str, replace: bool) -> None:
     """Refuse (``errors.AlreadyExists``, naming them) tables another run or a person made,
     unless ``replace``."""

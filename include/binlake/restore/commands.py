@@ -56,6 +56,15 @@ def _schema(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--into-schema ")) from None
 
 
+def _run_id(text: str) -> str:
+    from binlake.restore import naming
+
+    try:
+        return naming.check_run_id(text)
+    except errors.InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--run-id ")) from None
+
+
 def _parallel(text: str) -> int:
     try:
         value = int(text)
@@ -134,8 +143,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "missing; a --rename then gives TABLE or S.TABLE). SQLite and DuckDB have no schemas: both\n"
             "are refused there. With --out they name the directories OUT/<schema or db>.<table>.\n"
             "Every name is checked before the first write (valid for the database, no two tables onto\n"
-            "one name); a table already in the target is refused unless --replace, except one this same\n"
-            "restore (same lake, T, tables and names) created: rerunning a killed restore finishes it."),
+            "one name); a table already in the target is refused unless --replace, except one the same\n"
+            "--run-id created: a killed restore is finished by running it again with its run id (logged)."),
         epilog=("Examples:\n  binlake restore --lake data/lake --ts 470614378216685568 --out data/restored\n"
                 "  binlake restore --lake data/lake --datetime '2026-11-21 08:00:00' --tz Europe/Paris \\\n"
                 "                  --tables accounts --target sqlite:///restored.db --verify sqlite:///up.db\n"
@@ -158,6 +167,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--into-schema", type=_schema, metavar="S",
                    help="put every restored table in schema (PostgreSQL) / database (MariaDB) S, created if "
                         "missing; with --out, directories OUT/S.<table>")
+    p.add_argument("--run-id", type=_run_id, metavar="ID",
+                   help="with --target: the run the created tables are claimed for (default: a new one, shown in "
+                        "the log); a rerun with the same ID replaces what that run created, to finish it")
     p.add_argument("--replace", action="store_true",
                    help="overwrite tables already in --out, or in --target tables this restore did not create")
     p.add_argument("--source", choices=["auto", "changes", "history"], default="auto",
@@ -298,6 +310,8 @@ def restore_cmd(args: argparse.Namespace) -> int:
     renames = naming.parse_renames(args.rename)
     into_schema = naming.parse_schema(args.into_schema)
     restore.check_options(args.out, args.target, args.verify, renames, into_schema)
+    if args.run_id is not None and args.target is None:
+        raise errors.InvalidArgument("--run-id names the run a target's tables are claimed for: use it with --target")
 
     if args.out is not None:
         argcheck.writable_dir("--out", args.out)
@@ -311,7 +325,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
     result = _run(args, f"restore to {ts}", lambda spark, say: restore.run(
         spark, lake, ts, tables=tables, out=args.out, target=args.target, verify_url=args.verify,
         replace=args.replace, source=args.source, progress=say, parallelism=parallelism, renames=renames,
-        into_schema=into_schema))
+        into_schema=into_schema, run_id=args.run_id))
     if args.json:
         print(json.dumps(result.to_dict(), sort_keys=True))
     else:

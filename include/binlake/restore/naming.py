@@ -20,7 +20,9 @@ With --out the schema part is the first part of the directory name
 Every name is checked before the first write (``check_target``, ``check_out``): a
 valid name for the database (length, reserved prefixes, ``_binlake_*``), no two
 tables onto one name (as the database compares names), and no table already in
-the target that this run did not create (``claims``) unless replace. A table
+the target that this run did not create (``claims``) unless replace; a table
+another restore made is named with that run, so a stopped restore is finished by
+running it again under its run id (``--run-id``, the DAG run's own id). A table
 restored under another name is recorded in the target's ``_binlake_schema`` under
 a table id of its own (``renamed_id``), so the row of a live table of the same
 source table (an apply's) is left alone.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 
 from binlake import errors
@@ -48,10 +51,11 @@ class Flags:
     rename: str = "--rename"
     into_schema: str = "--into-schema"
     replace: str = "pass --replace"  # what to do to overwrite
+    rerun: str = "run it again with --run-id {run}"  # what to do to finish a stopped run
 
 
 CLI = Flags()
-PARAMS = Flags("rename", "into_schema", "set replace")
+PARAMS = Flags("rename", "into_schema", "set replace", "retry or clear that DAG run ({run})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,6 +313,7 @@ def check_target(target: targets.Target, p: Plan, naming: Naming, run_id: str, r
     _collisions(p, naming, key)
     if not replace:
         taken: list[str] = []
+        owners: set[str] = set()
         by_ns: dict[str | None, list[TablePlan]] = {}
         for t in p.tables:
             by_ns.setdefault(placement.namespace_of(t), []).append(t)
@@ -318,23 +323,29 @@ def check_target(target: targets.Target, p: Plan, naming: Naming, run_id: str, r
             scoped = target if ns is None else in_namespace(target, ns)
             try:
                 names = [naming.dest(t).table for t in group]
-                taken += [f"{ns}.{n}" if ns else n for n in claims.foreign_tables(scoped, names, run_id)]
+                for n, owner in claims.foreign_owners(scoped, names, run_id).items():
+                    taken.append(f"{ns}.{n}" if ns else n)
+                    owners |= {owner} if owner is not None else set()
             finally:
                 if scoped is not target:
                     scoped.close()
         if taken:
+            rerun = "; to finish a stopped restore that made them, " + flags.rerun.format(run=", ".join(sorted(owners))) \
+                if owners else ""
             raise errors.AlreadyExists(
                 f"target {target} already holds table(s) {', '.join(taken)} that this restore did not create: "
                 f"give them other names with {flags.rename} (or {flags.into_schema}), drop them, "
-                f"or {flags.replace} to overwrite them")
+                f"or {flags.replace} to overwrite them{rerun}")
     return placement
 
 
-def run_id(lake: str, ts: int, p: Plan, naming: Naming) -> str:
-    """The run a command-line restore into a target claims its tables for: the same lake, T,
-    tables and destinations are the same run, so rerunning a command that was killed
-    replaces what it created, and any other restore is refused those tables."""
-    spec = ";".join(f"{t.table_id}>{naming.dest(t).namespace or ''}.{naming.dest(t).table}"
-                    for t in sorted(p.tables, key=lambda t: t.table_id))
-    digest = hashlib.blake2b(f"{lake}|{ts}|{spec}".encode(), digest_size=10).hexdigest()
-    return f"cli-{ts}-{digest}"
+def new_run_id(ts: int) -> str:
+    """A run of its own for a restore given no run id: it replaces nothing already there."""
+    return f"restore-{ts}-{uuid.uuid4().hex[:8]}"
+
+
+def check_run_id(run_id: str, flag: str = "--run-id") -> str:
+    if not isinstance(run_id, str) or not run_id.strip() or len(run_id) > 250 or run_id != run_id.strip():
+        raise errors.InvalidArgument(f"{flag} {run_id!r}: give a name of 1 to 250 characters, without spaces "
+                                     "at its ends (the run a stopped restore is finished as)")
+    return run_id

@@ -123,6 +123,7 @@ class RestoreResult:
     target: str | None = None
     verified: str | None = None
     renamed: dict[str, str] = dataclasses.field(default_factory=dict)  # db.table -> where it went
+    run_id: str | None = None  # the run a target's tables are claimed for
 
     @property
     def rows(self) -> int:
@@ -136,7 +137,8 @@ class RestoreResult:
         return {"ts": self.ts, "datetime": tso.to_datetime(self.ts).isoformat(), "rows": self.rows,
                 "tables": [{"table": t, "rows": n, "base": b} for t, n, b in self.tables],
                 "elapsed_s": round(self.elapsed_s, 3), "rows_per_s": round(self.rows_per_s, 1), "out": self.out,
-                "target": self.target, "verified": self.verified, "renamed": dict(self.renamed)}
+                "target": self.target, "verified": self.verified, "renamed": dict(self.renamed),
+                "run_id": self.run_id}
 
     def summary(self) -> str:
         where = self.out or self.target or "-"
@@ -308,12 +310,14 @@ def check_options(out: str | None, target: str | None, verify_url: str | None,
 def run(spark: Any, lake: str, ts: int, *, tables: Sequence[str] | None = None, out: str | None = None,
         target: str | None = None, verify_url: str | None = None, replace: bool = False, source: str = "auto",
         progress: Progress | None = None, parallelism: int = onepass.DEFAULT_PARALLELISM,
-        renames: Sequence[tuple[str, str]] = (), into_schema: str | None = None) -> RestoreResult:
+        renames: Sequence[tuple[str, str]] = (), into_schema: str | None = None,
+        run_id: str | None = None) -> RestoreResult:
     """The whole restore: plan (every refusal before any write), rebuild, write or load, verify.
     ``parallelism``: how many tables are written or loaded at once. ``renames`` (OLD, NEW)
     and ``into_schema``: where the tables go (``binlake.restore.naming``). Into a target,
-    the tables are claimed for this run (``naming.run_id``): a rerun of the same restore
-    replaces what it created; anything else already there is refused unless ``replace``."""
+    the tables are claimed for run ``run_id`` (None: a run of its own): a rerun under the
+    same id replaces what that run created; anything else already there is refused
+    unless ``replace``."""
     onepass.check_parallelism(parallelism)
     check_options(out, target, verify_url, renames, into_schema)
     say = progress or (lambda _m: None)
@@ -329,10 +333,12 @@ def run(spark: Any, lake: str, ts: int, *, tables: Sequence[str] | None = None, 
             check_out(spark, out, p, replace, names)
             result = write_out(spark, p, out, replace, say, parallelism, names)
         else:
-            run_id = naming.run_id(lake, ts, p, names)
+            run_id = naming.check_run_id(run_id) if run_id is not None else naming.new_run_id(ts)
+            say(f"restore run {run_id}: to finish it if it is stopped, run it again with --run-id {run_id}")
             placement = naming.check_target(conn, p, names, run_id, replace)
             result = load_target(spark, p, conn, str(target), say, parallelism, placement=placement,
                                  claim=Claim(run_id, ts, replace))
+            result.run_id = run_id
     finally:
         if placement is not None:
             placement.close()

@@ -186,13 +186,25 @@ class Target:
     def create_namespace_sql(cls, engine: Engine, name: str) -> list[str]:
         raise errors.FailedPrecondition(f"{cls.title} has no schemas")
 
+    current_namespace_sql: ClassVar[str | None] = None
+    """The query of the namespace unqualified names land in (with ``namespace``)."""
+    has_namespace_sql: ClassVar[str | None] = None
+    """The query that finds namespace ``:n`` (a row when it exists)."""
+
     def current_namespace(self) -> str | None:
         """The namespace unqualified names land in now (None where there are none)."""
-        return None
+        if self.current_namespace_sql is None:
+            return None
+        with self.engine.connect() as conn:
+            found = conn.exec_driver_sql(self.current_namespace_sql).scalar()
+        return None if found is None else str(found)
 
     def has_namespace(self, name: str) -> bool:
         """Whether namespace ``name`` exists."""
-        return False
+        if self.has_namespace_sql is None:
+            return False
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text(self.has_namespace_sql), {"n": name}).first() is not None
 
     def name_key(self, name: str) -> str:
         """What two names that are one table here have in common: the name as written

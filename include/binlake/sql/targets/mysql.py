@@ -30,6 +30,8 @@ class MySQL(Target):
     transactional_ddl = False
     snapshot_isolation = "REPEATABLE READ"
     namespace = "database"
+    current_namespace_sql = "SELECT DATABASE()"
+    has_namespace_sql = "SELECT 1 FROM information_schema.schemata WHERE schema_name = :n"
     name_chars = 64
 
     @classmethod
@@ -45,15 +47,6 @@ class MySQL(Target):
     @classmethod
     def create_namespace_sql(cls, engine: Engine, name: str) -> list[str]:
         return [f"CREATE DATABASE IF NOT EXISTS {cls.q(engine, name)} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"]
-
-    def current_namespace(self) -> str | None:
-        with self.engine.connect() as conn:
-            return conn.exec_driver_sql("SELECT DATABASE()").scalar()
-
-    def has_namespace(self, name: str) -> bool:
-        with self.engine.connect() as conn:
-            return conn.execute(sa.text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :n"),
-                                {"n": name}).first() is not None
 
     def name_key(self, name: str) -> str:
         # lower_case_table_names 1 or 2: the server keeps or compares names in lower case.

@@ -45,6 +45,8 @@ class PostgreSQL(Target):
     snapshot_isolation = "REPEATABLE READ"
     row_id = "ctid"
     namespace = "schema"
+    current_namespace_sql = "SELECT current_schema()"
+    has_namespace_sql = "SELECT 1 FROM pg_namespace WHERE nspname = :n"
     name_bytes = 63  # NAMEDATALEN - 1: a longer name is cut without an error
 
     @classmethod
@@ -67,14 +69,6 @@ class PostgreSQL(Target):
     def create_namespace_sql(cls, engine: Engine, name: str) -> list[str]:
         return [f"CREATE SCHEMA IF NOT EXISTS {cls.q(engine, name)}"]
 
-    def current_namespace(self) -> str | None:
-        with self.engine.connect() as conn:
-            return conn.exec_driver_sql("SELECT current_schema()").scalar()
-
-    def has_namespace(self, name: str) -> bool:
-        with self.engine.connect() as conn:
-            return conn.execute(sa.text("SELECT 1 FROM pg_namespace WHERE nspname = :n"), {"n": name}).first() \
-                is not None
 
     @classmethod
     def sa_type(cls, col: ColumnDef, keyed: bool = False) -> sa.types.TypeEngine[Any]:
