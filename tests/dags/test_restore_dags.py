@@ -14,7 +14,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException
 from pumpkit import start_registry
 from pyspark.sql import SparkSession
 
@@ -96,36 +95,6 @@ def test_restore_dag_rebuilds_the_table_at_a_ts(
            for r in spark.read.format("delta").load(str(out / "main.bench")).collect()}
     assert got == replayed(spark, path, ts)
     assert json.loads((out / "_binlake_restore.json").read_text())["ts"] == ts
-
-
-def test_the_restore_tasks_load_a_table_under_a_new_name_beside_a_live_one(
-        spark: SparkSession, lake: tuple[str, int], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The binlake_restore tasks' bodies in order, as a run calls them, with ``rename``
-    (a whole ``dag.test()`` run costs a minute and more on a loaded machine; the DAG's
-    wiring is the same as in the run above)."""
-    import sqlite3
-
-    from binlake_airflow import restore_tasks
-
-    path, _ = lake
-    monkeypatch.setenv("BINLAKE_LAKE_DIR", path)
-    live = tmp_path / "live.db"
-    with sqlite3.connect(live) as db:  # the live table of the same name, which the run must not touch
-        db.execute("CREATE TABLE bench (id INTEGER PRIMARY KEY, k INTEGER)")
-        db.execute("INSERT INTO bench VALUES (1, 7)")
-    ts = T0 + 4 * 1000 + 2
-    conf = {"commit_ts": ts, "tables": "main.bench", "target": f"sqlite:///{live}"}
-    resolved = restore_tasks.resolve({**conf, "rename": "main.bench=main.bench_at_t"}, "manual__rename")
-    assert restore_tasks.check_coverage(resolved)["tables"][0]["into"] == "bench_at_t"
-    # Without the rename the live table is in the way: refused before anything is rebuilt.
-    with pytest.raises(AirflowFailException, match="already holds table.*bench.*set replace"):
-        restore_tasks.check_coverage(restore_tasks.resolve(conf, "manual__plain"))
-    restore_tasks.rebuild(resolved)
-    assert restore_tasks.load(resolved)["loaded"] == [{"table": "main.bench", "rows": ROWS, "into": "bench_at_t"}]
-    with sqlite3.connect(live) as db:
-        assert db.execute("SELECT id, k FROM bench").fetchall() == [(1, 7)]
-        got = {r[0]: (r[1], r[2], Decimal(r[3])) for r in db.execute("SELECT id, k, c, balance FROM bench_at_t")}
-    assert got == replayed(spark, path, ts)
 
 
 @pytest.mark.parametrize(("conf", "failed", "message"), [

@@ -2,11 +2,11 @@
 OLD=NEW`` and ``--into-schema S`` on SQLite, PostgreSQL and MariaDB.
 
 The lake is synthetic (``restore.synthetic``: three tables, every change one
-transaction). Each target first gets the "live" tables (the restore at the lake's
-end, claimed by that run, then written to by hand, plus a table made by hand),
-and the table restored under a new name must equal the plain restore of the
-original at the same T (value by value), while every other table of the target
-keeps its checksum and its recorded definition. The commands run in-process
+transaction). Each target first gets the "live" tables (as an apply would hold
+them, then written to, plus a table made by hand), and the table restored under a
+new name must equal the plain restore of the original at the same T (value by
+value), while every other table of the target keeps its checksum and its
+recorded definition. The commands run in-process
 (``binlake.cli.main``), so a refusal is seen as the user sees it: exit 2 and one
 line on stderr, and the target's checksums unchanged.
 """
@@ -42,9 +42,9 @@ OLD, NEW = "main.bench_0002", "bench_0002_at_early"
 class Lake:
     path: str
     last: int
-    ref: dict[int, list[tuple[Any, ...]]]  # ts -> main.bench_0002's rows restored at ts (plain, SQLite)
+    ref: list[tuple[Any, ...]]  # main.bench_0002's rows restored at EARLY (plain, SQLite)
     info: binlog_pb2.TableInfo  # main.bench_0002's definition
-    at_last: str  # URL of every table restored at ``last`` (plain, SQLite): the live tables' start
+    early: str  # URL of every table restored at EARLY (plain, SQLite): the live tables' start
 
 
 def _rows(url: str, info: binlog_pb2.TableInfo, name: str) -> list[tuple[Any, ...]]:
@@ -63,14 +63,13 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Lake:
     root = tmp_path_factory.mktemp("rename")
     path = str(root / "lake")
     last = synthetic.build_lake(spark, path, ROWS, CHANGES, T0, windows=2, tables=TABLES)
-    early, at_last = f"sqlite:///{root / 'early.db'}", f"sqlite:///{root / 'last.db'}"
-    restore.run(spark, path, EARLY, tables=[OLD], target=early)
-    restore.run(spark, path, last, target=at_last)
+    early = f"sqlite:///{root / 'early.db'}"
+    restore.run(spark, path, EARLY, target=early)
     with open_target(early) as target:
         info = target.recorded_schema()["bench_0002"]
-    ref = {EARLY: _rows(early, info, info.name), last: _rows(at_last, info, info.name)}
-    assert ref[EARLY] != ref[last] and len(ref[last]) == ROWS // TABLES
-    return Lake(path, last, ref, info, at_last)
+    ref = _rows(early, info, info.name)
+    assert len(ref) == ROWS // TABLES
+    return Lake(path, last, ref, info, early)
 
 
 def _user_tables(url: str) -> dict[str, tuple[int, str]]:
@@ -103,10 +102,10 @@ def restore_cmd(lake: Lake, capsys: pytest.CaptureFixture[str]) -> Callable[...,
 
 
 def _live(lake: Lake, url: str) -> None:
-    """The live tables, as an apply keeps them: the tables at the lake's end, created with
-    binlake's definitions (recorded in ``_binlake_schema``, claimed by no restore), then
-    live writes, and a table made by hand."""
-    with open_target(lake.at_last) as source, open_target(url) as target:
+    """The live tables, as an apply keeps them: the three tables' rows at EARLY in tables
+    created with binlake's definitions (recorded in ``_binlake_schema``, claimed by no
+    restore), then live writes on two of them, and a table made by hand."""
+    with open_target(lake.early) as source, open_target(url) as target:
         for info in source.recorded_schema().values():
             target.create_table(info)
             with source.engine.connect() as conn:
@@ -152,7 +151,7 @@ def test_tables_restored_under_new_names_beside_the_live_ones(
     after = _user_tables(live_url)
     assert set(after) == {*before, NEW, "b3_early"}
     assert {n: after[n] for n in before} == before  # nothing else touched
-    assert _rows(live_url, lake.info, NEW) == lake.ref[EARLY]
+    assert _rows(live_url, lake.info, NEW) == lake.ref
     # The live tables' recorded definitions are left as they were (the copies have ids of their own).
     now = _recorded(live_url)
     assert {n: now[n] for n in recorded} == recorded and now[NEW][0] < 0
@@ -162,16 +161,13 @@ def test_tables_restored_under_new_names_beside_the_live_ones(
     assert _user_tables(live_url) == after
     if kind != "sqlite":
         return  # --replace below is the same code on every database (and costs a restore)
-    # Another restore (another T) onto that name: refused; with --replace it is overwritten.
-    code, err = restore_cmd(live_url, "--tables", OLD, "--rename", f"{OLD}={NEW}", ts=lake.last)
-    assert code == 2 and len(err) == 1, err
-    assert NEW in err[0] and "--replace" in err[0]
-    assert _user_tables(live_url) == after
-    code, err = restore_cmd(live_url, "--tables", OLD, "--rename", f"{OLD}={NEW}", "--replace", ts=lake.last)
+    # Onto the live table refused above, with --replace: it is overwritten, and only it.
+    code, err = restore_cmd(live_url, "--tables", OLD, "--rename", f"{OLD}=bench_0001", "--replace")
     assert code == 0, err
-    assert _rows(live_url, lake.info, NEW) == lake.ref[lake.last]
+    assert _rows(live_url, lake.info, "bench_0001") == lake.ref
     final = _user_tables(live_url)
-    assert {n: final[n] for n in before} == before
+    assert final["bench_0001"] != before["bench_0001"]
+    assert {n: final[n] for n in before if n != "bench_0001"} == {n: v for n, v in before.items() if n != "bench_0001"}
 
 
 @pytest.mark.parametrize("kind", ["postgresql", "mariadb"])
@@ -197,7 +193,7 @@ def test_into_schema_puts_the_tables_in_a_new_schema(
         assert target.has_namespace(schema)
         scoped = type(target).namespace_url(target.engine.url, schema).render_as_string(hide_password=False)
     assert set(_user_tables(scoped)) == {NEW, "bench_0003"}
-    assert _rows(scoped, lake.info, NEW) == lake.ref[EARLY]
+    assert _rows(scoped, lake.info, NEW) == lake.ref
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +236,9 @@ def test_a_name_too_long_for_postgresql_is_refused(
 
 
 def test_rename_without_a_destination_and_with_out(
-        lake: Lake, capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path, spark: SparkSession) -> None:
+        lake: Lake, capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path) -> None:
+    from deltalake import DeltaTable
+
     base = ["restore", "--lake", lake.path, "--ts", str(EARLY), "--master", "local[2]", "--json", "--tables", OLD]
     code, err = binlake(capsys, *base, "--rename", f"{OLD}={NEW}")
     assert code == 2 and len(err) == 1 and "give a destination" in err[0], err
@@ -252,8 +250,33 @@ def test_rename_without_a_destination_and_with_out(
     code, err = binlake(capsys, *base, "--out", str(out), "--rename", f"{OLD}=archive.{NEW}")
     assert code == 0, err
     assert sorted(p.name for p in out.iterdir()) == ["_binlake_restore.json", f"archive.{NEW}"]
-    got = sorted(tuple(r) for r in spark.read.format("delta").load(str(out / f"archive.{NEW}")).collect())
-    assert len(got) == len(lake.ref[EARLY]) and [r[0] for r in got] == [r[0] for r in lake.ref[EARLY]]
+    got = DeltaTable(str(out / f"archive.{NEW}")).to_pyarrow_table().sort_by("id")
+    assert [tuple(r.values()) for r in got.to_pylist()] == lake.ref
+
+
+def test_the_restore_dag_tasks_rename_into_a_live_target(
+        lake: Lake, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The binlake_restore tasks' bodies in order, as a run calls them (a ``dag.test()``
+    run of the same costs a minute on a loaded machine; tests/dags runs the DAG itself)."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from binlake_airflow import restore_tasks
+
+    monkeypatch.setenv("BINLAKE_LAKE_DIR", lake.path)
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    _live(lake, url)
+    before = _user_tables(url)
+    conf = {"commit_ts": EARLY, "tables": OLD, "target": url}
+    # Into a name of the live tables: refused before anything is rebuilt.
+    with pytest.raises(AirflowFailException, match="already holds table.*bench_0001.*set replace"):
+        restore_tasks.check_coverage(restore_tasks.resolve({**conf, "rename": f"{OLD}=bench_0001"}, "manual__x"))
+    resolved = restore_tasks.resolve({**conf, "rename": f"{OLD}={NEW}"}, "manual__rename")
+    assert restore_tasks.check_coverage(resolved)["tables"][0]["into"] == NEW
+    restore_tasks.rebuild(resolved)
+    loaded = restore_tasks.load(resolved)["loaded"]
+    assert loaded == [{"table": OLD, "rows": len(lake.ref), "into": NEW}]
+    after = _user_tables(url)
+    assert {n: after[n] for n in before} == before and set(after) == {*before, NEW}
+    assert _rows(url, lake.info, NEW) == lake.ref
 
 
 def test_the_target_kinds_say_what_names_they_take() -> None:
