@@ -170,7 +170,8 @@ def check_coverage(resolved: Mapping[str, Any]) -> dict[str, Any]:
             try:
                 p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
                 names = _naming(resolved, p)
-                restore.check_out(spark, resolved["out"], p, bool(resolved["replace"]), _out_naming(resolved, p))
+                restore.check_out(spark, resolved["out"], p, bool(resolved["replace"]), _out_naming(resolved, p),
+                                  naming.PARAMS)
                 if target is not None:
                     naming.check_target(target, p, names, str(resolved["run_id"]),
                                         bool(resolved.get("replace_target")), naming.PARAMS).close()

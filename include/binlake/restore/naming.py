@@ -207,7 +207,7 @@ def resolve(p: Plan, renames: Sequence[tuple[str, str]], into_schema: str | None
     return Naming(moved, into_schema)
 
 
-def _collisions(p: Plan, naming: Naming, key: object) -> None:
+def _collisions(p: Plan, naming: Naming, key: object, flags: Flags = CLI) -> None:
     seen: dict[object, TablePlan] = {}
     for t in p.tables:
         k = key(t)  # type: ignore[operator]
@@ -216,11 +216,11 @@ def _collisions(p: Plan, naming: Naming, key: object) -> None:
             where = naming.shown(t) or naming.shown(first) or t.info.name
             raise errors.InvalidArgument(
                 f"{first.name} and {t.name} would both be {where} in the destination: "
-                f"give one of them another name with --rename")
+                f"give one of them another name with {flags.rename}")
         seen[k] = t
 
 
-def check_out(p: Plan, naming: Naming) -> None:
+def check_out(p: Plan, naming: Naming, flags: Flags = CLI) -> None:
     """The --out directory names: usable as one directory each, visible to Delta readers
     (no leading ``_`` or ``.``), and no two tables onto one."""
     for t in p.tables:
@@ -231,7 +231,7 @@ def check_out(p: Plan, naming: Naming) -> None:
                    None)
         if problem is not None:
             raise errors.InvalidArgument(f"the output directory {name!r} of {t.name} {problem}: choose another name")
-    _collisions(p, naming, naming.out_name)
+    _collisions(p, naming, naming.out_name, flags)
 
 
 class Placement:
@@ -310,7 +310,7 @@ def check_target(target: targets.Target, p: Plan, naming: Naming, run_id: str, r
         where = placement.namespace_of(t)
         return (target.name_key(where) if where is not None else "", target.name_key(naming.dest(t).table))
 
-    _collisions(p, naming, key)
+    _collisions(p, naming, key, flags)
     if not replace:
         taken: list[str] = []
         owners: set[str] = set()

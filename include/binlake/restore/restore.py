@@ -158,13 +158,14 @@ def out_path(out: str, info: binlog_pb2.TableInfo, name: str | None = None) -> s
     return f"{base.rstrip('/')}/{name or f'{info.db}.{info.name}'}"
 
 
-def check_out(spark: Any, out: str, p: Plan, replace: bool, names: naming.Naming | None = None) -> None:
+def check_out(spark: Any, out: str, p: Plan, replace: bool, names: naming.Naming | None = None,
+              flags: naming.Flags = naming.CLI) -> None:
     """``out`` usable, every table's directory name too (``names``: renamed ones), none
     taken unless ``replace``."""
     if not isinstance(out, str) or not out.strip():
         raise errors.InvalidArgument(f"out must be a directory path or URI, got {out!r}")
     names = names or naming.Naming()
-    naming.check_out(p, names)
+    naming.check_out(p, names, flags)
     if replace:
         return
     taken = [names.out_name(t) for t in p.tables if is_delta(spark, out_path(out, t.info, names.out_name(t)))]
