@@ -389,6 +389,43 @@ class RegistryService:
             return record
 
 
+def create_replication(store: RegistryStore, replicas: int, min_acks: int, *,
+                       write: bool = True) -> list[ReplicationSetting]:
+    """The replication a cluster is created with (``binlake registry --replicas``):
+    on a store that never served (no TSO, node or setting yet) it is recorded
+    applying from ts 0, so every window, the DDL history from ts 0 included, is
+    read with it. On a store that has served, the setting in force must already
+    be this one (nothing is written): otherwise FailedPrecondition, since a
+    setting cannot apply to what was written before it. ``write=False``: only check
+    (``binlake up`` before it starts the registry that writes it)."""
+    for name, value in (("replicas", replicas), ("min_acks", min_acks)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPLICAS:
+            raise errors.InvalidArgument(f"{name} must be an integer in [1, {MAX_REPLICAS}], got {value!r}")
+    if min_acks > replicas:
+        raise errors.InvalidArgument(f"min_acks={min_acks} is above replicas={replicas}")
+    wanted = ReplicationSetting(0, replicas, min_acks)
+    # Asked before any RegistryService opens the store (its allocator saves a TSO limit at once).
+    history = store.list_replication()
+    fresh = not history and store.load_tso_limit() == 0 and not store.list_nodes(None)
+    if fresh and (replicas, min_acks) != (1, 1):
+        if not write:
+            return [wanted]
+        try:
+            store.add_replication(wanted)
+        except errors.Unavailable:
+            history = store.list_replication()  # another member of the group wrote it first
+        else:
+            return [wanted]
+    current = history[-1] if history else ReplicationSetting(0, 1, 1)
+    if (current.replicas, current.min_acks) != (replicas, min_acks):
+        raise errors.FailedPrecondition(
+            f"registry store {store.describe()} already serves a cluster with replicas="
+            f"{current.replicas} min_acks={current.min_acks}; --replicas/--min-acks set a cluster's "
+            f"replication only when its store is created: drop them (or give replicas={current.replicas} "
+            f"min_acks={current.min_acks}), or change it with binlake ctl replication")
+    return history
+
+
 def _parse_state(state: NodeState | str) -> NodeState:
     if isinstance(state, NodeState):
         return state

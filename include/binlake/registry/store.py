@@ -115,7 +115,8 @@ CREATE TABLE IF NOT EXISTS meta (
 CREATE TABLE IF NOT EXISTS replication (
     -- The cluster's replication settings, a history: rows are only appended.
     -- from_ts: the TSO the setting applies from; above every earlier row's.
-    from_ts INTEGER PRIMARY KEY CHECK (from_ts > 0),
+    -- 0 only for the setting a cluster was created with (binlake registry --replicas).
+    from_ts INTEGER PRIMARY KEY CHECK (from_ts >= 0),
     -- 1 <= min_acks <= replicas.
     replicas INTEGER NOT NULL CHECK (replicas >= 1),
     min_acks INTEGER NOT NULL CHECK (min_acks >= 1 AND min_acks <= replicas)
