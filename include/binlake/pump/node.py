@@ -231,9 +231,13 @@ class PumpNode:
         if now - at >= 0.5:
             load = (st.stats.binlogs - binlogs) / (now - at)
             self._last_written = (st.stats.binlogs, now, load)
+        # The safe ts before the max commit ts: the registry takes (0, safe ts) as "holds
+        # nothing below the safe ts" (NodeRecord.empty_below_ts), so a commit published
+        # between the two reads must not be missed.
+        safe_ts = st.safe_ts
         return NodeRecord(
             node_id=self.node_id, kind="pump", addr=self.advertise_addr, state=state,
-            max_commit_ts=st.max_commit_ts, safe_ts=st.safe_ts, gc_ts=st.gc_ts,
+            safe_ts=safe_ts, max_commit_ts=st.max_commit_ts, gc_ts=st.gc_ts,
             disk_used_bytes=st.storage_bytes(), disk_free_bytes=self.service.disk_free(),
             load=load, pending_txns=st.pending_count, metrics_addr=self.metrics_addr,
         )

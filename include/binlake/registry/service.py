@@ -190,6 +190,7 @@ class RegistryService:
                 online_ts=online_ts,
                 offline_ts=0,
                 updated_at_ms=self._clock_ms(),
+                empty_below_ts=_empty_below(old, record),
             )
             self._store.put_node(stored)
             return stored
@@ -215,6 +216,7 @@ class RegistryService:
                 load=float(record.load),
                 updated_at_ms=self._clock_ms(),
                 **{name: getattr(record, name) for name in _STATUS_INT_FIELDS},
+                empty_below_ts=_empty_below(stored, record),
             )
             # The stored state is what the operator asked or the node last reported;
             # a report can only move it forward (see the module docstring).
@@ -424,6 +426,18 @@ def create_replication(store: RegistryStore, replicas: int, min_acks: int, *,
             f"replication only when its store is created: drop them (or give replicas={current.replicas} "
             f"min_acks={current.min_acks}), or change it with binlake ctl replication")
     return history
+
+
+def _empty_below(stored: NodeRecord | None, report: NodeRecord) -> int:
+    """``NodeRecord.empty_below_ts`` after ``report``: a Pump that has stored no
+    transaction (max_commit_ts 0) holds none below its safe ts, now or later
+    (``pump.sorter``: every one routed to it below the safe ts is stored, and any
+    other commits above it); once it has stored one the value stays. The Pump reads
+    its safe ts before its max commit ts, so the pair never claims more."""
+    kept = stored.empty_below_ts if stored is not None else 0
+    if (stored or report).kind == "pump" and report.max_commit_ts == 0:
+        return max(kept, report.safe_ts)
+    return kept
 
 
 def _parse_state(state: NodeState | str) -> NodeState:
