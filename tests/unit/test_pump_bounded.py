@@ -98,7 +98,7 @@ def test_gc_holds_bounded_memory_whatever_it_removes(tmp_path: pathlib.Path,
             assert ok == [None]
             cut = 100 + 10 * n  # every transaction is below it
             result: dict[str, int] = {}
-            peaks.append(_peak(lambda st=with_gc, cut=cut: result.update(st.gc(cut))))
+            peaks.append(_peak(lambda st=with_gc, cut=cut, result=result: result.update(st.gc(cut))))
             assert result["txns"] == n and with_gc.gc_ts == cut
             assert not list(with_gc.index.db.iterator(prefix=ix.P_COMMIT))
             assert not list(with_gc.index.db.iterator(prefix=ix.P_TXN))

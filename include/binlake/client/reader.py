@@ -57,7 +57,7 @@ def _join(joined: bytearray, part: pump_pb2.BinlogPart, what: str) -> binlog_pb2
     joined += part.data
     if len(joined) < part.total_bytes:
         return None
-    b = binlog_pb2.Binlog.FromString(bytes(joined))
+    b: binlog_pb2.Binlog = binlog_pb2.Binlog.FromString(bytes(joined))
     joined.clear()
     b.tp = binlog_pb2.COMMIT
     b.commit_ts = part.commit_ts

@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
 # The heap is rebuilt from the pending set once it holds this many entries more
 # than twice the pending transactions (see ``Pending``).
 COMPACT_SLACK = 1024
