@@ -699,3 +699,28 @@ def test_registry_replication_flags_are_checked_in_one_line(tmp_path: pathlib.Pa
                               *flags], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         assert res.returncode == 2 and words in res.stderr, (flags, res.stderr)
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_up_checks_its_replication_flags_against_the_pumps_and_the_store_before_starting(
+        tmp_path: pathlib.Path) -> None:
+    import argparse
+
+    from binlake.registry.service import create_replication
+    from binlake.stack.commands import _replication
+
+    def flags(**kw: object) -> argparse.Namespace:
+        return argparse.Namespace(**{"data_dir": str(tmp_path), "pumps": 3, "replicas": None, "min_acks": None, **kw})
+
+    assert _replication(flags()) is None
+    assert _replication(flags(replicas=2)) == (2, 2)  # no store yet: the registry creates it with this
+    for bad, words in (({"replicas": 4}, r"between 1 and --pumps \(3\)"), ({"replicas": 2, "min_acks": 3}, "--min-acks 3"),
+                       ({"min_acks": 1}, "--min-acks needs --replicas")):
+        with pytest.raises(errors.InvalidArgument, match=words):
+            _replication(flags(**bad))
+    with open_store(tmp_path / "registry") as store:
+        create_replication(store, 2, 2)
+    assert _replication(flags(replicas=2)) == (2, 2)
+    with pytest.raises(errors.FailedPrecondition, match="already serves a cluster with replicas=2"):
+        _replication(flags(replicas=3))
+    with open_store(tmp_path / "registry") as store:
+        assert store.list_replication() == [ReplicationSetting(0, 2, 2)]  # the check wrote nothing
