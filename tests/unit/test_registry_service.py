@@ -675,6 +675,22 @@ def test_the_registry_keeps_what_a_pump_held_nothing_below(service: RegistryServ
     assert service.register(writer()).empty_below_ts == 0
 
 
+def test_a_store_from_before_empty_below_ts_opens_with_it_unknown(tmp_path: pathlib.Path) -> None:
+    import sqlite3
+
+    with open_store(tmp_path / "reg") as store:
+        store.put_node(pump(online_ts=5, safe_ts=9))
+    conn = sqlite3.connect(tmp_path / "reg" / DB_FILE_NAME)
+    conn.execute("ALTER TABLE nodes DROP COLUMN empty_below_ts")  # the layout before the column
+    conn.commit()
+    conn.close()
+    with open_store(tmp_path / "reg") as store:
+        got = store.get_node("pump-1")
+        assert got is not None and got.empty_below_ts == 0 and got.safe_ts == 9
+        service = RegistryService(store, clock_ms=Clock())
+        assert service.heartbeat(pump(safe_ts=20)).empty_below_ts == 20
+
+
 def test_the_planner_leaves_out_a_pump_that_held_nothing_of_the_window() -> None:
     from binlake.lake.pumps.planner import pumps_for_window
 
