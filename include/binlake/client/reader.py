@@ -52,8 +52,8 @@ def pull_pump(
 def _join(joined: bytearray, part: pump_pb2.BinlogPart, what: str) -> binlog_pb2.Binlog | None:
     """Add one part to ``joined``; the transaction once its last part is in."""
     if part.offset != len(joined):
-        raise errors.Unavailable(f"{what} sent a part of start_ts {part.start_ts} at offset {part.offset}, "
-                              f"expected {len(joined)}")
+        raise errors.Unavailable(
+            f"{what} sent a part of start_ts {part.start_ts} at offset {part.offset}, expected {len(joined)}")
     joined += part.data
     if len(joined) < part.total_bytes:
         return None

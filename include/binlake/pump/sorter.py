@@ -47,8 +47,7 @@ class Pending:
     __slots__ = ("_info", "_heap")
 
     def __init__(self) -> None:
-        # start_ts -> (arrival monotonic time, where the prewrite is stored, floor),
-        # in arrival order (insertion order; arrival times never decrease).
+        # start_ts -> (arrival monotonic time, where the prewrite is stored, floor)
         self._info: dict[int, tuple[float, Any, int]] = {}
         # (floor, start_ts); see the module docstring for the floor.
         self._heap: list[tuple[int, int]] = []
