@@ -180,3 +180,23 @@ def test_a_transaction_larger_than_a_read_batch_is_served_in_bounded_parts(st: S
     assert [b.start_ts for b in whole] == [100, 110, 120, 200, 300, 310] and row_start_ts(whole[3]) == 200
     keys = [b for i in st.serve_window(0, 1000, keys_only=True, max_txns=4) for b in i]  # type: ignore[union-attr]
     assert [(b.start_ts, b.commit_ts, b.prewrite_value) for b in keys][3] == (200, 250, b"")
+
+
+def test_a_reader_never_completes_a_transaction_from_parts_out_of_order() -> None:
+    from binlake.client.reader import _join
+    from binlake.proto import pump_pb2
+
+    data = prewrite(200, pad=1000).SerializeToString()
+    joined = bytearray()
+
+    def part(offset: int, size: int) -> pump_pb2.BinlogPart:
+        return pump_pb2.BinlogPart(start_ts=200, commit_ts=250, offset=offset, total_bytes=len(data),
+                                   data=data[offset:offset + size])
+
+    assert _join(joined, part(0, 400), "pump p1") is None
+    with pytest.raises(errors.Unavailable, match="at offset 800, expected 400"):
+        _join(joined, part(800, 400), "pump p1")
+    assert _join(joined, part(400, 400), "pump p1") is None
+    done = _join(joined, part(800, len(data)), "pump p1")
+    assert done is not None and (done.tp, done.start_ts, done.commit_ts) == (binlog_pb2.COMMIT, 200, 250)
+    assert row_start_ts(done) == 200 and not joined
