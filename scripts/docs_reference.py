@@ -106,6 +106,16 @@ def _default(action: argparse.Action) -> str:
     return str(action.default)
 
 
+def _metavar(action: argparse.Action, fallback: str) -> str:
+    """What --help shows for an action's value: its metavar, its choices, or ``fallback``."""
+    metavar = action.metavar
+    if metavar is None and action.choices is not None and not isinstance(action, argparse._SubParsersAction):
+        return "{" + ",".join(str(c) for c in action.choices) + "}"
+    if metavar is None:
+        return fallback
+    return metavar if isinstance(metavar, str) else " ".join(metavar)
+
+
 def _anchor(prog: str) -> str:
     return prog.replace(" ", "-").lower()
 
@@ -130,10 +140,9 @@ def cli_page(parser: argparse.ArgumentParser | None = None) -> str:
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction) or action.help == argparse.SUPPRESS:
                 continue
-            flags = ", ".join(action.option_strings) if action.option_strings else (action.metavar or action.dest)
+            flags = ", ".join(action.option_strings) if action.option_strings else _metavar(action, action.dest)
             if action.option_strings and action.nargs != 0:
-                metavar = action.metavar or action.dest.upper()
-                flags += f" {metavar if isinstance(metavar, str) else ' '.join(metavar)}"
+                flags += f" {_metavar(action, action.dest.upper())}"
             rows.append(f"| {_code(flags)} | {_cell(_expanded_help(command, action))} | {_code(_default(action))} |")
         if rows:
             parts.append("| argument | what | default |\n|---|---|---|\n" + "\n".join(rows) + "\n\n")
