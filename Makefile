@@ -50,7 +50,7 @@ bench: setup
 	$(BIN)/binlake bench restore
 
 lint: setup
-	$(BIN)/ruff check include tests dags plugins jobs scripts bench
+	$(BIN)/ruff check include tests dags plugins jobs scripts bench docs/hooks
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/gen_proto.py --check
 
