@@ -12,9 +12,10 @@ under docs/ are the same set.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import pathlib
 import shutil
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -28,15 +29,14 @@ from binlake import cli, config
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_reference_under_test", ROOT / "scripts" / "docs_reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _generator() -> ModuleType:
+    """scripts/docs_reference.py (scripts/ is no package: put it on the path, as the hook does)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    return importlib.import_module("docs_reference")
 
 
-ref = _load()
+ref = _generator()
 
 
 @pytest.fixture(scope="module")
