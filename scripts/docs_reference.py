@@ -379,7 +379,7 @@ def read_metrics(package: pathlib.Path = ROOT / "include" / "binlake") -> list[d
                         labels = ", ".join(str(ast.literal_eval(e)) for e in kw.value.elts)
                 shown = name.value + ("_total" if _METRIC_KINDS[func] == "counter" else "")
                 found.setdefault(shown, {"name": shown, "kind": _METRIC_KINDS[func], "help": str(doc.value),
-                                         "labels": labels, "module": str(path.relative_to(ROOT / "include"))})
+                                         "labels": labels, "module": str(path.relative_to(package.parent))})
     return sorted(found.values(), key=lambda m: m["name"])
 
 
@@ -397,12 +397,82 @@ def metrics_page(metrics: list[dict[str, str]] | None = None) -> str:
     return "".join(parts)
 
 
+# ---------------------------------------------------------------- the errors
+
+
+def _message_text(node: ast.expr) -> str | None:
+    """The text of a message argument: a string, an f-string (values shown as ``{...}``),
+    or a concatenation holding one (other parts shown as ``{...}``, a conditional part as
+    its text); None for anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant)
+                       else "{" + ast.unparse(v.value) + "}" if isinstance(v, ast.FormattedValue) else ""
+                       for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _message_text(node.left), _message_text(node.right)
+        if left is None and right is None:
+            return None
+        return (left if left is not None else _part(node.left)) + (right if right is not None else _part(node.right))
+    return None
+
+
+def _part(node: ast.expr) -> str:
+    if isinstance(node, ast.IfExp):
+        return _message_text(node.body) or ""
+    return "{" + ast.unparse(node) + "}"
+
+
+def read_errors(package: pathlib.Path = ROOT / "include" / "binlake") -> list[dict[str, str]]:
+    """Every ``errors.Kind("message")`` made in ``package`` (the refusals a user can meet),
+    with its kind and module, read from the syntax trees."""
+    found: list[dict[str, str]] = []
+    for path in sorted(package.rglob("*.py")):
+        module = str(path.relative_to(package.parent)).removesuffix(".py").replace("/", ".")
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            # Raised where made, or made by a helper that names a refusal (window.waiting_error).
+            if not (isinstance(node, ast.Call) and node.args):
+                continue
+            func = node.func
+            if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                    and func.value.id == "errors" and func.attr[:1].isupper()):
+                continue
+            text = _message_text(node.args[0])
+            if text:
+                found.append({"module": module, "kind": func.attr, "message": text})
+    return found
+
+
+def errors_page(found: list[dict[str, str]] | None = None) -> str:
+    """Every refusal message in the code, by module: what the [runbook](../operations/runbook.md)
+    explains, listed whole so that none is missing from the site."""
+    if found is None:
+        found = read_errors()
+    parts = [_NOTE, "# Errors\n\n",
+             "Every error message binlake raises to a user, by module, as the code writes it (`{...}` "
+             "stands for a value filled in). A command prints it as one line, "
+             "`binlake COMMAND: error: MESSAGE`, and exits with status 2; an Airflow task fails with it. "
+             "The kind says whether a retry can help: `InvalidArgument`, `ConfigError`, `Conflict` and "
+             "`OutOfRange` cannot; `Unavailable`, `DeadlineExceeded` and `FailedPrecondition` may once "
+             "the cause is gone. [The runbook](../operations/runbook.md) says what to do about the "
+             "ones an operator meets.\n\n"]
+    module = None
+    for item in sorted(found, key=lambda e: (e["module"], e["message"])):
+        if item["module"] != module:
+            module = item["module"]
+            parts.append(f"\n## `{module}`\n\n| kind | message |\n|---|---|\n")
+        parts.append(f"| {item['kind']} | {_code(item['message'])} |\n")
+    return "".join(parts)
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "reference/cli.md": cli_page,
     "reference/configuration.md": config_page,
     "reference/dags.md": dags_page,
     "reference/tables.md": tables_page,
     "reference/metrics.md": metrics_page,
+    "reference/errors.md": errors_page,
 }
 
 

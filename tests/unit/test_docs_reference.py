@@ -178,6 +178,20 @@ def test_the_metrics_page_holds_every_metric() -> None:
         assert f"| `{name}` |" in page, name
 
 
+def test_the_errors_page_holds_every_refusal_and_follows_the_code(tmp_path: pathlib.Path) -> None:
+    page = ref.errors_page()
+    # The refusals the runbook explains, as the code writes them.
+    for text in ("is above pump {pump}'s safe ts {tso.format_ts(safe_ts)}", "starts below pump {pump}'s GC ts",
+                 "fewer than min_acks={w}", "refuses writes: {free} bytes free on its data disk"):
+        assert text in page, text
+    package = tmp_path / "binlake"
+    (package / "sub").mkdir(parents=True)
+    (package / "sub" / "mod.py").write_text(
+        "from binlake import errors\n\ndef f(n):\n    raise errors.Conflict(f'window {n} is taken: ' + 'pick another')\n")
+    found = ref.read_errors(package)
+    assert found == [{"module": "binlake.sub.mod", "kind": "Conflict", "message": "window {n} is taken: pick another"}]
+
+
 def _nav_files(node: Any) -> list[str]:
     if isinstance(node, str):
         return [node]
