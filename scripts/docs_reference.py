@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import pathlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -355,6 +356,12 @@ def tables_page(tables: Iterable[tuple[str, str, list[tuple[str, str]]]] | None 
 
 # ---------------------------------------------------------------- the metrics
 
+@functools.lru_cache(maxsize=4)
+def _modules(package: pathlib.Path) -> tuple[tuple[pathlib.Path, ast.Module], ...]:
+    """Every module under ``package`` and its syntax tree (read once for the metrics and the errors)."""
+    return tuple((path, ast.parse(path.read_text(), filename=str(path))) for path in sorted(package.rglob("*.py")))
+
+
 _METRIC_KINDS = {"Counter": "counter", "CounterMetricFamily": "counter", "Gauge": "gauge",
                  "GaugeMetricFamily": "gauge", "Histogram": "histogram", "Summary": "summary"}
 
@@ -363,8 +370,8 @@ def read_metrics(package: pathlib.Path = ROOT / "include" / "binlake") -> list[d
     """Every Prometheus metric the code defines (``Counter("binlake_...", "help", ...)`` and the
     collectors' metric families), read from the syntax trees of ``package``'s modules."""
     found: dict[str, dict[str, str]] = {}
-    for path in sorted(package.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for path, tree in _modules(package):
+        for node in ast.walk(tree):
             if not isinstance(node, ast.Call) or len(node.args) < 2:
                 continue
             func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
@@ -428,9 +435,9 @@ def read_errors(package: pathlib.Path = ROOT / "include" / "binlake") -> list[di
     """Every ``errors.Kind("message")`` made in ``package`` (the refusals a user can meet),
     with its kind and module, read from the syntax trees."""
     found: list[dict[str, str]] = []
-    for path in sorted(package.rglob("*.py")):
+    for path, tree in _modules(package):
         module = str(path.relative_to(package.parent)).removesuffix(".py").replace("/", ".")
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(tree):
             # Raised where made, or made by a helper that names a refusal (window.waiting_error).
             if not (isinstance(node, ast.Call) and node.args):
                 continue
