@@ -44,8 +44,9 @@ def _cell(text: object) -> str:
 
 
 def _code(text: object) -> str:
-    """``text`` as inline code inside a table cell (empty stays empty)."""
-    shown = _cell(text)
+    """``text`` as inline code inside a table cell (empty stays empty). A pipe inside a code
+    span does not end the cell (Python-Markdown's tables), so it is not escaped there."""
+    shown = " ".join(str(text).split())
     if not shown:
         return ""
     tick = "``" if "`" in shown else "`"
