@@ -118,7 +118,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                                        "sqlite:///FILE, postgresql://USER@HOST/DB, mysql://USER@HOST/DB or "
                                        "duckdb:///FILE (a DuckDB file to query on a laptop)")
     p.add_argument("--verify", metavar="SOURCE_URL", help="after --target, compare with this database (binlake diff)")
-    p.add_argument("--replace", action="store_true", help="overwrite tables already in --out")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite tables already in --out (a --target that already has one of the tables is "
+                        "refused, naming it)")
     p.add_argument("--source", choices=["auto", "changes", "history"], default="auto",
                    help="base: auto (newest snapshot, else the whole history), changes (whole history only), "
                         "history (the history tables)")
