@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.binlake-setup
 
-.PHONY: setup test test-fast test-big demo up proto proto-check bench lint typecheck clean
+.PHONY: setup test test-fast test-big demo up proto proto-check bench lint typecheck docs clean
 
 setup: $(STAMP)
 
@@ -50,7 +50,7 @@ bench: setup
 	$(BIN)/binlake bench restore
 
 lint: setup
-	$(BIN)/ruff check include tests dags plugins jobs scripts bench
+	$(BIN)/ruff check include tests dags plugins jobs scripts bench docs/hooks
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/gen_proto.py --check
 
@@ -58,5 +58,10 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# The documentation site (mkdocs.yml, docs/) into site/, with the reference pages generated
+# from the code (docs/hooks/reference.py); --strict: a broken link or a page missing fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) jars/lib .pytest_cache
+	rm -rf $(VENV) jars/lib .pytest_cache site

@@ -1,7 +1,7 @@
 """Ingest decoding: the C image decoder against the pure-Python one, on the same binlogs.
 
 A Spark standalone cluster's executors import binlake from the zip the driver
-ships them (README "Spark on a cluster"), and a zip cannot hold a C extension
+ships them (docs/how-to/hosts/spark.md), and a zip cannot hold a C extension
 that Python loads, so unless binlake is installed on the workers they decode
 row images with the pure-Python path (``image.TablePlan.mutation_py``). This
 measures what that costs: ``ChangeDecoder.add`` over the same transactions (a

@@ -48,8 +48,7 @@ or a cron expression; default every 5 minutes) and the start date
 (`BINLAKE_INGEST_START_DATE`) and the runs at once (`BINLAKE_INGEST_MAX_ACTIVE_RUNS`,
 default 4) are read from the environment when the file is parsed, because they shape the DAG itself.
 Runs at once are safe on an S3 lake too, in every mode: their Delta commits take
-turns through the lake's writer lease (`_binlake/writer.lease`, README "The lake on
-object storage"), whichever host or driver makes them.
+turns through the lake's writer lease (`_binlake/writer.lease`, docs/how-to/hosts/s3-lake.md), whichever host or driver makes them.
 
 Deadline: a window not ingested `BINLAKE_INGEST_DEADLINE` (default `15m`;
 `off` disables it) after it closes runs a callback in the triggerer: a WARNING

@@ -324,9 +324,10 @@ class Processes:
         self.started.append(svc)
         return svc
 
-    def registry(self, data_dir: pathlib.Path, port: int | None = None, wait: bool = True) -> tuple[ServiceProcess, str]:
+    def registry(self, data_dir: pathlib.Path, port: int | None = None, wait: bool = True,
+                 extra: tuple[str, ...] = ()) -> tuple[ServiceProcess, str]:
         addr = f"127.0.0.1:{port or free_port()}"
-        svc = self._spawn("registry", ["registry", "--data-dir", str(data_dir), "--addr", addr])
+        svc = self._spawn("registry", ["registry", "--data-dir", str(data_dir), "--addr", addr, *extra])
         if wait:
             self.wait_registry(svc, addr)
         return svc, addr

@@ -25,7 +25,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -124,11 +124,27 @@ class RegistrySettings(BaseSettings):
         "", description="Store URL instead of data_dir: sqlite:///file.db, or etcd://h1:2379,h2:2379,h3:2379[/prefix] "
         "for a group of registries on several hosts (one leads; the others stand by).")
     cluster_id: int = Field(0, ge=0, description="When > 0, refuse a store that holds another cluster id.")
+    replicas: int | None = Field(None, ge=1, le=16, description="The cluster's replication R from its first TSO on, "
+                                 "recorded when the registry creates its store (on a store that has served, it must "
+                                 "equal the setting in force; change that with `binlake ctl replication`).")
+    min_acks: int | None = Field(None, ge=1, le=16, description="W with `replicas` (default R).")
 
     @field_validator("addr")
     @classmethod
     def _addr(cls, v: str) -> str:
         return _check_addr(v, "registry addr") or v
+
+    @field_validator("min_acks")
+    @classmethod
+    def _min_acks(cls, v: int | None, info: ValidationInfo) -> int | None:
+        # A field validator (replicas is validated first), so the error names min_acks.
+        replicas = info.data.get("replicas")
+        if v is not None and replicas is None:
+            raise ValueError("min_acks needs replicas (give both, e.g. --replicas 3 --min-acks 2)")
+        if v is not None and replicas is not None and v > replicas:
+            raise ValueError(f"min_acks={v} is above replicas={replicas}: a write cannot be acknowledged by more "
+                             "Pumps than it is written to; lower min_acks or raise replicas")
+        return v
 
     @field_validator("data_dir", mode="before")
     @classmethod

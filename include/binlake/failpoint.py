@@ -40,6 +40,9 @@ The names, where they are, and what a crash there must not break:
                           value log is cut back to its last fsync (a power loss; a
                           kill -9 alone keeps the page cache). The restart must resolve
                           the cut commits through TxnStatus to the same commit_ts
+``pump-gc-after-batch``   Pump GC, between two of its delete batches (the GC ts is
+                          stored first: no window at or above it misses anything,
+                          none below it is served; the next GC removes the leftovers)
 ``apply-before-commit``   apply (consistent mode), a window's rows and checkpoint
                           written, before the target commit (nothing of it may show)
 ``apply-after-window``    apply, after a window committed (the checkpoint is its end)
@@ -71,6 +74,7 @@ NAMES = (
     "ingest-before-checkpoint",
     "pump-before-index-batch",
     "pump-power-loss",
+    "pump-gc-after-batch",
     "source-after-prewrite",
     "source-before-commit",
     "source-after-group-prewrite",

@@ -2,7 +2,7 @@
 
 Every task that runs a Spark job in its own process (the restore and
 maintenance DAGs' tasks, the apply DAG's) takes its session here, so they all
-choose the same way (README, "The always-on Spark"): a Spark Connect client of
+choose the same way (docs/how-to/hosts/spark.md, "The always-on Spark"): a Spark Connect client of
 the server at ``binlake_spark_remote`` / ``BINLAKE_SPARK_REMOTE`` when one is
 set (``binlake up`` and docker-compose set it), else a session of its own
 (``binlake_spark_master``, default ``local[*]``). The ingest DAG chooses with

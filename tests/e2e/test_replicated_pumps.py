@@ -193,6 +193,71 @@ def test_pump_host_lost_for_good_loses_nothing(procs: Processes, tmp_path: pathl
             plan_read(reg_addr, first, end, min_acks=1)
 
 
+def test_a_cluster_replicated_from_its_start_ingests_its_first_window_with_a_pump_lost(
+        procs: Processes, tmp_path: pathlib.Path) -> None:
+    """``binlake registry --replicas 2`` on an empty store: R = W = 2 from ts 0. A DDL
+    and rows are written, then a Pump is lost for good. The lake's first ingest reads
+    the DDL history from ts 0 and plans its first window (the real readiness path,
+    ``ingest._history_from_pumps`` and ``plan_read``): both succeed from the Pump
+    left, where a cluster replicated from a later ts failed within 10 s. A Pump that
+    joined after the writes and is lost too is not asked for windows before it
+    joined (the registry knows it held nothing below its first safe ts)."""
+    from binlake.proto import binlog_pb2
+    from binlake.registry.model import ReplicationSetting
+
+    _svc, reg_addr = procs.registry(tmp_path / "registry", extra=("--replicas", "2"))
+    pumps = {n: procs.pump(reg_addr, tmp_path / n, n, wait=False) for n in ("p1", "p2")}
+    for svc, addr in pumps.values():
+        procs.wait_pump(svc, addr)
+    provider = MemoryStatusProvider()
+    status_server = TxnStatusServer(provider).start()
+    reg = RegistryClient(reg_addr)
+    client = PumpClient(reg_addr, settings=_settings(reg_addr, replicas=1))  # the registry's setting wins
+    try:
+        assert reg.get_replication() == [ReplicationSetting(0, 2, 2)]
+        register_writer(reg, status_server.addr, "w1")
+
+        def write(b: binlog_pb2.Binlog) -> tuple[int, int, str]:
+            placement = client.write_prewrite(b)
+            commit_ts = reg.get_ts()
+            provider.set_committed(b.start_ts, commit_ts)
+            client.write_commit(commit(b.start_ts, commit_ts), placement)
+            return b.start_ts, commit_ts, placement
+
+        ddl = prewrite(reg.get_ts())
+        ddl.ddl_query = b"CREATE TABLE t (id BIGINT PRIMARY KEY)"
+        ddl_start, _ddl_commit, where = write(ddl)
+        assert where.count(",") == 1  # on both Pumps
+        first_window = reg.get_ts()
+        rows = {s: c for s, c, _ in (write(prewrite(reg.get_ts())) for _ in range(5))}
+        end = reg.get_ts()
+        for _svc, addr in pumps.values():
+            wait_safe(addr, end)
+        # A third Pump joins after the writes (it holds nothing of them)...
+        late_svc, late_addr = procs.pump(reg_addr, tmp_path / "p3", "p3")
+        wait_until(lambda: reg.get_node("p3").empty_below_ts >= end, timeout=10, what="p3's first heartbeats")
+        # ...and it and p2 are lost for good: more than W - 1 = 1 Pump unreachable.
+        for svc in (pumps["p2"][0], late_svc):
+            svc.kill()
+        shutil.rmtree(tmp_path / "p2")
+        began = time.monotonic()
+        ddls, lost = ingest._history_from_pumps(reg_addr, [(0, first_window)])
+        plan = plan_read(reg_addr, first_window, end)
+        assert [b.start_ts for b in ddls] == [ddl_start] and lost == []
+        assert list(plan.addrs) == ["p1"]
+        served = {b.start_ts: b.commit_ts for b in pull_window(plan.addrs, first_window, end)}
+        assert served == rows
+        assert time.monotonic() - began < STATUS_TIMEOUT_S + 2
+        # Read as if W = 1 were in force from ts 0 (a later setting), the DDL history waits for p2.
+        with pytest.raises(errors.Unavailable, match="which cannot be read without it"):
+            plan_read(reg_addr, 0, first_window, min_acks=1)
+        assert late_addr
+    finally:
+        client.close()
+        status_server.stop(0.2)
+        reg.close()
+
+
 def _try_plan(reg_addr: str, start: int, end: int):  # type: ignore[no-untyped-def]
     try:
         return plan_read(reg_addr, start, end, min_acks=2)

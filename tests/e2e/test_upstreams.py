@@ -461,8 +461,8 @@ def test_writer_crash_resolved_from_status_table(
     assert res.returncode == 137, f"writer exited with {res.returncode}:\n{res.stdout}\n{res.stderr}"
     # The prewrite was acknowledged before the process died; its commit never came.
     assert storage.pending_count == 1
-    [(start_ts, prewrite)] = storage.pending_older_than(0)
-    assert prewrite.prewrite_key == writer_id.encode()
+    [[(start_ts, prewrite_key)]] = list(storage.pending_older_than(0))
+    assert prewrite_key == writer_id.encode()
 
     # The restarted writer (same id, same database) serves the status service.
     with TxnWriter(upstream_url, registry=cluster.registry.addr, writer_id=writer_id) as second:

@@ -276,6 +276,35 @@ def test_pull_batches(pump: PumpNode, reg: RegistryClient) -> None:
            grpc.StatusCode.INVALID_ARGUMENT, "batch limits")
 
 
+def test_a_transaction_larger_than_a_read_batch_comes_in_bounded_messages(
+        pump_factory: PumpFactory, reg: RegistryClient) -> None:
+    from binlake.client.reader import pull_pump
+
+    node = pump_factory.start("big", read_batch_bytes=16 << 10, fake_binlog_interval_s=0.3)
+    small = txn(node.addr, reg)
+    start = reg.get_ts()
+    write_one(node.addr, prewrite(start, pad=200_000))
+    commit_ts = reg.get_ts()
+    write_one(node.addr, commit(start, commit_ts))
+    after = txn(node.addr, reg)
+    wait_safe(node.addr, after[1] + 1)
+    window = {"start_ts": small[0], "end_ts": after[1] + 1}
+    # Every message of a reader that joins parts stays near the batch limit...
+    resps = _pull_raw(node.addr, accept_parts=True, **window)
+    assert max(r.ByteSize() for r in resps) < (16 << 10) + 256
+    assert sum(r.HasField("part") for r in resps) == 13  # 200 KB in 16 KiB parts
+    # ...and the reader gets the transaction whole, in its place.
+    got = list(pull_pump(node.addr, **window))
+    assert [(b.start_ts, b.commit_ts) for b in got] == [small, (start, commit_ts), after]
+    assert got[1].tp == binlog_pb2.COMMIT and not got[1].prewrite_key and row_start_ts(got[1]) == start
+    # The same bytes as an older reader gets in one message.
+    (whole,) = [b for r in _pull_raw(node.addr, **window) for b in r.binlogs if b.start_ts == start]
+    assert got[1].SerializeToString() == whole.SerializeToString()
+    # Keys alone: no mutations on the wire.
+    keys = list(pull_pump(node.addr, keys_only=True, **window))
+    assert [(b.start_ts, b.commit_ts, b.prewrite_value) for b in keys][1] == (start, commit_ts, b"")
+
+
 def test_pull_window_below_gc_ts(pump: PumpNode, reg: RegistryClient) -> None:
     old_start, old_commit = txn(pump.addr, reg)
     new_start, new_commit = txn(pump.addr, reg)

@@ -82,6 +82,30 @@ def test_etcd_store_keeps_state_in_transactions(etcd3: EtcdCluster) -> None:
         EtcdStore(parse_etcd_url(url), expect_cluster_id=1)
 
 
+def test_a_group_created_with_replicas_records_it_once_from_ts_0(etcd3: EtcdCluster) -> None:
+    """The compose file's members, all given ``--replicas 2`` on a new store and
+    started at once: the setting is recorded once, from ts 0; a member given
+    another value is refused in one line."""
+    import concurrent.futures
+
+    url = etcd3.url("/replicas-test")
+
+    def start() -> RegistryServer:
+        return RegistryServer(RegistrySettings(addr=f"127.0.0.1:{free_port()}", store=url, replicas=2)).start()
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        servers = list(pool.map(lambda _i: start(), range(2)))
+    try:
+        with RegistryClient(",".join(s.addr for s in servers)) as reg:
+            assert reg.get_replication() == [ReplicationSetting(0, 2, 2)]
+        with pytest.raises(errors.FailedPrecondition, match="already serves a cluster with replicas=2 min_acks=2"):
+            RegistryServer(RegistrySettings(addr=f"127.0.0.1:{free_port()}", store=url, replicas=3,
+                                            min_acks=2)).start()
+    finally:
+        for s in servers:
+            s.stop(grace=0.2)
+
+
 def test_group_elects_one_leader_and_clients_follow_it(etcd3: EtcdCluster) -> None:
     servers = _group(etcd3.url("/group-test"))
     addrs = [s.addr for s in servers]

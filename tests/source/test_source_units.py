@@ -268,3 +268,19 @@ def test_every_registered_source_builds_a_source(tmp_path: pathlib.Path) -> None
         finally:
             source.state.close()
     assert names == ["mysql", "postgres"]
+
+
+def test_a_source_reads_the_registry_from_the_environment_as_every_client_does(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --registry a source takes [cluster] registry / BINLAKE_REGISTRY (as the docs
+    say of every client): a value there that is no address is refused naming it, before
+    any connection; --registry still wins over it."""
+    monkeypatch.setenv("BINLAKE_REGISTRY", "not an address")
+    for argv in (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3"],
+                 ["source", "postgres", "--dsn", "postgresql://x@127.0.0.1:1/d", "--slot", "s", "--publication", "p"]):
+        assert cli.main([*argv, "--data-dir", str(tmp_path / argv[1])]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "BINLAKE_REGISTRY" in err[0], err
+        assert cli.main([*argv, "--data-dir", str(tmp_path / argv[1]), "--registry", "h1:8230,"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--registry" in err[0] and "BINLAKE_REGISTRY" not in err[0], err

@@ -232,3 +232,12 @@ def test_spark_services_get_the_memory_settings(compose: dict[str, Any]) -> None
         assert _bytes(settings.executor) <= _bytes(_default(worker)), (settings.executor, worker)
         # Two workers and the Connect server's driver on one 24 GiB host, with room for the rest.
         assert 2 * _bytes(_default(worker)) + _bytes(settings.driver) <= 12 << 30
+
+
+def test_every_registry_member_creates_the_cluster_with_the_same_replication(compose: dict[str, Any]) -> None:
+    """``--replicas`` applies from ts 0 only when the store is created, and whichever
+    member starts first creates it: every member must give the same value."""
+    values = {name: _flag([str(p) for p in service["command"]], "--replicas")
+              for name, service in compose["services"].items()
+              if isinstance(service.get("command"), list) and service["command"][:2] == ["binlake", "registry"]}
+    assert len(values) >= 2 and len(set(values.values())) == 1, values

@@ -162,10 +162,10 @@ NOT_SETTINGS = {"BINLAKE_FAILPOINT", "BINLAKE_BENCH_NO_FLUSH", "BINLAKE_TEXT"}
 
 
 def test_every_binlake_variable_named_anywhere_is_the_models() -> None:
-    """The variables the code, the DAGs, the compose file, the sample and the README
-    name are fields of the model (its env names): there is no other reader."""
+    """The variables the code, the DAGs, the compose file, the sample, the README and the
+    documentation site name are fields of the model (its env names): there is no other reader."""
     known = {env for cls in config.SECTIONS for name in cls.model_fields for env in config.env_names(cls, name)}
-    files = [ROOT / "docker-compose.yaml", ROOT / "README.md", SAMPLE]
+    files = [ROOT / "docker-compose.yaml", ROOT / "README.md", SAMPLE, *sorted((ROOT / "docs").rglob("*.md"))]
     for folder in ("include", "plugins", "dags", "jobs", "scripts", "bench"):
         files += sorted((ROOT / folder).rglob("*.py"))
     unknown: dict[str, str] = {}

@@ -635,3 +635,108 @@ def test_replication_history_is_kept_by_the_sqlite_store(tmp_path: pathlib.Path)
         store.add_replication(ReplicationSetting(100, 2, 1))
     with open_store(tmp_path / "r") as store:
         assert store.list_replication() == [ReplicationSetting(100, 2, 1)]
+
+
+# -- replication from a cluster's start, and what each Pump held nothing below --------------
+
+
+def test_a_new_clusters_replication_applies_from_ts_0_and_a_served_store_keeps_its_own(
+        tmp_path: pathlib.Path) -> None:
+    from binlake.registry.replicas import min_acks_for_window
+    from binlake.registry.service import create_replication
+
+    with open_store(tmp_path / "new") as store:
+        assert create_replication(store, 2, 2) == [ReplicationSetting(0, 2, 2)]
+        # A restart with the same flags changes nothing; another value is refused.
+        assert create_replication(store, 2, 2) == [ReplicationSetting(0, 2, 2)]
+        with pytest.raises(errors.FailedPrecondition, match="replicas=2 min_acks=2.*binlake ctl replication"):
+            create_replication(store, 3, 2)
+        history = store.list_replication()
+        # The first ingest reads the DDL history from ts 0 with W = 2.
+        assert min_acks_for_window(history, 0, tso.compose(T0_MS)) == 2
+    with open_store(tmp_path / "served") as store:
+        RegistryService(store, clock_ms=Clock()).get_ts()  # it has handed out TSOs: writes may exist under R = 1
+        with pytest.raises(errors.FailedPrecondition, match="already serves a cluster with replicas=1 min_acks=1"):
+            create_replication(store, 2, 2)
+        assert create_replication(store, 1, 1) == [] and store.list_replication() == []
+        for bad in ((0, 1), (17, 1), (2, 3)):
+            with pytest.raises(errors.InvalidArgument):
+                create_replication(store, *bad)
+
+
+def test_the_registry_keeps_what_a_pump_held_nothing_below(service: RegistryService) -> None:
+    rec = service.register(pump(safe_ts=100))
+    assert rec.empty_below_ts == 100
+    # A Pump's own value is ignored; an empty Pump's safe ts raises it.
+    assert service.heartbeat(pump(safe_ts=200, empty_below_ts=10**12)).empty_below_ts == 200
+    # Once it stored a transaction the value stays, across a restart too.
+    assert service.heartbeat(pump(safe_ts=300, max_commit_ts=250)).empty_below_ts == 200
+    assert service.register(pump(safe_ts=400, max_commit_ts=250)).empty_below_ts == 200
+    assert service.register(writer()).empty_below_ts == 0
+
+
+def test_a_store_from_before_empty_below_ts_opens_with_it_unknown(tmp_path: pathlib.Path) -> None:
+    import sqlite3
+
+    with open_store(tmp_path / "reg") as store:
+        store.put_node(pump(online_ts=5, safe_ts=9))
+    conn = sqlite3.connect(tmp_path / "reg" / DB_FILE_NAME)
+    conn.execute("ALTER TABLE nodes DROP COLUMN empty_below_ts")  # the layout before the column
+    conn.commit()
+    conn.close()
+    with open_store(tmp_path / "reg") as store:
+        got = store.get_node("pump-1")
+        assert got is not None and got.empty_below_ts == 0 and got.safe_ts == 9
+        service = RegistryService(store, clock_ms=Clock())
+        assert service.heartbeat(pump(safe_ts=20)).empty_below_ts == 20
+
+
+def test_the_planner_leaves_out_a_pump_that_held_nothing_of_the_window() -> None:
+    from binlake.lake.pumps.planner import pumps_for_window
+
+    nodes = [NodeRecord("p1", "pump", "127.0.0.1:1", safe_ts=900),
+             NodeRecord("p2", "pump", "127.0.0.1:2", safe_ts=900, empty_below_ts=500)]
+    assert [n.node_id for n in pumps_for_window(nodes, 100, 500)] == ["p1"]
+    assert [n.node_id for n in pumps_for_window(nodes, 100, 501)] == ["p1", "p2"]
+
+
+def test_registry_replication_flags_are_checked_in_one_line(tmp_path: pathlib.Path) -> None:
+    import subprocess
+    import sys
+
+    from binlake.registry.service import create_replication
+
+    with open_store(tmp_path / "reg") as store:
+        create_replication(store, 2, 2)
+    binlake = pathlib.Path(sys.executable).parent / "binlake"
+    for flags, words in ((["--replicas", "3"], "already serves a cluster with replicas=2"),
+                         (["--replicas", "2", "--min-acks", "3"], "min_acks=3 is above replicas=2")):
+        res = subprocess.run([str(binlake), "registry", "--data-dir", str(tmp_path / "reg"), "--addr", "127.0.0.1:0",
+                              *flags], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert res.returncode == 2 and words in res.stderr, (flags, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_up_checks_its_replication_flags_against_the_pumps_and_the_store_before_starting(
+        tmp_path: pathlib.Path) -> None:
+    import argparse
+
+    from binlake.registry.service import create_replication
+    from binlake.stack.commands import _replication
+
+    def flags(**kw: object) -> argparse.Namespace:
+        return argparse.Namespace(**{"data_dir": str(tmp_path), "pumps": 3, "replicas": None, "min_acks": None, **kw})
+
+    assert _replication(flags()) is None
+    assert _replication(flags(replicas=2)) == (2, 2)  # no store yet: the registry creates it with this
+    for bad, words in (({"replicas": 4}, r"between 1 and --pumps \(3\)"), ({"replicas": 2, "min_acks": 3}, "--min-acks 3"),
+                       ({"min_acks": 1}, "--min-acks needs --replicas")):
+        with pytest.raises(errors.InvalidArgument, match=words):
+            _replication(flags(**bad))
+    with open_store(tmp_path / "registry") as store:
+        create_replication(store, 2, 2)
+    assert _replication(flags(replicas=2)) == (2, 2)
+    with pytest.raises(errors.FailedPrecondition, match="already serves a cluster with replicas=2"):
+        _replication(flags(replicas=3))
+    with open_store(tmp_path / "registry") as store:
+        assert store.list_replication() == [ReplicationSetting(0, 2, 2)]  # the check wrote nothing

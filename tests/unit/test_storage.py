@@ -291,11 +291,10 @@ def test_fake_binlog_moves_bound_only(st: Storage) -> None:
     assert isinstance(err, errors.FailedPrecondition)
 
 
-def test_pending_older_than_reads_the_prewrite(st: Storage) -> None:
+def test_pending_older_than_names_the_writer(st: Storage) -> None:
     ok(st, prewrite(10))
-    ((start, b),) = st.pending_older_than(0.0)
-    assert start == 10 and b.tp == binlog_pb2.PREWRITE and b.prewrite_key == b"w1"
-    assert st.pending_older_than(3600.0) == []
+    assert list(st.pending_older_than(0.0)) == [[(10, b"w1")]]
+    assert list(st.pending_older_than(3600.0)) == []
 
 
 def test_wait_safe(st: Storage) -> None:
@@ -519,8 +518,7 @@ def test_gc_deletes_old_segments_but_not_a_pending_prewrites(sdir: pathlib.Path)
         assert remaining[0] == pending_seg
         assert set(segments_before) - set(remaining) == set(range(segments_before[0], pending_seg))
         # The pending prewrite is intact and its transaction completes.
-        ((start, b),) = st.pending_older_than(0.0)
-        assert start == 1000 and row_start_ts(b) == 1000
+        assert list(st.pending_older_than(0.0)) == [[(1000, b"w1")]]
         ok(st, commit(1000, 6000))
         got = [b for batch in st.read_window(1000, 7000) for b in batch]
         assert [(b.commit_ts, b.start_ts) for b in got] == [

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 
 import grpc
 
-from binlake import rpc
+from binlake import errors, rpc
 from binlake.config import GiB
 from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
 
@@ -22,19 +22,47 @@ from binlake.proto import binlog_pb2, pump_pb2, pump_pb2_grpc
 def pull_pump(
     addr: str, start_ts: int, end_ts: int, *, node_id: str = "", wait: bool = False,
     wait_timeout_s: float = 30.0, timeout_s: float | None = None, max_message_bytes: int = GiB,
+    keys_only: bool = False,
 ) -> Iterator[binlog_pb2.Binlog]:
-    """The complete transactions one Pump holds in [start_ts, end_ts), in order."""
+    """The complete transactions one Pump holds in [start_ts, end_ts), in order
+    (``keys_only``: start_ts and commit_ts alone). A transaction larger than the
+    Pump's read batch comes in parts (``pump.proto`` BinlogPart), joined here."""
     what = f"pump {node_id or addr}"
     with rpc.channel(addr, rpc.client_options(max_message_bytes)) as channel:
         stub = pump_pb2_grpc.PumpStub(channel)
         req = pump_pb2.PullBinlogsReq(
-            start_ts=start_ts, end_ts=end_ts, wait=wait, wait_timeout_ms=int(wait_timeout_s * 1000)
+            start_ts=start_ts, end_ts=end_ts, wait=wait, wait_timeout_ms=int(wait_timeout_s * 1000),
+            keys_only=keys_only, accept_parts=True,
         )
+        joined = bytearray()
         try:
             for resp in stub.PullBinlogs(req, timeout=timeout_s):
+                if resp.HasField("part"):
+                    done = _join(joined, resp.part, what)
+                    if done is not None:
+                        yield done
+                    continue
                 yield from resp.binlogs
         except grpc.RpcError as exc:
             raise rpc.from_rpc_error(exc, f"reading [{start_ts}, {end_ts}) from {what}") from None
+        if joined:
+            raise errors.Unavailable(f"{what} ended its window in the middle of a transaction's parts")
+
+
+def _join(joined: bytearray, part: pump_pb2.BinlogPart, what: str) -> binlog_pb2.Binlog | None:
+    """Add one part to ``joined``; the transaction once its last part is in."""
+    if part.offset != len(joined):
+        raise errors.Unavailable(
+            f"{what} sent a part of start_ts {part.start_ts} at offset {part.offset}, expected {len(joined)}")
+    joined += part.data
+    if len(joined) < part.total_bytes:
+        return None
+    b: binlog_pb2.Binlog = binlog_pb2.Binlog.FromString(bytes(joined))
+    joined.clear()
+    b.tp = binlog_pb2.COMMIT
+    b.commit_ts = part.commit_ts
+    b.prewrite_key = b""
+    return b
 
 
 def merge_dedup(streams: Iterable[Iterator[binlog_pb2.Binlog]]) -> Iterator[binlog_pb2.Binlog]:

@@ -149,11 +149,10 @@ def _print_sole_copies(nodes: list[NodeRecord], consumers: list[Any]) -> None:
     """Per Pump, the transactions not consumed yet that no other reachable Pump holds."""
     from binlake.ctl.replicas import sole_copies
 
-    sole, down, _shared = sole_copies(nodes, consumers)
+    sole, down = sole_copies(nodes, consumers)
     for node_id, copies in sorted(sole.items()):
-        n = len(copies.commit_ts)
-        span = (f", commit_ts {tso.format_ts(copies.commit_ts[0])} .. {tso.format_ts(copies.commit_ts[-1])}"
-                if n else "")
+        n = copies.count
+        span = f", commit_ts {tso.format_ts(copies.first)} .. {tso.format_ts(copies.last)}" if n else ""
         print(f"pump {node_id}: {n} under-replicated transaction(s) held by no other pump in "
               f"[{tso.format_ts(copies.start_ts)}, {tso.format_ts(copies.end_ts)}){span}")
     for node_id, why in sorted(down.items()):
@@ -164,14 +163,14 @@ def _check_no_sole_copy(reg: RegistryClient, node: NodeRecord) -> None:
     from binlake.ctl.replicas import refusal, sole_copies
 
     nodes, _ = reg.list_nodes("pump")
-    sole, down, shared = sole_copies(nodes, reg.list_consumers())
+    sole, down = sole_copies(nodes, reg.list_consumers())
     if node.node_id in down:
         raise errors.FailedPrecondition(
             f"pump {node.node_id} is unreachable ({down[node.node_id]}): what only it holds cannot be checked; "
             "retire it with --force if its data is gone for good (replicated transactions survive on the others)")
     mine = sole.get(node.node_id)
-    if mine is not None and mine.commit_ts:
-        raise errors.FailedPrecondition(refusal(node.node_id, mine, shared))
+    if mine is not None and mine.count:
+        raise errors.FailedPrecondition(refusal(node.node_id, mine))
 
 
 def binlog_to_json(b: binlog_pb2.Binlog, rows: bool = False) -> dict[str, Any]:

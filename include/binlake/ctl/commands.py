@@ -43,8 +43,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "replication", help="show or change the cluster's replicas (R) and min_acks (W)", formatter_class=fmt,
         description=(
             "Show the history of replication settings (each applies to prewrites from its TSO on), or append\n"
-            "one with --replicas: it applies --grace-s from now, so every writer has read it by then; windows\n"
-            "are read with the W in force when they were written."
+            "one with --replicas: it applies --grace-s from now, so every writer has read it by then. A window\n"
+            "is read with the lowest W in force from [client] txn_lookback_s before its start to its end, so a\n"
+            "raised W reaches reads txn_lookback_s after it applies; a window may then miss up to W - 1 Pumps."
         ),
         epilog=("Examples:\n  binlake ctl replication --registry 127.0.0.1:8230\n"
                 "  binlake ctl replication --replicas 2 --registry 127.0.0.1:8230\n"),

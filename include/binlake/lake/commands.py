@@ -231,8 +231,11 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "row changes with the schema history, and write them to the lake's Delta tables: changes\n"
             "(partitioned by commit date), ddl_history and windows. Runs Spark in this process (the same job\n"
             "as jobs/ingest.py under spark-submit). Re-running a window replaces exactly its rows; a window\n"
-            "overlapping an ingested one with other bounds is refused. Every Pump must be reachable, have a\n"
-            "safe ts at or above the window end and a GC ts at or below its start."
+            "overlapping an ingested one with other bounds is refused. Every Pump that may hold the window\n"
+            "must have a safe ts at or above its end and a GC ts at or below its start; with replicated Pumps\n"
+            "(binlake ctl replication: each binlog on R Pumps, acknowledged by W) up to W - 1 of them may be\n"
+            "unreachable, since each acknowledged transaction is on one of the others. A window waiting for a\n"
+            "Pump is refused naming it (exit 2: retry later)."
         ),
         epilog=(
             "Examples:\n"
@@ -253,8 +256,10 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                         "by Spark's tasks, e.g. on a cluster whose executors should share the reading)")
     p.set_defaults(handler=_ingest_command)
 
-    lake = sub.add_parser("lake", help="inspect the Delta lake (windows, changes)", formatter_class=fmt,
-                          description="Inspect the lake's Delta tables without a registry or Pumps.")
+    lake = sub.add_parser(
+        "lake", help="inspect the Delta lake (windows, changes, status, metrics)", formatter_class=fmt,
+        description=("Inspect the lake's Delta tables: windows and changes read the lake alone; status and\n"
+                     "metrics also ask the registry for the Pumps' safe ts and the consumers' checkpoints."))
     lsub = lake.add_subparsers(dest="lake_command", metavar="WHAT")
     c = lsub.add_parser("windows", help="table of ingested windows, with the gaps between them", formatter_class=fmt,
                         epilog="Example:\n  binlake lake windows --lake data/lake\n")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from binlake.proto import binlog_pb2 as binlake_dot_proto_dot_binlog__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x62inlake/proto/pump.proto\x12\x0c\x62inlake.pump\x1a\x1a\x62inlake/proto/binlog.proto\"5\n\x0eWriteBinlogReq\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"!\n\x0fWriteBinlogResp\x12\x0e\n\x06\x65rrmsg\x18\x01 \x01(\t\"I\n\x0fWriteBinlogsReq\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x10\n\x08payloads\x18\x02 \x03(\x0c\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x04\",\n\x0bWriteResult\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"P\n\x10WriteBinlogsResp\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.binlake.pump.WriteResult\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x04\"\x8a\x01\n\x0ePullBinlogsReq\x12\x10\n\x08start_ts\x18\x01 \x01(\x03\x12\x0e\n\x06\x65nd_ts\x18\x02 \x01(\x03\x12\x0c\n\x04wait\x18\x03 \x01(\x08\x12\x17\n\x0fwait_timeout_ms\x18\x04 \x01(\x03\x12\x16\n\x0e\x62\x61tch_max_txns\x18\x05 \x01(\x05\x12\x17\n\x0f\x62\x61tch_max_bytes\x18\x06 \x01(\x03\"K\n\x0fPullBinlogsResp\x12\'\n\x07\x62inlogs\x18\x01 \x03(\x0b\x32\x16.binlake.binlog.Binlog\x12\x0f\n\x07node_id\x18\x02 \x01(\t\"\x0b\n\tStatusReq\"\xc3\x01\n\nStatusResp\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07safe_ts\x18\x03 \x01(\x03\x12\x15\n\rmax_commit_ts\x18\x04 \x01(\x03\x12\r\n\x05gc_ts\x18\x05 \x01(\x03\x12\x14\n\x0cpending_txns\x18\x06 \x01(\x03\x12\x15\n\rstorage_bytes\x18\x07 \x01(\x03\x12\x17\n\x0f\x64isk_free_bytes\x18\x08 \x01(\x03\x12\x18\n\x10\x61\x63\x63\x65pting_writes\x18\t \x01(\x08\x32\x84\x03\n\x04Pump\x12J\n\x0bWriteBinlog\x12\x1c.binlake.pump.WriteBinlogReq\x1a\x1d.binlake.pump.WriteBinlogResp\x12M\n\x0cWriteBinlogs\x12\x1d.binlake.pump.WriteBinlogsReq\x1a\x1e.binlake.pump.WriteBinlogsResp\x12V\n\x11WriteBinlogStream\x12\x1d.binlake.pump.WriteBinlogsReq\x1a\x1e.binlake.pump.WriteBinlogsResp(\x01\x30\x01\x12L\n\x0bPullBinlogs\x12\x1c.binlake.pump.PullBinlogsReq\x1a\x1d.binlake.pump.PullBinlogsResp0\x01\x12;\n\x06Status\x12\x17.binlake.pump.StatusReq\x1a\x18.binlake.pump.StatusRespb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x62inlake/proto/pump.proto\x12\x0c\x62inlake.pump\x1a\x1a\x62inlake/proto/binlog.proto\"5\n\x0eWriteBinlogReq\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"!\n\x0fWriteBinlogResp\x12\x0e\n\x06\x65rrmsg\x18\x01 \x01(\t\"I\n\x0fWriteBinlogsReq\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x10\n\x08payloads\x18\x02 \x03(\x0c\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x04\",\n\x0bWriteResult\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"P\n\x10WriteBinlogsResp\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.binlake.pump.WriteResult\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x04\"\xb3\x01\n\x0ePullBinlogsReq\x12\x10\n\x08start_ts\x18\x01 \x01(\x03\x12\x0e\n\x06\x65nd_ts\x18\x02 \x01(\x03\x12\x0c\n\x04wait\x18\x03 \x01(\x08\x12\x17\n\x0fwait_timeout_ms\x18\x04 \x01(\x03\x12\x16\n\x0e\x62\x61tch_max_txns\x18\x05 \x01(\x05\x12\x17\n\x0f\x62\x61tch_max_bytes\x18\x06 \x01(\x03\x12\x11\n\tkeys_only\x18\x07 \x01(\x08\x12\x14\n\x0c\x61\x63\x63\x65pt_parts\x18\x08 \x01(\x08\"s\n\x0fPullBinlogsResp\x12\'\n\x07\x62inlogs\x18\x01 \x03(\x0b\x32\x16.binlake.binlog.Binlog\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12&\n\x04part\x18\x03 \x01(\x0b\x32\x18.binlake.pump.BinlogPart\"d\n\nBinlogPart\x12\x10\n\x08start_ts\x18\x01 \x01(\x03\x12\x11\n\tcommit_ts\x18\x02 \x01(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\x0b\n\tStatusReq\"\xc3\x01\n\nStatusResp\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07safe_ts\x18\x03 \x01(\x03\x12\x15\n\rmax_commit_ts\x18\x04 \x01(\x03\x12\r\n\x05gc_ts\x18\x05 \x01(\x03\x12\x14\n\x0cpending_txns\x18\x06 \x01(\x03\x12\x15\n\rstorage_bytes\x18\x07 \x01(\x03\x12\x17\n\x0f\x64isk_free_bytes\x18\x08 \x01(\x03\x12\x18\n\x10\x61\x63\x63\x65pting_writes\x18\t \x01(\x08\x32\x84\x03\n\x04Pump\x12J\n\x0bWriteBinlog\x12\x1c.binlake.pump.WriteBinlogReq\x1a\x1d.binlake.pump.WriteBinlogResp\x12M\n\x0cWriteBinlogs\x12\x1d.binlake.pump.WriteBinlogsReq\x1a\x1e.binlake.pump.WriteBinlogsResp\x12V\n\x11WriteBinlogStream\x12\x1d.binlake.pump.WriteBinlogsReq\x1a\x1e.binlake.pump.WriteBinlogsResp(\x01\x30\x01\x12L\n\x0bPullBinlogs\x12\x1c.binlake.pump.PullBinlogsReq\x1a\x1d.binlake.pump.PullBinlogsResp0\x01\x12;\n\x06Status\x12\x17.binlake.pump.StatusReq\x1a\x18.binlake.pump.StatusRespb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,13 +43,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WRITEBINLOGSRESP']._serialized_start=281
   _globals['_WRITEBINLOGSRESP']._serialized_end=361
   _globals['_PULLBINLOGSREQ']._serialized_start=364
-  _globals['_PULLBINLOGSREQ']._serialized_end=502
-  _globals['_PULLBINLOGSRESP']._serialized_start=504
-  _globals['_PULLBINLOGSRESP']._serialized_end=579
-  _globals['_STATUSREQ']._serialized_start=581
-  _globals['_STATUSREQ']._serialized_end=592
-  _globals['_STATUSRESP']._serialized_start=595
-  _globals['_STATUSRESP']._serialized_end=790
-  _globals['_PUMP']._serialized_start=793
-  _globals['_PUMP']._serialized_end=1181
+  _globals['_PULLBINLOGSREQ']._serialized_end=543
+  _globals['_PULLBINLOGSRESP']._serialized_start=545
+  _globals['_PULLBINLOGSRESP']._serialized_end=660
+  _globals['_BINLOGPART']._serialized_start=662
+  _globals['_BINLOGPART']._serialized_end=762
+  _globals['_STATUSREQ']._serialized_start=764
+  _globals['_STATUSREQ']._serialized_end=775
+  _globals['_STATUSRESP']._serialized_start=778
+  _globals['_STATUSRESP']._serialized_end=973
+  _globals['_PUMP']._serialized_start=976
+  _globals['_PUMP']._serialized_end=1364
 # @@protoc_insertion_point(module_scope)

@@ -48,28 +48,48 @@ class WriteBinlogsResp(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[WriteResult, _Mapping]]] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class PullBinlogsReq(_message.Message):
-    __slots__ = ("start_ts", "end_ts", "wait", "wait_timeout_ms", "batch_max_txns", "batch_max_bytes")
+    __slots__ = ("start_ts", "end_ts", "wait", "wait_timeout_ms", "batch_max_txns", "batch_max_bytes", "keys_only", "accept_parts")
     START_TS_FIELD_NUMBER: _ClassVar[int]
     END_TS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
     WAIT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_MAX_TXNS_FIELD_NUMBER: _ClassVar[int]
     BATCH_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KEYS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_PARTS_FIELD_NUMBER: _ClassVar[int]
     start_ts: int
     end_ts: int
     wait: bool
     wait_timeout_ms: int
     batch_max_txns: int
     batch_max_bytes: int
-    def __init__(self, start_ts: _Optional[int] = ..., end_ts: _Optional[int] = ..., wait: _Optional[bool] = ..., wait_timeout_ms: _Optional[int] = ..., batch_max_txns: _Optional[int] = ..., batch_max_bytes: _Optional[int] = ...) -> None: ...
+    keys_only: bool
+    accept_parts: bool
+    def __init__(self, start_ts: _Optional[int] = ..., end_ts: _Optional[int] = ..., wait: _Optional[bool] = ..., wait_timeout_ms: _Optional[int] = ..., batch_max_txns: _Optional[int] = ..., batch_max_bytes: _Optional[int] = ..., keys_only: _Optional[bool] = ..., accept_parts: _Optional[bool] = ...) -> None: ...
 
 class PullBinlogsResp(_message.Message):
-    __slots__ = ("binlogs", "node_id")
+    __slots__ = ("binlogs", "node_id", "part")
     BINLOGS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     binlogs: _containers.RepeatedCompositeFieldContainer[_binlog_pb2.Binlog]
     node_id: str
-    def __init__(self, binlogs: _Optional[_Iterable[_Union[_binlog_pb2.Binlog, _Mapping]]] = ..., node_id: _Optional[str] = ...) -> None: ...
+    part: BinlogPart
+    def __init__(self, binlogs: _Optional[_Iterable[_Union[_binlog_pb2.Binlog, _Mapping]]] = ..., node_id: _Optional[str] = ..., part: _Optional[_Union[BinlogPart, _Mapping]] = ...) -> None: ...
+
+class BinlogPart(_message.Message):
+    __slots__ = ("start_ts", "commit_ts", "offset", "total_bytes", "data")
+    START_TS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_TS_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    start_ts: int
+    commit_ts: int
+    offset: int
+    total_bytes: int
+    data: bytes
+    def __init__(self, start_ts: _Optional[int] = ..., commit_ts: _Optional[int] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StatusReq(_message.Message):
     __slots__ = ()

@@ -21,7 +21,7 @@ CLOSING: NodeState
 OFFLINE: NodeState
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "kind", "addr", "state", "max_commit_ts", "safe_ts", "gc_ts", "disk_used_bytes", "disk_free_bytes", "load", "online_ts", "offline_ts", "updated_at_ms", "pending_txns", "metrics_addr")
+    __slots__ = ("node_id", "kind", "addr", "state", "max_commit_ts", "safe_ts", "gc_ts", "disk_used_bytes", "disk_free_bytes", "load", "online_ts", "offline_ts", "updated_at_ms", "pending_txns", "metrics_addr", "empty_below_ts")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class NodeInfo(_message.Message):
     UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     PENDING_TXNS_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDR_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_BELOW_TS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     kind: str
     addr: str
@@ -52,7 +53,8 @@ class NodeInfo(_message.Message):
     updated_at_ms: int
     pending_txns: int
     metrics_addr: str
-    def __init__(self, node_id: _Optional[str] = ..., kind: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., max_commit_ts: _Optional[int] = ..., safe_ts: _Optional[int] = ..., gc_ts: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., load: _Optional[float] = ..., online_ts: _Optional[int] = ..., offline_ts: _Optional[int] = ..., updated_at_ms: _Optional[int] = ..., pending_txns: _Optional[int] = ..., metrics_addr: _Optional[str] = ...) -> None: ...
+    empty_below_ts: int
+    def __init__(self, node_id: _Optional[str] = ..., kind: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., max_commit_ts: _Optional[int] = ..., safe_ts: _Optional[int] = ..., gc_ts: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., load: _Optional[float] = ..., online_ts: _Optional[int] = ..., offline_ts: _Optional[int] = ..., updated_at_ms: _Optional[int] = ..., pending_txns: _Optional[int] = ..., metrics_addr: _Optional[str] = ..., empty_below_ts: _Optional[int] = ...) -> None: ...
 
 class GetTSReq(_message.Message):
     __slots__ = ("count",)

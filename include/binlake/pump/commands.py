@@ -25,9 +25,16 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         ),
     )
     p.add_argument("--config", help="TOML config file (its [pump] table documents every key)")
-    p.add_argument("--registry", help="registry HOST:PORT, or a registry group HOST:PORT,HOST:PORT,...")
-    p.add_argument("--data-dir", help="value log and index directory")
-    p.add_argument("--addr", help="HOST:PORT to listen on (port 0 = any free port)")
+    # The defaults shown are the [pump] model's: a flag, else [pump] in --config, else BINLAKE_PUMP_*.
+    from binlake import config
+
+    fields = config.PumpSettings.model_fields
+    p.add_argument("--registry", help="registry HOST:PORT, or a registry group HOST:PORT,HOST:PORT,... (default: "
+                                      f"[pump] registry, $BINLAKE_PUMP_REGISTRY, else {fields['registry'].default})")
+    p.add_argument("--data-dir", help="value log and index directory (default: [pump] data_dir, "
+                                      f"$BINLAKE_PUMP_DATA_DIR, else {fields['data_dir'].default})")
+    p.add_argument("--addr", help="HOST:PORT to listen on, port 0 = any free port (default: [pump] addr, "
+                                  f"$BINLAKE_PUMP_ADDR, else {fields['addr'].default})")
     p.add_argument("--advertise-addr", help="address writers and readers use, if not --addr")
     p.add_argument("--node-id", help="node id (default: remembered in the data dir, else host:port)")
     p.add_argument("--metrics-addr", help="HOST:PORT for Prometheus /metrics")

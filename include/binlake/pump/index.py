@@ -2,11 +2,13 @@
 
 Key layout (every ts is a big-endian u64, so byte order is ts order):
 
-``W`` start_ts -> Pointer(prewrite) floor(u64)
+``W`` start_ts -> Pointer(prewrite) floor(u64) prewrite_key
     Invariant: present iff the prewrite is indexed (so durable in the value log)
     and no commit or rollback for start_ts is indexed yet (the transaction is
     pending). ``floor`` is the sorter's floor for it (``pump.sorter``): the
-    bound when it was indexed; absent in older stores (then start_ts). A
+    bound when it was indexed; absent in older stores (then start_ts).
+    ``prewrite_key`` (the writer to ask about it) lets the resolver work from
+    the index alone, never reading the prewrite; absent in older stores. A
     transaction whose prewrite and outcome are indexed in the same batch never
     has one (it would be put and deleted in one atomic write).
 ``T`` start_ts -> b"C" commit_ts(u64) Pointer(prewrite) | b"R" Pointer(prewrite)
@@ -63,6 +65,10 @@ def txn_key(start_ts: int) -> bytes:
     return P_TXN + U64.pack(start_ts)
 
 
+def wait_value(ptr: Pointer, floor: int, prewrite_key: bytes) -> bytes:
+    return ptr.pack() + U64.pack(floor) + prewrite_key
+
+
 def commit_key(commit_ts: int, start_ts: int) -> bytes:
     return P_COMMIT + U64.pack(commit_ts) + U64.pack(start_ts)
 
@@ -116,6 +122,17 @@ class Index:
         for k, v in self.db.iterator(prefix=P_WAIT):
             floor = U64.unpack_from(v, POINTER.size)[0] if len(v) >= POINTER.size + U64.size else None
             out.append((U64.unpack_from(k, 1)[0], Pointer.unpack(v), floor))
+        return out
+
+    def pending_keys(self, after: int, limit: int) -> list[tuple[int, Pointer, bytes]]:
+        """Up to ``limit`` pending transactions with start_ts above ``after``, in
+        start_ts order: (start_ts, prewrite pointer, prewrite_key; b"" in older stores)."""
+        out: list[tuple[int, Pointer, bytes]] = []
+        with self.db.iterator(start=wait_key(after + 1), stop=b"X") as it:  # the W keys above ``after``
+            for k, v in it:
+                out.append((U64.unpack_from(k, 1)[0], Pointer.unpack(v), v[POINTER.size + U64.size:]))
+                if len(out) >= limit:
+                    break
         return out
 
     def commits(self, start_ts: int, end_ts: int) -> Iterator[tuple[int, int, Pointer]]:

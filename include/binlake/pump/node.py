@@ -231,9 +231,13 @@ class PumpNode:
         if now - at >= 0.5:
             load = (st.stats.binlogs - binlogs) / (now - at)
             self._last_written = (st.stats.binlogs, now, load)
+        # The safe ts before the max commit ts: the registry takes (0, safe ts) as "holds
+        # nothing below the safe ts" (NodeRecord.empty_below_ts), so a commit published
+        # between the two reads must not be missed.
+        safe_ts = st.safe_ts
         return NodeRecord(
             node_id=self.node_id, kind="pump", addr=self.advertise_addr, state=state,
-            max_commit_ts=st.max_commit_ts, safe_ts=st.safe_ts, gc_ts=st.gc_ts,
+            safe_ts=safe_ts, max_commit_ts=st.max_commit_ts, gc_ts=st.gc_ts,
             disk_used_bytes=st.storage_bytes(), disk_free_bytes=self.service.disk_free(),
             load=load, pending_txns=st.pending_count, metrics_addr=self.metrics_addr,
         )
@@ -283,34 +287,39 @@ class PumpNode:
 
     def _resolve_pending(self) -> None:
         assert self._registry is not None
-        for start_ts, prewrite in self.storage.pending_older_than(self.settings.txn_timeout_s):
-            writer_id = prewrite.prewrite_key.decode(errors="replace")
-            try:
-                writer = self._registry.get_node(writer_id)
-                state, commit_ts = txn_status.query_status(writer.addr, start_ts)
-            except errors.BinlakeError as exc:
-                if start_ts not in self._resolve_warned:
-                    self._resolve_warned.add(start_ts)
-                    log.warning(
-                        "pump %s: prewrite %d has waited over %gs for its commit and writer %r cannot "
-                        "answer yet (%s); it holds the safe ts until resolved",
-                        self.node_id, start_ts, self.settings.txn_timeout_s, writer_id, exc,
-                    )
-                continue
-            if state == txn_status.COMMITTED:
-                err = self.service.write_internal(
-                    binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=start_ts, commit_ts=commit_ts)
+        for batch in self.storage.pending_older_than(self.settings.txn_timeout_s):
+            for start_ts, prewrite_key in batch:
+                self._resolve_one(start_ts, prewrite_key.decode(errors="replace"))
+
+    def _resolve_one(self, start_ts: int, writer_id: str) -> None:
+        """Ask the writer of one prewrite whose commit is overdue, and store its outcome."""
+        assert self._registry is not None
+        try:
+            writer = self._registry.get_node(writer_id)
+            state, commit_ts = txn_status.query_status(writer.addr, start_ts)
+        except errors.BinlakeError as exc:
+            if start_ts not in self._resolve_warned:
+                self._resolve_warned.add(start_ts)
+                log.warning(
+                    "pump %s: prewrite %d has waited over %gs for its commit and writer %r cannot "
+                    "answer yet (%s); it holds the safe ts until resolved",
+                    self.node_id, start_ts, self.settings.txn_timeout_s, writer_id, exc,
                 )
-            elif state == txn_status.ROLLED_BACK:
-                err = self.service.write_internal(binlog_pb2.Binlog(tp=binlog_pb2.ROLLBACK, start_ts=start_ts))
-            else:
-                continue
-            self._resolve_warned.discard(start_ts)
-            if err is None:
-                log.info("pump %s: resolved missing commit of %d: %s %s", self.node_id, start_ts, state,
-                         commit_ts or "")
-            elif not isinstance(err, errors.AlreadyExists):
-                log.warning("pump %s: resolution of %d not stored: %s", self.node_id, start_ts, err)
+            return
+        if state == txn_status.COMMITTED:
+            err = self.service.write_internal(
+                binlog_pb2.Binlog(tp=binlog_pb2.COMMIT, start_ts=start_ts, commit_ts=commit_ts)
+            )
+        elif state == txn_status.ROLLED_BACK:
+            err = self.service.write_internal(binlog_pb2.Binlog(tp=binlog_pb2.ROLLBACK, start_ts=start_ts))
+        else:
+            return
+        self._resolve_warned.discard(start_ts)
+        if err is None:
+            log.info("pump %s: resolved missing commit of %d: %s %s", self.node_id, start_ts, state,
+                     commit_ts or "")
+        elif not isinstance(err, errors.AlreadyExists):
+            log.warning("pump %s: resolution of %d not stored: %s", self.node_id, start_ts, err)
 
     def _gc(self) -> gc.GCDecision:
         """One GC round: retention, held at the lowest consumer checkpoint unless a

@@ -39,7 +39,7 @@ from binlake import errors, rpc
 from binlake.proto import pump_pb2, pump_pb2_grpc
 from binlake.pump.metrics import PumpMetrics
 from binlake.pump.service import PumpService
-from binlake.pump.storage import Results
+from binlake.pump.storage import Part, Results
 
 # A batch of at least this many payload bytes is committed by the storage's committer
 # thread even with no other batch unanswered (module docstring): its append and fsync
@@ -190,13 +190,20 @@ class PumpServicer(pump_pb2_grpc.PumpServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             timeout = min(timeout, max(0.0, remaining - 0.05))
+        node_id = self.service.node_id
         for batch in self.service.pull(
             request.start_ts, request.end_ts, wait=request.wait, wait_timeout_s=timeout,
             max_txns=request.batch_max_txns, max_bytes=request.batch_max_bytes,
+            parts=request.accept_parts, keys_only=request.keys_only,
         ):
             if not context.is_active():
                 return
-            yield pump_pb2.PullBinlogsResp(binlogs=batch, node_id=self.service.node_id)
+            if isinstance(batch, Part):
+                yield pump_pb2.PullBinlogsResp(node_id=node_id, part=pump_pb2.BinlogPart(
+                    start_ts=batch.start_ts, commit_ts=batch.commit_ts, offset=batch.offset,
+                    total_bytes=batch.total, data=batch.data))
+            else:
+                yield pump_pb2.PullBinlogsResp(binlogs=batch, node_id=node_id)
 
     @rpc.servicer_method
     def Status(self, request: pump_pb2.StatusReq, context: grpc.ServicerContext) -> pump_pb2.StatusResp:

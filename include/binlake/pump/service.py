@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from binlake import errors, tso
 from binlake.proto import binlog_pb2
-from binlake.pump.storage import Entry, Results, Storage
+from binlake.pump.storage import Entry, Part, Results, Storage
 from binlake.registry.model import NodeState
 from binlake.window import Readiness, Window, gone_error, readiness, waiting_error
 
@@ -215,8 +215,10 @@ class PumpService:
     # ------------------------------------------------------------------ reads
     def pull(
         self, start_ts: int, end_ts: int, *, wait: bool = False, wait_timeout_s: float = 30.0,
-        max_txns: int = 0, max_bytes: int = 0,
-    ) -> Generator[list[binlog_pb2.Binlog], None, None]:
+        max_txns: int = 0, max_bytes: int = 0, parts: bool = False, keys_only: bool = False,
+    ) -> Generator[list[binlog_pb2.Binlog] | Part, None, None]:
+        """The window's transactions in batches (``Storage.serve_window``: ``parts``,
+        ``keys_only``), once this Pump can serve it whole (or after ``wait``)."""
         window = Window(start_ts, end_ts)
         if max_txns < 0 or max_bytes < 0:
             raise errors.InvalidArgument("batch limits must be >= 0 (0 = server default)")
@@ -238,10 +240,11 @@ class PumpService:
                     f"pump {self.node_id}'s safe ts {tso.format_ts(self.storage.safe_ts)} did not reach the "
                     f"window end {end_ts} within {wait_timeout_s:g}s"
                 )
-        yield from self.storage.read_window(
+        yield from self.storage.serve_window(
             start_ts, end_ts,
             max_txns=max_txns or self.read_batch_txns,
             max_bytes=max_bytes or self.read_batch_bytes,
+            parts=parts, keys_only=keys_only,
         )
 
     def accepting_writes(self) -> bool:

@@ -30,31 +30,56 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+# The heap is rebuilt from the pending set once it holds this many entries more
+# than twice the pending transactions (see ``Pending``).
+COMPACT_SLACK = 1024
+
 
 class Pending:
-    """Pending transactions with O(1) membership and amortised O(log n) oldest."""
+    """Pending transactions with O(1) membership and amortised O(log n) oldest.
+
+    Bounded by the pending set, not by what finished meanwhile: a finished
+    transaction's heap entry is dropped lazily when it reaches the top, so behind
+    one old pending prewrite every later transaction's entry would stay; once
+    the heap holds more than twice the pending set (plus ``COMPACT_SLACK``) it is
+    rebuilt from the pending set alone (amortised O(1) per removal)."""
 
     __slots__ = ("_info", "_heap")
 
     def __init__(self) -> None:
-        # start_ts -> (arrival monotonic time, where the prewrite is stored)
-        self._info: dict[int, tuple[float, Any]] = {}
+        # start_ts -> (arrival monotonic time, where the prewrite is stored, floor)
+        self._info: dict[int, tuple[float, Any, int]] = {}
         # (floor, start_ts); see the module docstring for the floor.
         self._heap: list[tuple[int, int]] = []
 
     def add(self, start_ts: int, location: Any, arrived: float, floor: int = 0) -> None:
-        self._info[start_ts] = (arrived, location)
-        heapq.heappush(self._heap, (max(start_ts, floor), start_ts))
+        floor = max(start_ts, floor)
+        self._info[start_ts] = (arrived, location, floor)
+        heapq.heappush(self._heap, (floor, start_ts))
 
     def location(self, start_ts: int) -> Any:
         info = self._info.get(start_ts)
         return None if info is None else info[1]
 
+    def arrived(self, start_ts: int) -> float | None:
+        """When the pending prewrite of ``start_ts`` arrived (None: not pending)."""
+        info = self._info.get(start_ts)
+        return None if info is None else info[0]
+
     def remove(self, start_ts: int) -> None:
         self._info.pop(start_ts, None)
-        # Lazy deletion: drop finished entries only when they reach the top.
-        while self._heap and self._heap[0][1] not in self._info:
-            heapq.heappop(self._heap)
+        heap, info = self._heap, self._info
+        # Lazy deletion: drop finished entries only when they reach the top...
+        while heap and heap[0][1] not in info:
+            heapq.heappop(heap)
+        # ...and rebuild once finished ones dominate (an old prewrite still pending).
+        if len(heap) > 2 * len(info) + COMPACT_SLACK:
+            self._heap = [(f, ts) for ts, (_a, _l, f) in info.items()]
+            heapq.heapify(self._heap)
+
+    def heap_size(self) -> int:
+        """Entries the heap holds (pending ones and finished ones not yet dropped)."""
+        return len(self._heap)
 
     def starts(self) -> list[int]:
         """Every pending start_ts."""
@@ -72,7 +97,7 @@ class Pending:
 
     def older_than(self, age_s: float, now: float) -> list[tuple[int, Any]]:
         """(start_ts, location) of transactions waiting longer than ``age_s``."""
-        return [(ts, loc) for ts, (arrived, loc) in self._info.items() if now - arrived >= age_s]
+        return [(ts, loc) for ts, (arrived, loc, _f) in self._info.items() if now - arrived >= age_s]
 
 
 class SafeTs:

@@ -105,6 +105,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import os
 import pathlib
@@ -136,6 +137,16 @@ FAILPOINT_BEFORE_INDEX = "pump-before-index-batch"
 # process dies (what a power loss takes); the restart must resolve the cut
 # commits through the writers' status services to the same commit_ts.
 FAILPOINT_POWER_LOSS = "pump-power-loss"
+
+# Failpoint between two of GC's delete batches: the GC ts is already stored and
+# enforced, so a crash there serves no hole; the next GC removes the leftovers.
+FAILPOINT_GC_AFTER_BATCH = "pump-gc-after-batch"
+
+# GC deletes the index keys of at most this many transactions per LevelDB batch
+# (a batch is held in memory whole until written).
+GC_BATCH_KEYS = 10_000
+# The resolver reads at most this many pending transactions' keys at a time.
+RESOLVE_BATCH = 1_000
 
 # Commits and rollbacks appended without an fsync of their own are fsynced by
 # the committer thread this long after the first of them at the latest (a
@@ -195,6 +206,20 @@ class WriteStats:
     fsyncs: int = 0
     groups: int = 0
     index_batches: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A slice of one served transaction too large for one message: ``data`` is
+    bytes ``[offset, offset + len(data))`` of its stored prewrite (a serialized
+    Binlog) of ``total`` bytes; the reader joins the parts, parses them and sets
+    the commit (``client.reader``)."""
+
+    start_ts: int
+    commit_ts: int
+    data: bytes
+    offset: int
+    total: int
 
 
 class _Request:
@@ -356,7 +381,7 @@ class Storage:
         wb = self.index.db.write_batch()
         for ptr, payload in self.vlog.scan(*head):
             binlog = binlog_pb2.Binlog.FromString(payload)
-            self._apply(wb, binlog.tp, binlog.start_ts, binlog.commit_ts, ptr, replay=True)
+            self._apply(wb, binlog.tp, binlog.start_ts, binlog.commit_ts, ptr, replay=True, binlog=binlog)
             replayed += 1
         self._put_meta(wb)
         wb.write()
@@ -391,15 +416,33 @@ class Storage:
     def is_pending(self, start_ts: int) -> bool:
         return start_ts in self._open
 
-    def pending_older_than(self, age_s: float) -> list[tuple[int, binlog_pb2.Binlog]]:
-        """(start_ts, prewrite binlog) of transactions pending longer than ``age_s``."""
+    def pending_older_than(self, age_s: float, batch: int = RESOLVE_BATCH) -> Iterator[list[tuple[int, bytes]]]:
+        """(start_ts, prewrite_key) of transactions pending longer than ``age_s``, in
+        start_ts order, in lists of at most ``batch``.
+
+        Read from the index's ``W`` keys (which carry the writer's id), not from the
+        prewrites: a pending part of a snapshot may be megabytes, and the resolver
+        asks every few seconds. Only a prewrite indexed by an older version (no key
+        beside its ``W`` entry) is read to learn its writer."""
         # ``pending_count`` counts a prewrite once it is durable; the sorter
         # learns of it when the indexer thread has caught up (50 ms at most).
         # Wait for that so both views agree on what is pending.
         self.wait_indexed(timeout=5.0)
-        with self._state_lock:
-            old = self.sorter.pending.older_than(age_s, time.monotonic())
-        return [(ts, binlog_pb2.Binlog.FromString(self.vlog.read(ptr))) for ts, ptr in old]
+        now = time.monotonic()
+        after = 0
+        while True:
+            rows = self.index.pending_keys(after, batch)
+            if not rows:
+                return
+            after = rows[-1][0]
+            with self._state_lock:
+                arrived = [self.sorter.pending.arrived(ts) for ts, _ptr, _key in rows]
+            old = [(ts, key or binlog_pb2.Binlog.FromString(self.vlog.read(ptr)).prewrite_key)
+                   for (ts, ptr, key), at in zip(rows, arrived, strict=True) if at is not None and now - at >= age_s]
+            if old:
+                yield old
+            if len(rows) < batch:
+                return
 
     def storage_bytes(self) -> int:
         idx = sum(f.stat().st_size for f in (self.dir / "index").iterdir() if f.is_file())
@@ -935,7 +978,8 @@ class Storage:
             n = 0
             for work in batch:
                 for entry, ptr in zip(work.entries, work.pointers, strict=True):
-                    apply(wb, entry.tp, entry.start_ts, entry.commit_ts, ptr, paired=entry.start_ts in paired)
+                    apply(wb, entry.tp, entry.start_ts, entry.commit_ts, ptr, paired=entry.start_ts in paired,
+                          binlog=entry.binlog)
                     n += 1
                     if n % INDEX_YIELD_EVERY == 0:
                         # Let the committing and answering threads have the GIL: a batch
@@ -954,15 +998,15 @@ class Storage:
             self._state_lock.notify_all()
 
     def _apply(self, wb: plyvel.WriteBatch, tp: int, start: int, commit_ts: int, ptr: Pointer, *,
-               replay: bool = False, paired: bool = False) -> None:
-        """Index one durable record and update the sorter. ``paired``: the
-        transaction's prewrite and outcome are in the same index batch (no W key)."""
+               replay: bool = False, paired: bool = False, binlog: binlog_pb2.Binlog | None = None) -> None:
+        """Index one durable record (``binlog``: its message) and update the sorter.
+        ``paired``: the transaction's prewrite and outcome are in the same index batch (no W key)."""
         if tp == PREWRITE:
             if replay and (start in self.sorter.pending or self.index.db.get(ix.txn_key(start))):
                 return
             floor = self.sorter.prewrite(start, ptr)
             if not paired:
-                wb.put(ix.wait_key(start), ptr.pack() + ix.U64.pack(floor))
+                wb.put(ix.wait_key(start), ix.wait_value(ptr, floor, binlog.prewrite_key if binlog else b""))
         elif tp == COMMIT and start == commit_ts:
             self.sorter.fake(commit_ts)
         elif tp == COMMIT or tp == ROLLBACK:
@@ -997,6 +1041,21 @@ class Storage:
     ) -> Iterator[list[binlog_pb2.Binlog]]:
         """Complete transactions with commit_ts in [start_ts, end_ts), in
         (commit_ts, start_ts) order, in batches. The caller checks safe/GC ts."""
+        for item in self.serve_window(start_ts, end_ts, max_txns=max_txns, max_bytes=max_bytes, parts=False):
+            assert isinstance(item, list)
+            yield item
+
+    def serve_window(
+        self, start_ts: int, end_ts: int, *, max_txns: int = 256, max_bytes: int = 4 << 20,
+        parts: bool = True, keys_only: bool = False,
+    ) -> Iterator[list[binlog_pb2.Binlog] | Part]:
+        """``read_window``, bounded by ``max_bytes`` whatever the transactions' sizes.
+
+        ``parts``: a transaction larger than ``max_bytes`` comes as ``Part``s of at
+        most ``max_bytes`` of its stored prewrite, read from the value log one part
+        at a time (its checksum is verified before the last part is yielded, so a
+        reader that completes it has checked bytes). ``keys_only``: commit binlogs
+        with start_ts and commit_ts alone (no value-log read at all)."""
         with self._gate:
             if start_ts < self.gc_ts:
                 raise errors.OutOfRange(
@@ -1004,7 +1063,22 @@ class Storage:
                 )
             batch: list[binlog_pb2.Binlog] = []
             size = 0
-            for commit_ts, _start, ptr in self.index.commits(start_ts, end_ts):
+            for commit_ts, start, ptr in self.index.commits(start_ts, end_ts):
+                if keys_only:
+                    batch.append(binlog_pb2.Binlog(tp=COMMIT, start_ts=start, commit_ts=commit_ts))
+                    if len(batch) >= max_txns:
+                        yield batch
+                        batch = []
+                    continue
+                if parts and ptr.length > max_bytes:
+                    if batch:
+                        yield batch
+                        batch, size = [], 0
+                    offset = 0
+                    for data in self.vlog.read_slices(ptr, max_bytes):
+                        yield Part(start, commit_ts, data, offset, ptr.length)
+                        offset += len(data)
+                    continue
                 b = binlog_pb2.Binlog.FromString(self.vlog.read(ptr))
                 b.tp = COMMIT
                 b.commit_ts = commit_ts
@@ -1021,39 +1095,73 @@ class Storage:
     def gc(self, gc_ts: int) -> dict[str, int]:
         """Forget every transaction committed (or rolled back) below ``gc_ts`` and
         delete value-log segments nothing live points into. ``gc_ts`` is clamped
-        to the safe ts, and never moves backwards."""
-        gc_ts = min(gc_ts, self.safe_ts)
-        if gc_ts <= self.gc_ts:
+        to the safe ts, and never moves backwards.
+
+        Bounded whatever it removes: the new GC ts is written (and enforced for
+        reads) first, then the index keys below it are deleted in batches of
+        ``GC_BATCH_KEYS``, and the oldest live segment is a running minimum over
+        the index. Invariant: no window at or above the stored GC ts ever misses a
+        transaction, and none below it is served; so a crash between batches
+        leaves only unreachable leftovers, which the next round deletes (each
+        round deletes below the stored GC ts, whether or not it moves)."""
+        target = min(gc_ts, self.safe_ts)
+        moved = target > self.gc_ts
+        if moved:
+            with self._state_lock:
+                # Alone, before any delete: LevelDB's log keeps writes in order, so no
+                # crash can keep a delete and lose the GC ts that covers it.
+                self.index.db.put(ix.META_GC, ix.U64.pack(target))
+                self.gc_ts = target
+        removed_txns = self._delete_below(self.gc_ts)
+        if not moved and not removed_txns:
             return {"gc_ts": self.gc_ts, "txns": 0, "segments": 0}
-        removed_txns = 0
-        wb = self.index.db.write_batch()
-        for key, _ in self.index.db.iterator(start=ix.P_COMMIT, stop=ix.P_COMMIT + ix.U64.pack(gc_ts)):
-            _commit_ts, start = ix.decode_commit_key(key)
-            wb.delete(key)
-            wb.delete(ix.txn_key(start))
-            removed_txns += 1
-        for key, _ in self.index.db.iterator(start=ix.P_ROLLBACK, stop=ix.P_ROLLBACK + ix.U64.pack(gc_ts)):
-            wb.delete(key)
-            wb.delete(ix.txn_key(ix.U64.unpack_from(key, 1)[0]))
-            removed_txns += 1
-        wb.put(ix.META_GC, ix.U64.pack(gc_ts))
-        with self._state_lock:
-            wb.write()
-            self.gc_ts = gc_ts
-        # The oldest segment anything live still points into (pending prewrites,
-        # committed transactions above gc_ts) or the replay head.
-        live = [self.vlog.head[0]]
+        removed_segments: list[int] = []
+        live = self._oldest_live_segment()
+        if self._gate.exclusive(timeout=30.0):
+            removed_segments = self.vlog.remove_below(live)
+        log.info("gc to ts %d: %d txns, %d segments removed", self.gc_ts, removed_txns, len(removed_segments))
+        return {"gc_ts": self.gc_ts, "txns": removed_txns, "segments": len(removed_segments)}
+
+    def _delete_below(self, gc_ts: int) -> int:
+        """Delete the C/R keys below ``gc_ts`` and their T keys, ``GC_BATCH_KEYS`` at a
+        time (failpoint ``pump-gc-after-batch`` after each batch); return how many."""
+        removed = 0
+        db = self.index.db
+        for prefix, id_at in ((ix.P_COMMIT, 9), (ix.P_ROLLBACK, 1)):
+            start, stop = prefix, prefix + ix.U64.pack(gc_ts)
+            while True:
+                with db.iterator(start=start, stop=stop, include_value=False) as it:
+                    keys = list(itertools.islice(it, GC_BATCH_KEYS))
+                if not keys:
+                    break
+                wb = db.write_batch()
+                for key in keys:
+                    wb.delete(key)
+                    wb.delete(ix.P_TXN + key[id_at:id_at + 8])
+                wb.write()
+                removed += len(keys)
+                failpoint.hit(FAILPOINT_GC_AFTER_BATCH)
+                if len(keys) < GC_BATCH_KEYS:
+                    break
+                # Past the last deleted key: a scan from the prefix would walk the tombstones again.
+                start = keys[-1] + b"\x00"
+        return removed
+
+    def _oldest_live_segment(self) -> int:
+        """The oldest segment anything live points into (pending prewrites, committed
+        transactions at or above the GC ts) or the replay head: a running minimum."""
+        live = self.vlog.head[0]
         head = self.index.head()
         if head:
-            live.append(head[0])
-        live += [ptr.segment for _, ptr in self.index.pending()]
-        for _k, v in self.index.db.iterator(prefix=ix.P_COMMIT):
-            live.append(Pointer.unpack(v).segment)
-        removed_segments: list[int] = []
-        if self._gate.exclusive(timeout=30.0):
-            removed_segments = self.vlog.remove_below(min(live))
-        log.info("gc to ts %d: %d txns, %d segments removed", gc_ts, removed_txns, len(removed_segments))
-        return {"gc_ts": gc_ts, "txns": removed_txns, "segments": len(removed_segments)}
+            live = min(live, head[0])
+        unpack = ix.POINTER.unpack_from
+        for prefix in (ix.P_WAIT, ix.P_COMMIT):
+            with self.index.db.iterator(prefix=prefix, include_key=False) as it:
+                for value in it:
+                    segment = unpack(value)[0]
+                    if segment < live:
+                        live = segment
+        return live
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:

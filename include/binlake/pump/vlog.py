@@ -320,6 +320,29 @@ class ValueLog:
             raise CorruptLog(f"record at segment {ptr.segment} offset {ptr.offset} fails its checksum")
         return payload
 
+    def read_slices(self, ptr: Pointer, size: int) -> Iterator[bytes]:
+        """One record's payload in slices of at most ``size`` bytes, read one at a
+        time; the checksum is verified before the last slice is yielded (so a
+        reader that got every slice got checked bytes)."""
+        fd = self._reader(ptr.segment)
+        header = os.pread(fd, HEADER.size, ptr.offset)
+        if len(header) != HEADER.size or (ptr.segment == self._segment and ptr.end > self._offset):
+            raise CorruptLog(f"record at segment {ptr.segment} offset {ptr.offset} is short")
+        magic, length, crc = HEADER.unpack(header)
+        if magic != MAGIC or length != ptr.length:
+            raise CorruptLog(f"record at segment {ptr.segment} offset {ptr.offset} has a bad header")
+        running = 0
+        done = 0
+        while done < length:
+            data = os.pread(fd, min(size, length - done), ptr.offset + HEADER.size + done)
+            if not data:
+                raise CorruptLog(f"record at segment {ptr.segment} offset {ptr.offset} is short")
+            running = zlib.crc32(data, running)
+            done += len(data)
+            if done >= length and running != crc:
+                raise CorruptLog(f"record at segment {ptr.segment} offset {ptr.offset} fails its checksum")
+            yield data
+
     def scan(self, segment: int, offset: int) -> Iterator[tuple[Pointer, bytes]]:
         """Yield every good record from (segment, offset) to the end of the log.
 

@@ -16,6 +16,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "registry", help="run the registry (TSO and node states)", formatter_class=fmt,
         description="Run the registry: hands out TSOs and keeps every node's state.",
         epilog="Examples:\n  binlake registry --data-dir data/registry --addr 127.0.0.1:8230\n"
+               "  # a new cluster replicated from its first write (two copies of every prewrite):\n"
+               "  binlake registry --data-dir data/registry --replicas 2\n"
                "  # one member of a group of three on etcd (run one per host):\n"
                "  binlake registry --store etcd://h1:2379,h2:2379,h3:2379 --addr h1:8230\n",
     )
@@ -26,6 +28,12 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    "etcd://h1:2379,h2:2379,h3:2379[/prefix] to run one member of a registry group (one leads)")
     p.add_argument("--cluster-id", type=positive_int, help="refuse a store that holds another cluster id")
     p.add_argument("--tso-window-ms", type=positive_int, help="TSO high-water step persisted ahead of use")
+    p.add_argument("--replicas", type=int, metavar="R",
+                   help="the cluster's replication from ts 0: Pumps each prewrite is written to (1-16), recorded "
+                        "when this registry creates the store; on a store that has served it must equal the "
+                        "setting in force (change it with binlake ctl replication)")
+    p.add_argument("--min-acks", type=int, metavar="W",
+                   help="with --replicas: Pumps that must acknowledge a write (1-R; default R)")
     p.set_defaults(handler=_run)
 
     b = bench.add_parser(
@@ -47,7 +55,8 @@ def _run(args: argparse.Namespace) -> int:
         raise errors.InvalidArgument(
             "--store is empty: give etcd://HOST:2379,... or sqlite:///path/registry.db, or leave it out for --data-dir")
     settings = config.load(config.RegistrySettings, args.config, data_dir=args.data_dir, addr=args.addr,
-                           tso_window_ms=args.tso_window_ms, store=args.store, cluster_id=args.cluster_id)
+                           tso_window_ms=args.tso_window_ms, store=args.store, cluster_id=args.cluster_id,
+                           replicas=args.replicas, min_acks=args.min_acks)
     server.run(settings)
     return 0
 

@@ -12,7 +12,7 @@ lease always ends before etcd's does and another member can win.
 before and after every TSO it hands out, and the store fences every write on
 the leader key's create revision (``EtcdStore.fence``), so a leader that is
 partitioned from etcd stops serving by itself within one lease and cannot
-write after it lost the key. See README "Running across hosts" for the full
+write after it lost the key. See docs/how-to/hosts/registry-etcd.md for the full
 no-overlap argument.
 """
 

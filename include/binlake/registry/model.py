@@ -62,6 +62,9 @@ class NodeRecord:
     updated_at_ms: int = 0
     pending_txns: int = 0
     metrics_addr: str = ""
+    # Kept by the registry (registry.proto NodeInfo): the Pump holds no transaction
+    # with commit_ts below this; a node's own value is ignored.
+    empty_below_ts: int = 0
 
     def to_proto(self) -> registry_pb2.NodeInfo:
         fields = dataclasses.asdict(self)

@@ -19,7 +19,7 @@ from binlake.proto import registry_pb2, registry_pb2_grpc
 from binlake.registry.election import Election
 from binlake.registry.etcd_store import EtcdStore
 from binlake.registry.model import NodeRecord, NodeState
-from binlake.registry.service import RegistryService
+from binlake.registry.service import RegistryService, create_replication
 from binlake.registry.store import RegistryStore
 from binlake.registry.stores import open_store
 
@@ -218,6 +218,11 @@ class RegistryServer:
                 raise errors.FailedPrecondition(
                     f"registry store {store.describe()} holds cluster {store.cluster_id()}, not "
                     f"{self._settings.cluster_id}: give this cluster's store, or drop --cluster-id")
+            if self._settings.replicas is not None:
+                # Before a service opens the store (its allocator saves a TSO limit at once)
+                # and serves a single TSO: a new cluster's first write is under this setting.
+                replicas = self._settings.replicas
+                create_replication(store, replicas, self._settings.min_acks or replicas)
             if isinstance(store, EtcdStore):
                 if port == 0 or host in ("0.0.0.0", "::", ""):
                     raise errors.InvalidArgument(

@@ -190,6 +190,7 @@ class RegistryService:
                 online_ts=online_ts,
                 offline_ts=0,
                 updated_at_ms=self._clock_ms(),
+                empty_below_ts=_empty_below(old, record),
             )
             self._store.put_node(stored)
             return stored
@@ -215,6 +216,7 @@ class RegistryService:
                 load=float(record.load),
                 updated_at_ms=self._clock_ms(),
                 **{name: getattr(record, name) for name in _STATUS_INT_FIELDS},
+                empty_below_ts=_empty_below(stored, record),
             )
             # The stored state is what the operator asked or the node last reported;
             # a report can only move it forward (see the module docstring).
@@ -387,6 +389,55 @@ class RegistryService:
                 known = ", ".join(sorted(c.consumer_id for c in self._store.list_consumers())) or "none"
                 raise errors.NotFound(f"consumer {consumer_id} is not registered (registered: {known})")
             return record
+
+
+def create_replication(store: RegistryStore, replicas: int, min_acks: int, *,
+                       write: bool = True) -> list[ReplicationSetting]:
+    """The replication a cluster is created with (``binlake registry --replicas``):
+    on a store that never served (no TSO, node or setting yet) it is recorded
+    applying from ts 0, so every window, the DDL history from ts 0 included, is
+    read with it. On a store that has served, the setting in force must already
+    be this one (nothing is written): otherwise FailedPrecondition, since a
+    setting cannot apply to what was written before it. ``write=False``: only check
+    (``binlake up`` before it starts the registry that writes it)."""
+    for name, value in (("replicas", replicas), ("min_acks", min_acks)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPLICAS:
+            raise errors.InvalidArgument(f"{name} must be an integer in [1, {MAX_REPLICAS}], got {value!r}")
+    if min_acks > replicas:
+        raise errors.InvalidArgument(f"min_acks={min_acks} is above replicas={replicas}")
+    wanted = ReplicationSetting(0, replicas, min_acks)
+    # Asked before any RegistryService opens the store (its allocator saves a TSO limit at once).
+    history = store.list_replication()
+    fresh = not history and store.load_tso_limit() == 0 and not store.list_nodes(None)
+    if fresh and (replicas, min_acks) != (1, 1):
+        if not write:
+            return [wanted]
+        try:
+            store.add_replication(wanted)
+        except errors.Unavailable:
+            history = store.list_replication()  # another member of the group wrote it first
+        else:
+            return [wanted]
+    current = history[-1] if history else ReplicationSetting(0, 1, 1)
+    if (current.replicas, current.min_acks) != (replicas, min_acks):
+        raise errors.FailedPrecondition(
+            f"registry store {store.describe()} already serves a cluster with replicas="
+            f"{current.replicas} min_acks={current.min_acks}; --replicas/--min-acks set a cluster's "
+            f"replication only when its store is created: drop them (or give replicas={current.replicas} "
+            f"min_acks={current.min_acks}), or change it with binlake ctl replication")
+    return history
+
+
+def _empty_below(stored: NodeRecord | None, report: NodeRecord) -> int:
+    """``NodeRecord.empty_below_ts`` after ``report``: a Pump that has stored no
+    transaction (max_commit_ts 0) holds none below its safe ts, now or later
+    (``pump.sorter``: every one routed to it below the safe ts is stored, and any
+    other commits above it); once it has stored one the value stays. The Pump reads
+    its safe ts before its max commit ts, so the pair never claims more."""
+    kept = stored.empty_below_ts if stored is not None else 0
+    if (stored or report).kind == "pump" and report.max_commit_ts == 0:
+        return max(kept, report.safe_ts)
+    return kept
 
 
 def _parse_state(state: NodeState | str) -> NodeState:

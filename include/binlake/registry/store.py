@@ -115,7 +115,8 @@ CREATE TABLE IF NOT EXISTS meta (
 CREATE TABLE IF NOT EXISTS replication (
     -- The cluster's replication settings, a history: rows are only appended.
     -- from_ts: the TSO the setting applies from; above every earlier row's.
-    from_ts INTEGER PRIMARY KEY CHECK (from_ts > 0),
+    -- 0 only for the setting a cluster was created with (binlake registry --replicas).
+    from_ts INTEGER PRIMARY KEY CHECK (from_ts >= 0),
     -- 1 <= min_acks <= replicas.
     replicas INTEGER NOT NULL CHECK (replicas >= 1),
     min_acks INTEGER NOT NULL CHECK (min_acks >= 1 AND min_acks <= replicas)
@@ -147,7 +148,10 @@ CREATE TABLE IF NOT EXISTS nodes (
     -- Prewritten transactions still waiting for their commit; >= 0.
     pending_txns INTEGER NOT NULL CHECK (pending_txns >= 0),
     -- HOST:PORT of the node's metrics endpoint, or '' when it has none.
-    metrics_addr TEXT NOT NULL
+    metrics_addr TEXT NOT NULL,
+    -- TSO; the Pump holds no transaction with commit_ts below it (the highest safe
+    -- ts it reported while it had stored none); never decreases; 0 for a writer.
+    empty_below_ts INTEGER NOT NULL DEFAULT 0 CHECK (empty_below_ts >= 0)
 );
 CREATE TABLE IF NOT EXISTS consumers (
     -- Unique; the same rules as a node id.
@@ -230,6 +234,7 @@ class SQLiteStore(RegistryStore):
             # executescript commits on its own, so it runs outside our transaction;
             # CREATE TABLE IF NOT EXISTS makes it harmless on an existing file.
             conn.executescript(_SCHEMA)
+            _add_missing_columns(conn)
             with _transaction(conn):
                 self._init_meta(conn)
         except sqlite3.DatabaseError as exc:
@@ -382,6 +387,15 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """Columns added to ``nodes`` after a store was created (each with a default
+    meaning "unknown"), so an older store opens without a schema version change."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(nodes)")}
+    if "empty_below_ts" not in have:
+        conn.execute("ALTER TABLE nodes ADD COLUMN empty_below_ts INTEGER NOT NULL DEFAULT 0 "
+                     "CHECK (empty_below_ts >= 0)")
 
 
 def _row_to_record(row: tuple[object, ...]) -> NodeRecord:

@@ -22,8 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors
-from binlake.cli.args import number_in, positive_float, positive_int, scratch_dir
-from binlake.net import DEFAULT_REGISTRY_ADDR
+from binlake.cli.args import add_registry, number_in, positive_float, positive_int, registry_addr, scratch_dir
 
 if TYPE_CHECKING:  # the sources are imported when one runs, not to build the parser
     from binlake.source.base import Source
@@ -82,8 +81,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         p = ssub.add_parser(cmd.name, help=cmd.help, formatter_class=fmt, epilog=cmd.epilog)
         p.add_argument("--dsn", required=True, help=cmd.dsn_help)
         cmd.add_arguments(p)
-        p.add_argument("--registry", default=DEFAULT_REGISTRY_ADDR,
-                       help=f"registry HOST:PORT or a group HOST:PORT,HOST:PORT,... (default {DEFAULT_REGISTRY_ADDR})")
+        # As every other client: the flag, else [cluster] registry / $BINLAKE_REGISTRY, else the default.
+        add_registry(p)
         p.add_argument("--start", default=None, help=cmd.start_help)
         p.add_argument("--snapshot-batch-rows", type=cmd.batch_rows_type, default=10_000,
                        help="rows per transaction of a --start snapshot (default 10000)")
@@ -139,6 +138,7 @@ def _check_args(args: argparse.Namespace) -> None:
     --registry or --data-dir is still reported as itself."""
     from binlake.cli import argcheck
 
+    args.registry = registry_addr(args)
     argcheck.addr_list("--registry", args.registry)
     argcheck.listen_addr("--status-addr", args.status_addr)
     argcheck.writable_dir("--data-dir", args.data_dir)

@@ -44,6 +44,11 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--pump-port-base", type=non_negative_int, default=stack.DEFAULT_PUMP_PORT_BASE,
                    help="Pump i listens on BASE+10*(i-1), metrics on the next port (default 8250: "
                         "8250/8251, 8260/8261, ...; 0 = free ports)")
+    p.add_argument("--replicas", type=int, metavar="R",
+                   help="a new cluster's replication from ts 0: Pumps each prewrite is written to (1 to --pumps); "
+                        "an existing DATA_DIR must already have this setting (binlake registry --replicas)")
+    p.add_argument("--min-acks", type=int, metavar="W", help="with --replicas: acknowledgements a write needs "
+                   "(1 to R; default R)")
     p.add_argument("--pump-args", default="",
                    help="extra `binlake pump` flags for every Pump, one string (use --pump-args='...')")
     p.add_argument("--no-airflow", dest="airflow", action="store_false", help="start only the registry and Pumps")
@@ -90,12 +95,36 @@ def _run_up(args: argparse.Namespace) -> int:
         raise errors.InvalidArgument(
             f"--pump-args: {shlex.join(unknown)} is not a `binlake pump` flag (see `binlake pump --help`)")
 
+    replication = _replication(args)
     cfg = stack.StackConfig(
         data_dir=pathlib.Path(args.data_dir), pumps=args.pumps, registry_addr=args.registry_addr,
         pump_port_base=args.pump_port_base, pump_args=pump_args,
         airflow=args.airflow, airflow_port=args.airflow_port,
         spark_connect_port=args.spark_connect_port, dags_folder=dags,
         plugins_folder=plugins, ready_timeout_s=args.ready_timeout_s, airflow_db=args.airflow_db,
-        spark_cluster=args.spark_cluster, spark_master_port=args.spark_master_port,
+        spark_cluster=args.spark_cluster, spark_master_port=args.spark_master_port, replication=replication,
     )
     return stack.Stack(cfg).run()
+
+
+def _replication(args: argparse.Namespace) -> tuple[int, int] | None:
+    """(R, W) of ``--replicas``/``--min-acks``, checked against the Pumps and against
+    the registry store in DATA_DIR when it exists (before anything starts)."""
+    if args.replicas is None:
+        if args.min_acks is not None:
+            raise errors.InvalidArgument("--min-acks needs --replicas (give both, e.g. --replicas 3 --min-acks 2)")
+        return None
+    if not 1 <= args.replicas <= args.pumps:
+        raise errors.InvalidArgument(
+            f"--replicas {args.replicas} must be between 1 and --pumps ({args.pumps}): each prewrite goes to R Pumps")
+    acks = args.replicas if args.min_acks is None else args.min_acks
+    if not 1 <= acks <= args.replicas:
+        raise errors.InvalidArgument(f"--min-acks {acks} must be between 1 and --replicas ({args.replicas})")
+    store_file = pathlib.Path(args.data_dir) / "registry" / "registry.db"
+    if store_file.exists():
+        from binlake.registry.service import create_replication
+        from binlake.registry.stores import open_store
+
+        with open_store(store_file.parent) as store:
+            create_replication(store, args.replicas, acks, write=False)
+    return args.replicas, acks

@@ -13,7 +13,7 @@ master's ``/json`` status page), and stops them all, workers first.
 
 Every process binds to ``host`` (127.0.0.1 by default). The executors of one
 machine's cluster share its disk, so a local lake works; a cluster across
-hosts shares only the lake on object storage (see README "Spark on a cluster").
+hosts shares only the lake on object storage (see docs/how-to/hosts/spark.md).
 """
 
 from __future__ import annotations

@@ -97,6 +97,8 @@ class StackConfig:
     # the Connect server: ingests go through spark-submit --master spark://...
     spark_cluster: bool = False
     spark_master_port: int = DEFAULT_SPARK_MASTER_PORT
+    # (R, W) the registry creates a new cluster with (``binlake registry --replicas``).
+    replication: tuple[int, int] | None = None
 
 
 class Child:
@@ -263,8 +265,10 @@ class Stack:
     def _start_binlake(self) -> None:
         from binlake.registry.client import RegistryClient
 
+        replication = self.cfg.replication
+        flags = ["--replicas", str(replication[0]), "--min-acks", str(replication[1])] if replication else []
         registry = Child("registry", self._binlake("registry", "--data-dir", str(self.data / "registry"),
-                                                   "--addr", self.registry_addr), self.logs / "registry.log")
+                                                   "--addr", self.registry_addr, *flags), self.logs / "registry.log")
         self._spawn(registry)
         self.say(f"binlake up: registry on {self.registry_addr} (data {self.data / 'registry'})")
         with RegistryClient(self.registry_addr, timeout_s=2.0) as reg:

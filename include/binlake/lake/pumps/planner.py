@@ -2,7 +2,8 @@
 whether they are ready for it.
 
 A Pump must be read for ``[start_ts, end_ts)`` unless it went offline before
-``start_ts`` (an offline Pump took no transaction after its offline_ts). Every
+``start_ts`` (an offline Pump took no transaction after its offline_ts), or the
+registry knows it held no transaction below ``end_ts`` (``empty_below_ts``). Every
 other registered Pump may hold transactions of the window, so every one of
 them must be reachable and ready for it by ``binlake.window.readiness`` (safe
 ts >= end_ts, GC ts <= start_ts).
@@ -43,9 +44,14 @@ def check_window(start_ts: int, end_ts: int) -> Window:
 
 
 def pumps_for_window(nodes: list[NodeRecord], start_ts: int, end_ts: int) -> list[NodeRecord]:
+    """The Pumps that may hold transactions of ``[start_ts, end_ts)``: not those
+    offline before it, nor those the registry knows held nothing below its end
+    (``empty_below_ts``: a Pump that joined after the window, lost or not, is never
+    asked for it)."""
     return sorted(
         (n for n in nodes if n.kind == "pump"
-         and not (n.state is NodeState.OFFLINE and 0 < n.offline_ts < start_ts)),
+         and not (n.state is NodeState.OFFLINE and 0 < n.offline_ts < start_ts)
+         and not n.empty_below_ts >= end_ts),
         key=lambda n: n.node_id,
     )
 
