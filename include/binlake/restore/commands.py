@@ -309,10 +309,9 @@ def restore_cmd(args: argparse.Namespace) -> int:
 
     renames = naming.parse_renames(args.rename)
     into_schema = naming.parse_schema(args.into_schema)
-    restore.check_options(args.out, args.target, args.verify, renames, into_schema)
-    if args.run_id is not None and args.target is None:
-        raise errors.InvalidArgument("--run-id names the run a target's tables are claimed for: use it with --target")
-
+    if args.target is not None and into_schema is not None:
+        # Known from the URL alone: refused before connecting (which would create a SQLite file).
+        restore.check_options(None, args.target, None, renames, into_schema)
     if args.out is not None:
         argcheck.writable_dir("--out", args.out)
     if args.target is not None:
@@ -322,6 +321,10 @@ def restore_cmd(args: argparse.Namespace) -> int:
         argcheck.reachable_db("--verify", args.verify)
     if args.verify and not args.target:
         raise errors.InvalidArgument("--verify compares a target database with its source: use it with --target")
+    # The combinations, once every value is known good.
+    restore.check_options(args.out, args.target, args.verify, renames, into_schema)
+    if args.run_id is not None and args.target is None:
+        raise errors.InvalidArgument("--run-id names the run a target's tables are claimed for: use it with --target")
     result = _run(args, f"restore to {ts}", lambda spark, say: restore.run(
         spark, lake, ts, tables=tables, out=args.out, target=args.target, verify_url=args.verify,
         replace=args.replace, source=args.source, progress=say, parallelism=parallelism, renames=renames,
