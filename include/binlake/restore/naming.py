@@ -34,7 +34,7 @@ import dataclasses
 import hashlib
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from binlake import errors
 from binlake.proto import binlog_pb2
@@ -207,10 +207,11 @@ def resolve(p: Plan, renames: Sequence[tuple[str, str]], into_schema: str | None
     return Naming(moved, into_schema)
 
 
-def _collisions(p: Plan, naming: Naming, key: object, flags: Flags = CLI) -> None:
-    seen: dict[object, TablePlan] = {}
+def _collisions(p: Plan, naming: Naming, key: Callable[[TablePlan], Hashable], flags: Flags = CLI) -> None:
+    """Refuse two tables whose ``key`` (where each lands, as the destination compares names) is one."""
+    seen: dict[Hashable, TablePlan] = {}
     for t in p.tables:
-        k = key(t)  # type: ignore[operator]
+        k = key(t)
         if k in seen:
             first = seen[k]
             where = naming.shown(t) or naming.shown(first) or t.info.name
@@ -288,7 +289,7 @@ def check_target(target: targets.Target, p: Plan, naming: Naming, run_id: str, r
     take, no two tables onto one, no table there this run did not create (unless
     ``replace``). Writes nothing; the ``Placement`` to load through."""
     kind = type(target)
-    check_kind(kind, next(iter(naming.namespaces()), None) if naming.into_schema else None, flags)
+    check_kind(kind, naming.into_schema, flags)
     if naming.namespaces() and kind.namespace is None:
         t = next(t for t in p.tables if naming.dest(t).namespace is not None)
         raise errors.InvalidArgument(
