@@ -18,6 +18,14 @@ Params (checked in the trigger form, then again by **resolve**):
   another run (or a person) made there. Without it such a target is refused; a
   retry of the same run always replaces what that run created (each table a
   restore creates is claimed in the target's `_binlake_restore_claims`).
+- `rename` — `OLD=NEW` pairs, comma-separated (e.g. `shop.orders=shop.orders_0903`):
+  OLD one of the restored tables, NEW `TABLE` or `DB.TABLE` (a DB equal to OLD's
+  keeps the table where the others go; another DB is a PostgreSQL schema / MariaDB
+  database). With `out`, the directory `OUT/<db>.<table>` takes the new name.
+- `into_schema` — every table into this PostgreSQL schema / MariaDB database
+  (created if missing; refused for SQLite and DuckDB targets); a `rename` may then
+  give `TABLE` or `into_schema.TABLE` only. With `out`: directories `OUT/S.<table>`.
+  Neither goes with `verify` (it compares tables under their own names).
 
 Tasks: **resolve** (params -> T) -> **check_coverage** (every table's base and
 the `windows` ledger: a T above the newest window, in a gap or before the
@@ -25,6 +33,9 @@ lake's data fails here, naming the window to ingest; an unreachable target too)
 -> **rebuild** (typed Delta tables) -> **load** (target only) -> **verify**
 (with `verify` only). Bad params (resolve) and uncovered ts or an occupied
 destination (check_coverage) fail at once, without retries, naming the param.
+check_coverage also checks every destination name (an OLD not among the tables,
+two tables onto one name, a name the target cannot take, a table already there)
+before anything is written; the new names are in its XCom (`into`).
 """
 
 from __future__ import annotations
@@ -60,6 +71,10 @@ from binlake_airflow import restore_tasks
                         description="SQLAlchemy URL to create and load the tables in (or out)"),
         "verify": Param(None, type=["null", "string"], pattern=r"^$|^[A-Za-z0-9+_.-]+://",
                         description="with target: a source database URL to compare with"),
+        "rename": Param(None, type=["null", "string"], pattern=r"^[,\s]*([^=,\s]+=[^=,\s]+([,\s]+|$))*$",
+                        description="OLD=NEW table names, comma-separated, e.g. shop.orders=shop.orders_0903"),
+        "into_schema": Param(None, type=["null", "string"], pattern=r"^$|^[^.,\s]+$",
+                             description="PostgreSQL schema / MariaDB database for every restored table"),
         "replace": Param(False, type="boolean",
                          description="overwrite tables already in out, or in target made by another run"),
     },

@@ -79,7 +79,10 @@ def resolve(params: Mapping[str, Any], run_id: str) -> dict[str, Any]:
     destination). Every bad param or combination fails here, the run's first task,
     at once (no retries), naming the param and what to do."""
     from binlake import errors, tso
+    from binlake.restore import naming
     from binlake.restore.restore import resolve_ts
+    from binlake.sql import targets
+    from binlake.sql.url import normalize_url
 
     try:
         commit_ts = params.get("commit_ts")
@@ -111,6 +114,13 @@ def resolve(params: Mapping[str, Any], run_id: str) -> dict[str, Any]:
         replace = params.get("replace", False)
         if not isinstance(replace, bool):
             raise ValueError(f"replace: give true or false, got {replace!r}")
+        renames = naming.parse_renames(_text(params, "rename"), naming.PARAMS.rename)
+        into_schema = naming.parse_schema(_text(params, "into_schema"), naming.PARAMS.into_schema)
+        if verify and (renames or into_schema):
+            raise ValueError("verify compares tables under their own names: clear verify, or rename and "
+                             "into_schema (then run binlake diff on the restored tables)")
+        if target is not None:
+            naming.check_kind(targets.for_scheme(normalize_url(target).drivername), into_schema, naming.PARAMS)
         lake = config.lake_dir()
     except (errors.BinlakeError, ValueError) as exc:
         raise AirflowFailException(f"bad params: {exc}") from None
@@ -118,18 +128,36 @@ def resolve(params: Mapping[str, Any], run_id: str) -> dict[str, Any]:
     # For out, replace is the user's; the staging dir of a target run is the run's own.
     return {"ts": ts, "datetime": tso.to_datetime(ts).isoformat(), "tables": tables, "lake": lake,
             "out": staging, "target": target, "verify": verify, "replace": replace or out is None,
-            "replace_target": replace, "run_id": run_id}
+            "replace_target": replace, "run_id": run_id, "rename": [list(r) for r in renames],
+            "into_schema": into_schema}
 
 
 def _safe(run_id: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run_id)
 
 
+def _naming(resolved: Mapping[str, Any], p: Any) -> Any:
+    """Where each planned table goes (the params rename and into_schema)."""
+    from binlake.restore import naming
+
+    return naming.resolve(p, [(str(a), str(b)) for a, b in resolved.get("rename") or []],
+                          resolved.get("into_schema"), naming.PARAMS)
+
+
+def _out_naming(resolved: Mapping[str, Any], p: Any) -> Any:
+    """The names of the Delta tables ``rebuild`` writes: the renamed ones for an ``out`` run,
+    the tables' own in a target run's staging directory (``load`` renames)."""
+    from binlake.restore import naming
+
+    return naming.Naming() if resolved.get("target") else _naming(resolved, p)
+
+
 def check_coverage(resolved: Mapping[str, Any]) -> dict[str, Any]:
     """Plan the restore: every table at T and its base, each checked against the ledger;
-    a target that holds any of the tables another run made is refused (unless replace)."""
+    every destination name checked (valid for the target, no two tables onto one); a
+    target that holds any of the tables another run made is refused (unless replace)."""
     from binlake import errors
-    from binlake.restore import claims, restore
+    from binlake.restore import naming, restore
 
     target = None
     if resolved.get("target"):
@@ -141,16 +169,19 @@ def check_coverage(resolved: Mapping[str, Any]) -> dict[str, Any]:
         with _spark_or_connect(f"binlake-restore-check-{resolved['ts']}") as spark:
             try:
                 p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
-                restore.check_out(spark, resolved["out"], p, bool(resolved["replace"]))
+                names = _naming(resolved, p)
+                restore.check_out(spark, resolved["out"], p, bool(resolved["replace"]), _out_naming(resolved, p),
+                                  naming.PARAMS)
                 if target is not None:
-                    claims.refuse_foreign(target, [t.info.name for t in p.tables], str(resolved["run_id"]),
-                                          bool(resolved.get("replace_target")))
+                    naming.check_target(target, p, names, str(resolved["run_id"]),
+                                        bool(resolved.get("replace_target")), naming.PARAMS).close()
             except errors.BinlakeError as exc:
                 raise _fail(exc) from None
     finally:
         if target is not None:
             target.close()
-    tables = [{"table": t.name, "base": t.base.kind, "base_ts": t.base.ts} for t in p.tables]
+    tables = [{"table": t.name, "base": t.base.kind, "base_ts": t.base.ts, "into": names.shown(t)}
+              for t in p.tables]
     log.info("restore to %s: %s", resolved["ts"], tables)
     return {"tables": tables}
 
@@ -165,7 +196,7 @@ def rebuild(resolved: Mapping[str, Any]) -> dict[str, Any]:
             p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
             # A retry replaces what an earlier try of this run wrote.
             result = restore.write_out(spark, p, resolved["out"], True, lambda m: log.info("restore: %s", m),
-                                       config.restore_parallelism())
+                                       config.restore_parallelism(), _out_naming(resolved, p))
         except errors.BinlakeError as exc:
             raise _fail(exc) from None
     log.info("%s", result.summary())
@@ -175,9 +206,11 @@ def rebuild(resolved: Mapping[str, Any]) -> dict[str, Any]:
 def load(resolved: Mapping[str, Any]) -> dict[str, Any]:
     """Create the tables in the target from the definitions at T and bulk-load them.
     Each table is claimed for this run (``binlake.restore.claims``): a retry replaces
-    what this run created, never a table another run or a person made (unless replace)."""
+    what this run created, never a table another run or a person made (unless replace).
+    Renamed tables (rename, into_schema) are read from the staging tables under their own
+    names and created under the new ones."""
     from binlake import errors
-    from binlake.restore import claims, restore, stream
+    from binlake.restore import naming, restore, stream
 
     if not resolved.get("target"):
         raise AirflowSkipException("no target: the restore is the Delta tables in out")
@@ -185,17 +218,23 @@ def load(resolved: Mapping[str, Any]) -> dict[str, Any]:
     with _spark_or_connect(f"binlake-restore-load-{resolved['ts']}") as spark:
         try:
             p = restore.plan(spark, resolved["lake"], int(resolved["ts"]), resolved["tables"])
+            names = _naming(resolved, p)
             target = restore.open_target(str(resolved["target"]))
+            placement = None
             try:
                 # Every table checked before the first is created: a refusal writes nothing.
-                claims.refuse_foreign(target, [t.info.name for t in p.tables], run_id, replace)
+                placement = naming.check_target(target, p, names, run_id, replace, naming.PARAMS)
+                placement.prepare(p, lambda m: log.info("restore: %s", m))
+                claim = restore.Claim(run_id, int(resolved["ts"]), replace)
                 loaded = []
                 for t in p.tables:
                     df = spark.read.format("delta").load(restore.out_path(resolved["out"], t.info))
-                    claims.create(target, t.info, run_id, int(resolved["ts"]), replace)
-                    n = target.bulk_load(t.info, stream.python_rows(df, t.info))
-                    loaded.append({"table": t.name, "rows": int(n)})
+                    n = restore.load_table(placement.target_for(t), names.info(t), stream.python_rows(df, t.info),
+                                           claim=claim)
+                    loaded.append({"table": t.name, "rows": int(n), "into": names.shown(t)})
             finally:
+                if placement is not None:
+                    placement.close()
                 target.close()
         except errors.BinlakeError as exc:
             raise _fail(exc) from None

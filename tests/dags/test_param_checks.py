@@ -23,7 +23,7 @@ from binlake.sql import schema as sc
 from binlake.sql.url import open_target
 
 FORM = {"commit_ts": None, "datetime": None, "tz": None, "tables": None, "out": None, "target": None,
-        "verify": None, "replace": False}
+        "verify": None, "replace": False, "rename": None, "into_schema": None}
 
 
 def _resolve(**filled: Any) -> dict[str, Any]:
@@ -39,6 +39,9 @@ def test_the_form_defaults_with_a_datetime_and_a_target_resolve(monkeypatch: pyt
     assert r["out"].startswith(str(tmp_path / "lake" / "restores" / "manual__2026-11-26T01_00_00_00_00"))
     assert _resolve(commit_ts=5, out="/o", tables="main.a, b  c,")["tables"] == ["main.a", "b", "c"]
     assert _resolve(commit_ts="5", out="/o", tables=["a", " b "])["tables"] == ["a", "b"]
+    r = _resolve(commit_ts=5, target="postgresql://u@h/db", rename="main.a=main.a_old, b=c", into_schema="")
+    assert r["rename"] == [["main.a", "main.a_old"], ["b", "c"]] and r["into_schema"] is None
+    assert _resolve(commit_ts=5, target="mysql://u@h/db", into_schema="restored")["into_schema"] == "restored"
 
 
 @pytest.mark.parametrize(("filled", "message"), [
@@ -58,6 +61,14 @@ def test_the_form_defaults_with_a_datetime_and_a_target_resolve(monkeypatch: pyt
     ({"commit_ts": 5, "out": "/o", "tables": "a.b.c"}, "'a.b.c' is not TABLE or DB.TABLE"),
     ({"commit_ts": 5, "out": "/o", "tables": 7}, "tables: give table names"),
     ({"commit_ts": 5, "out": "/o", "replace": "yes"}, "replace: give true or false"),
+    ({"commit_ts": 5, "out": "/o", "rename": "a"}, "rename 'a': give OLD=NEW"),
+    ({"commit_ts": 5, "out": "/o", "rename": "a=b.c.d"}, "'b.c.d' is not TABLE or DB.TABLE"),
+    ({"commit_ts": 5, "out": "/o", "rename": 3}, "rename: give a string"),
+    ({"commit_ts": 5, "out": "/o", "into_schema": "a.b"}, "into_schema 'a.b': give one schema"),
+    ({"commit_ts": 5, "target": "sqlite:///x.db", "into_schema": "s"}, "into_schema: SQLite has no schemas"),
+    ({"commit_ts": 5, "target": "duckdb:///x.duckdb", "into_schema": "s"}, "DuckDB has no schemas"),
+    ({"commit_ts": 5, "target": "sqlite:///x.db", "verify": "sqlite:///u.db", "rename": "a=b"},
+     "verify compares tables under their own names"),
 ])
 def test_bad_restore_params_name_the_param(filled: dict[str, Any], message: str) -> None:
     with pytest.raises(AirflowFailException, match="bad params") as caught:

@@ -151,13 +151,17 @@ def test_restore_dag_params_are_validated_in_the_trigger_form(dags: Any) -> None
     params = dags["binlake_restore"].params
     assert isinstance(params, ParamsDict)
     for key, bad in (("commit_ts", -1), ("commit_ts", "soon"), ("datetime", "yesterday"), ("target", "nope"),
-                     ("tables", "a.b.c"), ("tables", ["a"])):
+                     ("tables", "a.b.c"), ("tables", ["a"]), ("rename", "a.b"), ("rename", "a=b=c"),
+                     ("into_schema", "a.b")):
         with pytest.raises(Exception):  # noqa: B017 - Airflow raises ParamValidationError
             params.get_param(key).resolve(bad)
     assert params.get_param("commit_ts").resolve(123) == 123
     # tables is optional (no asterisk in the form): empty or absent means every table.
     for empty in (None, "", "main.a, b"):
         assert params.get_param("tables").resolve(empty) == empty
+    for good in (None, "", "shop.orders=shop.orders_0903", "a=b, c.d=e"):
+        assert params.get_param("rename").resolve(good) == good
+    assert params.get_param("into_schema").resolve("restored_0903") == "restored_0903"
 
 
 def test_a_moved_lake_restores_from_its_new_place(

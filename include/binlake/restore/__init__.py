@@ -7,5 +7,6 @@
 ``snapshot``  ``binlake snapshot``: typed Delta tables at a ts
 ``history``   ``binlake history``: one row per version of each row (SCD type 2)
 ``restore``   ``binlake restore``: resolve ts, check coverage, rebuild, write/load, verify
+``naming``    where each restored table goes (--rename, --into-schema), every name checked first
 ``commands``  the CLI subcommands (registered in ``binlake.cli``)
 """

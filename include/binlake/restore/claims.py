@@ -54,6 +54,14 @@ def foreign_tables(target: Any, names: Sequence[str], run_id: str) -> list[str]:
         return [n for n in names if target.has_table(n, conn) and _owner(target, conn, n) != run_id]
 
 
+def foreign_owners(target: Any, names: Sequence[str], run_id: str) -> dict[str, str | None]:
+    """``foreign_tables`` with the run that made each (None: not a restore's)."""
+    _check_run(run_id)
+    with target.engine.connect() as conn:
+        owners = {n: _owner(target, conn, n) for n in names if target.has_table(n, conn)}
+    return {n: owner for n, owner in owners.items() if owner != run_id}
+
+
 def refuse_foreign(target: Any, names: Sequence[str], run_id: str, replace: bool) -> None:
     """Refuse (``errors.AlreadyExists``, naming them) tables another run or a person made,
     unless ``replace``."""
@@ -69,15 +77,31 @@ def refuse_foreign(target: Any, names: Sequence[str], run_id: str, replace: bool
 def create(target: Any, info: binlog_pb2.TableInfo, run_id: str, ts: int, replace: bool) -> None:
     """Create ``info.name`` in the target for run ``run_id`` and claim it (see the invariant above);
     an existing table is replaced only when this run created it or ``replace`` is set."""
-    _check_run(run_id)
     with target.engine.connect() as conn:
         conn.begin()
-        if target.has_table(info.name, conn) and not replace and _owner(target, conn, info.name) != run_id:
-            raise errors.AlreadyExists(
-                f"target {target} already holds table {info.name}, which this run did not create: "
-                "restore into another database, drop it, or set replace")
-        target.create_table_in(conn, info, if_exists="replace")
+        create_in(target, conn, info, run_id, ts, replace)
+        conn.commit()
+
+
+def create_in(target: Any, conn: Connection, info: binlog_pb2.TableInfo, run_id: str, ts: int,
+              replace: bool) -> None:
+    """``create`` in the caller's transaction ``conn`` (its rows can then join it, so where DDL
+    is transactional a crash leaves no table rather than an empty one)."""
+    _check_run(run_id)
+    if target.has_table(info.name, conn) and not replace and _owner(target, conn, info.name) != run_id:
+        raise errors.AlreadyExists(
+            f"target {target} already holds table {info.name}, which this run did not create: "
+            "restore into another database, drop it, or set replace")
+    target.create_table_in(conn, info, if_exists="replace")
+    _claims.create(conn, checkfirst=True)
+    conn.execute(_claims.delete().where(_claims.c.name == info.name))
+    conn.execute(_claims.insert().values(name=info.name, run_id=run_id, ts=int(ts)))
+
+
+def ensure_table(target: Any) -> None:
+    """Create the claims table now if missing, so tables created at once (a restore's
+    parallel loads) do not race to create it."""
+    with target.engine.connect() as conn:
+        conn.begin()
         _claims.create(conn, checkfirst=True)
-        conn.execute(_claims.delete().where(_claims.c.name == info.name))
-        conn.execute(_claims.insert().values(name=info.name, run_id=run_id, ts=int(ts)))
         conn.commit()

@@ -37,6 +37,34 @@ def _tables(text: str | None) -> list[str] | None:
     return names
 
 
+def _rename(text: str) -> str:
+    from binlake.restore import naming
+
+    try:
+        naming.parse_renames(text)
+    except errors.InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--rename ")) from None
+    return text
+
+
+def _schema(text: str) -> str:
+    from binlake.restore import naming
+
+    try:
+        return str(naming.parse_schema(text))
+    except errors.InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--into-schema ")) from None
+
+
+def _run_id(text: str) -> str:
+    from binlake.restore import naming
+
+    try:
+        return naming.check_run_id(text)
+    except errors.InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--run-id ")) from None
+
+
 def _parallel(text: str) -> int:
     try:
         value = int(text)
@@ -106,10 +134,26 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "A T the windows ledger does not cover (above the newest window, in a gap, below the lake's\n"
             "data) is refused with the window to ingest. --out writes typed Delta tables OUT/<db>.<table>;\n"
             "--target creates the tables from the schema at T and bulk-loads them; --verify then runs\n"
-            "binlake diff against a source database."),
+            "binlake diff against a source database.\n\n"
+            "Into a live database: --target creates only the restored tables and touches nothing else.\n"
+            "--rename OLD=NEW (repeat it, or comma-separate) gives a table another name: OLD is one of the\n"
+            "restored tables (TABLE or DB.TABLE as named at T), NEW is TABLE or DB.TABLE, where a DB equal\n"
+            "to OLD's keeps the table where the restore puts every table and another DB names a schema\n"
+            "(PostgreSQL) or database (MySQL/MariaDB). --into-schema S puts every table in S (created if\n"
+            "missing; a --rename then gives TABLE or S.TABLE). SQLite and DuckDB have no schemas: both\n"
+            "are refused there. With --out they name the directories OUT/<schema or db>.<table>.\n"
+            "Every name is checked before the first write (valid for the database, no two tables onto\n"
+            "one name); a table already in the target is refused unless --replace, except one the same\n"
+            "--run-id created: a killed restore is finished by running it again with its run id (logged)."),
         epilog=("Examples:\n  binlake restore --lake data/lake --ts 470614378216685568 --out data/restored\n"
                 "  binlake restore --lake data/lake --datetime '2026-11-21 08:00:00' --tz Europe/Paris \\\n"
-                "                  --tables accounts --target sqlite:///restored.db --verify sqlite:///up.db\n"))
+                "                  --tables accounts --target sqlite:///restored.db --verify sqlite:///up.db\n"
+                "  # the orders as they were at 14:02, next to the live ones:\n"
+                "  binlake restore --lake data/lake --datetime '2026-09-03 14:02' --tz UTC --tables shop.orders \\\n"
+                "                  --rename shop.orders=shop.orders_0903 --target postgresql://app@db/shop\n"
+                "  # a set of tables into a schema of its own (PostgreSQL schema, MariaDB database):\n"
+                "  binlake restore --lake data/lake --ts 470614378216685568 --tables shop.orders,shop.items \\\n"
+                "                  --into-schema restored_0903 --target mysql://root@db/shop\n"))
     _lake_args(p)
     _time_args(p)
     dest = p.add_mutually_exclusive_group()
@@ -118,9 +162,16 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                                        "sqlite:///FILE, postgresql://USER@HOST/DB, mysql://USER@HOST/DB or "
                                        "duckdb:///FILE (a DuckDB file to query on a laptop)")
     p.add_argument("--verify", metavar="SOURCE_URL", help="after --target, compare with this database (binlake diff)")
+    p.add_argument("--rename", action="append", type=_rename, metavar="OLD=NEW",
+                   help="restore table OLD as NEW (TABLE or DB.TABLE); repeat it or comma-separate pairs")
+    p.add_argument("--into-schema", type=_schema, metavar="S",
+                   help="put every restored table in schema (PostgreSQL) / database (MariaDB) S, created if "
+                        "missing; with --out, directories OUT/S.<table>")
+    p.add_argument("--run-id", type=_run_id, metavar="ID",
+                   help="with --target: the run the created tables are claimed for (default: a new one, shown in "
+                        "the log); a rerun with the same ID replaces what that run created, to finish it")
     p.add_argument("--replace", action="store_true",
-                   help="overwrite tables already in --out (a --target that already has one of the tables is "
-                        "refused, naming it)")
+                   help="overwrite tables already in --out, or in --target tables this restore did not create")
     p.add_argument("--source", choices=["auto", "changes", "history"], default="auto",
                    help="base: auto (newest snapshot, else the whole history), changes (whole history only), "
                         "history (the history tables)")
@@ -254,7 +305,13 @@ def restore_cmd(args: argparse.Namespace) -> int:
     if args.out is None and args.target is None:
         raise errors.InvalidArgument("give a destination: --out DIR (Delta tables) or --target URL (a database)")
     from binlake.cli import argcheck
+    from binlake.restore import naming
 
+    renames = naming.parse_renames(args.rename)
+    into_schema = naming.parse_schema(args.into_schema)
+    if args.target is not None and into_schema is not None:
+        # Known from the URL alone: refused before connecting (which would create a SQLite file).
+        restore.check_options(None, args.target, None, renames, into_schema)
     if args.out is not None:
         argcheck.writable_dir("--out", args.out)
     if args.target is not None:
@@ -264,9 +321,14 @@ def restore_cmd(args: argparse.Namespace) -> int:
         argcheck.reachable_db("--verify", args.verify)
     if args.verify and not args.target:
         raise errors.InvalidArgument("--verify compares a target database with its source: use it with --target")
+    # The combinations, once every value is known good.
+    restore.check_options(args.out, args.target, args.verify, renames, into_schema)
+    if args.run_id is not None and args.target is None:
+        raise errors.InvalidArgument("--run-id names the run a target's tables are claimed for: use it with --target")
     result = _run(args, f"restore to {ts}", lambda spark, say: restore.run(
         spark, lake, ts, tables=tables, out=args.out, target=args.target, verify_url=args.verify,
-        replace=args.replace, source=args.source, progress=say, parallelism=parallelism))
+        replace=args.replace, source=args.source, progress=say, parallelism=parallelism, renames=renames,
+        into_schema=into_schema, run_id=args.run_id))
     if args.json:
         print(json.dumps(result.to_dict(), sort_keys=True))
     else:

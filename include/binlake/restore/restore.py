@@ -37,7 +37,7 @@ from binlake import errors, failpoint, tso
 from binlake.lake.store.ledger import BOUNDS, is_delta, read_windows
 from binlake.lake.store.location import check_lake, table_path
 from binlake.proto import binlog_pb2
-from binlake.restore import coverage, history, layout, onepass, rebuild, snapshot, stream
+from binlake.restore import claims, coverage, history, layout, naming, onepass, rebuild, snapshot, stream
 from binlake.restore import direct as _direct
 from binlake.restore.tables import (
     Item,
@@ -122,6 +122,8 @@ class RestoreResult:
     out: str | None = None
     target: str | None = None
     verified: str | None = None
+    renamed: dict[str, str] = dataclasses.field(default_factory=dict)  # db.table -> where it went
+    run_id: str | None = None  # the run a target's tables are claimed for
 
     @property
     def rows(self) -> int:
@@ -135,46 +137,56 @@ class RestoreResult:
         return {"ts": self.ts, "datetime": tso.to_datetime(self.ts).isoformat(), "rows": self.rows,
                 "tables": [{"table": t, "rows": n, "base": b} for t, n, b in self.tables],
                 "elapsed_s": round(self.elapsed_s, 3), "rows_per_s": round(self.rows_per_s, 1), "out": self.out,
-                "target": self.target, "verified": self.verified}
+                "target": self.target, "verified": self.verified, "renamed": dict(self.renamed),
+                "run_id": self.run_id}
 
     def summary(self) -> str:
         where = self.out or self.target or "-"
         lines = [f"restored to commit_ts {tso.format_ts(self.ts)} -> {where}",
                  f"  tables   {len(self.tables)}", f"  rows     {self.rows}",
                  f"  elapsed  {self.elapsed_s:.1f}s ({self.rows_per_s:,.0f} rows/s)"]
-        lines += [f"    {name:<40} {rows:>10}  from {base}" for name, rows, base in self.tables]
+        lines += [f"    {name:<40} {rows:>10}  from {base}"
+                  + (f"  -> {self.renamed[name]}" if name in self.renamed else "") for name, rows, base in self.tables]
         if self.verified:
             lines.append(f"  verify   {self.verified}")
         return "\n".join(lines)
 
 
-def out_path(out: str, info: binlog_pb2.TableInfo) -> str:
+def out_path(out: str, info: binlog_pb2.TableInfo, name: str | None = None) -> str:
+    """Where table ``info`` is written under ``out``: ``OUT/<db>.<table>``, or ``OUT/<name>``."""
     base = out if "://" in out else os.path.abspath(out)
-    return f"{base.rstrip('/')}/{info.db}.{info.name}"
+    return f"{base.rstrip('/')}/{name or f'{info.db}.{info.name}'}"
 
 
-def check_out(spark: Any, out: str, p: Plan, replace: bool) -> None:
+def check_out(spark: Any, out: str, p: Plan, replace: bool, names: naming.Naming | None = None,
+              flags: naming.Flags = naming.CLI) -> None:
+    """``out`` usable, every table's directory name too (``names``: renamed ones), none
+    taken unless ``replace``."""
     if not isinstance(out, str) or not out.strip():
         raise errors.InvalidArgument(f"out must be a directory path or URI, got {out!r}")
+    names = names or naming.Naming()
+    naming.check_out(p, names, flags)
     if replace:
         return
-    taken = [t.name for t in p.tables if is_delta(spark, out_path(out, t.info))]
+    taken = [names.out_name(t) for t in p.tables if is_delta(spark, out_path(out, t.info, names.out_name(t)))]
     if taken:
         raise errors.AlreadyExists(
             f"{out} already holds table(s) {', '.join(taken)}: choose an empty --out directory or pass --replace")
 
 
 def write_out(spark: Any, p: Plan, out: str, replace: bool = False, progress: Progress | None = None,
-              parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
-    """Rebuild every planned table and write it as a typed Delta table under ``out``:
-    one pass over the lake, then up to ``parallelism`` tables written at once (each
-    one Delta commit: a table is there whole or not at all)."""
+              parallelism: int = onepass.DEFAULT_PARALLELISM, names: naming.Naming | None = None) -> RestoreResult:
+    """Rebuild every planned table and write it as a typed Delta table under ``out``
+    (``names``: the renamed tables' directories): one pass over the lake, then up to
+    ``parallelism`` tables written at once (each one Delta commit: a table is there
+    whole or not at all)."""
     onepass.check_parallelism(parallelism)
     say = progress or (lambda _m: None)
     started = time.monotonic()
-    check_out(spark, out, p, replace)
-    done = write_tables(spark, p, lambda t: out_path(out, t.info), parallelism, say)
-    result = RestoreResult(p.ts, done, time.monotonic() - started, out=out)
+    names = names or naming.Naming()
+    check_out(spark, out, p, replace, names)
+    done = write_tables(spark, p, lambda t: out_path(out, t.info, names.out_name(t)), parallelism, say)
+    result = RestoreResult(p.ts, done, time.monotonic() - started, out=out, renamed=names.renamed(p))
     failpoint.hit("restore-before-manifest")
     if "://" not in out:
         # Written last, through a rename: present only once every table is complete.
@@ -194,15 +206,28 @@ def open_target(url: str) -> targets.Target:
     return sql_url.open_target(url)
 
 
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """The run a restore's tables are claimed for in the target (``claims``)."""
+
+    run_id: str
+    ts: int
+    replace: bool = False
+
+
 def load_table(target: targets.Target, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]] = (),
-               *, tables: Iterable[pa.Table] = ()) -> int:
-    """Create table ``info`` in ``target`` (refused when it exists) and load ``rows`` (or
-    ``tables``: Arrow tables from ``stream.arrow_tables``), in one transaction: where DDL
-    is transactional (``Target.transactional_ddl``) a crash leaves no table at all rather
-    than an empty or partial one; MySQL commits its DDL."""
+               *, tables: Iterable[pa.Table] = (), claim: Claim | None = None) -> int:
+    """Create table ``info`` in ``target`` and load ``rows`` (or ``tables``: Arrow tables
+    from ``stream.arrow_tables``), in one transaction: where DDL is transactional
+    (``Target.transactional_ddl``) a crash leaves no table at all rather than an empty or
+    partial one; MySQL commits its DDL. An existing table is refused, or with ``claim``
+    replaced when that run created it (or ``claim.replace``), and the table claimed."""
     with target.engine.connect() as conn:
         conn.begin()
-        target.create_table_in(conn, info, if_exists="fail")
+        if claim is None:
+            target.create_table_in(conn, info, if_exists="fail")
+        else:
+            claims.create_in(target, conn, info, claim.run_id, claim.ts, claim.replace)
         n = int(target.insert_rows(conn, info, rows))
         for table in tables:
             n += int(target.insert_arrow(conn, info, table))
@@ -211,9 +236,12 @@ def load_table(target: targets.Target, info: binlog_pb2.TableInfo, rows: Iterabl
 
 
 def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress: Progress | None = None,
-                parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
+                parallelism: int = onepass.DEFAULT_PARALLELISM, *, placement: naming.Placement | None = None,
+                claim: Claim | None = None) -> RestoreResult:
     """Create every table from its definition at T and bulk-load its rows, up to
-    ``parallelism`` tables at once. Small tables rebuilt from the lake's changes alone
+    ``parallelism`` tables at once; ``placement`` (checked by ``naming.check_target``)
+    says where each goes (its own name in ``target`` without one), ``claim`` for which
+    run (see ``load_table``). Small tables rebuilt from the lake's changes alone
     are decoded in Python from the one-pass result as it streams out of Spark (no
     Spark job per table); big ones, and tables with base rows (a snapshot, the history
     tables) or a retyped column, take the typed Spark rebuild (``frames``), streamed
@@ -223,9 +251,13 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
         parallelism = 1  # one writer at a time (SQLite, DuckDB): concurrent loads would only wait on its lock
     say = progress or (lambda _m: None)
     started = time.monotonic()
+    if placement is None:
+        placement = naming.Placement(target, naming.Naming(), None)
+        if parallelism > 1:
+            target.ensure_schema_table()
+    else:
+        placement.prepare(p, say)
     say(f"reading the lake once for {len(p.tables)} table(s)")
-    if parallelism > 1:
-        target.ensure_schema_table()
     shared = shared_changes(spark, p)
     found = onepass.sizes(shared) if shared is not None else {}
     direct = direct_tables(p, found, lambda t: _direct.eligible(p.schema, t.table_id, p.ts, t.base))
@@ -233,8 +265,9 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
 
     def load(item: Item) -> tuple[str, int, str]:
         t, raw, df = item
+        into, info = placement.target_for(t), placement.naming.info(t)
         if df is None:
-            n = load_table(target, t.info, _direct.rows_at(p.schema, t.table_id, p.ts, raw))
+            n = load_table(into, info, _direct.rows_at(p.schema, t.table_id, p.ts, raw), claim=claim)
         else:
             if t.base.frame is not None or not onepass.slice_for(p.schema, t.table_id, p.ts, t.base).final:
                 # An aggregating rebuild: its partitions are Spark's shuffle's, sized here
@@ -243,14 +276,14 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
                 based = int(t.base.frame.count()) if t.base.frame is not None else 0
                 df = stream.bounded(df, rows + based, nbytes + based * (nbytes // rows if rows else 256))
             if stream.arrow_ready(t.info):
-                n = load_table(target, t.info, tables=stream.arrow_tables(df, t.info))
+                n = load_table(into, info, tables=stream.arrow_tables(df, t.info), claim=claim)
             else:
-                n = load_table(target, t.info, stream.python_rows(df, t.info))
+                n = load_table(into, info, stream.python_rows(df, t.info), claim=claim)
         tally.done(t.name, n, "rows from " + t.base.kind)
         return (t.name, n, t.base.kind)
 
     done = in_plan_order(p, onepass.each_table(items(spark, p, shared, direct), load, parallelism))
-    return RestoreResult(p.ts, done, time.monotonic() - started, target=url)
+    return RestoreResult(p.ts, done, time.monotonic() - started, target=url, renamed=placement.naming.renamed(p))
 
 
 def verify(source_url: str, target_url: str, tables: Sequence[str] | None = None) -> tuple[bool, str]:
@@ -259,29 +292,57 @@ def verify(source_url: str, target_url: str, tables: Sequence[str] | None = None
     return bool(report.ok), str(report.summary())
 
 
-def run(spark: Any, lake: str, ts: int, *, tables: Sequence[str] | None = None, out: str | None = None,
-        target: str | None = None, verify_url: str | None = None, replace: bool = False, source: str = "auto",
-        progress: Progress | None = None, parallelism: int = onepass.DEFAULT_PARALLELISM) -> RestoreResult:
-    """The whole restore: plan (every refusal before any write), rebuild, write or load, verify.
-    ``parallelism``: how many tables are written or loaded at once."""
-    onepass.check_parallelism(parallelism)
+def check_options(out: str | None, target: str | None, verify_url: str | None,
+                  renames: Sequence[tuple[str, str]], into_schema: str | None) -> None:
+    """The combinations refused before anything is read: exactly one destination, --verify
+    with --target only and not with renamed tables, --into-schema where the target's kind
+    has schemas."""
     if (out is None) == (target is None):
         raise errors.InvalidArgument("give exactly one destination: --out DIR or --target URL")
     if verify_url is not None and target is None:
         raise errors.InvalidArgument("--verify compares a target database: use it with --target")
+    if verify_url is not None and (renames or into_schema):
+        raise errors.InvalidArgument("--verify compares tables under their own names: it cannot check tables "
+                                     "restored with --rename or --into-schema; run binlake diff on them instead")
+    if target is not None:
+        naming.check_kind(targets.for_scheme(sql_url.normalize_url(target).drivername), into_schema)
+
+
+def run(spark: Any, lake: str, ts: int, *, tables: Sequence[str] | None = None, out: str | None = None,
+        target: str | None = None, verify_url: str | None = None, replace: bool = False, source: str = "auto",
+        progress: Progress | None = None, parallelism: int = onepass.DEFAULT_PARALLELISM,
+        renames: Sequence[tuple[str, str]] = (), into_schema: str | None = None,
+        run_id: str | None = None) -> RestoreResult:
+    """The whole restore: plan (every refusal before any write), rebuild, write or load, verify.
+    ``parallelism``: how many tables are written or loaded at once. ``renames`` (OLD, NEW)
+    and ``into_schema``: where the tables go (``binlake.restore.naming``). Into a target,
+    the tables are claimed for run ``run_id`` (None: a run of its own): a rerun under the
+    same id replaces what that run created; anything else already there is refused
+    unless ``replace``."""
+    onepass.check_parallelism(parallelism)
+    check_options(out, target, verify_url, renames, into_schema)
     say = progress or (lambda _m: None)
     started = time.monotonic()
     conn = open_target(target) if target is not None else None
+    placement = None
     try:
         say(f"planning the restore to {tso.format_ts(ts)}")
         p = plan(spark, lake, ts, tables, source)
+        names = naming.resolve(p, renames, into_schema)
         if conn is None:
             assert out is not None  # exactly one destination, checked above
-            check_out(spark, out, p, replace)
-            result = write_out(spark, p, out, replace, say, parallelism)
+            check_out(spark, out, p, replace, names)
+            result = write_out(spark, p, out, replace, say, parallelism, names)
         else:
-            result = load_target(spark, p, conn, str(target), say, parallelism)
+            run_id = naming.check_run_id(run_id) if run_id is not None else naming.new_run_id(ts)
+            say(f"restore run {run_id}: to finish it if it is stopped, run it again with --run-id {run_id}")
+            placement = naming.check_target(conn, p, names, run_id, replace)
+            result = load_target(spark, p, conn, str(target), say, parallelism, placement=placement,
+                                 claim=Claim(run_id, ts, replace))
+            result.run_id = run_id
     finally:
+        if placement is not None:
+            placement.close()
         if conn is not None:
             conn.close()
     if verify_url is not None and target is not None:

@@ -59,6 +59,7 @@ SCHEMA_TABLE = "_binlake_schema"
 INTERNAL_PREFIX = "_binlake_"
 
 IF_EXISTS = ("fail", "skip", "replace")
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 # Bound parameters per statement stay below every database's limit (SQLite 32766,
 # PostgreSQL 65535); 1,000 rows a statement is where larger batches stop paying.
 MAX_PARAMS = 30_000
@@ -112,6 +113,17 @@ class Target:
     has secondary indexes; else the apply drops them first and creates them again after."""
     file_database: ClassVar[bool] = False
     """The URL names a file (its directory is created; an in-memory database is refused)."""
+    namespace: ClassVar[str | None] = None
+    """What one database of this kind holds tables in ("schema" in PostgreSQL, "database" in
+    MySQL/MariaDB), where ``restore --into-schema`` puts them; None: a flat list of tables."""
+    name_bytes: ClassVar[int | None] = None
+    """The longest name (in UTF-8 bytes) the database keeps as written (None: no limit that matters)."""
+    name_chars: ClassVar[int | None] = None
+    """The longest name in characters (None: no limit that matters)."""
+    reserved_prefixes: ClassVar[tuple[str, ...]] = ()
+    """Name prefixes the database keeps for itself (compared without case)."""
+    names_ignore_case: ClassVar[bool] = False
+    """Table names that differ only in ASCII case are one table (SQLite, DuckDB)."""
 
     # ------------------------------------------------------------ URLs and engines
     @classmethod
@@ -137,6 +149,67 @@ class Target:
         """Set up a new engine (event listeners) before its first connection. ``writer``:
         the engine writes (an apply, a restore); else it only reads (diff, checksums),
         and must not take a writer's locks."""
+
+    # ------------------------------------------------------------ names and namespaces
+    @classmethod
+    def name_problem(cls, name: str, namespace: bool = False) -> str | None:
+        """Why ``name`` cannot name a table (``namespace``: a schema/database) that binlake
+        creates in this kind of database and finds again under that name; None when it can.
+        A name the database would cut short, or one binlake keeps for its own tables, is
+        refused rather than changed."""
+        if not isinstance(name, str) or not name:
+            return "is empty"
+        if name != name.strip():
+            return "begins or ends with a space"
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+            return "holds a control character"
+        if name.lower().startswith(INTERNAL_PREFIX):
+            return f"begins with {INTERNAL_PREFIX}, which binlake keeps for its own tables"
+        for prefix in cls.reserved_prefixes:
+            if name.lower().startswith(prefix):
+                return f"begins with {prefix}, which {cls.title} keeps for itself"
+        if cls.name_bytes is not None and len(name.encode()) > cls.name_bytes:
+            return (f"is {len(name.encode())} bytes long; {cls.title} keeps {cls.name_bytes} "
+                    "and would cut the rest")
+        if cls.name_chars is not None and len(name) > cls.name_chars:
+            return f"is {len(name)} characters long; {cls.title} takes at most {cls.name_chars}"
+        return None
+
+    @classmethod
+    def namespace_url(cls, url: sa.engine.URL, name: str) -> sa.engine.URL:
+        """The URL of the same database with namespace ``name`` as the one unqualified
+        names land in (so every method here works in it unchanged)."""
+        raise errors.FailedPrecondition(f"{cls.title} has no schemas: restore into another database file, "
+                                        "or give the tables other names with --rename")
+
+    @classmethod
+    def create_namespace_sql(cls, engine: Engine, name: str) -> list[str]:
+        raise errors.FailedPrecondition(f"{cls.title} has no schemas")
+
+    current_namespace_sql: ClassVar[str | None] = None
+    """The query of the namespace unqualified names land in (with ``namespace``)."""
+    has_namespace_sql: ClassVar[str | None] = None
+    """The query that finds namespace ``:n`` (a row when it exists)."""
+
+    def current_namespace(self) -> str | None:
+        """The namespace unqualified names land in now (None where there are none)."""
+        if self.current_namespace_sql is None:
+            return None
+        with self.engine.connect() as conn:
+            found = conn.exec_driver_sql(self.current_namespace_sql).scalar()
+        return None if found is None else str(found)
+
+    def has_namespace(self, name: str) -> bool:
+        """Whether namespace ``name`` exists."""
+        if self.has_namespace_sql is None:
+            return False
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text(self.has_namespace_sql), {"n": name}).first() is not None
+
+    def name_key(self, name: str) -> str:
+        """What two names that are one table here have in common: the name as written
+        (binlake quotes every one), in lower case where ``names_ignore_case``."""
+        return name.translate(_ASCII_LOWER) if self.names_ignore_case else name
 
     # ------------------------------------------------------------ types and literals
     @classmethod

@@ -67,6 +67,7 @@ class DuckDB(Target):
     # DuckDB refuses most ALTER TABLE on a table with an index ("entries that depend on it").
     alter_keeps_indexes = False
     file_database = True
+    names_ignore_case = True
 
     @classmethod
     def prepare_engine(cls, engine: sa.Engine, *, writer: bool = True) -> None:

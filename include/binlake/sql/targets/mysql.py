@@ -29,6 +29,31 @@ class MySQL(Target):
     example_url = "mysql://USER@HOST/DB"
     transactional_ddl = False
     snapshot_isolation = "REPEATABLE READ"
+    namespace = "database"
+    current_namespace_sql = "SELECT DATABASE()"
+    has_namespace_sql = "SELECT 1 FROM information_schema.schemata WHERE schema_name = :n"
+    name_chars = 64
+
+    @classmethod
+    def name_problem(cls, name: str, namespace: bool = False) -> str | None:
+        if isinstance(name, str) and any(ord(ch) > 0xFFFF for ch in name):
+            return "holds a character outside the Basic Multilingual Plane, which MySQL/MariaDB names cannot"
+        return super().name_problem(name, namespace)
+
+    @classmethod
+    def namespace_url(cls, url: sa.engine.URL, name: str) -> sa.engine.URL:
+        return url.set(database=name)
+
+    @classmethod
+    def create_namespace_sql(cls, engine: Engine, name: str) -> list[str]:
+        return [f"CREATE DATABASE IF NOT EXISTS {cls.q(engine, name)} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"]
+
+    def name_key(self, name: str) -> str:
+        # lower_case_table_names 1 or 2: the server keeps or compares names in lower case.
+        if not hasattr(self, "_folds"):
+            with self.engine.connect() as conn:
+                self._folds = bool(int(conn.exec_driver_sql("SELECT @@lower_case_table_names").scalar() or 0))
+        return name.lower() if self._folds else super().name_key(name)
 
     @classmethod
     def prepare_url(cls, url: sa.engine.URL) -> sa.engine.URL:

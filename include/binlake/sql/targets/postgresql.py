@@ -44,6 +44,31 @@ class PostgreSQL(Target):
     native_arrow = True
     snapshot_isolation = "REPEATABLE READ"
     row_id = "ctid"
+    namespace = "schema"
+    current_namespace_sql = "SELECT current_schema()"
+    has_namespace_sql = "SELECT 1 FROM pg_namespace WHERE nspname = :n"
+    name_bytes = 63  # NAMEDATALEN - 1: a longer name is cut without an error
+
+    @classmethod
+    def name_problem(cls, name: str, namespace: bool = False) -> str | None:
+        if namespace and isinstance(name, str) and name.lower().startswith("pg_"):
+            return "begins with pg_, which PostgreSQL keeps for its system schemas"
+        return super().name_problem(name, namespace)
+
+    @classmethod
+    def namespace_url(cls, url: sa.engine.URL, name: str) -> sa.engine.URL:
+        # The server sets search_path from the connection's options before anything runs,
+        # so SQLAlchemy's default schema, its reflection and COPY all see schema ``name``.
+        quoted = '"' + name.replace('"', '""') + '"'
+        option = "-csearch_path=" + quoted.replace("\\", "\\\\").replace(" ", "\\ ")
+        given = url.query.get("options")
+        options = f"{given} {option}" if isinstance(given, str) and given else option
+        return url.update_query_dict({"options": options})
+
+    @classmethod
+    def create_namespace_sql(cls, engine: Engine, name: str) -> list[str]:
+        return [f"CREATE SCHEMA IF NOT EXISTS {cls.q(engine, name)}"]
+
 
     @classmethod
     def sa_type(cls, col: ColumnDef, keyed: bool = False) -> sa.types.TypeEngine[Any]:

@@ -48,6 +48,8 @@ class SQLite(Target):
     native_arrow = True
     concurrent_writers = False
     file_database = True
+    reserved_prefixes = ("sqlite_",)
+    names_ignore_case = True
 
     @classmethod
     def engine_options(cls, url: sa.engine.URL) -> dict[str, Any]:
