@@ -67,6 +67,8 @@ class DuckDB(Target):
     # DuckDB refuses most ALTER TABLE on a table with an index ("entries that depend on it").
     alter_keeps_indexes = False
     file_database = True
+    # No FOR UPDATE: one writing transaction at a time holds the engine's lock (below).
+    row_locks = False
 
     @classmethod
     def prepare_engine(cls, engine: sa.Engine, *, writer: bool = True) -> None:
