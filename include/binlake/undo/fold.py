@@ -12,8 +12,8 @@ dropped and retyped columns) fold the same way.
 
 A key whose before and after images are equal (changed and changed back) needs
 nothing and is left out. Each table's plan is kept as a local checkpoint on
-disk and streamed to the driver in partitions of about ``[memory]
-partition_rows`` rows, never as a whole table.
+disk in partitions of at most ``[memory] partition_rows`` keys and streamed
+to the driver one partition at a time, never as a whole table.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from binlake import errors, tso
+from binlake import config, errors, tso
 from binlake.lake.decoding import decode
 from binlake.lake.store.ledger import BOUNDS, is_delta, read_windows
 from binlake.lake.store.location import check_lake, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
-from binlake.restore import coverage, rebuild, stream
+from binlake.restore import coverage, rebuild
 from binlake.restore import fills as fill_mod
 from binlake.undo.selection import Selection
 
@@ -76,8 +76,8 @@ class TablePlan:
             row.update({c.name: C.python_value(r[c.name], c.type) for c in rest})
             return row
 
-        df = stream.bounded(self.frame, self.rows, self.rows * 64 * max(1, len(cols)))
-        for r in df.toLocalIterator(prefetchPartitions=True):
+        # The frame's partitions are sized by ``plan`` (at most [memory] partition_rows keys).
+        for r in self.frame.toLocalIterator(prefetchPartitions=True):
             kv = tuple(C.python_value(r[k], types[k]) for k in key)
             yield kv, image(r["_pre"], kv), image(r["_post"], kv)
 
@@ -136,16 +136,19 @@ def chosen_rows(spark: Any, lake: str, sel: Selection, windows: list[dict[str, A
     return rows, lo, hi
 
 
-def _where(typed: Any, where: str) -> Any:
+def _where(typed: Any, where: str, parse_only: bool = False) -> Any:
     """``typed`` rows that satisfy the user's predicate; one line when it does not parse
-    or names what the change rows do not have."""
+    or (unless ``parse_only``) names what the change rows do not have."""
     from pyspark.sql import functions as F
 
     view = typed.select("*", F.col("tbl").alias("table"),
                         F.when(F.col("op") != "insert", F.col("_before")).alias("before"),
                         F.when(F.col("op") != "delete", F.col("_after")).alias("after"))
     try:
-        kept = view.where(F.expr(where))
+        predicate = F.expr(where)
+        if parse_only:
+            return view
+        kept = view.where(predicate)
         kept.schema  # noqa: B018 - analysed now: an unknown column is the user's mistake, said before any write
     except Exception as exc:
         if type(exc).__name__ not in ("ParseException", "AnalysisException"):
@@ -187,6 +190,11 @@ def plan(spark: Any, lake: str, sel: Selection, progress: Progress | None = None
 
     say = progress or (lambda _m: None)
     started = time.monotonic()
+    bounds = config.memory()
+    if sel.where:
+        # Parsed now: a predicate that does not parse is refused whatever the changes touched.
+        _where(spark.createDataFrame([], "op string, tbl string, _before struct<x: int>, _after struct<x: int>"),
+               sel.where, parse_only=True)
     windows = _windows(spark, lake)
     rows, lo, hi = chosen_rows(spark, lake, sel, windows)
     _first, end = coverage.lake_span(windows)
@@ -219,7 +227,10 @@ def plan(spark: Any, lake: str, sel: Selection, progress: Progress | None = None
         if sel.where:
             typed = _where(typed, sel.where)
         say(f"folding {touched[table_id]:,} change row(s) of {info.db}.{info.name}")
-        frame = _fold(typed, info).localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
+        # No more keys than change rows: partitions of at most [memory] partition_rows keys, and
+        # no more of them than that needs (the driver streams them one at a time, a job each).
+        parts = max(1, -(-touched[table_id] // bounds.partition_rows))
+        frame = _fold(typed, info).repartition(parts).localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
         counts = dict.fromkeys(ACTIONS, 0)
         counts.update({str(r["_action"]): int(r["count"]) for r in frame.groupBy("_action").count().collect()})
         plans.append(TablePlan(table_id, info, frame, counts))

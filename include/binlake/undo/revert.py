@@ -251,7 +251,8 @@ def run(p: UndoPlan, target: targets.Target, opts: Options, progress: Progress |
     outcomes = [TableOutcome(t.name, dict(t.counts)) for t in p.tables]
     result = UndoResult(described, str(target), "dry run", outcomes, [], apply_tasks=tasks, first_ts=p.first_ts,
                         last_ts=p.last_ts, sql_file=opts.sql_file)
-    if opts.writes:
+    if opts.writes and not target.transactional_ddl:
+        # DDL would commit the undo's transaction half way here (MariaDB): made first, on its own.
         record.ensure(target)
     sql = _Statements(opts.sql_file, target) if opts.sql_file is not None else None
     per = config.memory().batch_rows
@@ -301,6 +302,7 @@ def run(p: UndoPlan, target: targets.Target, opts: Options, progress: Progress |
                 conn.rollback()
                 result.mode = "dry run"
             else:
+                record.table.create(conn, checkfirst=True)  # inside the transaction: no trace of a rollback
                 record.write(conn, digest, described, rows)
                 failpoint.hit("undo-before-commit")
                 conn.commit()
