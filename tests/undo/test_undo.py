@@ -38,7 +38,7 @@ from binlake.replicate import checkpoint
 from binlake.restore import restore
 from binlake.sql import checksum, targets
 from binlake.sql import schema as sc
-from binlake.sql.url import reader_engine
+from binlake.sql.url import open_target, reader_engine
 from binlake.testing.devcluster import DevCluster
 from binlake.writer.txn_writer import TxnWriter
 
@@ -111,8 +111,7 @@ def shared(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
         wait_until(passed, 30, 0.1, "pumps' safe ts to pass the workload's end")
         lake = str(root / "lake")
-        for a, b in ((t0, t2), (t2, end)):
-            ingest.ingest_window(spark, lake, cluster.registry_addr, a, b)
+        ingest.ingest_window(spark, lake, cluster.registry_addr, t0, end)
     shared = Lake(root, up, before, lake, t1, t2, end, moved.start_ts)
     restore.run(spark, lake, end - 1, target=f"sqlite:///{shared.pristine}")
     yield shared
@@ -160,27 +159,40 @@ def fresh(s: Lake, tmp_path: pathlib.Path, name: str = "t.db") -> str:
     return f"sqlite:///{path}"
 
 
+def copied(s: Lake, url: str) -> str:
+    """The restored target's tables, made and loaded in ``url`` as a restore does (one Spark
+    restore per module: the same definitions, recorded in ``_binlake_schema``)."""
+    source = f"sqlite:///{s.pristine}"
+    with open_target(url) as target:
+        for info in checksum.load_schema(source).values():
+            engine = reader_engine(source)
+            with engine.connect() as conn:
+                data = [dict(r._mapping) for r in conn.execute(sa.select(targets.kind("sqlite").sa_table(info)))]
+            engine.dispose()
+            restore.load_table(target, info, data)
+    return url
+
+
 def undo(s: Lake, target: str, *extra: str) -> int:
     return cli.main(["undo", "--lake", s.lake, "--start", str(s.t1), "--end", str(s.t2), "--target", target, *extra])
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mariadb"])
-def test_the_bad_batch_is_undone_and_only_it(spark: SparkSession, shared: Lake, kind: str,
+def test_the_bad_batch_is_undone_and_only_it(shared: Lake, kind: str,
                                              request: pytest.FixtureRequest, tmp_path: pathlib.Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    target = fresh(shared, tmp_path) if kind == "sqlite" else new_target_url(kind, request, tmp_path)
-    if kind != "sqlite":
-        restore.run(spark, shared.lake, shared.end - 1, target=target)
+    target = fresh(shared, tmp_path) if kind == "sqlite" else copied(shared, new_target_url(kind, request, tmp_path))
     assert state(target) == state(shared.up)  # the target holds the upstream's now, bad batch included
     capsys.readouterr()
     assert undo(shared, target) == 0
     out = capsys.readouterr().out
     assert out.startswith("undone") and "main.orders" in out, out
     assert state(target) == expected(shared)
-    # A second undo of the same changes finds its record and writes nothing.
-    assert undo(shared, target, "--force") == 0
-    assert "already undone at" in capsys.readouterr().out
-    assert state(target) == expected(shared)
+    if kind == "sqlite":
+        # A second undo of the same changes finds its record and writes nothing.
+        assert undo(shared, target, "--force") == 0
+        assert "already undone at" in capsys.readouterr().out
+        assert state(target) == expected(shared)
 
 
 def test_dry_run_prints_the_plan_and_sql_writes_the_statements_only(

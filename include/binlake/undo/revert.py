@@ -45,6 +45,7 @@ from binlake.sql import checksum, targets
 from binlake.sql.targets.base import MAX_ROWS
 from binlake.undo import record
 from binlake.undo.fold import TablePlan, UndoPlan
+from binlake.undo.selection import Selection
 
 Progress = Callable[[str], None]
 T = TypeVar("T")
@@ -239,6 +240,16 @@ class _Statements:
 
 def _begin_sql(target: targets.Target) -> str:
     return "START TRANSACTION;" if target.name == "mysql" else "BEGIN;"
+
+
+def already(target: targets.Target, selection: Selection) -> UndoResult | None:
+    """The result of a rerun when the target's record says ``selection`` was undone there."""
+    with target.engine.connect() as conn:
+        done = record.find(conn, selection.digest())
+    if done is None:
+        return None
+    return UndoResult(selection.describe(), str(target), "already undone", [], [],
+                      already_at=f"{done[0]} ({done[1]:,} row(s))")
 
 
 def run(p: UndoPlan, target: targets.Target, opts: Options, progress: Progress | None = None) -> UndoResult:

@@ -47,6 +47,9 @@ def run(spark: Any, lake: str, sel: Selection, target_url: str, opts: revert.Opt
     check(sel, target_url, opts)
     target = open_target(target_url)  # unreachable: refused before Spark reads anything
     try:
+        done = revert.already(target, sel)
+        if done is not None:  # a rerun: nothing to fold (revert.run checks again in its transaction)
+            return fold.UndoPlan(sel, [], 0, 0, 0), done
         p = fold.plan(spark, lake, sel, progress)
         result = revert.run(p, target, opts, progress)
         if not p.tables and result.mode == "undone":
