@@ -23,6 +23,7 @@ import datetime as dt
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -62,7 +63,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     apply_bench = bench_module("apply")
     txn = apply_bench.TXN
     if n < 1000 or n % txn:
-        print(f"bench undo: --changes must be at least 1000 and a multiple of {txn}", file=os.sys.stderr)
+        print(f"bench undo: --changes must be at least 1000 and a multiple of {txn}", file=sys.stderr)
         return 2
     import pymysql
 

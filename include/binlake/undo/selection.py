@@ -88,6 +88,8 @@ def parse_txns(text: str | None) -> tuple[int, ...]:
 def choose(start: str | None = None, end: str | None = None, *, txns: str | Sequence[int] | None = None,
            tables: str | Sequence[str] | None = None, where: str | None = None, tz: str | None = None) -> Selection:
     """The checked selection of the CLI's (or the DAG's) arguments."""
+    if tz is not None and not tz.strip():
+        raise errors.InvalidArgument("--tz is empty: give an IANA time zone such as Europe/Paris, or UTC")
     picked = parse_txns(txns) if isinstance(txns, str) or txns is None else parse_txns(",".join(map(str, txns)))
     if picked and (start is not None or end is not None):
         raise errors.InvalidArgument("give either --start/--end or --txn, not both")

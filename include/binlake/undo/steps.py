@@ -30,6 +30,8 @@ def check(sel: Selection, target_url: str, opts: revert.Options) -> None:
         raise errors.InvalidArgument(f"--target must be a database URL such as postgresql://USER@HOST/DB or "
                                      f"sqlite:///FILE, got {target_url!r}")
     if opts.sql_file is not None:
+        if not opts.sql_file.strip():
+            raise errors.InvalidArgument("--sql is empty: give the file to write the statements to")
         parent = os.path.dirname(os.path.abspath(opts.sql_file))
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             raise errors.InvalidArgument(f"--sql {opts.sql_file}: cannot write there (no writable directory {parent})")
