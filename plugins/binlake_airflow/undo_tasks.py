@@ -17,13 +17,16 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from binlake import errors
 from binlake_airflow import config, sessions
 from binlake_airflow.restore_tasks import _fail, _safe
+
+if TYPE_CHECKING:  # the task bodies import binlake.undo (SQLAlchemy, Arrow) when they run, not at parse
+    from binlake.undo import revert
 
 log = logging.getLogger(__name__)
 
@@ -96,22 +99,30 @@ def _selection(resolved: Mapping[str, Any]) -> Any:
                      s["where"])
 
 
+def _steps(resolved: Mapping[str, Any], opts: revert.Options, what: str) -> revert.UndoResult:
+    """``steps.run`` in the task's Spark session; refusals fail the task without retries."""
+    from binlake.undo import steps
+
+    with sessions.job_session(f"binlake-undo-{what}-{_safe(str(resolved['run_id']))}") as spark:
+        try:
+            _p, result = steps.run(spark, str(resolved["lake"]), _selection(resolved), str(resolved["target"]), opts,
+                                   lambda m: log.info("undo %s: %s", what, m))
+        except errors.BinlakeError as exc:
+            raise _fail(exc) from None
+    log.info("%s", result.summary())
+    return result
+
+
 def plan(resolved: Mapping[str, Any]) -> dict[str, Any]:
     """The plan (rows per table, conflicts) and the statements, written to the run's SQL file."""
-    from binlake.undo import revert, steps
+    from binlake.undo import revert
 
     sql_file = resolved.get("sql_file")
     if sql_file:
         os.makedirs(os.path.dirname(sql_file), exist_ok=True)
     opts = revert.Options(sql_file=sql_file, dry_run=not sql_file, skip_conflicts=bool(resolved["skip_conflicts"]),
                           force=bool(resolved["force"]), max_conflicts=int(resolved["max_conflicts"]))
-    with sessions.job_session(f"binlake-undo-plan-{_safe(str(resolved['run_id']))}") as spark:
-        try:
-            _p, result = steps.run(spark, str(resolved["lake"]), _selection(resolved), str(resolved["target"]), opts,
-                                   lambda m: log.info("undo plan: %s", m))
-        except errors.BinlakeError as exc:
-            raise _fail(exc) from None
-    log.info("%s", result.summary())
+    result = _steps(resolved, opts, "plan")
     out = result.to_dict()
     out["summary"] = result.summary()
     out["sql"] = ""
@@ -123,20 +134,14 @@ def plan(resolved: Mapping[str, Any]) -> dict[str, Any]:
 
 def undo(resolved: Mapping[str, Any], planned: Mapping[str, Any]) -> dict[str, Any]:
     """Revert (one target transaction); a dry run stops before this."""
-    from binlake.undo import revert, steps
+    from binlake.undo import revert
 
     if resolved["dry_run"]:
         raise AirflowSkipException(f"dry run: nothing written. The plan and its SQL are the plan task's output"
                                    f"{' and ' + str(resolved['sql_file']) if resolved.get('sql_file') else ''}")
     opts = revert.Options(skip_conflicts=bool(resolved["skip_conflicts"]), force=bool(resolved["force"]),
                           max_conflicts=int(resolved["max_conflicts"]))
-    with sessions.job_session(f"binlake-undo-{_safe(str(resolved['run_id']))}") as spark:
-        try:
-            _p, result = steps.run(spark, str(resolved["lake"]), _selection(resolved), str(resolved["target"]), opts,
-                                   lambda m: log.info("undo: %s", m))
-        except errors.BinlakeError as exc:
-            raise _fail(exc) from None
-    log.info("%s", result.summary())
+    result = _steps(resolved, opts, "undo")
     if result.mode == "conflicts":
         raise AirflowFailException(
             f"{result.conflict_count} key(s) changed since the changes to undo: nothing written; see the plan "
