@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import shutil
 from decimal import Decimal
 from typing import Any
 
@@ -124,8 +125,8 @@ def faithful(spark: SparkSession, lake: str, to: pathlib.Path) -> str:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    for name in ("ddl_history", "windows"):
-        spark.read.format("delta").load(f"{lake}/{name}").write.format("delta").save(str(to / name))
+    for name in ("ddl_history", "windows"):  # Delta tables are directories: copied as files
+        shutil.copytree(f"{lake}/{name}", to / name)
     changes = spark.read.format("delta").load(f"{lake}/changes")
     prev = F.lag("after").over(Window.partitionBy("table_id", "keys").orderBy("commit_ts", "seq"))
     (changes.withColumn("before", F.when(F.col("op") == "update", prev)).write.format("delta")
