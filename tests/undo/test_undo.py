@@ -239,6 +239,15 @@ def test_a_later_write_on_a_touched_key_is_a_conflict(
     want = expected(shared, keep={5})
     want["orders"][("5",)] = now["orders"][("5",)]
     assert state(target) == want
+    # --force overwrites the later write too (on a copy holding the same conflict).
+    forced = tmp_path / "forced.db"
+    shutil.copy(tmp_path / "t.db", forced)
+    engine = sa.create_engine(f"sqlite:///{forced}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM _binlake_undo")
+    engine.dispose()
+    assert undo(shared, f"sqlite:///{forced}", "--force") == 0
+    assert state(f"sqlite:///{forced}") == expected(shared)
 
 
 def test_a_run_killed_half_way_changes_nothing_and_a_rerun_finishes(
