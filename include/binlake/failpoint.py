@@ -58,6 +58,11 @@ The names, where they are, and what a crash there must not break:
 ``restore-before-manifest`` restore --out, after the tables, before the manifest
 ``restore-after-table``   restore/snapshot, after one table was written while others
                           are being written (no half-written table may be visible)
+``undo-after-batch``      undo, after a batch of deletes or inserts was written inside
+                          its one target transaction (nothing of it may show; a rerun
+                          reverts the same keys)
+``undo-before-commit``    undo, every revert and its ``_binlake_undo`` row written,
+                          before the target commit (the target must be unchanged)
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-from binlake_airflow import apply_tasks, config, deadline, restore_tasks
+from binlake_airflow import apply_tasks, config, deadline, restore_tasks, undo_tasks
 
 from binlake import errors
 from binlake.restore import claims
@@ -73,6 +73,40 @@ def test_the_form_defaults_with_a_datetime_and_a_target_resolve(monkeypatch: pyt
 def test_bad_restore_params_name_the_param(filled: dict[str, Any], message: str) -> None:
     with pytest.raises(AirflowFailException, match="bad params") as caught:
         _resolve(**filled)
+    assert message in str(caught.value)
+
+
+UNDO_FORM = {"start": None, "end": None, "tz": None, "txn": None, "tables": None, "where": None, "target": None,
+             "dry_run": True, "skip_conflicts": False, "force": False, "max_conflicts": 20}
+
+
+def test_the_undo_form_with_a_range_and_a_target_checks(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: pathlib.Path) -> None:
+    monkeypatch.setenv("BINLAKE_LAKE_DIR", str(tmp_path / "lake"))
+    r = undo_tasks.check({**UNDO_FORM, "start": "100", "end": "2026-11-21T08:00:00", "tz": "UTC", "tables": "",
+                          "target": f"sqlite:///{tmp_path / 'x.db'}"}, "manual__1")
+    assert r["dry_run"] is True and r["selection"]["start_ts"] == 100 and r["selection"]["tables"] is None
+    assert r["sql_file"] == str(tmp_path / "lake" / "undo" / "manual__1.sql")
+
+
+@pytest.mark.parametrize(("filled", "message"), [
+    ({}, "target: give the URL"),
+    ({"target": "sqlite:///x.db"}, "say which changes"),
+    ({"target": "sqlite:///x.db", "start": "200", "end": "100"}, "end (100) must be after start"),
+    ({"target": "sqlite:///x.db", "start": "100", "end": "200", "txn": "5"}, "either start/end or txn"),
+    ({"target": "sqlite:///x.db", "txn": "5,x"}, "txn takes start_ts values"),
+    ({"target": "sqlite:///x.db", "start": "soon", "end": "200"}, "start:"),
+    ({"target": "sqlite:///x.db", "txn": "5", "where": 5}, "where: give a string"),
+    ({"target": "x.db", "txn": "5"}, "target must be a database URL"),
+    ({"target": "sqlite:///x.db", "txn": "5", "skip_conflicts": True, "force": True}, "skip_conflicts or force, not both"),
+    ({"target": "sqlite:///x.db", "txn": "5", "dry_run": "no"}, "dry_run: give true or false"),
+    ({"target": "sqlite:///x.db", "txn": "5", "max_conflicts": -1}, "max_conflicts: give a number"),
+])
+def test_bad_undo_params_name_the_param(filled: dict[str, Any], message: str, tmp_path: pathlib.Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AirflowFailException, match="bad params") as caught:
+        undo_tasks.check({**UNDO_FORM, **filled}, "manual__1")
     assert message in str(caught.value)
 
 

@@ -1,4 +1,4 @@
-"""Real runs of ``binlake_restore`` and ``binlake_maintenance`` (``dag.test`` against a
+"""Real runs of ``binlake_restore``, ``binlake_undo`` and ``binlake_maintenance`` (``dag.test`` against a
 migrated SQLite metadata database) over a synthetic lake (``restore.synthetic``):
 one table, 300 rows, 1,500 changes, five ledger windows.
 
@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import shutil
 from decimal import Decimal
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from pumpkit import start_registry
 from pyspark.sql import SparkSession
 
@@ -115,6 +117,63 @@ def test_restore_dag_refuses_bad_params_and_writes_nothing(
     assert run.tasks[failed] == "failed"
     assert run.tasks.get("rebuild") in ("upstream_failed", "none", None)
     assert not out.exists()
+
+
+def faithful(spark: SparkSession, lake: str, to: pathlib.Path) -> str:
+    """A copy of the synthetic lake whose before images are what each key held (a binlog's):
+    the synthetic one writes a placeholder there, which only an undo reads."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    for name in ("ddl_history", "windows"):  # Delta tables are directories: copied as files
+        shutil.copytree(f"{lake}/{name}", to / name)
+    changes = spark.read.format("delta").load(f"{lake}/changes")
+    prev = F.lag("after").over(Window.partitionBy("table_id", "keys").orderBy("commit_ts", "seq"))
+    (changes.withColumn("before", F.when(F.col("op") == "update", prev)).write.format("delta")
+     .partitionBy("commit_date").save(str(to / "changes")))
+    return str(to)
+
+
+def test_undo_dag_plans_in_a_dry_run_then_reverts(
+        dags: Any, spark: SparkSession, lake: tuple[str, int], tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Undo every change from the 1000th on: the target must become the table just before it."""
+    from binlake.restore import restore
+    from binlake.sql import checksum
+
+    path, last = faithful(spark, lake[0], tmp_path / "lake"), lake[1]
+    monkeypatch.setenv("BINLAKE_LAKE_DIR", path)
+    monkeypatch.setenv("BINLAKE_SPARK_MASTER", "local[2]")
+    first = T0 + 4 * 1000
+    target = f"sqlite:///{tmp_path / 'now.db'}"
+    restore.run(spark, path, last, target=target)
+    now = checksum.checksum(target, ["bench"])
+
+    def rows() -> dict[int, tuple[int, str, Decimal]]:
+        engine = sa.create_engine(target)
+        with engine.connect() as conn:
+            got = {int(i): (int(k), str(c), Decimal(str(b)))
+                   for i, k, c, b in conn.exec_driver_sql("SELECT id, k, c, balance FROM bench")}
+        engine.dispose()
+        return got
+
+    then = replayed(spark, path, first - 1)
+    assert rows() != then
+    conf = {"start": str(first), "end": str(last + 1), "target": target}
+    run = _run(dags["binlake_undo"], conf)
+    assert run.state == "success" and run.tasks["undo"] == "skipped", run.tasks
+    planned = run.xcoms["plan"]
+    assert planned["mode"] == "sql" and planned["tables"][0]["planned"]["update"] > 0, planned
+    assert planned["sql"].startswith("BEGIN;") and "INSERT INTO" in planned["sql"]
+    assert (pathlib.Path(path) / "undo").is_dir() and planned["sql_file"].startswith(path)
+    assert checksum.checksum(target, ["bench"]) == now  # a dry run writes nothing
+    run = _run(dags["binlake_undo"], {**conf, "dry_run": False})
+    assert run.state == "success" and run.tasks["undo"] == "success", run.tasks
+    assert run.xcoms["undo"]["mode"] == "undone"
+    assert rows() == then
+    # A bad param fails the first task, before any Spark work.
+    bad = _run(dags["binlake_undo"], {**conf, "target": None, "dry_run": True})
+    assert bad.state == "failed" and bad.tasks["check"] == "failed" and bad.tasks.get("plan") != "success", bad
 
 
 def test_maintenance_dag_snapshots_history_vacuum_and_a_loud_gc_report(

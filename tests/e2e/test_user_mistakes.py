@@ -166,6 +166,10 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("history",): {"--lake": lake, "--master": "local[1]", "--tables": "t"},
         ("restore",): {"--lake": lake, "--master": "local[1]", "--tables": "t", "--datetime": "2026-11-21T08:00",
                        "--tz": "UTC", "--target": f"sqlite:///{c.tmp / 'restored.db'}", "--verify": c.sqlite},
+        ("undo",): {"--lake": lake, "--master": "local[1]", "--start": "2026-11-21T08:00", "--end": "2026-11-21T09:00",
+                    "--tz": "UTC", "--tables": "t", "--where": "op = 'update'", "--target": c.sqlite,
+                    "--sql": str(c.tmp / "undo.sql"), "--max-conflicts": "5"},
+        ("bench", "undo"): {"--changes": "1000", "--dir": str(c.tmp / "bench"), "--master": "local[1]"},
     }
 
 
@@ -236,7 +240,13 @@ def malformed(action: argparse.Action, c: Ctx) -> list[tuple[str, tuple[str, ...
         return [("Mars/Olympus", ()), ("", ())]
     if dest == "start":  # a binlog position
         return [("bogus", ()), ("", ()), ("binlog.000001:2", ()), ("gtid:", ())]
-    if dest == "fix_sql":
+    if dest == "end":  # undo's end of a range: a TSO or a datetime
+        return [("bogus", ()), ("", ()), ("2026-13-45T99:00", ())]
+    if dest == "txn":
+        return [("", ()), ("abc", ()), ("1,,x", ())]
+    if dest == "where":  # a Spark SQL predicate: only the empty one is refused before the lake is read
+        return [("", ()), ("  ", ())]
+    if dest in ("fix_sql", "sql"):
         return [(NOWHERE, ()), (str(c.tmp), ()), ("", ())]
     if dest in _LISTS:
         return [("", ()), (",", ())]

@@ -126,12 +126,15 @@ def _by_version(version_col: Any, parts: dict[int, Any]) -> Any:
     return expr
 
 
-def events(changes: Any, table_versions: dict[int, binlog_pb2.TableInfo], out: Sequence[C.Column],
-           key: Sequence[str], fills: dict[int, dict[int, fill_mod.Fill]] | None = None) -> Any:
-    """Key events of change rows (see the module doc): ``out`` columns typed, plus
-    ``_ts, _seq, _sub, _del`` and ``_op``. ``key`` names the primary-key columns in ``out``.
-    ``fills`` (``fills.version_fills``): per schema version, what its images read for the
-    columns added after it.
+def typed_changes(changes: Any, table_versions: dict[int, binlog_pb2.TableInfo], out: Sequence[C.Column],
+                  key: Sequence[str], fills: dict[int, dict[int, fill_mod.Fill]] | None = None,
+                  keep: Sequence[str] = ()) -> Any:
+    """Change rows with both images typed onto ``out`` (the definition asked for): columns
+    ``commit_ts, seq, op, keys, _bk`` (the before image's key text), ``keep``, and the
+    structs ``_before``/``_after`` of ``out``'s columns (their fields null where the row
+    has no such image). ``key`` names the primary-key columns in ``out``; ``fills``
+    (``fills.version_fills``): per schema version, what its images read for the columns
+    added after it.
 
     One pass over the rows whatever the number of schema versions: each image is
     parsed once, with the schema of its own version (a CASE on ``schema_version``
@@ -158,26 +161,49 @@ def events(changes: Any, table_versions: dict[int, binlog_pb2.TableInfo], out: S
         before_key[version] = F.to_json(F.from_json(F.col("before"), key_schema))
     # One parsed column per version (their struct types differ), null for other versions.
     staged = changes.select(
-        "commit_ts", "seq", "op", "keys", "schema_version",
+        "commit_ts", "seq", "op", "keys", "schema_version", *keep,
         *[F.when(ver == v, e).alias(f"_a{v}") for v, e in parsed_after.items()],
         *[F.when(ver == v, e).alias(f"_b{v}") for v, e in parsed_before.items()],
         _by_version(ver, before_key).alias("_bk"))
 
-    def image(prefix: str) -> list[Any]:
-        return [_by_version(ver, {v: C.typed_field(F.col(f"{prefix}{v}"), info, c, (fills or {}).get(v))
-                                  for v, info in table_versions.items()}).alias(c.name) for c in out]
+    def image(prefix: str) -> Any:
+        return F.struct(*[_by_version(ver, {v: C.typed_field(F.col(f"{prefix}{v}"), info, c, (fills or {}).get(v))
+                                            for v, info in table_versions.items()}).alias(c.name) for c in out])
+
+    return staged.select("commit_ts", "seq", "op", "keys", "_bk", *keep, image("_b").alias("_before"),
+                         image("_a").alias("_after"))
+
+
+def key_events(typed: Any, out: Sequence[C.Column], befores: bool = False) -> Any:
+    """Key events (see the module doc) of ``typed_changes`` rows: ``out`` columns plus
+    ``_ts, _seq, _sub, _del`` and ``_op``. ``befores``: every update also yields its
+    before image as a delete event of its key (sub 0), moved or not, so the first
+    event of a key says what the key held before the rows (undo's pre-images); an
+    upsert right after it, in the same change, still wins any fold by the last event."""
+    from pyspark.sql import functions as F
 
     moved = (F.col("op") == "delete") | ((F.col("op") == "update") & (F.col("keys") != F.col("_bk")))
+    if befores:
+        moved = F.col("op") != "insert"
     pair = F.array(
-        F.struct(*image("_b"), F.lit(0).alias("_sub"), F.lit(True).alias("_del"), F.lit("delete").alias("_op"),
-                 moved.alias("_keep")),
-        F.struct(*image("_a"), F.lit(1).alias("_sub"), F.lit(False).alias("_del"), F.col("op").alias("_op"),
-                 (F.col("op") != "delete").alias("_keep")),
+        F.struct(*[F.col("_before").getField(c.name).alias(c.name) for c in out], F.lit(0).alias("_sub"),
+                 F.lit(True).alias("_del"), F.lit("delete").alias("_op"), moved.alias("_keep")),
+        F.struct(*[F.col("_after").getField(c.name).alias(c.name) for c in out], F.lit(1).alias("_sub"),
+                 F.lit(False).alias("_del"), F.col("op").alias("_op"), (F.col("op") != "delete").alias("_keep")),
     )
-    return (staged.select(F.col("commit_ts").alias("_ts"), F.col("seq").alias("_seq"), F.explode(pair).alias("_e"))
+    return (typed.select(F.col("commit_ts").alias("_ts"), F.col("seq").alias("_seq"), F.explode(pair).alias("_e"))
             .where(F.col("_e._keep"))
             .select(*[F.col("_e").getField(c.name).alias(c.name) for c in out], "_ts", "_seq", "_e._sub", "_e._del",
                     "_e._op"))
+
+
+def events(changes: Any, table_versions: dict[int, binlog_pb2.TableInfo], out: Sequence[C.Column],
+           key: Sequence[str], fills: dict[int, dict[int, fill_mod.Fill]] | None = None) -> Any:
+    """Key events of change rows (see the module doc): ``out`` columns typed, plus
+    ``_ts, _seq, _sub, _del`` and ``_op``. ``key`` names the primary-key columns in ``out``.
+    ``fills`` (``fills.version_fills``): per schema version, what its images read for the
+    columns added after it (``typed_changes`` then ``key_events``)."""
+    return key_events(typed_changes(changes, table_versions, out, key, fills), out)
 
 
 def base_events(base: Base, out: Sequence[C.Column], fills: dict[int, fill_mod.Fill] | None = None) -> Any:

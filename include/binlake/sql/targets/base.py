@@ -656,6 +656,28 @@ class Target:
             found.update(tuple(r) for r in conn.execute(sa.select(*cols).where(clause)))
         return found
 
+    def rows_of_keys(self, conn: Connection, info: binlog_pb2.TableInfo, keys: Sequence[tuple[Any, ...]], *,
+                     lock: bool = False) -> list[dict[str, Any]]:
+        """The rows of table ``info.name`` whose primary key is one of ``keys`` (column name ->
+        value as the target returns it). ``lock``: take the rows' write locks too (SELECT ...
+        FOR UPDATE, where ``row_locks``), so nothing changes them before the transaction ends."""
+        table = self.table(info)
+        cols = [table.c[name] for name in key_names(info)]
+        out: list[dict[str, Any]] = []
+        per = max(1, min(MAX_ROWS, MAX_PARAMS // len(cols)))
+        for i in range(0, len(keys), per):
+            chunk = list(keys[i:i + per])
+            clause = cols[0].in_([k[0] for k in chunk]) if len(cols) == 1 else sa.tuple_(*cols).in_(chunk)
+            query = sa.select(table).where(clause)
+            if lock and self.row_locks:
+                query = query.with_for_update()
+            out.extend(dict(r._mapping) for r in conn.execute(query))
+        return out
+
+    row_locks: ClassVar[bool] = True
+    """SELECT ... FOR UPDATE locks rows (where the database has no such clause, its
+    transaction's own lock already keeps other writers out)."""
+
     row_id: ClassVar[str] = "rowid"
     """The pseudo-column that names one physical row (a keyless table's delete)."""
 

@@ -68,6 +68,8 @@ class DuckDB(Target):
     alter_keeps_indexes = False
     file_database = True
     names_ignore_case = True
+    # No FOR UPDATE: one writing transaction at a time holds the engine's lock (below).
+    row_locks = False
 
     @classmethod
     def prepare_engine(cls, engine: sa.Engine, *, writer: bool = True) -> None:

@@ -47,6 +47,8 @@ class SQLite(Target):
     transactional_ddl = True
     native_arrow = True
     concurrent_writers = False
+    # No FOR UPDATE in SQLite: a writer's BEGIN IMMEDIATE already holds the database's write lock.
+    row_locks = False
     file_database = True
     reserved_prefixes = ("sqlite_",)
     names_ignore_case = True
