@@ -40,6 +40,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "binlake.source.commands",
     "binlake.replicate.commands",
     "binlake.restore.commands",
+    "binlake.drill.commands",
 )
 
 
