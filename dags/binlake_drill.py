@@ -20,6 +20,8 @@ Daily (no catch-up: one drill proves today's lake). Tasks:
 3. **report** — the HTML report (`binlake_drill_report`, default
    `LAKE/drills.html`): RPO and RTO over time, the verdict history. Runs after
    a failed drill too.
+4. **verdict** — the drill's figures again, as the run's last task: a failed
+   drill fails the run.
 """
 
 from __future__ import annotations
@@ -71,8 +73,14 @@ def binlake_drill() -> None:
     def report() -> dict[str, Any]:
         return drill_tasks.report()
 
+    @task
+    def verdict(figures: dict[str, Any]) -> dict[str, Any]:
+        # The run's last task: it fails (upstream failed) with the drill, so the run does too.
+        return figures
+
     # TaskFlow: XComArgs stand for the values at run time; Airflow's types cannot say so.
-    drill(check()) >> report()  # type: ignore[arg-type]
+    drilled = drill(check())  # type: ignore[arg-type]
+    drilled >> report() >> verdict(drilled)  # type: ignore[arg-type]
 
 
 binlake_drill()

@@ -214,7 +214,7 @@ def test_drill_dag_proves_a_healthy_lake_and_writes_the_report(
     # The synthetic lake's clock is ahead of this one's: its RPO is below any objective.
     run = _run(dags["binlake_drill"], {"seed": 3, "rto_s": 600})
     assert run.state == "success", run.tasks
-    assert run.tasks == {"check": "success", "drill": "success", "report": "success"}
+    assert run.tasks == {"check": "success", "drill": "success", "report": "success", "verdict": "success"}
     figures = run.xcoms["drill"]
     assert figures["verdict"] == "passed" and figures["seed"] == 3 and figures["rows"] > 0
     assert figures["proof_paths"].startswith("passed")
@@ -225,3 +225,4 @@ def test_drill_dag_proves_a_healthy_lake_and_writes_the_report(
     # A bad param fails the run in its first task, naming it.
     bad = _run(dags["binlake_drill"], {"tables": "a.b.c"})
     assert bad.state == "failed" and bad.tasks["check"] == "failed" and bad.tasks["drill"] == "upstream_failed"
+    assert bad.tasks["report"] == "success"  # the page is written after a failed run too

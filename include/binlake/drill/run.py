@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -53,7 +54,7 @@ def choose(spark: Any, lake: str, *, ts: int | None, tables: Sequence[str] | Non
            until_ts: int | None, count: int) -> Choice:
     """The drill's ts and tables: those given, the rest drawn with ``seed`` (a fresh one,
     recorded, when none is given) from the windows ending at or below ``until_ts``."""
-    from binlake.restore import rebuild, restore
+    from binlake.restore import rebuild
 
     windows = freshness.ledger(lake)
     if not windows:
@@ -78,8 +79,6 @@ def choose(spark: Any, lake: str, *, ts: int | None, tables: Sequence[str] | Non
         if not names:
             raise errors.FailedPrecondition(f"no table exists at commit_ts {ts}: nothing to drill")
         tables = sorted(rng.sample(names, min(count, len(names))))
-    # A ts the ledger does not cover or an unknown table: refused here, before anything is written.
-    restore.plan(spark, lake, ts, list(tables), "auto")
     return Choice(ts, list(tables), seed if drawn else None, until)
 
 
@@ -167,6 +166,24 @@ class Drill:
         return "\n".join(lines)
 
 
+_JAVA_ERROR = re.compile(r"((?:[a-z]\w*\.)+\w*(?:Exception|Error)): (.+)$", re.MULTILINE)
+
+
+def why(exc: BaseException) -> str:
+    """One line for an error of the restore: a binlake error's message, else the first
+    Java exception a failed Spark job names (not py4j's "error occurred while calling")."""
+    if isinstance(exc, errors.BinlakeError):
+        return errors.first_line(exc)
+    try:
+        text = str(exc)
+    except Exception:  # the JVM that would render it is gone
+        text = type(exc).__name__
+    for name, message in _JAVA_ERROR.findall(text):
+        if not name.startswith("py4j."):
+            return f"{name.rsplit('.', 1)[-1]}: {message.strip()[:300]}"
+    return errors.first_line(exc) or type(exc).__name__
+
+
 def _rpo(lake: str, registry: str | None, now_ms: int) -> tuple[float | None, dict[str, float], int | None]:
     """(now - the newest ingested window end, each Pump's safe-ts lag, the newest end);
     the Pumps' lags only when the registry answers."""
@@ -195,19 +212,30 @@ def run(spark: Any, lake: str, *, ts: int | None = None, tables: Sequence[str] |
     choice = choose(spark, lake, ts=ts, tables=tables, seed=seed, until_ts=until_ts, count=count)
     d = Drill(str(uuid.uuid4()), started, choice, rpo_s=rpo, pump_lag_s=lags, rpo_objective_s=rpo_objective_s,
               rto_objective_s=rto_objective_s)
+    try:
+        # A ts the ledger does not cover or an unknown table: the user's mistake, refused
+        # before anything is written. Any other error reading the plan is a damaged lake.
+        restore.plan(spark, lake, choice.ts, choice.tables, "auto")
+        planned = True
+    except errors.BinlakeError:
+        raise
+    except Exception as exc:
+        d.failure = f"restore at {choice.ts} failed: {why(exc)}"
+        planned = False
     scratch_dir = None
     if target is None:
         scratch_dir = tempfile.mkdtemp(prefix="binlake-drill-")
         target = f"sqlite:///{os.path.join(scratch_dir, 'drill.db')}"
     try:
         say(f"restoring {len(choice.tables)} table(s) at {tso.format_ts(choice.ts)} into {target}")
+        result = None
         try:
-            result = restore.run(spark, lake, choice.ts, tables=choice.tables, target=target, progress=say)
+            if planned:
+                result = restore.run(spark, lake, choice.ts, tables=choice.tables, target=target, progress=say)
         except errors.InvalidArgument:
             raise
         except Exception as exc:  # a damaged lake shows as any error of the restore: the drill's finding
-            d.failure = f"restore at {choice.ts} failed: {errors.first_line(exc)}"
-            result = None
+            d.failure = f"restore at {choice.ts} failed: {why(exc)}"
         if result is not None:
             d.restore_s = result.elapsed_s
             d.rows = result.rows
@@ -217,7 +245,7 @@ def run(spark: Any, lake: str, *, ts: int | None = None, tables: Sequence[str] |
             except errors.InvalidArgument:
                 raise
             except Exception as exc:
-                d.failure = d.failure or f"proving failed: {errors.first_line(exc)}"
+                d.failure = d.failure or f"proving failed: {why(exc)}"
             d.proving_s = time.monotonic() - proving
     finally:
         if scratch_dir is not None:

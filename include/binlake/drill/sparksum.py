@@ -107,20 +107,24 @@ def first_difference(a: Any, b: Any, info: binlog_pb2.TableInfo) -> tuple[str, s
     """The smallest key whose row differs between frames ``a`` and ``b`` (or is in one
     only), as (key text, which side: "only in first" / "only in second" / "differs");
     None when they hold the same rows. Run only after their checksums differed."""
-    keys = C.key_names(info)
-    ha = hashed(a, info).select("_m", *[f"`{k}`" for k in keys])
-    hb = hashed(b, info).select("_m", *[f"`{k}`" for k in keys])
-    on = ["_m", *keys]
+    keys = C.key_names(info) or ["_m"]  # a table without a key: rows told apart by their hash
+    cols = list(dict.fromkeys(["_m", *keys]))
+    ha = hashed(a, info).select(*[f"`{k}`" for k in cols])
+    hb = hashed(b, info).select(*[f"`{k}`" for k in cols])
+    on = cols
     left = ha.join(hb, on=on, how="left_anti").orderBy(*[f"`{k}`" for k in keys]).limit(1).collect()
     right = hb.join(ha, on=on, how="left_anti").orderBy(*[f"`{k}`" for k in keys]).limit(1).collect()
     found = [(tuple(r[k] for k in keys), "only in first") for r in left] + \
             [(tuple(r[k] for k in keys), "only in second") for r in right]
     if not found:
         return None
+    def text(values: tuple[Any, ...]) -> str:
+        return json.dumps(list(values)) if keys == ["_m"] else key_text(values, info)
+
     if len(found) == 2 and found[0][0] == found[1][0]:
-        return key_text(found[0][0], info), "differs"
-    first = min(found, key=lambda f: key_text(f[0], info))
-    return key_text(first[0], info), first[1]
+        return text(found[0][0]), "differs"
+    first = min(found, key=lambda f: text(f[0]))
+    return text(first[0]), first[1]
 
 
 def frames_checksums(items: Sequence[tuple[str, Any, binlog_pb2.TableInfo]]) -> dict[str, tuple[int, str, int]]:
