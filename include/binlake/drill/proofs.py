@@ -14,7 +14,7 @@
     upstream's checksum now.
 
 Frames are checksummed in the Spark executors (``sparksum``) and databases in
-this process, in the same portable rendering (``checksum.portable_checksum``);
+this process, in the same portable rendering (``checksum.checksum(..., portable=True)``);
 only when two checksums differ is the first differing key looked for: by a
 bounded anti-join in Spark between two frames, or, between a frame and a
 database, by spilling both sides' (key, row hash) to a SQLite file on disk and
@@ -146,7 +146,7 @@ def paths(spark: Any, lake: str, ts: int, names: Sequence[str], scratch_url: str
     # The database is read in a thread of this process while Spark's executors rebuild
     # the paths (the driver only waits on them): the two run side by side.
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="drill-checksum")
-    pending = pool.submit(checksum.portable_checksum, scratch_url, sorted(by_name))
+    pending = pool.submit(lambda: checksum.checksum(scratch_url, sorted(by_name), portable=True))
     pool.shutdown(wait=False)
     sums_by_path: list[tuple[str, Any, Any, dict[str, tuple[int, str, int]]]] = []
     figures: dict[str, tuple[int, str, int]] = {}
@@ -259,7 +259,7 @@ def apply_targets(spark: Any, lake: str, tasks: Sequence[tuple[Task, str]], name
         for target_table, (info, frame) in mirrored.items():
             rows, digest, _b = sums[target_table]
             try:
-                there = checksum.portable_checksum(url, [target_table])[target_table]
+                there = checksum.checksum(url, [target_table], portable=True)[target_table]
             except errors.NotFound:
                 proof.compared += 1
                 proof.fail(f"task {task.name}: table {target_table} is missing in the target ({rows} rows at "

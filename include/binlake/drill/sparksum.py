@@ -78,7 +78,7 @@ def hashed(df: Any, info: binlog_pb2.TableInfo) -> Any:
 
 
 def frame_checksum(df: Any, info: binlog_pb2.TableInfo) -> tuple[int, str, int]:
-    """(rows, checksum hex as ``checksum.portable_checksum`` gives it, bytes of the row
+    """(rows, checksum hex as ``checksum.checksum(..., portable=True)`` gives it, bytes of the row
     texts) of a typed frame with ``info``'s columns: one aggregate in the executors."""
     from pyspark.sql import functions as F
 

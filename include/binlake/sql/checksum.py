@@ -129,11 +129,14 @@ def load_schema(url: str) -> dict[str, binlog_pb2.TableInfo]:
 
 
 def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal: bool = False,
-             schema: Mapping[str, binlog_pb2.TableInfo] | None = None) -> dict[str, tuple[int, str]]:
+             schema: Mapping[str, binlog_pb2.TableInfo] | None = None,
+             portable: bool = False) -> dict[str, tuple[int, str]]:
     """``{table: (row_count, checksum_hex)}`` for every table of ``url`` (or the
     named ones). binlake's own ``_binlake_*`` tables are skipped unless named or
     ``include_internal``. ``schema`` gives binlake table definitions to type the
-    columns by (default: the database's own ``_binlake_schema``, if any)."""
+    columns by (default: the database's own ``_binlake_schema``, if any).
+    ``portable``: in the portable rendering (``portable_row_text``), the one a
+    Spark frame's checksum is computed in (``binlake.drill.sparksum``)."""
     engine = reader_engine(url)
     try:
         with engine.connect() as conn:
@@ -151,14 +154,20 @@ def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal:
             else:
                 wanted = [n for n in names if include_internal or not n.startswith(INTERNAL_PREFIX)]
             defs = dict(schema) if schema is not None else recorded_schema(conn)
-            return {name: _table_checksum(conn, name, defs.get(name)) for name in sorted(wanted)}
+            return {name: _table_checksum(conn, name, defs.get(name), portable) for name in sorted(wanted)}
     except sa.exc.OperationalError as exc:
         raise errors.Unavailable(f"cannot read {_show(engine)}: {errors.first_line(exc)}") from None
     finally:
         engine.dispose()
 
 
-def _table_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> tuple[int, str]:
+def _table_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | None,
+                    portable: bool = False) -> tuple[int, str]:
+    if portable:
+        acc = _Acc()
+        for _key, h in portable_rows(conn, name, info, ()):
+            acc.add(h)
+        return acc.rows, acc.hex()
     table = _typed_table(conn, name, info)
     if table is None:
         table = targets.kind(conn.dialect.name).reflect(conn, name)
@@ -231,34 +240,6 @@ def portable_row_text(row: Mapping[str, Any], json_columns: Iterable[str] = ()) 
 def portable_hash(text: str) -> int:
     """The 64-bit row hash of a portable row text: MD5's first 8 bytes, big-endian."""
     return int.from_bytes(hashlib.md5(text.encode(), usedforsecurity=False).digest()[:8], "big")
-
-
-def portable_checksum(url: str, tables: Sequence[str], *,
-                      schema: Mapping[str, binlog_pb2.TableInfo] | None = None) -> dict[str, tuple[int, str]]:
-    """``checksum`` in the portable rendering: ``{table: (rows, checksum hex)}`` of the
-    named tables, streamed in batches, typed as ``checksum`` types them."""
-    engine = reader_engine(url)
-    try:
-        with engine.connect() as conn:
-            level = targets.kind(engine.dialect.name).snapshot_isolation
-            if level is not None:
-                conn = conn.execution_options(isolation_level=level)
-            names = set(sa.inspect(conn).get_table_names())
-            missing = [t for t in tables if t not in names]
-            if missing:
-                raise errors.NotFound(f"no table(s) {', '.join(missing)} in {_show(engine)}")
-            defs = dict(schema) if schema is not None else recorded_schema(conn)
-            out = {}
-            for name in sorted(set(tables)):
-                acc = _Acc()
-                for _key, h in portable_rows(conn, name, defs.get(name), ()):
-                    acc.add(h)
-                out[name] = (acc.rows, acc.hex())
-            return out
-    except sa.exc.OperationalError as exc:
-        raise errors.Unavailable(f"cannot read {_show(engine)}: {errors.first_line(exc)}") from None
-    finally:
-        engine.dispose()
 
 
 def portable_rows(conn: Connection, name: str, info: binlog_pb2.TableInfo | None,
