@@ -164,6 +164,8 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("snapshot",): {"--lake": lake, "--master": "local[1]", "--tables": "t", "--datetime": "2026-11-21T08:00",
                         "--tz": "UTC"},
         ("history",): {"--lake": lake, "--master": "local[1]", "--tables": "t"},
+        ("drill", "report"): {"--lake": lake, "--master": "local[1]", "--html": str(c.tmp / "drills.html")},
+        ("bench", "drill"): {"--tables": "1", "--rows": "10", "--dir": str(c.tmp / "bench"), "--master": "local[1]"},
         ("restore",): {"--lake": lake, "--master": "local[1]", "--tables": "t", "--datetime": "2026-11-21T08:00",
                        "--tz": "UTC", "--target": f"sqlite:///{c.tmp / 'restored.db'}", "--verify": c.sqlite},
     }
@@ -236,7 +238,7 @@ def malformed(action: argparse.Action, c: Ctx) -> list[tuple[str, tuple[str, ...
         return [("Mars/Olympus", ()), ("", ())]
     if dest == "start":  # a binlog position
         return [("bogus", ()), ("", ()), ("binlog.000001:2", ()), ("gtid:", ())]
-    if dest == "fix_sql":
+    if dest in ("fix_sql", "html"):
         return [(NOWHERE, ()), (str(c.tmp), ()), ("", ())]
     if dest in _LISTS:
         return [("", ()), (",", ())]

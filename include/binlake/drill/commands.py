@@ -144,9 +144,12 @@ def _write_report(lake: str, path: str) -> None:
 
 
 def report_cmd(args: argparse.Namespace) -> int:
+    from binlake import config
     from binlake.cli import argcheck
     from binlake.lake.store import drills
 
+    if args.config is not None:
+        config.check_file(args.config)
     lake = _lake(args)
     if args.html is None and not args.json:
         raise errors.InvalidArgument("drill report needs --html FILE (the page) or --json (the drills as JSON)")
