@@ -658,6 +658,23 @@ class ApplySettings(BaseSettings):
         "the project root (default config/tasks)."))
 
 
+class DrillSettings(BaseSettings):
+    """Restore drills (``binlake drill`` and the ``binlake_drill`` DAG): the objectives a
+    drill is held to, and what it draws."""
+
+    model_config = SettingsConfigDict(env_prefix="BINLAKE_DRILL_", extra="forbid", env_ignore_empty=True)
+
+    rpo_s: float = Field(3600.0, gt=0, json_schema_extra=_variable("binlake_drill_rpo_s"), description=(
+        "Recovery point objective: a drill fails when the newest ingested window ends more than this "
+        "many seconds before the drill."))
+    rto_s: float = Field(3600.0, gt=0, json_schema_extra=_variable("binlake_drill_rto_s"), description=(
+        "Recovery time objective: a drill fails when its restore takes longer than this many seconds."))
+    tables: int = Field(10, ge=1, le=1000, json_schema_extra=_variable("binlake_drill_tables"), description=(
+        "Tables a drill draws when none are given."))
+    report: str | None = Field(None, json_schema_extra=_variable("binlake_drill_report"), description=(
+        "The HTML report the drill DAG writes after each drill (default LAKE/drills.html)."))
+
+
 class MaintenanceSettings(BaseSettings):
     """The maintenance DAG: VACUUM and the Pumps' GC report."""
 
@@ -724,6 +741,7 @@ SECTIONS: dict[type[BaseSettings], str] = {
     IngestSettings: "ingest",
     IngestDagSettings: "ingest.dag",
     ApplySettings: "apply",
+    DrillSettings: "drill",
     RestoreSettings: "restore",
     MemorySettings: "memory",
     MaintenanceSettings: "maintenance",

@@ -254,3 +254,35 @@ def test_maintenance_of_a_lake_nothing_was_ingested_into_starts_no_spark(
     with pytest.raises(AirflowSkipException, match="nothing was ingested"):
         restore_tasks.snapshot_latest()
     assert restore_tasks.gc_report(dt.datetime.now(dt.UTC)) == {"pumps": 1, "oldest_uningested_ts": 0}
+
+
+def test_the_drill_form_defaults_resolve_to_a_drawn_drill() -> None:
+    from binlake_airflow import drill_tasks
+
+    empty = {name: None for name in drill_tasks.PARAMS}
+    assert drill_tasks.check(empty) == {**empty, "tables": None}
+    full = drill_tasks.check({"ts": 5, "tables": "main.a, b", "count": 2, "seed": 0, "until_ts": "9",
+                              "target": "sqlite:////tmp/d.db", "upstream": "sqlite:////tmp/u.db", "rpo_s": 60,
+                              "rto_s": "1.5"})
+    assert full["tables"] == ["main.a", "b"] and full["until_ts"] == 9 and full["rto_s"] == 1.5 and full["seed"] == 0
+
+
+@pytest.mark.parametrize(("filled", "message"), [
+    ({"ts": "soon"}, "ts: give an integer"),
+    ({"ts": True}, "ts: give an integer"),
+    ({"count": 0}, "count: give an integer of at least 1"),
+    ({"seed": -1}, "seed: give an integer of at least 0"),
+    ({"tables": "a.b.c"}, "tables: give comma-separated"),
+    ({"tables": 7}, "tables: give comma-separated"),
+    ({"target": "x.db"}, "target: give a SQLAlchemy URL"),
+    ({"upstream": 3}, "upstream: give a SQLAlchemy URL"),
+    ({"rpo_s": 0}, "rpo_s: give a number of seconds above 0"),
+    ({"rto_s": "fast"}, "rto_s: give a number of seconds above 0"),
+    ({"nope": 1}, "unknown nope"),
+])
+def test_bad_drill_params_name_the_param(filled: dict[str, Any], message: str) -> None:
+    from binlake_airflow import drill_tasks
+
+    with pytest.raises(AirflowFailException, match="bad params") as caught:
+        drill_tasks.check(filled)
+    assert message in str(caught.value)

@@ -258,3 +258,34 @@ def test_a_moved_lake_restores_from_its_new_place(
             assert {t.base.kind for t in p.tables} == ({"history"} if source == "history" else {"snapshot"})
     finally:
         shutil.move(aside, path)
+
+
+def test_drill_dag_proves_a_healthy_lake_and_writes_the_report(
+        dags: Any, spark: SparkSession, lake: tuple[str, int], tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from binlake.lake.store import drills
+
+    path, last = lake
+    report = tmp_path / "drills.html"
+    monkeypatch.setenv("BINLAKE_LAKE_DIR", path)
+    monkeypatch.setenv("BINLAKE_SPARK_MASTER", "local[2]")
+    monkeypatch.setenv("BINLAKE_DRILL_REPORT", str(report))
+    monkeypatch.setenv("BINLAKE_APPLY_TASKS", str(tmp_path / "no-tasks"))
+    monkeypatch.setenv("BINLAKE_REGISTRY", "127.0.0.1:1")  # nobody there: the Pumps' lags are left out
+    tasks_dir = tmp_path / "no-tasks"
+    tasks_dir.mkdir()
+    # The synthetic lake's clock is ahead of this one's: its RPO is below any objective.
+    run = _run(dags["binlake_drill"], {"seed": 3, "rto_s": 600})
+    assert run.state == "success", run.tasks
+    assert run.tasks == {"check": "success", "drill": "success", "report": "success", "verdict": "success"}
+    figures = run.xcoms["drill"]
+    assert figures["verdict"] == "passed" and figures["seed"] == 3 and figures["rows"] > 0
+    assert figures["proof_paths"].startswith("passed")
+    assert drills.last(path)["drill_id"] == figures["drill_id"]
+    page = report.read_text()
+    assert page.count('class="point"') == 2 * len(drills.read(path)) - sum(
+        1 for r in drills.read(path) if r["rpo_s"] is None)
+    # A bad param fails the run in its first task, naming it.
+    bad = _run(dags["binlake_drill"], {"tables": "a.b.c"})
+    assert bad.state == "failed" and bad.tasks["check"] == "failed" and bad.tasks["drill"] == "upstream_failed"
+    assert bad.tasks["report"] == "success"  # the page is written after a failed run too

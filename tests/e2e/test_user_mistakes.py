@@ -164,6 +164,8 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("snapshot",): {"--lake": lake, "--master": "local[1]", "--tables": "t", "--datetime": "2026-11-21T08:00",
                         "--tz": "UTC"},
         ("history",): {"--lake": lake, "--master": "local[1]", "--tables": "t"},
+        ("drill", "report"): {"--lake": lake, "--master": "local[1]", "--html": str(c.tmp / "drills.html")},
+        ("bench", "drill"): {"--tables": "1", "--rows": "10", "--dir": str(c.tmp / "bench"), "--master": "local[1]"},
         ("restore",): {"--lake": lake, "--master": "local[1]", "--tables": "t", "--datetime": "2026-11-21T08:00",
                        "--tz": "UTC", "--target": f"sqlite:///{c.tmp / 'restored.db'}", "--verify": c.sqlite},
         ("undo",): {"--lake": lake, "--master": "local[1]", "--start": "2026-11-21T08:00", "--end": "2026-11-21T09:00",
@@ -246,7 +248,7 @@ def malformed(action: argparse.Action, c: Ctx) -> list[tuple[str, tuple[str, ...
         return [("", ()), ("abc", ()), ("1,,x", ())]
     if dest == "where":  # a Spark SQL predicate: only the empty one is refused before the lake is read
         return [("", ()), ("  ", ())]
-    if dest in ("fix_sql", "sql"):
+    if dest in ("fix_sql", "sql", "html"):
         return [(NOWHERE, ()), (str(c.tmp), ()), ("", ())]
     if dest in _LISTS:
         return [("", ()), (",", ())]

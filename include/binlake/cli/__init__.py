@@ -41,6 +41,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "binlake.replicate.commands",
     "binlake.restore.commands",
     "binlake.undo.commands",
+    "binlake.drill.commands",
 )
 
 

@@ -301,7 +301,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "Serve http://ADDR/metrics until Ctrl-C; every scrape measures the lake as `binlake lake status`\n"
             "does: binlake_lake_lag_seconds, binlake_lake_windows_waiting, binlake_lake_windows,\n"
             "binlake_lake_newest_window_end_seconds, binlake_lake_consumer_checkpoint_seconds{consumer},\n"
-            "binlake_lake_up (0 when the registry or the ledger cannot be read)."
+            "binlake_lake_up (0 when the registry or the ledger cannot be read), and the last restore\n"
+            "drill's binlake_drill_last_* (passed, rto_seconds, rpo_seconds, proving_share, ...)."
         ),
         epilog="Example:\n  binlake lake metrics --lake data/lake --registry 127.0.0.1:8230 --addr 127.0.0.1:8239\n",
     )
@@ -358,6 +359,7 @@ def status(args: argparse.Namespace) -> int:
     """``binlake lake status``: the lake's freshness (``binlake.lake.freshness``)."""
     from binlake.cli.args import registry_addr
     from binlake.lake import freshness
+    from binlake.lake.store import drills
 
     existing_lake(args.lake)
     f = freshness.measure(args.lake, registry_addr(args))
@@ -365,11 +367,14 @@ def status(args: argparse.Namespace) -> int:
     # memory names), as this command's config file and environment set them.
     memory = config.memory()
     bounds = {**memory.model_dump(), "partition_bytes": memory.partition_bytes_in_force()}
+    last = drills.last(args.lake)
     if args.json:
-        print(json.dumps({**f.to_dict(), "memory": bounds}, sort_keys=True))
+        print(json.dumps({**f.to_dict(), "memory": bounds, "last_drill": drills.summary(last)}, sort_keys=True,
+                         default=str))
     else:
         for line in freshness.lines(f):
             print(line)
+        print("last drill      " + drills.line(last))
         print("memory          " + ", ".join(f"{name} {value}" for name, value in bounds.items())
               + "  ([memory], BINLAKE_MEMORY_*)")
     return 0

@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from binlake import errors, tso
-from binlake.lake.store import arrowread, location, s3
+from binlake.lake.store import arrowread, drills, location, s3
 from binlake.lake.store.ledger import uncovered
 from binlake.lake.store.location import WINDOWS, table_path
 
@@ -184,12 +184,40 @@ class FreshnessCollector(Collector):
         if f.windows_waiting is not None:
             yield GaugeMetricFamily("binlake_lake_windows_waiting", "Closed windows not ingested yet.",
                                     value=f.windows_waiting)
+        yield from drill_gauges(self.lake)
         checkpoints = GaugeMetricFamily("binlake_lake_consumer_checkpoint_seconds",
                                         "Unix time of each consumer's checkpoint.", labels=["consumer"])
         for c in f.consumers:
             checkpoints.add_metric([c["consumer"]], tso.physical_ms(c["checkpoint_ts"]) / 1000
                                    if c["checkpoint_ts"] else 0.0)
         yield checkpoints
+
+
+def drill_gauges(lake: str) -> Iterator[GaugeMetricFamily]:
+    """The last restore drill's figures (``binlake drill``), when one ran."""
+    try:
+        last = drills.last(lake)
+    except (arrowread.NotReadable, OSError):
+        return
+    if last is None:
+        return
+    at = last.get("started_at")
+    figures = {
+        "binlake_drill_last_timestamp_seconds": ("Unix time the last drill started.",
+                                                 at.timestamp() if at is not None else None),
+        "binlake_drill_last_passed": ("1 when the last drill passed, 0 when it failed.",
+                                      1.0 if last.get("verdict") == "passed" else 0.0),
+        "binlake_drill_last_rto_seconds": ("Seconds the last drill's restore took.", last.get("restore_s")),
+        "binlake_drill_last_rpo_seconds": ("The last drill's RPO: seconds its newest window end was behind.",
+                                           last.get("rpo_s")),
+        "binlake_drill_last_seconds": ("Seconds the last drill took in all.", last.get("drill_s")),
+        "binlake_drill_last_proving_share": ("Share of the last drill spent proving.", last.get("proving_share")),
+        "binlake_drill_last_rows": ("Rows the last drill restored.", last.get("rows")),
+        "binlake_drill_last_rows_per_second": ("The last drill's restore rate.", last.get("rows_per_s")),
+    }
+    for name, (doc, value) in figures.items():
+        if value is not None:
+            yield GaugeMetricFamily(name, doc, value=float(value))
 
 
 def serve(addr: str, lake: str, registry: str | None) -> tuple[Any, str]:
@@ -204,4 +232,4 @@ def serve(addr: str, lake: str, registry: str | None) -> tuple[Any, str]:
     return server, f"{host}:{server.server_port}"
 
 
-__all__: Sequence[str] = ("Freshness", "FreshnessCollector", "ledger", "lines", "measure", "serve")
+__all__: Sequence[str] = ("Freshness", "FreshnessCollector", "drill_gauges", "ledger", "lines", "measure", "serve")

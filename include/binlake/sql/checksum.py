@@ -19,6 +19,7 @@ import datetime as dt
 import decimal
 import hashlib
 import json
+import re
 import struct
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -128,11 +129,14 @@ def load_schema(url: str) -> dict[str, binlog_pb2.TableInfo]:
 
 
 def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal: bool = False,
-             schema: Mapping[str, binlog_pb2.TableInfo] | None = None) -> dict[str, tuple[int, str]]:
+             schema: Mapping[str, binlog_pb2.TableInfo] | None = None,
+             portable: bool = False) -> dict[str, tuple[int, str]]:
     """``{table: (row_count, checksum_hex)}`` for every table of ``url`` (or the
     named ones). binlake's own ``_binlake_*`` tables are skipped unless named or
     ``include_internal``. ``schema`` gives binlake table definitions to type the
-    columns by (default: the database's own ``_binlake_schema``, if any)."""
+    columns by (default: the database's own ``_binlake_schema``, if any).
+    ``portable``: in the portable rendering (``portable_row_text``), the one a
+    Spark frame's checksum is computed in (``binlake.drill.sparksum``)."""
     engine = reader_engine(url)
     try:
         with engine.connect() as conn:
@@ -150,14 +154,20 @@ def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal:
             else:
                 wanted = [n for n in names if include_internal or not n.startswith(INTERNAL_PREFIX)]
             defs = dict(schema) if schema is not None else recorded_schema(conn)
-            return {name: _table_checksum(conn, name, defs.get(name)) for name in sorted(wanted)}
+            return {name: _table_checksum(conn, name, defs.get(name), portable) for name in sorted(wanted)}
     except sa.exc.OperationalError as exc:
         raise errors.Unavailable(f"cannot read {_show(engine)}: {errors.first_line(exc)}") from None
     finally:
         engine.dispose()
 
 
-def _table_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> tuple[int, str]:
+def _table_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | None,
+                    portable: bool = False) -> tuple[int, str]:
+    if portable:
+        acc = _Acc()
+        for _key, h in portable_rows(conn, name, info, ()):
+            acc.add(h)
+        return acc.rows, acc.hex()
     table = _typed_table(conn, name, info)
     if table is None:
         table = targets.kind(conn.dialect.name).reflect(conn, name)
@@ -184,3 +194,64 @@ def _typed_table(conn: Connection, name: str, info: binlog_pb2.TableInfo | None)
 
 def _show(engine: sa.Engine) -> str:
     return engine.url.render_as_string(hide_password=True)
+
+
+# The portable rendering: the same canonical text per value (a float as its IEEE
+# 754 bits, the one spelling Spark and Python share), each row framed as text and
+# hashed with MD5 (first 8 bytes), so a Spark executor can compute a row's hash
+# with built-in SQL functions (``binlake.drill.sparksum``) and this process the
+# same one from a database's rows: a restored frame and a database table compare
+# by checksum without either table passing through one process.
+def portable_text(value: Any, json_column: bool = False) -> str | None:
+    """The canonical text of one value in the portable rendering (None for SQL NULL)."""
+    if isinstance(value, float) and not json_column:
+        return str(struct.unpack(">q", struct.pack(">d", value))[0])
+    text = canonical(value, json_column)
+    if json_column and text is not None:
+        # The lake keeps a JSON document's characters beyond the BMP as \\u surrogate pairs.
+        text = _ASTRAL.sub(_surrogates, text)
+    return text
+
+
+_ASTRAL = re.compile("[\U00010000-\U0010FFFF]")
+
+
+def _surrogates(m: re.Match[str]) -> str:
+    code = ord(m.group(0)) - 0x10000
+    return f"\\u{0xD800 + (code >> 10):04X}\\u{0xDC00 + (code & 0x3FF):04X}"
+
+
+def name_frame(name: str) -> str:
+    """A column name's frame in a portable row text."""
+    return f"{len(name.encode())}:{name}"
+
+
+def portable_row_text(row: Mapping[str, Any], json_columns: Iterable[str] = ()) -> str:
+    """A row as portable text: for each column name, sorted, its frame, then ``N`` for
+    NULL or ``V<bytes>:<text>``."""
+    js = set(json_columns)
+    parts = []
+    for name in sorted(row):
+        text = portable_text(row[name], name in js)
+        parts.append(name_frame(name) + ("N" if text is None else f"V{len(text.encode())}:{text}"))
+    return "".join(parts)
+
+
+def portable_hash(text: str) -> int:
+    """The 64-bit row hash of a portable row text: MD5's first 8 bytes, big-endian."""
+    return int.from_bytes(hashlib.md5(text.encode(), usedforsecurity=False).digest()[:8], "big")
+
+
+def portable_rows(conn: Connection, name: str, info: binlog_pb2.TableInfo | None,
+                  key: Sequence[str]) -> Iterable[tuple[str, int]]:
+    """Each row of table ``name`` as (its ``key`` columns' portable texts as a JSON list,
+    its portable hash), streamed."""
+    table = _typed_table(conn, name, info)
+    if table is None:
+        table = targets.kind(conn.dialect.name).reflect(conn, name)
+    json_cols = [c.name for c in table.columns if isinstance(c.type, sa.JSON)]
+    result = conn.execution_options(yield_per=_BATCH).execute(sa.select(table))
+    for row in result:
+        values = cast("Mapping[str, Any]", row._mapping)
+        text = portable_row_text(values, json_cols)
+        yield (json.dumps([portable_text(values[k], k in json_cols) for k in key]), portable_hash(text))
