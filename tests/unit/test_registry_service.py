@@ -673,6 +673,10 @@ def test_the_registry_keeps_what_a_pump_held_nothing_below(service: RegistryServ
     assert service.heartbeat(pump(safe_ts=300, max_commit_ts=250)).empty_below_ts == 200
     assert service.register(pump(safe_ts=400, max_commit_ts=250)).empty_below_ts == 200
     assert service.register(writer()).empty_below_ts == 0
+    # A Pump whose GC removed binlogs had stored them, even when it reports no max commit ts.
+    collected = service.register(pump(node_id="p-gc", safe_ts=500, gc_ts=450))
+    assert collected.empty_below_ts == 0
+    assert service.heartbeat(pump(node_id="p-gc", safe_ts=600, gc_ts=450)).empty_below_ts == 0
 
 
 def test_a_store_from_before_empty_below_ts_opens_with_it_unknown(tmp_path: pathlib.Path) -> None:

@@ -430,12 +430,13 @@ def create_replication(store: RegistryStore, replicas: int, min_acks: int, *,
 
 def _empty_below(stored: NodeRecord | None, report: NodeRecord) -> int:
     """``NodeRecord.empty_below_ts`` after ``report``: a Pump that has stored no
-    transaction (max_commit_ts 0) holds none below its safe ts, now or later
+    transaction (max_commit_ts 0) and collected none (gc_ts 0: a Pump whose GC
+    removed binlogs had stored them) holds none below its safe ts, now or later
     (``pump.sorter``: every one routed to it below the safe ts is stored, and any
     other commits above it); once it has stored one the value stays. The Pump reads
     its safe ts before its max commit ts, so the pair never claims more."""
     kept = stored.empty_below_ts if stored is not None else 0
-    if (stored or report).kind == "pump" and report.max_commit_ts == 0:
+    if (stored or report).kind == "pump" and report.max_commit_ts == 0 and report.gc_ts == 0:
         return max(kept, report.safe_ts)
     return kept
 
