@@ -27,8 +27,10 @@ POLL = 0.05
 
 
 def add_pump(reg: RegistryClient, node_id: str, *, safe_ts: int, gc_ts: int = 0) -> NodeRecord:
+    # A Pump that has stored transactions (its max commit ts just below its safe ts): the
+    # registry never takes it as holding nothing below the window (empty_below_ts).
     stored = reg.register(NodeRecord(node_id=node_id, kind="pump", addr="127.0.0.1:9"))
-    return reg.heartbeat(dataclasses.replace(stored, safe_ts=safe_ts, gc_ts=gc_ts))
+    return reg.heartbeat(dataclasses.replace(stored, safe_ts=safe_ts, gc_ts=gc_ts, max_commit_ts=safe_ts - 1))
 
 
 def report(reg: RegistryClient, node_id: str, **status: int) -> None:
