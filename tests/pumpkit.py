@@ -98,6 +98,21 @@ def wait_until(pred: Callable[[], T], timeout: float = 10.0, interval: float = 0
         time.sleep(interval)
 
 
+
+def wait_cluster_safe(registry: str, ts: int, timeout: float = 30.0) -> None:
+    """Wait until every Pump a window [0, ts) needs has passed ``ts`` (what an ingest of it checks)."""
+    from binlake.lake.pumps import datasource as lake_source
+    from binlake.lake.pumps.planner import plan_window
+
+    def passed() -> bool:
+        try:
+            lake_source.check_pumps(plan_window(registry, 0, ts))
+        except errors.FailedPrecondition:
+            return False
+        return True
+
+    wait_until(passed, timeout, 0.1, f"pumps' safe ts to pass {ts}")
+
 def now_ts(offset_ms: int = 0) -> int:
     """A TSO at the wall clock (plus ``offset_ms``), for windows in the future."""
     return tso.compose(time.time_ns() // 1_000_000 + offset_ms)

@@ -26,13 +26,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from dbfixtures import TARGETS, mariadb_server, new_target_url, postgres_server  # noqa: F401
-from pumpkit import wait_until
+from pumpkit import wait_cluster_safe
 from pyspark.sql import SparkSession
 
 from binlake import errors, failpoint
 from binlake.lake import ingest
-from binlake.lake.pumps import datasource as lake_source
-from binlake.lake.pumps.planner import plan_window
 from binlake.registry.client import RegistryClient
 from binlake.replicate import checkpoint, runner, table_write, task
 from binlake.sql import checksum, diff
@@ -95,14 +93,7 @@ def upstream(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> d
     assert summary.ddls >= 8
     end = summary.end_ts
 
-    def passed() -> bool:
-        try:
-            lake_source.check_pumps(plan_window(cluster.registry_addr, 0, end))
-        except errors.FailedPrecondition:
-            return False
-        return True
-
-    wait_until(passed, 20, 0.1, "pumps' safe ts to pass the workload's end")
+    wait_cluster_safe(cluster.registry_addr, end, 20)
     a, b = summary.start_ts, end
     cuts = [t0, a + (b - a) // 3, a + 2 * (b - a) // 3, b]
     return {"url": url, "windows": list(zip(cuts, cuts[1:], strict=False))}

@@ -17,13 +17,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pumpkit import wait_until
+from pumpkit import wait_cluster_safe
 from pyspark.sql import SparkSession
 
-from binlake import errors
 from binlake.lake import ingest
-from binlake.lake.pumps import datasource as lake_source
-from binlake.lake.pumps.planner import plan_window
 from binlake.sql import checksum
 from binlake.testing.devcluster import DevCluster
 from binlake.workload import ops as wops
@@ -52,17 +49,6 @@ class Upstream:
     end_ts: int
     captures: list[Capture]
     commit_ts: list[int]  # every commit_ts the workload made
-
-
-def wait_safe(registry: str, ts: int) -> None:
-    def passed() -> bool:
-        try:
-            lake_source.check_pumps(plan_window(registry, 0, ts))
-        except errors.FailedPrecondition:
-            return False
-        return True
-
-    wait_until(passed, 30, 0.1, f"pumps' safe ts to pass {ts}")
 
 
 def bank_state(url: str) -> tuple[Any, int]:
@@ -111,7 +97,7 @@ def run_captured(url: str, registry: str, plan: list[wops.LogicalTxn], cuts: int
             total, accounts = bank_state(url)
             captures.append(Capture(ts, checksum.checksum(url), copy, total, accounts))
         end_ts = reg.get_ts()
-    wait_safe(registry, end_ts)
+    wait_cluster_safe(registry, end_ts)
     return Upstream(url, registry, start_ts, end_ts, captures, [])
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from conftest import ingest_all, wait_safe
+from conftest import ingest_all
+from pumpkit import wait_cluster_safe
 from pyspark.sql import SparkSession
 
 from binlake.registry.client import RegistryClient
@@ -86,7 +87,7 @@ def defaults_lake(cluster: DevCluster, spark: SparkSession, tmp_path_factory: py
         w.run(lambda t: t.insert_many("items", [{"id": 43, "v": "after", "label": "x"}]))
         ts2 = reg.get_ts()
         copy2 = _copy(url, root / "cut2.db")
-    wait_safe(cluster.registry_addr, ts2)
+    wait_cluster_safe(cluster.registry_addr, ts2)
     lake = str(root / "lake")
     # The history tables are built before the columns exist, so the next update adds them.
     ingest_all(spark, lake, cluster.registry_addr, [t0, ta])

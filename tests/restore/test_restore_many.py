@@ -26,7 +26,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import ingest_all, wait_safe
+from conftest import ingest_all
+from pumpkit import wait_cluster_safe
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -99,7 +100,7 @@ def many(cluster: DevCluster, spark: SparkSession, tmp_path_factory: pytest.Temp
         w.drop_table("t008")
         w.create_table("later", COLS, ["id"])
         end = reg.get_ts()
-    wait_safe(cluster.registry_addr, end)
+    wait_cluster_safe(cluster.registry_addr, end)
     lake = str(root / "lake")
     ingest_all(spark, lake, cluster.registry_addr, [start, end + 1])
     yield Many(lake, cut, checksums)

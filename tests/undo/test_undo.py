@@ -26,13 +26,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from dbfixtures import mariadb_server, new_target_url, postgres_server  # noqa: F401
-from pumpkit import wait_until
+from pumpkit import wait_cluster_safe
 from pyspark.sql import SparkSession
 
-from binlake import cli, errors
+from binlake import cli
 from binlake.lake import ingest
-from binlake.lake.pumps import datasource as lake_source
-from binlake.lake.pumps.planner import plan_window
 from binlake.registry.client import RegistryClient
 from binlake.replicate import checkpoint
 from binlake.restore import restore
@@ -102,14 +100,7 @@ def shared(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Ite
                          t.update("users", {"id": 2}, {"name": "second"}), t.insert("users", {"id": 11, "name": "u11"})))
         end = reg.get_ts()
 
-        def passed() -> bool:
-            try:
-                lake_source.check_pumps(plan_window(cluster.registry_addr, 0, end))
-            except errors.FailedPrecondition:
-                return False
-            return True
-
-        wait_until(passed, 30, 0.1, "pumps' safe ts to pass the workload's end")
+        wait_cluster_safe(cluster.registry_addr, end, 30)
         lake = str(root / "lake")
         ingest.ingest_window(spark, lake, cluster.registry_addr, t0, end)
     shared = Lake(root, up, before, lake, t1, t2, end, moved.start_ts)
