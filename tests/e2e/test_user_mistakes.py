@@ -164,6 +164,10 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("snapshot",): {"--lake": lake, "--master": "local[1]", "--tables": "t", "--datetime": "2026-11-21T08:00",
                         "--tz": "UTC"},
         ("history",): {"--lake": lake, "--master": "local[1]", "--tables": "t"},
+        ("drill",): {"--lake": lake, "--master": "local[1]", "--ts": "470614378216685568", "--tables": "t",
+                     "--count": "1", "--seed": "3", "--until-ts": "470614378216685568",
+                     "--target": f"sqlite:///{c.tmp / 'drill.db'}", "--tasks": str(c.task), "--upstream": c.sqlite,
+                     "--registry": c.registry, "--rpo-s": "60", "--rto-s": "60", "--report": str(c.tmp / "d.html")},
         ("drill", "report"): {"--lake": lake, "--master": "local[1]", "--html": str(c.tmp / "drills.html")},
         ("bench", "drill"): {"--tables": "1", "--rows": "10", "--dir": str(c.tmp / "bench"), "--master": "local[1]"},
         ("restore",): {"--lake": lake, "--master": "local[1]", "--tables": "t", "--datetime": "2026-11-21T08:00",
@@ -230,6 +234,8 @@ def malformed(action: argparse.Action, c: Ctx) -> list[tuple[str, tuple[str, ...
         return [("bogus://x", ()), ("", ()), ("etcd://127.0.0.1", ()), ("etcd://127.0.0.1:2379,,x:1", ())]
     if dest == "task":
         return [(str(path), (named,)) for path, named in c.tasks.values()]
+    if dest == "tasks":  # task files or a directory of them
+        return [(str(path), (named,)) for key, (path, named) in c.tasks.items() if key != "a directory"]
     if dest == "dsn":
         # A wrong scheme for one source kind, an unreachable server for the other.
         return [("bogus://x", ()), ("", ()), (f"mysql://root@127.0.0.1:{c.dead_port}", ("127.0.0.1",)),
@@ -248,7 +254,7 @@ def malformed(action: argparse.Action, c: Ctx) -> list[tuple[str, tuple[str, ...
         return [("", ()), ("abc", ()), ("1,,x", ())]
     if dest == "where":  # a Spark SQL predicate: only the empty one is refused before the lake is read
         return [("", ()), ("  ", ())]
-    if dest in ("fix_sql", "sql", "html"):
+    if dest in ("fix_sql", "sql", "html", "report"):
         return [(NOWHERE, ()), (str(c.tmp), ()), ("", ())]
     if dest in _LISTS:
         return [("", ()), (",", ())]
@@ -277,7 +283,9 @@ class Case:
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...],
                                                                                        argparse.ArgumentParser]]:
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not subs:
+    # A command with subcommands and flags of its own (``drill`` and ``drill report``)
+    # is walked for its flags too; the top level's options are walked below.
+    if not subs or (path and _options(parser)):
         yield path, parser
     for s in subs:
         for name, p in s.choices.items():

@@ -4,7 +4,7 @@ disagree), a row changed by hand in an apply target (the apply proof), a snapsho
 file removed (the restore fails), an objective below what the machine can do.
 
 One small lake for the module: a ``mixed`` workload (DDL included) through two Pumps,
-two windows ingested, a snapshot between them, the history tables, and one apply
+one window ingested, a snapshot inside it, the history tables, and one apply
 target (SQLite) with a route that renames a table. Each damage is undone after its
 test (Delta's RESTORE, the file put back), so the tests share it in any order.
 """
@@ -39,9 +39,11 @@ class Lake:
     def __init__(self, up: Upstream, lake: str, task_file: pathlib.Path, target: str, snapshot_ts: int) -> None:
         self.up, self.lake, self.task_file, self.target, self.snapshot_ts = up, lake, task_file, target, snapshot_ts
 
-    def argv(self, *more: str) -> list[str]:
-        return ["drill", "--lake", self.lake, "--tasks", str(self.task_file), "--upstream", self.up.url,
-                "--registry", self.up.registry, "--json", *more]
+    def argv(self, *more: str, tasks: bool = True, upstream: bool = True) -> list[str]:
+        """A drill of this lake; ``tasks``/``upstream`` False: without the apply or the
+        upstream proof (a test of another proof spares their Spark jobs)."""
+        return ["drill", "--lake", self.lake, *(["--tasks", str(self.task_file)] if tasks else []),
+                *(["--upstream", self.up.url] if upstream else []), "--registry", self.up.registry, "--json", *more]
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +52,10 @@ def drill_lake(cluster: DevCluster, spark: SparkSession, tmp_path_factory: pytes
     plan = wplan.plan("mixed", 1, 50, 3, large_txn_rows=30, large_txn_every=25, ddl_every=15, table_rows=30,
                       accounts=10)
     up = run_captured(f"sqlite:///{root / 'up.db'}", cluster.registry_addr, plan, 2, None)
-    a, b = up.start_ts, up.end_ts
-    bounds = [a, (a + b) // 2, b]
+    # One window (each ingest is a few Spark jobs and waits on the Pumps); the snapshot
+    # splits it, so the snapshot path has changes after its base.
     lake = str(root / "lake")
-    ingest_all(spark, lake, cluster.registry_addr, bounds)
+    ingest_all(spark, lake, cluster.registry_addr, [up.start_ts, up.end_ts])
     snapshot.take(spark, lake, up.captures[0].ts)
     history.update(spark, lake)
     target = f"sqlite:///{root / 'replica.db'}"
@@ -154,7 +156,8 @@ def test_a_row_changed_by_hand_in_an_apply_target_fails_the_apply_proof(
     db.execute("UPDATE accounts_copy SET owner = 'changed by hand' WHERE id = ?", (key,))
     db.commit()
     try:
-        code, _d, err = run_drill(capsys, drill_lake.argv("--tables", "accounts", "--ts", str(drill_lake.up.end_ts - 1)))
+        code, _d, err = run_drill(capsys, drill_lake.argv("--tables", "accounts", "--ts", str(drill_lake.up.end_ts - 1),
+                                                          upstream=False))
     finally:
         db.execute("UPDATE accounts_copy SET owner = ? WHERE id = ?", (old, key))
         db.commit()
@@ -185,7 +188,8 @@ def test_a_change_row_deleted_from_the_lake_fails_the_paths_proof(
     tbl, keys, ts = alive[last[0]["table_id"]].name, last[0]["keys"], last[0]["ts"]
     changes.delete((F.col("table_id") == last[0]["table_id"]) & (F.col("keys") == keys) & (F.col("commit_ts") == ts))
     try:
-        code, _d, err = run_drill(capsys, drill_lake.argv("--tables", tbl, "--ts", str(drill_lake.up.end_ts - 1)))
+        code, _d, err = run_drill(capsys, drill_lake.argv("--tables", tbl, "--ts", str(drill_lake.up.end_ts - 1),
+                                                          tasks=False, upstream=False))
     finally:
         spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {version}")
     assert code == 2, err
@@ -195,7 +199,8 @@ def test_a_change_row_deleted_from_the_lake_fails_the_paths_proof(
 
 def test_an_objective_below_what_the_machine_can_do_fails_the_drill(
         drill_lake: Lake, spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _d, err = run_drill(capsys, drill_lake.argv("--seed", "2", "--count", "1", "--rto-s", "0.001"))
+    code, _d, err = run_drill(capsys, drill_lake.argv("--seed", "2", "--count", "1", "--rto-s", "0.001",
+                                                      tasks=False, upstream=False))
     assert code == 2
     assert "RTO objective missed" in err.splitlines()[-1] and "rto_s 0.001s" in err, err
     row = last_failure(drill_lake.lake)
@@ -214,7 +219,8 @@ def test_a_snapshot_file_removed_fails_the_restore(drill_lake: Lake, capsys: pyt
     kept = victim.with_name(victim.name + ".moved")
     victim.rename(kept)
     try:
-        code, _d, err = run_drill(capsys, drill_lake.argv("--ts", str(drill_lake.up.end_ts - 1)))
+        code, _d, err = run_drill(capsys, drill_lake.argv("--ts", str(drill_lake.up.end_ts - 1), tasks=False,
+                                                          upstream=False))
     finally:
         kept.rename(victim)
     assert code == 2

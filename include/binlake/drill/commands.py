@@ -13,14 +13,22 @@ import argparse
 import json
 from typing import Any
 
-from binlake import errors
-from binlake.cli.args import positive_float, positive_int, scratch_dir
+from binlake import errors, tso
+from binlake.cli.args import non_negative_int, positive_float, positive_int, scratch_dir
 
 
 def _ts(text: str) -> int:
-    from binlake.restore.commands import _ts as restore_ts
-
-    return restore_ts(text)
+    """A commit_ts flag of ``drill`` (which takes no datetime: the ts is drawn or given
+    as the TSO a replay names)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a commit_ts (a TSO such as 470614378216685568), got {text!r}; leave --ts out to draw "
+            "one with the seed") from None
+    if not 0 < value < tso.MAX_TS:
+        raise argparse.ArgumentTypeError(f"a commit_ts is a positive integer below 2^63, got {value}")
+    return value
 
 
 def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -31,8 +39,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
             "Restore some tables at some commit_ts into a scratch target (a SQLite file by default) and prove\n"
             "the result by independent means, each reported separately:\n"
             "  (a) every apply target equals a restore at exactly its checkpoint, through its task's rules;\n"
-            "  (b) the scratch target equals the same tables rebuilt by the lake's other restore paths\n"
-            "      (the whole history, the newest snapshot + changes, the history tables);\n"
+            "  (b) the scratch target (the restore's path: the newest snapshot + changes) equals the same\n"
+            "      tables rebuilt by the lake's other restore paths (the whole history, the history tables);\n"
             "  (c) with --upstream, tables unchanged since the ts have the upstream's checksums now.\n"
             "Measures the RTO (the restore's seconds, rows/s, GB/h) and the RPO (now - the newest ingested\n"
             "window end; each Pump's safe-ts lag when the registry answers) against [drill] rpo_s/rto_s.\n"
@@ -47,7 +55,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--ts", type=_ts, help="the commit_ts to restore (default: drawn with the seed)")
     p.add_argument("--tables", help="comma-separated TABLE or DB.TABLE (default: drawn with the seed)")
     p.add_argument("--count", type=positive_int, help="tables to draw (default [drill] tables, 10)")
-    p.add_argument("--seed", type=int, help="the seed to draw the ts and tables with (default: a fresh one, recorded)")
+    p.add_argument("--seed", type=non_negative_int, help="the seed to draw the ts and tables with (default: a fresh one, recorded)")
     p.add_argument("--until-ts", type=_ts, help="draw from windows ending at or below this TSO "
                                                 "(default: the newest window end; recorded)")
     p.add_argument("--target", help="scratch database URL (default: a SQLite file in a temporary directory); "
@@ -116,6 +124,11 @@ def drill_cmd(args: argparse.Namespace) -> int:
         argcheck.reachable_db("--upstream", args.upstream)
     if args.report is not None:
         argcheck.writable_file("--report", args.report)
+    if args.registry is not None:
+        # Checked here though an unanswering registry is only skipped: a malformed one is a mistake.
+        if not args.registry.strip():
+            argcheck.addr("--registry", args.registry)
+        argcheck.addr_list("--registry", args.registry)
     registry = args.registry if args.registry is not None else config.load(config.ClusterSettings).registry
     tables = _tables(args.tables)
     args.tz = None

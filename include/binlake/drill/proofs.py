@@ -8,8 +8,10 @@
     they are named in the proof's notes, not compared.
 (b) ``paths``: the scratch target (read back from the database) equals the same
     tables at the same ts rebuilt by every other path the lake offers: the whole
-    history from the changes, the newest snapshot plus the changes after it, the
-    history tables.
+    history from the changes and the history tables. The restore itself took the
+    third path, the newest snapshot plus the changes after it (the scratch target
+    is that path's result); the three agree when the scratch target equals both.
+    Both paths' checksums come from one Spark job.
 (c) ``upstream``: a table the lake shows unchanged since the ts has the
     upstream's checksum now.
 
@@ -136,12 +138,14 @@ def _show(found: tuple[str, str] | None) -> str:
 
 
 def paths(spark: Any, lake: str, ts: int, names: Sequence[str], scratch_url: str,
-          say: Progress) -> tuple[Proof, dict[str, tuple[int, str, int]]]:
-    """(b): the scratch target against every restore path; also each table's
-    (rows, checksum, bytes) of the restored path (for the drill's figures)."""
+          say: Progress, auto: restore.Plan | None = None) -> tuple[Proof, dict[str, tuple[int, str, int]]]:
+    """(b): the scratch target against every other restore path; also each table's
+    (rows, checksum, bytes) as the first path rebuilt them (for the drill's figures).
+    ``auto``: the restore's own plan (made here when not given)."""
     proof = Proof("paths")
     say("proof (b): checksumming the scratch target")
-    auto = restore.plan(spark, lake, ts, list(names), "auto")
+    if auto is None:
+        auto = restore.plan(spark, lake, ts, list(names), "auto")
     by_name = {t.info.name: t for t in auto.tables}
     # The database is read in a thread of this process while Spark's executors rebuild
     # the paths (the driver only waits on them): the two run side by side.
@@ -150,21 +154,26 @@ def paths(spark: Any, lake: str, ts: int, names: Sequence[str], scratch_url: str
     pool.shutdown(wait=False)
     sums_by_path: list[tuple[str, Any, Any, dict[str, tuple[int, str, int]]]] = []
     figures: dict[str, tuple[int, str, int]] = {}
-    candidates: list[tuple[str, Any]] = [("whole history", lambda: restore.plan(spark, lake, ts, list(names), "changes"))]
     if any(t.base.kind != "lake start" for t in auto.tables):
-        candidates.append(("newest snapshot + changes", lambda: auto))
+        # The scratch target is what the newest snapshot + changes rebuilt (the restore's
+        # own plan): rebuilding it again would check the restore against itself.
+        proof.notes.append("newest snapshot + changes: the restore's own path (the scratch target)")
     else:
-        proof.notes.append("no snapshot at or below the ts: the snapshot path is the whole history")
-    candidates.append(("history tables", lambda: restore.plan(spark, lake, ts, list(names), "history")))
-    for label, make in candidates:
+        proof.notes.append("no snapshot at or below the ts: the restore's path is the whole history")
+    built: list[tuple[str, Any, Any]] = []
+    for label, source in (("whole history", "changes"), ("history tables", "history")):
         try:
-            p = make()
+            p = restore.plan(spark, lake, ts, list(names), source)
         except errors.BinlakeError as exc:
             proof.notes.append(f"{label}: not compared ({errors.first_line(exc)})")
             continue
-        say(f"proof (b): checksumming the {label} path in Spark")
-        frames = restore_tables.frames(spark, p)
-        sums = sparksum.frames_checksums([(t.info.name, frames[t.table_id], t.info) for t in p.tables])
+        built.append((label, p, restore_tables.frames(spark, p)))
+    # Every path's tables in one Spark job (a key per path and table).
+    say(f"proof (b): checksumming the {' and '.join(lab for lab, _p, _f in built)} path(s) in Spark")
+    every = sparksum.frames_checksums([(f"{label}\0{t.info.name}", frames[t.table_id], t.info)
+                                       for label, p, frames in built for t in p.tables])
+    for label, p, frames in built:
+        sums = {t.info.name: every[f"{label}\0{t.info.name}"] for t in p.tables}
         sums_by_path.append((label, p, frames, sums))
         for name, figure in sums.items():
             figures.setdefault(name, figure)
@@ -291,16 +300,16 @@ def _routed(spark: Any, rules: Rules, shards: Sequence[restore_tables.TablePlan]
 
 
 def upstream(spark: Any, lake: str, ts: int, names: Sequence[str], scratch_url: str, upstream_url: str,
-             newest_end: int, say: Progress) -> Proof:
+             newest_end: int, say: Progress, plan: restore.Plan | None = None) -> Proof:
     """(c): tables the lake shows unchanged after ``ts`` (up to its newest window end)
-    against the upstream's checksums now."""
+    against the upstream's checksums now. ``plan``: the restore's (made here when not given)."""
     from pyspark.sql import functions as F
 
     from binlake.restore import rebuild
     from binlake.sql.diff import diff_databases
 
     proof = Proof("upstream")
-    p = restore.plan(spark, lake, ts, list(names), "auto")
+    p = plan if plan is not None else restore.plan(spark, lake, ts, list(names), "auto")
     ids = [t.table_id for t in p.tables]
     say("proof (c): each table's last change in the lake")
     last = {int(r["table_id"]): int(r["m"]) for r in rebuild.changes_frame(spark, lake)

@@ -215,13 +215,13 @@ def run(spark: Any, lake: str, *, ts: int | None = None, tables: Sequence[str] |
     try:
         # A ts the ledger does not cover or an unknown table: the user's mistake, refused
         # before anything is written. Any other error reading the plan is a damaged lake.
-        restore.plan(spark, lake, choice.ts, choice.tables, "auto")
+        auto: restore.Plan | None = restore.plan(spark, lake, choice.ts, choice.tables, "auto")
         planned = True
     except errors.BinlakeError:
         raise
     except Exception as exc:
         d.failure = f"restore at {choice.ts} failed: {why(exc)}"
-        planned = False
+        planned, auto = False, None
     scratch_dir = None
     if target is None:
         scratch_dir = tempfile.mkdtemp(prefix="binlake-drill-")
@@ -241,7 +241,7 @@ def run(spark: Any, lake: str, *, ts: int | None = None, tables: Sequence[str] |
             d.rows = result.rows
             proving = time.monotonic()
             try:
-                _prove(spark, lake, d, target, tasks, task_notes, upstream, newest, say)
+                _prove(spark, lake, d, target, auto, tasks, task_notes, upstream, newest, say)
             except errors.InvalidArgument:
                 raise
             except Exception as exc:
@@ -265,10 +265,12 @@ def run(spark: Any, lake: str, *, ts: int | None = None, tables: Sequence[str] |
     return d
 
 
-def _prove(spark: Any, lake: str, d: Drill, target: str, tasks: Sequence[tuple[Task, str]], task_notes: Sequence[str],
+def _prove(spark: Any, lake: str, d: Drill, target: str, auto: Any, tasks: Sequence[tuple[Task, str]], task_notes: Sequence[str],
            upstream: str | None, newest: int | None, say: Progress) -> None:
     c = d.choice
-    paths, figures = prove.paths(spark, lake, c.ts, c.tables, target, say)
+    # The restore's plan, made before it ran, serves the proofs too: the lake below the
+    # ts never changes, and re-planning reads the ledger, schema and catalogs again.
+    paths, figures = prove.paths(spark, lake, c.ts, c.tables, target, say, auto)
     d.proofs.append(paths)
     d.bytes = sum(b for _r, _h, b in figures.values())
     d.tables = [{"table": name, "rows": r, "checksum": h, "bytes": b} for name, (r, h, b) in sorted(figures.items())]
@@ -276,7 +278,7 @@ def _prove(spark: Any, lake: str, d: Drill, target: str, tasks: Sequence[tuple[T
     applied.notes[:0] = list(task_notes)
     d.proofs.append(applied)
     if upstream is not None:
-        d.proofs.append(prove.upstream(spark, lake, c.ts, c.tables, target, upstream, newest or c.ts, say))
+        d.proofs.append(prove.upstream(spark, lake, c.ts, c.tables, target, upstream, newest or c.ts, say, auto))
     else:
         d.proofs.append(prove.Proof("upstream", notes=["no --upstream given"]))
 

@@ -109,11 +109,19 @@ def first_difference(a: Any, b: Any, info: binlog_pb2.TableInfo) -> tuple[str, s
     None when they hold the same rows. Run only after their checksums differed."""
     keys = C.key_names(info) or ["_m"]  # a table without a key: rows told apart by their hash
     cols = list(dict.fromkeys(["_m", *keys]))
-    ha = hashed(a, info).select(*[f"`{k}`" for k in cols])
-    hb = hashed(b, info).select(*[f"`{k}`" for k in cols])
+    from pyspark import StorageLevel
+
+    # Each side takes part in both anti-joins: kept (on disk, only the keys and hashes)
+    # so neither table is rebuilt twice.
+    ha = hashed(a, info).select(*[f"`{k}`" for k in cols]).persist(StorageLevel.DISK_ONLY)
+    hb = hashed(b, info).select(*[f"`{k}`" for k in cols]).persist(StorageLevel.DISK_ONLY)
     on = cols
-    left = ha.join(hb, on=on, how="left_anti").orderBy(*[f"`{k}`" for k in keys]).limit(1).collect()
-    right = hb.join(ha, on=on, how="left_anti").orderBy(*[f"`{k}`" for k in keys]).limit(1).collect()
+    try:
+        left = ha.join(hb, on=on, how="left_anti").orderBy(*[f"`{k}`" for k in keys]).limit(1).collect()
+        right = hb.join(ha, on=on, how="left_anti").orderBy(*[f"`{k}`" for k in keys]).limit(1).collect()
+    finally:
+        ha.unpersist()
+        hb.unpersist()
     found = [(tuple(r[k] for k in keys), "only in first") for r in left] + \
             [(tuple(r[k] for k in keys), "only in second") for r in right]
     if not found:
