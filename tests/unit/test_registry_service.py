@@ -702,6 +702,11 @@ def test_the_planner_leaves_out_a_pump_that_held_nothing_of_the_window() -> None
              NodeRecord("p2", "pump", "127.0.0.1:2", safe_ts=900, empty_below_ts=500)]
     assert [n.node_id for n in pumps_for_window(nodes, 100, 500)] == ["p1"]
     assert [n.node_id for n in pumps_for_window(nodes, 100, 501)] == ["p1", "p2"]
+    # A cluster nothing was written to: every Pump is asked, and the window is read empty.
+    empty = [NodeRecord("p1", "pump", "127.0.0.1:1", safe_ts=900, empty_below_ts=900),
+             NodeRecord("p2", "pump", "127.0.0.1:2", safe_ts=900, empty_below_ts=500)]
+    assert [n.node_id for n in pumps_for_window(empty, 100, 400)] == ["p1", "p2"]
+    assert [n.node_id for n in pumps_for_window(empty, 100, 700)] == ["p2"]
 
 
 def test_registry_replication_flags_are_checked_in_one_line(tmp_path: pathlib.Path) -> None:

@@ -47,13 +47,16 @@ def pumps_for_window(nodes: list[NodeRecord], start_ts: int, end_ts: int) -> lis
     """The Pumps that may hold transactions of ``[start_ts, end_ts)``: not those
     offline before it, nor those the registry knows held nothing below its end
     (``empty_below_ts``: a Pump that joined after the window, lost or not, is never
-    asked for it)."""
-    return sorted(
+    asked for it). When every Pump is known to hold nothing of the window (a cluster
+    nothing was written to yet), all of them are asked: the window is then read, and
+    recorded, as the empty window it is, as it always was before a Pump was known empty."""
+    live = sorted(
         (n for n in nodes if n.kind == "pump"
-         and not (n.state is NodeState.OFFLINE and 0 < n.offline_ts < start_ts)
-         and not n.empty_below_ts >= end_ts),
+         and not (n.state is NodeState.OFFLINE and 0 < n.offline_ts < start_ts)),
         key=lambda n: n.node_id,
     )
+    holding = [n for n in live if not n.empty_below_ts >= end_ts]
+    return holding or live
 
 
 def plan_window(registry: str | RegistryClient, start_ts: int, end_ts: int,
