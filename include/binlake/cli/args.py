@@ -118,6 +118,13 @@ def scratch_dir(text: str) -> str:
     return text
 
 
+def spark_bench_args(p: argparse.ArgumentParser, master_help: str = "Spark master (default local[*])") -> None:
+    """The flags every benchmark that runs Spark in a scratch directory takes: --master, --dir, --keep."""
+    p.add_argument("--master", help=master_help)
+    p.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
+    p.add_argument("--keep", action="store_true", help="keep the scratch directory")
+
+
 def int_list(text: str) -> str:
     """Comma-separated positive integers (e.g. writer counts, sizes), checked; the text itself."""
     try:

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from binlake import errors, tso
-from binlake.cli.args import non_negative_int, positive_float, positive_int, scratch_dir
+from binlake.cli.args import non_negative_int, positive_float, positive_int, spark_bench_args
 
 
 def _ts(text: str) -> int:
@@ -82,9 +82,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                          epilog="Example:\n  binlake bench drill --tables 10 --rows 100000\n")
     b.add_argument("--tables", type=positive_int, default=10, help="tables (default 10)")
     b.add_argument("--rows", type=positive_int, default=100_000, help="rows in all (default 100000)")
-    b.add_argument("--master", help="Spark master (default local[*])")
-    b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
-    b.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    spark_bench_args(b)
     b.set_defaults(handler=bench_cmd)
 
 

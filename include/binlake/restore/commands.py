@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from binlake import errors, tso
-from binlake.cli.args import int_list, positive_int, s3_lake_arg, scratch_dir
+from binlake.cli.args import int_list, positive_int, s3_lake_arg, spark_bench_args
 
 
 def _ts(text: str) -> int:
@@ -184,9 +184,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                 "  binlake bench restore --tables 10,1000\n"))
     b.add_argument("--rows", type=positive_int, default=1_000_000, help="rows of the table (default 1000000)")
     b.add_argument("--changes", type=positive_int, default=5_000_000, help="row changes of its history (default 5000000)")
-    b.add_argument("--master", help="Spark master (default local[*])")
-    b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
-    b.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    spark_bench_args(b)
     b.add_argument("--tables", type=int_list, help="comma-separated table counts (e.g. 10,1000): the same rows spread over each, "
                                     "restored into SQLite, PostgreSQL and Delta (default rows 20000)")
     b.add_argument("--parallel", type=_parallel, default=4, metavar="N", help="tables written at once (default 4)")
@@ -203,9 +201,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--rows", type=int_list, default="1000000",
                    help="rows of the table, comma-separated for several sizes (default 1000000); "
                         "each with 2 changes a row")
-    b.add_argument("--master", help="Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
-    b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
-    b.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    spark_bench_args(b, "Spark master (default: $BINLAKE_SPARK_MASTER, else local[*])")
     b.add_argument("--parallel", type=_parallel, default=4, metavar="N", help="tables written at once (default 4)")
     b.add_argument("--no-s3", action="store_true", help="leave out the restore into Delta on S3 (SeaweedFS)")
     b.set_defaults(handler=bench_scale_cmd)

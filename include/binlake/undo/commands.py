@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from binlake import errors
-from binlake.cli.args import positive_int, scratch_dir
+from binlake.cli.args import positive_int, spark_bench_args
 
 _EPILOG = """\
 Examples:
@@ -77,9 +77,7 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         formatter_class=fmt,
         epilog="Examples:\n  binlake bench undo --changes 100000\n  binlake bench undo\n")
     b.add_argument("--changes", type=positive_int, default=1_000_000, help="row changes to undo (default 1000000)")
-    b.add_argument("--master", help="Spark master (default local[*])")
-    b.add_argument("--dir", type=scratch_dir, help="scratch directory (default: a temp dir under bench/)")
-    b.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    spark_bench_args(b)
     b.set_defaults(handler=bench_cmd)
 
 
