@@ -236,7 +236,9 @@ def _apply_buckets(url: str, task_name: str, seg_end: int, a: int, b: int, items
                 n = write(target, conn, todo)
             except Mismatch as m:
                 conn.rollback()
-                yield 0, 0, str(diagnose(target, m, f"window [{a}, {b})"))
+                yield 0, 0, str(diagnose(target, m, f"window [{a}, {b})",
+                                         "this worker's buckets were rolled back; those other workers "
+                                         "committed stay and the rerun skips them"))
                 return
             checkpoint.mark_groups(conn, task_name, seg_end, [g for g, _part in todo], a, b)
             conn.commit()

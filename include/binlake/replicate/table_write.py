@@ -153,8 +153,11 @@ class Mismatch(Exception):
         self.info, self.must_exist, self.must_not_exist, self.detail = info, must_exist, must_not_exist, detail
 
 
-def diagnose(target: targets.Target, m: Mismatch, where: str) -> TargetDiverged:
-    """What ``m`` found, looked up in the target (after the rollback) and named."""
+def diagnose(target: targets.Target, m: Mismatch, where: str,
+             kept: str = "nothing of the window was committed") -> TargetDiverged:
+    """What ``m`` found, looked up in the target (after the rollback) and named; ``kept`` says
+    what of the window stays in the target (consistent mode: nothing; parallel mode: the
+    buckets other workers committed, which a rerun skips)."""
     key = key_names(m.info)
 
     def show(t: tuple[Any, ...]) -> str:
@@ -176,5 +179,5 @@ def diagnose(target: targets.Target, m: Mismatch, where: str) -> TargetDiverged:
     more = len(missing) + len(extra) - 1
     return TargetDiverged(
         f"target table {m.info.name}: {what}" + (f" (and {more} more)" if more > 0 else "") +
-        "; the target was changed outside binlake (`binlake diff` shows how); nothing of the window was "
-        "committed. Repair the target (diff --fix-sql), or rerun with safe mode (safe_mode_until_ts)")
+        "; the target was changed outside binlake (`binlake diff` shows how); " + kept +
+        ". Repair the target (diff --fix-sql), or rerun with safe mode (safe_mode_until_ts)")
