@@ -337,6 +337,9 @@ def test_plan_refuses_bad_entries() -> None:
     assert plan.decode(b"\x00\x01\x02", 0, 3, False, b"\x01", None) is None
     # null bitmap, then the INT little-endian: the Row the protobuf library writes
     assert plan.decode(b"\x00\x01\x02\x03\x04", 0, 5, False, b"\x01", None) == [_expected_int_row(1, 0x04030201)]
+    # A bitmap naming no column: each row would read no byte, so the plan declines the
+    # event (the Python path decides) instead of listing empty rows forever.
+    assert plan.decode(b"\x00\x00", 0, 2, False, b"\x00", None) is None
 
 
 def test_utf8_check_across_ascii_runs() -> None:

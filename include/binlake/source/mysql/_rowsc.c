@@ -551,6 +551,9 @@ static PyObject *Plan_decode(PlanObject *self, PyObject *args) {
     PyObject *list = PyList_New(0);
     if (!list) goto done;
     while (p < end) {
+        /* A row that reads no byte (a bitmap naming no column) would repeat forever:
+           such an event is not one this plan can read, so Python decides. */
+        const unsigned char *row_start = p;
         r1.len = 0;
         int rc = decode_image(self, &p, end, bm1.buf, &r1, &d);
         PyObject *item = NULL;
@@ -566,6 +569,10 @@ static PyObject *Plan_decode(PlanObject *self, PyObject *args) {
             }
         } else if (rc > 0) {
             item = PyBytes_FromStringAndSize(r1.p ? (const char *)r1.p : "", r1.len);
+        }
+        if (rc > 0 && p == row_start) {
+            Py_XDECREF(item);
+            rc = 0;
         }
         if (rc == 0) {
             Py_DECREF(list);
