@@ -673,6 +673,12 @@ class DrillSettings(BaseSettings):
         "Tables a drill draws when none are given."))
     report: str | None = Field(None, json_schema_extra=_variable("binlake_drill_report"), description=(
         "The HTML report the drill DAG writes after each drill (default LAKE/drills.html)."))
+    scratch_dir: str | None = Field(None, json_schema_extra=_variable("binlake_drill_scratch_dir"), description=(
+        "Directory of the default scratch target (a SQLite file in a fresh directory below it, removed after "
+        "the drill); default the system's temporary directory. A drill restores up to its tables' size there."))
+    webhook: str | None = Field(None, json_schema_extra=_variable("binlake_drill_webhook"), description=(
+        "URL the drill DAG's failure callback POSTs a failed drill's one line to, as JSON whose 'text' key "
+        "is what Slack and Mattermost incoming webhooks show; default none (the line is logged)."))
 
 
 class MaintenanceSettings(BaseSettings):
