@@ -68,8 +68,9 @@ def choose(spark: Any, lake: str, *, ts: int | None, tables: Sequence[str] | Non
         seed = random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
     # The schema below until never changes either: the draw stays replayable.
-    schema = rebuild.load_schema(spark, lake, until)
+    schema = rebuild.load_schema(spark, lake, until) if drawn else None
     if ts is None:
+        assert schema is not None
         # Drawn where a table exists: a lake's first window usually opens before its first
         # CREATE TABLE, and a drill of nothing proves nothing.
         first = min((c for c, _info in schema.entries()), default=None)
@@ -82,6 +83,7 @@ def choose(spark: Any, lake: str, *, ts: int | None, tables: Sequence[str] | Non
         s, e = rng.choice(eligible)
         ts = rng.randrange(s, e)
     if tables is None:
+        assert schema is not None
         at = rebuild.tables_at(schema, ts)
         names = sorted(f"{i.db}.{i.name}" for i in at.values())
         if not names:
