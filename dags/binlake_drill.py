@@ -16,7 +16,9 @@ Daily (no catch-up: one drill proves today's lake). Tasks:
    Records the drill in `LAKE/drills` and publishes the Asset
    `binlake://lake/drills` with its figures. A difference, a restore error or a
    missed objective fails the task with one line naming the table and first
-   differing key (or the objective); the failure callback logs it.
+   differing key (or the objective); the tasks' failure callback logs it and
+   POSTs it to `binlake_drill_webhook` when set. The default scratch file goes
+   below `binlake_drill_scratch_dir` (default: the system's temporary directory).
 3. **report** — the HTML report (`binlake_drill_report`, default
    `LAKE/drills.html`): RPO and RTO over time, the verdict history. Runs after
    a failed drill too.
@@ -42,8 +44,8 @@ from binlake_airflow.assets import LAKE_DRILLS
     catchup=False,
     max_active_runs=1,
     # A failed drill fails at once (AirflowFailException); a retry is for a lost worker or Spark.
-    default_args={"retries": 1, "retry_delay": dt.timedelta(minutes=5)},
-    on_failure_callback=drill_tasks.on_failure,
+    # The callback is the tasks' (it runs with the failed task's exception: the drill's one line).
+    default_args={"retries": 1, "retry_delay": dt.timedelta(minutes=5), "on_failure_callback": drill_tasks.on_failure},
     params={
         "ts": Param(None, type=["null", "integer"], minimum=1, description="commit_ts to restore; empty = drawn"),
         "tables": Param(None, type=["null", "string"], description="comma-separated tables; empty = drawn"),

@@ -582,6 +582,13 @@ DEADLINE_OFF = ("off", "none", "0", "false", "no")
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
+def http_url(v: str | None) -> str | None:
+    """An alert webhook setting: None, or an http(s) URL."""
+    if v is not None and not re.match(r"^https?://", v):
+        raise ValueError(f"{v!r} is not an http(s) URL")
+    return v
+
+
 class IngestDagSettings(BaseSettings):
     """The ingest DAG's shape, read when its file is parsed: from the environment
     only (an Airflow Variable there would cost a database query on every parse);
@@ -635,9 +642,7 @@ class IngestDagSettings(BaseSettings):
     @field_validator("deadline_webhook")
     @classmethod
     def _webhook(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^https?://", v):
-            raise ValueError(f"{v!r} is not an http(s) URL")
-        return v
+        return http_url(v)
 
     @field_validator("deadline_callback")
     @classmethod
@@ -673,6 +678,17 @@ class DrillSettings(BaseSettings):
         "Tables a drill draws when none are given."))
     report: str | None = Field(None, json_schema_extra=_variable("binlake_drill_report"), description=(
         "The HTML report the drill DAG writes after each drill (default LAKE/drills.html)."))
+    scratch_dir: str | None = Field(None, json_schema_extra=_variable("binlake_drill_scratch_dir"), description=(
+        "Directory of the default scratch target (a SQLite file in a fresh directory below it, removed after "
+        "the drill); default the system's temporary directory. A drill restores up to its tables' size there."))
+    webhook: str | None = Field(None, json_schema_extra=_variable("binlake_drill_webhook"), description=(
+        "URL the drill DAG's failure callback POSTs a failed drill's one line to, as JSON whose 'text' key "
+        "is what Slack and Mattermost incoming webhooks show; default none (the line is logged)."))
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook(cls, v: str | None) -> str | None:
+        return http_url(v)
 
 
 class MaintenanceSettings(BaseSettings):

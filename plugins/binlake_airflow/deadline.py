@@ -100,7 +100,8 @@ def describe(context: dict[str, Any] | None, grace_s: float) -> dict[str, Any]:
             "window_end": end, "deadline": str(deadline.get("deadline_time"))}
 
 
-def _post(url: str, payload: dict[str, Any]) -> int:
+def post(url: str, payload: dict[str, Any]) -> int:
+    """POST ``payload`` as JSON to ``url`` (an alert webhook); the HTTP status."""
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
@@ -116,6 +117,6 @@ async def window_late(webhook: str | None = None, grace_s: float = 0.0,
     payload = describe(context, grace_s)
     log.warning("%s", payload["text"])
     if webhook:
-        status = await asyncio.to_thread(_post, webhook, payload)
+        status = await asyncio.to_thread(post, webhook, payload)
         return f"{payload['text']} (webhook answered {status})"
     return str(payload["text"])

@@ -11,13 +11,14 @@ new), after the drill's row is in ``LAKE/drills``.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from binlake_airflow import apply_tasks, config, sessions
+from binlake_airflow import apply_tasks, config, deadline, sessions
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,14 @@ def drill(args: Mapping[str, Any]) -> dict[str, Any]:
         registry: str | None = config.registry_addr()
     except Exception:  # no registry set or reachable: the Pumps' lags are left out
         registry = None
+    scratch_dir = _local(s.scratch_dir)
+    if args.get("target") is None and scratch_dir is not None:
+        from binlake.cli import argcheck
+
+        try:
+            argcheck.writable_dir("binlake_drill_scratch_dir", scratch_dir)
+        except errors.BinlakeError as exc:
+            raise AirflowFailException(str(exc)) from None
     config.use_lake_s3_connection()
     try:
         with sessions.job_session("binlake-drill") as spark:
@@ -116,7 +125,7 @@ def drill(args: Mapping[str, Any]) -> dict[str, Any]:
                 until_ts=args.get("until_ts"), count=args.get("count") or s.tables, target=args.get("target"),
                 tasks=tasks, task_notes=notes, upstream=args.get("upstream"), registry=registry,
                 rpo_objective_s=args.get("rpo_s") or s.rpo_s, rto_objective_s=args.get("rto_s") or s.rto_s,
-                progress=log.info)
+                progress=log.info, scratch_dir=scratch_dir)
     except drill_run.DrillFailed as exc:
         raise AirflowFailException(str(exc)) from None
     except errors.BinlakeError as exc:
@@ -128,9 +137,22 @@ def drill(args: Mapping[str, Any]) -> dict[str, Any]:
 def extra(row: Mapping[str, Any]) -> dict[str, Any]:
     """A drill's figures as JSON-able values (no details blob)."""
     keep = ("drill_id", "verdict", "failure", "ts", "seed", "until_ts", "tables", "rows", "bytes", "restore_s",
-            "drill_s", "proving_share", "rows_per_s", "gb_per_h", "rpo_s", "rpo_objective_s", "rto_objective_s",
-            "proof_apply", "proof_paths", "proof_upstream")
-    return {k: row.get(k) for k in keep}
+            "drill_s", "proving_share", "rows_per_s", "gb_per_h", "drill_rows_per_s", "drill_gb_per_h", "rpo_s",
+            "rpo_objective_s", "rto_objective_s", "proof_apply", "proof_paths", "proof_upstream")
+    out = {k: row.get(k) for k in keep}
+    # Each Pump's safe-ts lag (the other half of the RPO): a JSON text in the table, a mapping here.
+    lags = row.get("pump_lag_s")
+    out["pump_lag_s"] = json.loads(lags) if isinstance(lags, str) else lags
+    return out
+
+
+def _local(path: str | None) -> str | None:
+    """A local path setting, relative ones against the project root (as the lake's)."""
+    import os
+
+    if not path:
+        return None
+    return path if os.path.isabs(path) else str(config.PROJECT_ROOT / path)
 
 
 def report_path() -> str:
@@ -139,9 +161,9 @@ def report_path() -> str:
 
     from binlake import config as settings
 
-    chosen = config.load(settings.DrillSettings).report
+    chosen = _local(config.load(settings.DrillSettings).report)
     if chosen:
-        return chosen if os.path.isabs(chosen) else str(config.PROJECT_ROOT / chosen)
+        return chosen
     lake = config.lake_dir()
     if "://" in lake:
         raise AirflowFailException("binlake_drill_report: the lake is not a local directory; set the Variable "
@@ -163,8 +185,31 @@ def report() -> dict[str, Any]:
 
 
 def on_failure(context: Mapping[str, Any]) -> None:
-    """The DAG's failure callback: the failed task's one line in the log."""
+    """The drill tasks' failure callback: the failed task's one line in the log and, when
+    ``binlake_drill_webhook`` is set, POSTed there as JSON (``text``, as Slack and
+    Mattermost incoming webhooks show it, with the run, the task and the report's path).
+    A webhook that does not answer is logged; the task has failed either way."""
+    from binlake import config as settings
+
     exc = context.get("exception")
     ti = context.get("task_instance") or context.get("ti")
     task_id = getattr(ti, "task_id", "?")
-    log.error("binlake_drill %s failed: %s", task_id, str(exc).splitlines()[0] if exc else "(no message)")
+    run_id = getattr(ti, "run_id", None) or getattr(context.get("dag_run"), "run_id", None)
+    line = str(exc).splitlines()[0] if exc and str(exc) else "(no message)"
+    log.error("binlake_drill %s failed: %s", task_id, line)
+    try:
+        webhook = config.load(settings.DrillSettings).webhook
+        where = report_path()
+    except Exception as err:  # a bad setting here must not hide the drill's own failure
+        log.error("binlake_drill: the failure alert was not sent: %s", err)
+        return
+    if not webhook:
+        return
+    payload = {"text": f"binlake: restore drill failed ({task_id}, run {run_id}): {line}; report {where}",
+               "dag_id": "binlake_drill", "run_id": run_id, "task_id": task_id, "failure": line, "report": where}
+    try:
+        status = deadline.post(webhook, payload)
+    except Exception as err:
+        log.error("binlake_drill: the failure alert to %s was not delivered: %s", webhook, err)
+        return
+    log.info("binlake_drill: failure alert sent to %s (answered %d)", webhook, status)

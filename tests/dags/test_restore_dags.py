@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hookkit import Webhook
 from pumpkit import start_registry
 from pyspark.sql import SparkSession
 
@@ -285,7 +286,16 @@ def test_drill_dag_proves_a_healthy_lake_and_writes_the_report(
     page = report.read_text()
     assert page.count('class="point"') == 2 * len(drills.read(path)) - sum(
         1 for r in drills.read(path) if r["rpo_s"] is None)
-    # A bad param fails the run in its first task, naming it.
-    bad = _run(dags["binlake_drill"], {"tables": "a.b.c"})
+    # A bad param fails the run in its first task, naming it; the tasks' failure callback
+    # POSTs that line to the webhook (the drill's own failures: tests/restore/test_drill.py).
+    hook = Webhook()
+    monkeypatch.setenv("BINLAKE_DRILL_WEBHOOK", hook.url)
+    try:
+        bad = _run(dags["binlake_drill"], {"tables": "a.b.c"})
+    finally:
+        hook.close()
     assert bad.state == "failed" and bad.tasks["check"] == "failed" and bad.tasks["drill"] == "upstream_failed"
     assert bad.tasks["report"] == "success"  # the page is written after a failed run too
+    assert [(b["task_id"], b["failure"]) for b in hook.bodies] == [
+        ("check", "bad params: tables: give comma-separated TABLE or DB.TABLE names, got 'a.b.c'")], hook.bodies
+    assert hook.bodies[0]["report"] == str(report) and "restore drill failed" in hook.bodies[0]["text"]

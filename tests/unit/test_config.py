@@ -138,6 +138,16 @@ def test_a_bad_variable_is_one_line_naming_it_and_its_airflow_variable(monkeypat
     assert "[ingest] safe_ts_poll_s / BINLAKE_SAFE_TS_POLL_S / Airflow Variable binlake_safe_ts_poll_s" in message
 
 
+def test_a_drill_webhook_is_an_http_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BINLAKE_DRILL_WEBHOOK", "hooks.example.com/x")
+    with pytest.raises(errors.ConfigError) as caught:
+        config.load(config.DrillSettings)
+    assert "BINLAKE_DRILL_WEBHOOK / Airflow Variable binlake_drill_webhook" in str(caught.value)
+    assert "is not an http(s) URL" in str(caught.value)
+    monkeypatch.setenv("BINLAKE_DRILL_WEBHOOK", "https://hooks.example.com/x")
+    assert config.load(config.DrillSettings).webhook == "https://hooks.example.com/x"
+
+
 def test_a_commands_file_and_exports_reach_later_loads_and_children(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "c.toml"

@@ -58,7 +58,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--seed", type=non_negative_int, help="the seed to draw the ts and tables with (default: a fresh one, recorded)")
     p.add_argument("--until-ts", type=_ts, help="draw from windows ending at or below this TSO "
                                                 "(default: the newest window end; recorded)")
-    p.add_argument("--target", help="scratch database URL (default: a SQLite file in a temporary directory); "
+    p.add_argument("--target", help="scratch database URL (default: a SQLite file in a temporary directory, "
+                                    "below [drill] scratch_dir when set); "
                                     "the drill's tables must not exist there")
     p.add_argument("--tasks", help="apply task files to prove against: a directory of *.toml or comma-separated "
                                    "files (default [apply] tasks, else config/tasks)")
@@ -122,6 +123,8 @@ def drill_cmd(args: argparse.Namespace) -> int:
         argcheck.reachable_db("--upstream", args.upstream)
     if args.report is not None:
         argcheck.writable_file("--report", args.report)
+    if args.target is None and settings.scratch_dir is not None:
+        argcheck.writable_dir("[drill] scratch_dir", settings.scratch_dir)
     if args.registry is not None:
         # Checked here though an unanswering registry is only skipped: a malformed one is a mistake.
         if not args.registry.strip():
@@ -137,7 +140,7 @@ def drill_cmd(args: argparse.Namespace) -> int:
                 spark, lake, ts=args.ts, tables=tables, seed=args.seed, until_ts=args.until_ts,
                 count=settings.tables, target=args.target, tasks=tasks, task_notes=notes, upstream=args.upstream,
                 registry=registry, rpo_objective_s=settings.rpo_s, rto_objective_s=settings.rto_s,
-                record=not args.no_record, progress=say)
+                record=not args.no_record, progress=say, scratch_dir=settings.scratch_dir)
         finally:
             if args.report is not None:
                 _write_report(lake, args.report)

@@ -9,7 +9,7 @@ draw the same ts and tables again, since the ledger below until_ts never changes
 A drill fails (``DrillFailed``, one line naming the table and the first differing
 key, or the objective missed) on a difference, a restore error or a missed
 objective; it is recorded as failed first. The default scratch target is a SQLite
-file in a fresh temporary directory, removed afterwards, so a drill killed mid-way
+file in a fresh temporary directory (below ``[drill] scratch_dir`` when set), removed afterwards, so a drill killed mid-way
 leaves nothing a rerun trips over (and no row in ``drills``: rows are written only
 with a verdict).
 """
@@ -67,14 +67,24 @@ def choose(spark: Any, lake: str, *, ts: int | None, tables: Sequence[str] | Non
     if drawn and seed is None:
         seed = random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
+    # The schema below until never changes either: the draw stays replayable.
+    schema = rebuild.load_schema(spark, lake, until) if drawn else None
     if ts is None:
-        eligible = [(s, e) for s, e in windows if e <= until and e > max(s, 1)]
+        assert schema is not None
+        # Drawn where a table exists: a lake's first window usually opens before its first
+        # CREATE TABLE, and a drill of nothing proves nothing.
+        first = min((c for c, _info in schema.entries()), default=None)
+        if first is None:
+            raise errors.FailedPrecondition(f"no table exists at or below --until-ts {until}: nothing to drill")
+        eligible = [(max(s, first, 1), e) for s, e in windows if e <= until and e > max(s, first, 1)]
         if not eligible:
-            raise errors.InvalidArgument(f"no ingested window ends at or below --until-ts {until}")
+            raise errors.InvalidArgument(f"no ingested window ends at or below --until-ts {until} after the "
+                                         f"first table was created (commit_ts {first})")
         s, e = rng.choice(eligible)
-        ts = rng.randrange(max(s, 1), e)
+        ts = rng.randrange(s, e)
     if tables is None:
-        at = rebuild.tables_at(rebuild.load_schema(spark, lake, ts), ts)
+        assert schema is not None
+        at = rebuild.tables_at(schema, ts)
         names = sorted(f"{i.db}.{i.name}" for i in at.values())
         if not names:
             raise errors.FailedPrecondition(f"no table exists at commit_ts {ts}: nothing to drill")
@@ -118,6 +128,15 @@ class Drill:
     def gb_per_h(self) -> float:
         return self.bytes / 1e9 / (self.restore_s / 3600) if self.restore_s > 0 else 0.0
 
+    @property
+    def drill_rows_per_s(self) -> float:
+        """Of the whole drill (restore and proofs): what restoring with proof costs."""
+        return self.rows / self.drill_s if self.drill_s > 0 else 0.0
+
+    @property
+    def drill_gb_per_h(self) -> float:
+        return self.bytes / 1e9 / (self.drill_s / 3600) if self.drill_s > 0 else 0.0
+
     def proof(self, name: str) -> prove.Proof | None:
         return next((p for p in self.proofs if p.name == name), None)
 
@@ -132,6 +151,8 @@ class Drill:
             "rows": self.rows, "bytes": self.bytes, "restore_s": round(self.restore_s, 3),
             "drill_s": round(self.drill_s, 3), "proving_share": round(self.proving_share, 4),
             "rows_per_s": round(self.rows_per_s, 1), "gb_per_h": round(self.gb_per_h, 6),
+            # Not columns of ``drills`` (derived from rows, bytes and drill_s): in the JSON and the Asset event.
+            "drill_rows_per_s": round(self.drill_rows_per_s, 1), "drill_gb_per_h": round(self.drill_gb_per_h, 6),
             "rpo_s": self.rpo_s, "pump_lag_s": json.dumps(self.pump_lag_s, sort_keys=True),
             "rpo_objective_s": self.rpo_objective_s, "rto_objective_s": self.rto_objective_s,
             "verdict": self.verdict, "failure": self.failure, "proof_apply": text("apply"),
@@ -155,7 +176,8 @@ class Drill:
                  f"  tables    {len(c.tables)}: {', '.join(c.tables)}",
                  f"  restore   {self.rows:,} rows, {self.bytes / 1e6:.1f} MB in {self.restore_s:.1f}s "
                  f"({self.rows_per_s:,.0f} rows/s, {self.gb_per_h:.3f} GB/h)  RTO objective {self.rto_objective_s}s",
-                 f"  drill     {self.drill_s:.1f}s, proving {self.proving_s:.1f}s ({self.proving_share:.0%})",
+                 f"  drill     {self.drill_s:.1f}s ({self.drill_rows_per_s:,.0f} rows/s, {self.drill_gb_per_h:.3f} GB/h), "
+                 f"proving {self.proving_s:.1f}s ({self.proving_share:.0%})",
                  f"  RPO       {'-' if self.rpo_s is None else f'{self.rpo_s:.1f}s'}  objective {self.rpo_objective_s}s"
                  + "".join(f"  pump {k} {v:.1f}s" for k, v in sorted(self.pump_lag_s.items()))]
         for label, name in (("(a) apply", "apply"), ("(b) paths", "paths"), ("(c) upstream", "upstream")):
@@ -201,8 +223,9 @@ def run(spark: Any, lake: str, *, ts: int | None = None, tables: Sequence[str] |
         seed: int | None = None, until_ts: int | None = None, count: int = 10, target: str | None = None,
         tasks: Sequence[tuple[Task, str]] = (), task_notes: Sequence[str] = (), upstream: str | None = None, registry: str | None = None,
         rpo_objective_s: float | None = None, rto_objective_s: float | None = None, record: bool = True,
-        progress: Progress | None = None) -> Drill:
-    """One drill; raises ``DrillFailed`` (after recording it) when it fails."""
+        progress: Progress | None = None, scratch_dir: str | None = None) -> Drill:
+    """One drill; raises ``DrillFailed`` (after recording it) when it fails. ``scratch_dir``:
+    where the default scratch target's directory goes (None: the system's temporary one)."""
     from binlake.restore import restore
 
     say = progress or (lambda _m: None)
@@ -222,10 +245,12 @@ def run(spark: Any, lake: str, *, ts: int | None = None, tables: Sequence[str] |
     except Exception as exc:
         d.failure = f"restore at {choice.ts} failed: {why(exc)}"
         planned, auto = False, None
-    scratch_dir = None
+    scratch = None
     if target is None:
-        scratch_dir = tempfile.mkdtemp(prefix="binlake-drill-")
-        target = f"sqlite:///{os.path.join(scratch_dir, 'drill.db')}"
+        if scratch_dir is not None:
+            os.makedirs(scratch_dir, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix="binlake-drill-", dir=scratch_dir)
+        target = f"sqlite:///{os.path.join(scratch, 'drill.db')}"
     try:
         say(f"restoring {len(choice.tables)} table(s) at {tso.format_ts(choice.ts)} into {target}")
         result = None
@@ -248,8 +273,8 @@ def run(spark: Any, lake: str, *, ts: int | None = None, tables: Sequence[str] |
                 d.failure = d.failure or f"proving failed: {why(exc)}"
             d.proving_s = time.monotonic() - proving
     finally:
-        if scratch_dir is not None:
-            shutil.rmtree(scratch_dir, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     if d.failure is None:
         d.failure = next((f"proof ({p.name}): {p.first}" for p in d.proofs if p.verdict == prove.FAILED), None)
     if d.failure is None and rto_objective_s is not None and d.restore_s > rto_objective_s:
