@@ -15,6 +15,7 @@ from pumpkit import Processes, wait_until
 from srckit import Cluster, Replay, SourceThread, journal_prewrites, sql
 
 from binlake import failpoint
+from binlake.proto import binlog_pb2
 from binlake.source.journal import SourceState
 from binlake.source.mysql.source import MySQLSource
 from binlake.sql import checksum
@@ -69,14 +70,25 @@ def at_end(mdb: LocalMariaDB, data: pathlib.Path) -> bool:
 def verify(mdb: LocalMariaDB, cluster: Cluster, db: str, txns: int | None, batch: int = 50) -> None:
     """TXNS: the row transactions expected (snapshot batches + streamed), when known."""
     binlogs = cluster.binlogs()
-    assert len([b for b in binlogs if b.ddl_query]) == 2, "one definition per table"
-    dml_binlogs = [b for b in binlogs if not b.ddl_query]
+    ddls = [b for b in binlogs if b.ddl_query]
+    markers = [b for b in ddls if not b.ddl_table.snapshot_pending]
+    assert len(markers) == 2, "one 'snapshot complete' marker per table"
+    live = {b.ddl_table.table_id for b in markers}
+    first = {b.ddl_table.table_id: b.commit_ts for b in ddls if b.ddl_table.snapshot_pending}
+    assert set(first) >= live, "each table defined pending first"
+    # The rows of the completed attempt's tables (an unfinished attempt's are under retired ids).
+    dml_binlogs = [b for b in binlogs if not b.ddl_query and all(
+        m.table_id in live for m in binlog_pb2.PrewriteValue.FromString(b.prewrite_value).mutations)]
+    done_ts = max(b.commit_ts for b in markers)
+    assert all(first[m.table_id] < b.commit_ts for b in dml_binlogs
+               for m in binlog_pb2.PrewriteValue.FromString(b.prewrite_value).mutations), "rows after their definition"
     assert len({b.start_ts for b in dml_binlogs}) == len(dml_binlogs)
     if txns is not None:
         assert len(dml_binlogs) == txns, "each transaction exactly once"
     else:  # DML raced the snapshot: some in it, the rest streamed
         assert len(dml_binlogs) >= -(-ROWS // batch)
     assert [b.commit_ts for b in binlogs] == sorted(b.commit_ts for b in binlogs)
+    assert len([b for b in dml_binlogs if b.commit_ts < done_ts]) == -(-ROWS // batch), "the snapshot's parts"
     replay = Replay().apply(binlogs)  # asserts no insert of an existing key
     assert replay.checksums() == checksum.checksum(mdb.url_for(db), schema=replay.schema())
 
@@ -164,7 +176,8 @@ def test_crash_after_the_commit_point_resumes(mdb: LocalMariaDB, cluster: Cluste
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     db = fresh_db(mdb)
     data = tmp_path / "src"
-    monkeypatch.setenv(failpoint.ENV, "source-before-commit:raise")
+    # The markers' group commit: after the 2 definitions' and the row parts' own commits.
+    monkeypatch.setenv(failpoint.ENV, f"source-before-commit:raise:{2 + -(-ROWS // 50) + 1}")
     src = SourceThread(source(mdb, cluster, data, db)).start()
     src.thread.join(60)
     assert isinstance(src.error, failpoint.FailpointError)

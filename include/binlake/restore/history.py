@@ -90,7 +90,7 @@ def ended_ts(schema: decode.SchemaHistory, table_id: int) -> int | None:
     stamps = sorted(ts for ts, _info in schema.entries_of(table_id))
     last = stamps[-1]
     at = min(last + 1, tso.MAX_TS)
-    if schema.knows(table_id, at):
+    if schema.defined(table_id, at):
         # Retired by a TRUNCATE: another id names this one as previous_table_id.
         for ts, info in schema.entries():
             if info.previous_table_id == table_id:
@@ -161,7 +161,7 @@ def _update(spark: Any, lake: str, tables: Sequence[str] | None, say: Progress, 
     schema = rebuild.load_schema(spark, lake, end - 1)
     ids = schema.table_ids()
     if tables is not None:
-        ids = sorted(rebuild.select_tables(rebuild.tables_at(schema, end - 1), tables, end - 1))
+        ids = sorted(rebuild.select_tables(rebuild.tables_at(schema, end - 1), tables, end - 1, schema))
     cat = catalog(spark, lake)
     # Per table: up to date, or the first ts to (re)apply from; then one pass over the
     # change table for every table that has windows to apply, and the tables' MERGEs
