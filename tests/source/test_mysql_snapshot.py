@@ -9,16 +9,19 @@ from __future__ import annotations
 import json
 import pathlib
 import threading
+import time
+from typing import Any
 
 import pytest
 from pumpkit import Processes, wait_until
 from srckit import Cluster, Replay, SourceThread, journal_prewrites, sql
 
-from binlake import failpoint
+from binlake import errors, failpoint
 from binlake.proto import binlog_pb2
 from binlake.source.journal import SourceState
 from binlake.source.mysql.source import MySQLSource
 from binlake.sql import checksum
+from binlake.sql import schema as sc
 from binlake.stack.localdb import LocalMariaDB
 
 pytestmark = pytest.mark.skipif(not LocalMariaDB.available(), reason="MariaDB not installed (apt-get install "
@@ -194,3 +197,113 @@ def test_crash_after_the_commit_point_resumes(mdb: LocalMariaDB, cluster: Cluste
     finally:
         src.stop()
     verify(mdb, cluster, db, -(-ROWS // 50) + 3)
+
+
+# ---------------------------------------------------------------------------- the lake flows during a snapshot
+
+FLOW_ROWS, FLOW_BATCH = 2000, 200  # 10 row parts
+
+
+@pytest.mark.slow  # the Spark ingests and restore: about 30 s with a warm JVM
+def test_other_writers_windows_are_ingested_while_the_snapshot_runs(
+        mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path, spark: Any) -> None:
+    """A snapshot of more parts than the Pump holds pending at once, slowed down, while a
+    TxnWriter writes to its own table: a window ending during the snapshot can be ingested
+    while it runs (the Pump's safe ts passes the writer's commits before the markers, and
+    the Pump serves them: what an ingest checks and reads), the snapshot's table is refused
+    at that ts in one line, and after the end a restore equals the upstream value by value."""
+    import sqlalchemy as sa
+    from pumpkit import wait_cluster_safe
+
+    from binlake.lake import ingest
+    from binlake.registry.client import RegistryClient
+    from binlake.restore import restore
+    from binlake.sql import diff
+    from binlake.writer.txn_writer import META_TABLE, TxnWriter
+
+    global _n
+    _n += 1
+    db = f"snap{_n}"
+    sql(mdb, f"CREATE DATABASE {db}",
+        f"CREATE TABLE {db}.big (id INT PRIMARY KEY, v BIGINT, note VARCHAR(40))")
+    sql(mdb, f"INSERT INTO big SELECT seq, seq * 3, CONCAT('row ', seq) FROM seq_1_to_{FLOW_ROWS}", db=db)
+    up = f"sqlite:///{tmp_path / 'other.db'}"
+    mid, go = threading.Event(), threading.Event()
+    at: dict[str, int] = {}
+    src_obj = MySQLSource(f"mysql://root@127.0.0.1:{mdb.port}", server_id=3000 + _n, registry=cluster.registry.addr,
+                          data_dir=str(tmp_path / "src"), tables=f"{db}.*", start="snapshot",
+                          snapshot_batch_rows=FLOW_BATCH)
+    parts = [0]
+
+    def part(_rows: int) -> None:  # the source's thread, after each row part committed
+        parts[0] += 1
+        time.sleep(0.05)
+        if parts[0] == 4:
+            with RegistryClient(cluster.registry.addr) as reg:
+                at["w"] = reg.get_ts()
+            mid.set()
+            assert go.wait(240), "the test never let the snapshot go on"
+
+    src_obj.on_snapshot_part = part
+    src = SourceThread(src_obj)
+    stop_writing = threading.Event()
+    commits: list[int] = []
+    with TxnWriter(up, registry=cluster.registry.addr, sync_commit_binlog=True) as w:
+        # Table ids apart from the source's (two writers of one lake share its id space).
+        with sa.create_engine(up).begin() as conn:
+            conn.execute(sa.text(f"INSERT OR REPLACE INTO {META_TABLE} (k, v) VALUES ('next_table_id', '9000')"))
+        with RegistryClient(cluster.registry.addr) as reg:
+            t0 = reg.get_ts()
+        w.create_table("other", [sc.ColumnDef("id", "int", False), sc.ColumnDef("n", "int")], ["id"])
+
+        def writer() -> None:
+            i = 0
+            while not stop_writing.is_set():
+                i += 1
+                info = w.run(lambda t, i=i: t.insert("other", {"id": i, "n": i * 2}))
+                assert info is not None
+                commits.append(info.commit_ts)
+                time.sleep(0.05)
+
+        th = threading.Thread(target=writer, daemon=True)
+        th.start()
+        src.start()
+        try:
+            assert mid.wait(60), "the snapshot reached its fourth part"
+            w_ts = at["w"]
+            # While the snapshot is held half way: the window up to w_ts is ready (what an
+            # ingest checks), and the Pump serves the other writer's transactions in it.
+            wait_cluster_safe(cluster.registry.addr, w_ts, 20)
+            held = cluster.binlogs(t0)
+            st = json.loads((tmp_path / "src" / "state.json").read_text())
+            assert "snapshot_attempt" in st and "position" not in st, "the snapshot was still running"
+            window = [b for b in held if b.commit_ts < w_ts]
+            other = [b for b in window if not b.ddl_query and all(
+                m.table_id >= 9000 for m in binlog_pb2.PrewriteValue.FromString(b.prewrite_value).mutations)]
+            assert len(other) == len([c for c in commits if c < w_ts]) > 0, "the other writer's transactions"
+            assert len(window) == 1 + len(other) + 1 + 4, "its DDL, the pending definition, four row parts"
+            assert not any(b.ddl_query.startswith(b"-- binlake: initial") for b in held), "no marker yet"
+            go.set()
+            assert src.source.ready.wait(60)
+            stop_writing.set()
+            sql(mdb, f"UPDATE {db}.big SET v = -1 WHERE id = 7", f"DELETE FROM {db}.big WHERE id = 8")  # streamed
+            wait_until(lambda: at_end(mdb, tmp_path / "src"), timeout=60, what="source caught up")
+        finally:
+            go.set()
+            stop_writing.set()
+            th.join(30)
+            src.stop()
+        with RegistryClient(cluster.registry.addr) as reg:
+            end = reg.get_ts()
+    wait_cluster_safe(cluster.registry.addr, end, 20)
+    lake = str(tmp_path / "lake")
+    ingest.ingest_window(spark, lake, cluster.registry.addr, t0, end, partitions=1)
+    # At w_ts the table's snapshot was in progress: refused in one line saying from when.
+    with pytest.raises(errors.FailedPrecondition, match="initial snapshot .* was in progress then; it is "
+                       "restorable from commit_ts") as exc:
+        restore.plan(spark, lake, w_ts - 1, tables=[f"{db}.big"])
+    assert "\n" not in str(exc.value)
+    target = f"sqlite:///{tmp_path / 'restored.db'}"
+    restore.run(spark, lake, end - 1, tables=[f"{db}.big"], target=target)
+    report = diff.diff_databases(mdb.url_for(db), target, tables=["big"], chunk_size=500)
+    assert report.ok and len(report.tables) == 1, report.summary()
