@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from pumpkit import Processes, wait_until
-from srckit import Cluster, Replay, SourceThread, journal_prewrites, sql
+from srckit import Cluster, Replay, SourceThread, check_retaken, journal_prewrites, sql
 
 from binlake import errors, failpoint
 from binlake.proto import binlog_pb2
@@ -171,8 +171,9 @@ def test_kill9_during_snapshot_then_restart(mdb: LocalMariaDB, cluster: Cluster,
         assert svc.terminate() == 0
     finally:
         procs.cleanup()
-    # The DML between the kill and the restart is in the second snapshot (the first one was rolled back).
+    # The DML between the kill and the restart is in the second snapshot (the first one never completed).
     verify(mdb, cluster, db, -(-ROWS // 5), batch=5)
+    check_retaken(cluster.binlogs(), 2)
 
 
 def test_crash_after_the_commit_point_resumes(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path,
@@ -307,3 +308,51 @@ def test_other_writers_windows_are_ingested_while_the_snapshot_runs(
     restore.run(spark, lake, end - 1, tables=[f"{db}.big"], target=target)
     report = diff.diff_databases(mdb.url_for(db), target, tables=["big"], chunk_size=500)
     assert report.ok and len(report.tables) == 1, report.summary()
+
+
+def test_kill9_of_a_pump_during_the_snapshot(mdb: LocalMariaDB, tmp_path: pathlib.Path) -> None:
+    """A Pump killed -9 between two row parts: the next parts go to the other Pump, the
+    snapshot completes, and once the killed Pump is back what both serve replays to the
+    upstream, each part once."""
+    from pumpkit import free_port
+
+    from binlake.client.reader import pull_pump, pull_window
+    from binlake.registry.client import RegistryClient
+
+    db = fresh_db(mdb)
+    procs = Processes(tmp_path / "procs")
+    try:
+        _reg, reg_addr = procs.registry(tmp_path / "registry")
+        port = free_port()
+        pumps = {n: procs.pump(reg_addr, tmp_path / n, n, port if n == "p1" else None) for n in ("p1", "p2")}
+        src_obj = MySQLSource(f"mysql://root@127.0.0.1:{mdb.port}", server_id=3000 + _n, registry=reg_addr,
+                              data_dir=str(tmp_path / "src"), tables=f"{db}.*", start="snapshot",
+                              snapshot_batch_rows=50)
+        parts = [0]
+
+        def part(_rows: int) -> None:
+            parts[0] += 1
+            if parts[0] == 3:
+                pumps["p1"][0].kill()
+
+        src_obj.on_snapshot_part = part
+        src = SourceThread(src_obj).start()
+        try:
+            assert src.source.ready.wait(90), "the snapshot completed without the killed Pump"
+            dml(mdb, db, 1)
+            wait_until(lambda: at_end(mdb, tmp_path / "src"), timeout=60, what="source caught up")
+        finally:
+            src.stop()
+        assert parts[0] == -(-ROWS // 50)
+        procs.pump(reg_addr, tmp_path / "p1", "p1", port)  # back, with what it held
+        with RegistryClient(reg_addr) as reg:
+            end = reg.get_ts()
+        binlogs = list(pull_window({n: a for n, (_s, a) in pumps.items()}, 0, end, wait=True, wait_timeout_s=60))
+        on_p2 = [b for b in pull_pump(pumps["p2"][1], 0, end, wait=True, wait_timeout_s=60) if not b.ddl_query]
+        assert len(on_p2) >= -(-ROWS // 50) - 3, "the parts after the kill went to the other Pump"
+    finally:
+        procs.cleanup()
+    rows = [b for b in binlogs if not b.ddl_query]
+    assert len(rows) == len({b.start_ts for b in rows}) == -(-ROWS // 50) + 1
+    replay = Replay().apply(binlogs)
+    assert replay.checksums() == checksum.checksum(mdb.url_for(db), schema=replay.schema())

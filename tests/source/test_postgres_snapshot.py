@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 from pumpkit import Processes, wait_until
-from srckit import Cluster, Replay, SourceThread, journal_prewrites
+from srckit import Cluster, Replay, SourceThread, check_retaken, journal_prewrites
 
 from binlake import cli, errors, failpoint
 from binlake.proto import binlog_pb2
@@ -332,6 +332,7 @@ def test_kill9_during_snapshot_restarts_with_a_new_slot(pg: LocalPostgres, clust
     binlogs = cluster.binlogs()
     assert len(row_txns(binlogs)) == expected and markers(binlogs) == 2
     verify(url, binlogs)
+    check_retaken(binlogs, 2)
 
 
 def test_crash_after_the_commit_point_resumes(pg: LocalPostgres, cluster: Cluster, tmp_path: pathlib.Path,
