@@ -16,7 +16,7 @@ import pytest
 from pumpkit import Processes, wait_until
 from srckit import Cluster, Replay, SourceThread, check_retaken, journal_prewrites, sql
 
-from binlake import errors, failpoint
+from binlake import cli, errors, failpoint
 from binlake.proto import binlog_pb2
 from binlake.source.journal import SourceState
 from binlake.source.mysql.source import MySQLSource
@@ -96,7 +96,8 @@ def verify(mdb: LocalMariaDB, cluster: Cluster, db: str, txns: int | None, batch
     assert replay.checksums() == checksum.checksum(mdb.url_for(db), schema=replay.schema())
 
 
-def test_snapshot_then_stream(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path) -> None:
+def test_snapshot_then_stream(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
     db = fresh_db(mdb)
     data = tmp_path / "src"
     src = SourceThread(source(mdb, cluster, data, db))
@@ -120,7 +121,19 @@ def test_snapshot_then_stream(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pat
         src.stop()
     assert done.is_set()
     verify(mdb, cluster, db, None)
-    assert "snapshot" not in json.loads((data / "state.json").read_text())
+    st = json.loads((data / "state.json").read_text())
+    assert "snapshot" not in st and "snapshot_attempt" not in st
+    # The progress the source left in its data dir, as `binlake ctl` shows it.
+    capsys.readouterr()
+    assert cli.main(["ctl", "snapshot-progress", "--data-dir", str(data), "--json"]) == 0
+    progress = json.loads(capsys.readouterr().out)
+    assert progress["state"] == "done" and progress["tables_done"] == progress["tables"] == 2
+    # rows_estimate: InnoDB's sampled count, which may lag a table just filled.
+    assert progress["rows"] == ROWS and progress["bytes"] > 0 and isinstance(progress["rows_estimate"], int)
+    assert cli.main(["ctl", "snapshot-progress", "--data-dir", str(data)]) == 0
+    assert f"2/2 tables, {ROWS} of ~" in capsys.readouterr().out
+    assert cli.main(["ctl", "snapshot-progress", "--data-dir", str(tmp_path / "nothing")]) == 2
+    assert "no snapshot progress" in capsys.readouterr().err
 
 
 def test_every_column_type_from_the_snapshot(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path) -> None:

@@ -30,7 +30,7 @@ The subclass sets ``kind`` (its name: the command ``binlake source KIND``, its
 writer id's prefix, its log lines) and implements:
 
 * ``start_position()``: fix where the stream starts. With a checkpoint in
-  ``self.state`` (or a snapshot whose commit point was reached: finish it,
+  ``self.state`` (or a snapshot whose markers were decided: finish it,
   ``snapshot_group.resend_commits``), continue there; on a first start,
   ``--start``: the log from now, or an initial snapshot (the rows already
   there, sent through ``snapshot_group``, then the log from the snapshot's

@@ -34,12 +34,13 @@ protocol is ``source.snapshot_group``'s), then streams from the slot's
 consistent point. A slot that already exists is refused with ``--start
 snapshot``: its snapshot was exported when it was created, and is gone.
 
-Crash during the snapshot: before the snapshot's commit point nothing of it
-was served; the data dir records the slot it created (``snapshot_slot``) and
-the restart drops that slot and takes the snapshot again with a new one (the
-rows then are those of the new instant, and the stream starts there: no hole,
-no copy). After the commit point the restart re-sends the commits and streams
-from the consistent point. A checkpoint whose slot has gone is refused: the
+Crash during the snapshot: before its markers' decision no table of it is
+restorable (``source.snapshot_group``); the data dir records the slot it
+created (``snapshot_slot``) and the restart drops that slot and takes the
+snapshot again with a new one and new table ids that replace the unfinished
+ones (the rows then are those of the new instant, and the stream starts there:
+no hole, no copy). After the decision the restart re-sends the markers'
+commits and streams from the consistent point. A checkpoint whose slot has gone is refused: the
 changes since the checkpoint cannot be had any more.
 
 Limits: column ids follow names, so a RENAME COLUMN looks like a drop plus an
@@ -84,7 +85,7 @@ log = logging.getLogger(__name__)
 
 START_KINDS = ("now", "snapshot")
 # state.json key. Invariant: the slot this data dir created for a snapshot that
-# has not reached its commit point; nothing was served from that slot, so a
+# has not reached its markers' decision; nothing was streamed from that slot, so a
 # restart may drop it and snapshot again. Removed by the checkpoint that ends the
 # snapshot (or when the source streams from the slot with --start now).
 SNAPSHOT_SLOT = "snapshot_slot"
