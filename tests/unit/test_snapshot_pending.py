@@ -11,7 +11,7 @@ from binlake import errors
 from binlake.lake.decoding.schema_history import SchemaHistory
 from binlake.proto import binlog_pb2
 from binlake.restore import rebuild
-from binlake.restore.history import ended_ts
+from binlake.restore.history import ended_ts, exists_from
 
 
 def table(table_id: int, pending: bool, previous: int = 0, name: str = "acc") -> binlog_pb2.TableInfo:
@@ -49,6 +49,8 @@ def test_pending_tables_decode_but_do_not_exist() -> None:
     assert h.restorable_from("app", "acc", 50) is None
     # The unfinished id ended when the retake replaced it; the completed one lives on.
     assert ended_ts(h, 100) == 30 and ended_ts(h, 101) is None
+    # History tables: built for a table from its marker on, never for the unfinished attempt's id.
+    assert exists_from(h, 101) == 50 and exists_from(h, 100) is None and exists_from(h, 7) == 5
 
 
 def test_restore_naming_a_pending_table_is_one_line_with_the_ts_it_is_restorable_from() -> None:
