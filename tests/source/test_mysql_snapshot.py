@@ -166,7 +166,7 @@ def test_kill9_during_snapshot_then_restart(mdb: LocalMariaDB, cluster: Cluster,
     procs = Processes(tmp_path / "procs")
     args = ["source", "mysql", "--dsn", f"mysql://root@127.0.0.1:{mdb.port}", "--server-id", str(3500 + _n),
             "--registry", cluster.registry.addr, "--data-dir", str(data), "--tables", f"{db}.*",
-            "--start", "snapshot", "--snapshot-batch-rows", "5"]
+            "--start", "snapshot", "--snapshot-batch-rows", "10"]
     try:
         svc = procs._spawn("source", args, None)
 
@@ -185,7 +185,7 @@ def test_kill9_during_snapshot_then_restart(mdb: LocalMariaDB, cluster: Cluster,
     finally:
         procs.cleanup()
     # The DML between the kill and the restart is in the second snapshot (the first one never completed).
-    verify(mdb, cluster, db, -(-ROWS // 5), batch=5)
+    verify(mdb, cluster, db, -(-ROWS // 10), batch=10)
     check_retaken(cluster.binlogs(), 2)
 
 
