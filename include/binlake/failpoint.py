@@ -25,6 +25,9 @@ The names, where they are, and what a crash there must not break:
                           (a crash inside a group, whatever the groups' sizes)
 ``source-after-commit``   the same, after the Pump acknowledged the commit, before
                           the checkpoint (the re-read copy must be dropped downstream)
+``source-snapshot-part``  a source's initial snapshot (binlake.source.snapshot_group),
+                          after a row part committed, before the next (the restart
+                          must take the snapshot again: the lake holds it once)
 ``ingest-before-ledger``  ingest, after the window's change and DDL rows are
                           written, before its ``windows`` row (the window must
                           stay "not ingested" and a re-run must give the same tables)
@@ -85,6 +88,7 @@ NAMES = (
     "source-after-group-prewrite",
     "source-before-group-commit",
     "source-after-commit",
+    "source-snapshot-part",
     "apply-before-commit",
     "apply-after-window",
     "apply-after-piece",

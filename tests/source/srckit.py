@@ -108,3 +108,30 @@ def iter_rows(server: LocalMariaDB, db: str, table: str) -> Iterator[dict[str, A
             yield from cur.fetchall()
     finally:
         conn.close()
+
+
+def check_retaken(binlogs: list[binlog_pb2.Binlog], tables: int) -> None:
+    """A snapshot killed after some of its row parts committed, then taken again: every
+    table defined pending twice, the retake's ids replacing the killed attempt's (whose
+    rows are in the log), one marker per table, and the lake's tables (``tables_at``,
+    what every restore chooses from) hold none of them inside the killed attempt and the
+    retake's after its markers."""
+    from binlake.lake.decoding.schema_history import SchemaHistory
+    from binlake.restore import rebuild
+
+    ddls = [b for b in binlogs if b.ddl_query]
+    pending = [b.ddl_table for b in ddls if b.ddl_table.snapshot_pending]
+    markers = [b for b in ddls if b.ddl_query.startswith(b"-- binlake: initial snapshot")]
+    assert len(markers) == tables and len(pending) == 2 * tables, "two attempts, one completed"
+    retake = {i.table_id: i.previous_table_id for i in pending if i.previous_table_id}
+    assert set(retake) == {b.ddl_table.table_id for b in markers}, "the markers name the retake's tables"
+    killed = set(retake.values())
+    assert not killed & set(retake), "new ids"
+    killed_rows = [b for b in binlogs if not b.ddl_query and any(
+        m.table_id in killed for m in binlog_pb2.PrewriteValue.FromString(b.prewrite_value).mutations)]
+    assert killed_rows, "killed after some row parts committed"
+    history = SchemaHistory()
+    for b in ddls:
+        history.apply(b)
+    assert rebuild.tables_at(history, killed_rows[-1].commit_ts) == {}, "nothing restorable inside the killed attempt"
+    assert set(rebuild.tables_at(history, binlogs[-1].commit_ts)) == set(retake)

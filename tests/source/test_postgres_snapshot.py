@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 from pumpkit import Processes, wait_until
-from srckit import Cluster, Replay, SourceThread, journal_prewrites
+from srckit import Cluster, Replay, SourceThread, check_retaken, journal_prewrites
 
 from binlake import cli, errors, failpoint
 from binlake.proto import binlog_pb2
@@ -89,7 +89,16 @@ def source(dsn: str, cluster: Cluster, data: pathlib.Path, **kw: Any) -> Postgre
 
 
 def row_txns(binlogs: list[binlog_pb2.Binlog]) -> list[binlog_pb2.Binlog]:
-    return [b for b in binlogs if not b.ddl_query]
+    """The row transactions of the tables a completed snapshot defined (an unfinished
+    attempt's rows stay in the log under the ids its retake retired)."""
+    live = {b.ddl_table.table_id for b in binlogs if b.ddl_query and not b.ddl_table.snapshot_pending}
+    return [b for b in binlogs if not b.ddl_query and all(
+        m.table_id in live for m in binlog_pb2.PrewriteValue.FromString(b.prewrite_value).mutations)]
+
+
+def markers(binlogs: list[binlog_pb2.Binlog]) -> int:
+    """The snapshot's "complete" markers (a DDL whose query is a comment saying so)."""
+    return sum(1 for b in binlogs if b.ddl_query.startswith(b"-- binlake: initial snapshot"))
 
 
 def verify(url: str, binlogs: list[binlog_pb2.Binlog]) -> Replay:
@@ -155,7 +164,8 @@ def test_snapshot_with_concurrent_writes_ingested_and_applied_equals_upstream(
     finally:
         src.stop()
     binlogs = cluster.binlogs()
-    assert sum(1 for b in binlogs if b.ddl_query) == 3  # two tables, then the added column
+    # Two tables pending, their markers, then the added column.
+    assert sum(1 for b in binlogs if b.ddl_query) == 5 and markers(binlogs) == 2
     assert len(row_txns(binlogs)) == ROWS // BATCH + during[0] + 5 + 1
     verify(url, binlogs)
     assert slot_exists(url, f"snap{_n}")
@@ -320,15 +330,18 @@ def test_kill9_during_snapshot_restarts_with_a_new_slot(pg: LocalPostgres, clust
     finally:
         procs.cleanup()
     binlogs = cluster.binlogs()
-    assert len(row_txns(binlogs)) == expected and sum(1 for b in binlogs if b.ddl_query) == 2
+    assert len(row_txns(binlogs)) == expected and markers(binlogs) == 2
     verify(url, binlogs)
+    check_retaken(binlogs, 2)
 
 
 def test_crash_after_the_commit_point_resumes(pg: LocalPostgres, cluster: Cluster, tmp_path: pathlib.Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     url, dsn = fresh_db(pg)
     data = tmp_path / "src"
-    monkeypatch.setenv(failpoint.ENV, "source-before-commit:raise")
+    # The markers' group commit: after the 2 definitions' and the row parts' own commits.
+    monkeypatch.setattr(failpoint, "_hits", {})  # this test counts its own hits
+    monkeypatch.setenv(failpoint.ENV, f"source-before-commit:raise:{2 + ROWS // BATCH + 1}")
     src = SourceThread(source(dsn, cluster, data)).start()
     src.thread.join(60)
     assert isinstance(src.error, failpoint.FailpointError)

@@ -54,6 +54,8 @@ def pumps_table(nodes: list[NodeRecord], gc_held_by: str = "") -> Any:
 def run(args: argparse.Namespace, registry: str | None) -> int:
     if args.ctl_command == "checksum":
         return _checksum(args)  # a database read: no registry involved
+    if args.ctl_command == "snapshot-progress":
+        return _snapshot_progress(args)  # a data dir's file: no registry involved
     if registry is None:
         raise errors.InvalidArgument(f"ctl {args.ctl_command} needs --registry HOST:PORT")
     with RegistryClient(registry) as reg:
@@ -103,6 +105,21 @@ def run(args: argparse.Namespace, registry: str | None) -> int:
         if cmd == "dump":
             return _dump(args, reg)
     raise errors.InvalidArgument(f"unknown ctl action {args.ctl_command!r}")
+
+
+def _snapshot_progress(args: argparse.Namespace) -> int:
+    from binlake.source.snapshot_group import read_progress
+
+    p = read_progress(args.data_dir)
+    if args.json:
+        print(json.dumps(p))
+        return 0
+    eta = f", about {p['eta_s']:.0f}s left" if p.get("eta_s") is not None else ""
+    age = time.time() - float(p.get("updated_at") or 0)
+    print(f"{p['source']} source snapshot (attempt {p['attempt']}) {p['state']}: {p['tables_done']}/{p['tables']} "
+          f"tables, {p['rows']} of ~{p['rows_estimate']} rows, {p['bytes'] / 1e6:.1f} MB in {p['elapsed_s']:.0f}s "
+          f"({p['rows_per_s']:.0f} rows/s, {p['mb_per_s']:.2f} MB/s){eta}; updated {age:.0f}s ago")
+    return 0
 
 
 def _replicas(reg: RegistryClient) -> int:

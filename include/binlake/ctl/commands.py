@@ -97,6 +97,18 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     c.add_argument("--schema-from", metavar="URL",
                    help="type columns by binlake's table definitions in this database (e.g. the upstream)")
     c.add_argument("--include-internal", action="store_true", help="also checksum binlake's _binlake_* tables")
+    c = csub.add_parser(
+        "snapshot-progress", help="how far a source's initial snapshot has got", formatter_class=fmt,
+        description=(
+            "Read the progress a source writes into its --data-dir during --start snapshot (every few\n"
+            "seconds): tables done, rows and bytes sent, rows/s and MB/s, and the time left estimated from\n"
+            "the upstream's own row estimate (information_schema TABLE_ROWS, pg_class.reltuples). Needs no\n"
+            "registry: run it where the source runs."
+        ),
+        epilog="Example:\n  binlake ctl snapshot-progress --data-dir data/source-mysql\n",
+    )
+    c.add_argument("--data-dir", required=True, help="the source's --data-dir")
+    c.add_argument("--json", action="store_true", help="one JSON object instead of text")
     consumers.add_parsers(csub, fmt)
     registry_members.add_parsers(csub, fmt)
     # The group's handler runs every action above; the consumer actions set their own.
@@ -108,6 +120,6 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.ctl_command is None:
         cli.build_parser().parse_args(["ctl", "--help"])
-    if args.ctl_command == "checksum":
-        return actions.run(args, None)  # reads a database, not the cluster
+    if args.ctl_command in ("checksum", "snapshot-progress"):
+        return actions.run(args, None)  # reads a database or a data dir, not the cluster
     return actions.run(args, registry_addr(args))

@@ -177,7 +177,7 @@ class UniqueKey(_message.Message):
     def __init__(self, name: _Optional[str] = ..., column_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("table_id", "db", "name", "columns", "primary_key", "unique_keys", "schema_version", "dropped", "previous_table_id", "next_column_id")
+    __slots__ = ("table_id", "db", "name", "columns", "primary_key", "unique_keys", "schema_version", "dropped", "previous_table_id", "next_column_id", "snapshot_pending")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     DB_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,7 @@ class TableInfo(_message.Message):
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     NEXT_COLUMN_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_PENDING_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     db: str
     name: str
@@ -198,4 +199,5 @@ class TableInfo(_message.Message):
     dropped: bool
     previous_table_id: int
     next_column_id: int
-    def __init__(self, table_id: _Optional[int] = ..., db: _Optional[str] = ..., name: _Optional[str] = ..., columns: _Optional[_Iterable[_Union[ColumnInfo, _Mapping]]] = ..., primary_key: _Optional[_Iterable[int]] = ..., unique_keys: _Optional[_Iterable[_Union[UniqueKey, _Mapping]]] = ..., schema_version: _Optional[int] = ..., dropped: _Optional[bool] = ..., previous_table_id: _Optional[int] = ..., next_column_id: _Optional[int] = ...) -> None: ...
+    snapshot_pending: bool
+    def __init__(self, table_id: _Optional[int] = ..., db: _Optional[str] = ..., name: _Optional[str] = ..., columns: _Optional[_Iterable[_Union[ColumnInfo, _Mapping]]] = ..., primary_key: _Optional[_Iterable[int]] = ..., unique_keys: _Optional[_Iterable[_Union[UniqueKey, _Mapping]]] = ..., schema_version: _Optional[int] = ..., dropped: _Optional[bool] = ..., previous_table_id: _Optional[int] = ..., next_column_id: _Optional[int] = ..., snapshot_pending: _Optional[bool] = ...) -> None: ...

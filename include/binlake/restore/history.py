@@ -85,12 +85,21 @@ def spec(schema: decode.SchemaHistory, table_id: int) -> list[C.Column]:
     return out
 
 
+def exists_from(schema: decode.SchemaHistory, table_id: int) -> int | None:
+    """commit_ts of the table id's first definition that is neither snapshot-pending nor a
+    drop (when it begins to exist); None: it never did (an unfinished initial snapshot's)."""
+    for ts, info in schema.entries_of(table_id):
+        if not info.snapshot_pending and not info.dropped:
+            return ts
+    return None
+
+
 def ended_ts(schema: decode.SchemaHistory, table_id: int) -> int | None:
     """commit_ts at which the table id stopped existing (DROP, or TRUNCATE's new id), if it did."""
     stamps = sorted(ts for ts, _info in schema.entries_of(table_id))
     last = stamps[-1]
     at = min(last + 1, tso.MAX_TS)
-    if schema.knows(table_id, at):
+    if schema.defined(table_id, at):
         # Retired by a TRUNCATE: another id names this one as previous_table_id.
         for ts, info in schema.entries():
             if info.previous_table_id == table_id:
@@ -159,9 +168,11 @@ def _update(spark: Any, lake: str, tables: Sequence[str] | None, say: Progress, 
     ledger = [(int(w["start_ts"]), int(w["end_ts"]), str(w["ingested_at"])) for w in windows
               if w.get("status") == "done" and int(w["end_ts"]) <= end and int(w["start_ts"]) >= first]
     schema = rebuild.load_schema(spark, lake, end - 1)
-    ids = schema.table_ids()
+    # A table still in its initial snapshot, or whose snapshot never completed, has no
+    # history yet: it does not exist (its first build, after its marker, starts there).
+    ids = [i for i in schema.table_ids() if exists_from(schema, i) is not None]
     if tables is not None:
-        ids = sorted(rebuild.select_tables(rebuild.tables_at(schema, end - 1), tables, end - 1))
+        ids = sorted(rebuild.select_tables(rebuild.tables_at(schema, end - 1), tables, end - 1, schema))
     cat = catalog(spark, lake)
     # Per table: up to date, or the first ts to (re)apply from; then one pass over the
     # change table for every table that has windows to apply, and the tables' MERGEs
@@ -255,6 +266,13 @@ def _apply(spark: Any, schema: decode.SchemaHistory, shared: Any, todo: _Todo, l
     rows = rebuild.read_changes(shared, table_id, lo - 1, end - 1)
     evts = rebuild.events(rows, rebuild.versions(schema, table_id), cols, key,
                           fills.version_fills(schema, table_id))
+    born = exists_from(schema, table_id)
+    if born is not None and schema.entries_of(table_id)[0][1].snapshot_pending:
+        from pyspark.sql import functions as F
+
+        # The rows of its initial snapshot were committed while it was pending: as
+        # versions they begin at its marker, when the table begins to exist.
+        evts = evts.withColumn("_ts", F.greatest(F.col("_ts"), F.lit(born).cast("long")))
     versions, first_change = _versions(evts, cols, key, close_at)
     if fresh:
         say(f"{name}: building the history table from the lake's start")

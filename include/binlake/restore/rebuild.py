@@ -23,7 +23,7 @@ its DEFAULT, or null when it had none), dropped ones disappear, renamed ones kee
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from binlake import errors, tso
@@ -58,13 +58,15 @@ def load_schema(spark: Any, lake: str, upto_ts: int) -> decode.SchemaHistory:
     return decode.SchemaHistory.from_rows(rows)
 
 
-def tables_at(schema: decode.SchemaHistory, ts: int) -> dict[int, binlog_pb2.TableInfo]:
+def tables_at(schema: decode.SchemaHistory, ts: int, pending: bool = False) -> dict[int, binlog_pb2.TableInfo]:
     """table id -> definition of every table that exists once every transaction with
-    commit_ts <= ts committed (tables dropped or truncated by then are absent)."""
+    commit_ts <= ts committed (tables dropped or truncated by then are absent, and so
+    are those whose initial snapshot is still being sent, unless ``pending``: the
+    tables that hold rows then, restorable or not)."""
     at = min(ts + 1, tso.MAX_TS)
     out = {}
     for table_id in schema.table_ids():
-        if schema.knows(table_id, at):
+        if schema.knows(table_id, at) or (pending and schema.defined(table_id, at)):
             out[table_id] = schema.table(table_id, at)
     return out
 
@@ -80,14 +82,20 @@ def versions(schema: decode.SchemaHistory, table_id: int) -> dict[int, binlog_pb
 
 
 def select_tables(found: dict[int, binlog_pb2.TableInfo], names: Sequence[str] | None,
-                  ts: int) -> dict[int, binlog_pb2.TableInfo]:
-    """The tables named ``TABLE`` or ``DB.TABLE`` (as named at ts); every one when None."""
+                  ts: int, schema: decode.SchemaHistory | None = None,
+                  later: Callable[[], decode.SchemaHistory] | None = None) -> dict[int, binlog_pb2.TableInfo]:
+    """The tables named ``TABLE`` or ``DB.TABLE`` (as named at ts); every one when None.
+    With ``schema`` (the history ``found`` came from), a name whose initial snapshot was
+    still being sent at ts is refused saying so, with the ts from which it is restorable
+    when ``later()`` (the whole history) holds its marker."""
     if names is None:
         return dict(found)
     out: dict[int, binlog_pb2.TableInfo] = {}
     for name in names:
         db, _, tbl = name.strip().rpartition(".")
         hits = [i for i, info in found.items() if info.name == tbl and (not db or info.db == db)]
+        if not hits and schema is not None:
+            refuse_pending(schema, name, ts, later)
         if not hits:
             shown = ", ".join(sorted(f"{i.db}.{i.name}" for i in found.values())) or "none"
             raise errors.InvalidArgument(
@@ -96,6 +104,24 @@ def select_tables(found: dict[int, binlog_pb2.TableInfo], names: Sequence[str] |
             raise errors.InvalidArgument(f"table name {name!r} is ambiguous at commit_ts {ts}: give DB.TABLE")
         out[hits[0]] = found[hits[0]]
     return out
+
+
+def refuse_pending(schema: decode.SchemaHistory, name: str, ts: int,
+                   later: Callable[[], decode.SchemaHistory] | None = None) -> None:
+    """Raise the one-line refusal for table ``name`` (``TABLE`` or ``DB.TABLE``) when its
+    initial snapshot was in progress at ``ts``; return when it was not."""
+    db, _, tbl = name.strip().rpartition(".")
+    hits = [info for info in tables_at(schema, ts, pending=True).values()
+            if info.snapshot_pending and info.name == tbl and (not db or info.db == db)]
+    if not hits:
+        return
+    info = hits[0]
+    ready = later().restorable_from(info.db, info.name, ts) if later is not None else None
+    when = (f"it is restorable from commit_ts {ready} ({tso.format_ts(ready)}) on" if ready is not None
+            else "the lake holds no end of that snapshot yet: restore a later ts once it has been ingested")
+    raise errors.FailedPrecondition(
+        f"table {info.db}.{info.name} is not restorable at commit_ts {ts}: its initial snapshot (binlake source "
+        f"--start snapshot) was in progress then; {when}")
 
 
 def changes_frame(spark: Any, lake: str) -> Any:

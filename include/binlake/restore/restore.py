@@ -99,7 +99,8 @@ def plan(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None, so
     windows = read_windows(spark, lake, BOUNDS)
     coverage.check(windows, ts)  # T above the lake, in no window: refused before anything else
     schema = rebuild.load_schema(spark, lake, ts)
-    chosen = rebuild.select_tables(rebuild.tables_at(schema, ts), tables, ts)
+    chosen = rebuild.select_tables(rebuild.tables_at(schema, ts), tables, ts, schema,
+                                   lambda: rebuild.load_schema(spark, lake, tso.MAX_TS))
     entries = snapshot.catalog(spark, lake) if source == "auto" else []
     hist = history.catalog(spark, lake) if source == "history" else {}
     plans = []

@@ -74,7 +74,9 @@ def base_for(spark: Any, entries: Sequence[SnapshotEntry], schema: decode.Schema
             return rebuild.Base(s, "snapshot", spark.read.format("delta").load(hit.path),
                                 tuple(C.columns_of(hit.info)))
         complete = any(e.table_id == layout.MARKER_TABLE_ID and e.complete for e in at_s)
-        if complete and table_id not in rebuild.tables_at(schema, s):
+        # Pending tables count as existing here: such a snapshot left out a table whose
+        # rows were already arriving (its initial snapshot), so it is no empty base for it.
+        if complete and table_id not in rebuild.tables_at(schema, s, pending=True):
             return rebuild.Base(s, "snapshot (table created later)")
     return rebuild.Base(0, "lake start")
 
@@ -130,7 +132,7 @@ def _take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None, say: Pro
     coverage.check(windows, ts)
     schema = rebuild.load_schema(spark, lake, ts)
     found = rebuild.tables_at(schema, ts)
-    chosen = rebuild.select_tables(found, tables, ts)
+    chosen = rebuild.select_tables(found, tables, ts, schema, lambda: rebuild.load_schema(spark, lake, tso.MAX_TS))
     entries = [e for e in catalog(spark, lake) if e.snapshot_ts != ts]
     plans = []
     for table_id, info in sorted(chosen.items()):

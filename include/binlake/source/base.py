@@ -16,7 +16,8 @@ lives in the framework beside this module:
 * ``pipeline.GroupPipeline``: the reader thread hands finished transactions to
   a sender thread, which sends them in groups and calls back once a group's
   commits are acknowledged;
-* ``snapshot_group``: the all-or-nothing commit of an initial snapshot;
+* ``snapshot_group``: the protocol of an initial snapshot (rows in ordinary
+  transactions, tables pending until one all-or-nothing group of markers);
 * ``tables``: the table definitions (``SourceTable``) a source tracks and sends
   as DDL binlogs;
 * ``Source`` below: the process's life (``run`` until ``stop``), the
@@ -29,12 +30,12 @@ The subclass sets ``kind`` (its name: the command ``binlake source KIND``, its
 writer id's prefix, its log lines) and implements:
 
 * ``start_position()``: fix where the stream starts. With a checkpoint in
-  ``self.state`` (or a snapshot whose commit point was reached: finish it,
+  ``self.state`` (or a snapshot whose markers were decided: finish it,
   ``snapshot_group.resend_commits``), continue there; on a first start,
   ``--start``: the log from now, or an initial snapshot (the rows already
   there, sent through ``snapshot_group``, then the log from the snapshot's
   position; ``SnapshotStopped`` when ``stop()`` interrupts it before its
-  commit point);
+  markers);
 * ``stream()``: read the log from the acknowledged position until ``stop()``,
   handing each finished transaction (its key: its position in the log, which
   never changes) to a ``GroupPipeline`` made with ``self.acked`` and
@@ -80,7 +81,7 @@ P = TypeVar("P")
 
 
 class SnapshotStopped(Exception):
-    """stop() during the snapshot, before its commit point."""
+    """stop() during the snapshot, before its markers."""
 
 
 class Source(abc.ABC, Generic[P]):
@@ -157,8 +158,8 @@ class Source(abc.ABC, Generic[P]):
             try:
                 self.start_position()
             except SnapshotStopped:
-                self._log.info("%s source: stopped during the snapshot; nothing of it was served, the next "
-                               "start takes it again", self.kind)
+                self._log.info("%s source: stopped during the snapshot; no table of it is restorable yet, the "
+                               "next start takes it again", self.kind)
                 return
             self.stream()
         finally:

@@ -200,16 +200,20 @@ def plan(spark: Any, lake: str, sel: Selection, progress: Progress | None = None
     _first, end = coverage.lake_span(windows)
     schema = rebuild.load_schema(spark, lake, end)
     today = rebuild.tables_at(schema, end - 1)
-    wanted = rebuild.select_tables(today, list(sel.tables), end - 1) if sel.tables else None
+    wanted = rebuild.select_tables(today, list(sel.tables), end - 1, schema) if sel.tables else None
     if wanted is not None:
         rows = rows.where(F.col("table_id").isin(sorted(wanted)))
     say(f"finding the tables the changes of {sel.describe()} touched")
     touched = {int(r["table_id"]): int(r["n"]) for r in rows.groupBy("table_id").count().withColumnRenamed(
         "count", "n").collect()}
     gone = sorted(t for t in touched if t not in today)
+    for t in gone:  # a table still in its initial snapshot: said so, not "dropped"
+        if schema.pending(t, end):
+            info = schema.table(t, end)
+            rebuild.refuse_pending(schema, f"{info.db}.{info.name}", end - 1)
     if gone:
         names = ", ".join(f"{schema.table(t, tso.MAX_TS).db}.{schema.table(t, tso.MAX_TS).name}"
-                          if schema.knows(t, tso.MAX_TS) else str(t) for t in gone)
+                          if schema.defined(t, tso.MAX_TS) else str(t) for t in gone)
         raise errors.FailedPrecondition(
             f"the changes touched table(s) no longer in the lake's schema today (dropped or truncated since): "
             f"{names}; leave them out with --tables, or restore them (binlake restore --ts {lo - 1} --tables ...)")

@@ -3,6 +3,16 @@
 Rows in a binlog are column id -> typed datum; turning them into named images
 needs the table definition in force when the transaction committed, which is
 what ``SchemaHistory`` answers (built from DDL transactions or ``ddl_history`` rows).
+
+Snapshot-pending definitions (``TableInfo.snapshot_pending``): a source's initial
+snapshot sends each table's definition marked pending, then the rows as ordinary
+transactions, then the same definition unmarked (the "complete" marker). Invariant
+kept here: a table whose definition in force at a ts is pending *decodes*
+(``table``, ``defined``: its rows were written with it) but does not *exist*
+(``knows`` is False, so ``restore.rebuild.tables_at`` and every restore, snapshot,
+history, drill and undo that asks it leaves the table out): a half-sent snapshot
+is never served. ``pending`` says which case a table is in, and
+``restorable_from`` the first ts at which a table of that name exists again.
 """
 
 from __future__ import annotations
@@ -142,12 +152,37 @@ class SchemaHistory:
                 f"{tso.format_ts(version.commit_ts)}", table_id, at)
         return version.info
 
-    def knows(self, table_id: int, commit_ts: int | None = None) -> bool:
+    def defined(self, table_id: int, commit_ts: int | None = None) -> bool:
+        """Whether ``table`` has a definition to decode ``table_id``'s rows at ``commit_ts``
+        with (a snapshot-pending one included)."""
         try:
             self.table(table_id, commit_ts)
         except UnknownTableError:
             return False
         return True
+
+    def knows(self, table_id: int, commit_ts: int | None = None) -> bool:
+        """Whether the table exists at ``commit_ts``: defined, and not while its initial
+        snapshot is still being sent (see the module doc)."""
+        try:
+            return not self.table(table_id, commit_ts).snapshot_pending
+        except UnknownTableError:
+            return False
+
+    def pending(self, table_id: int, commit_ts: int | None = None) -> bool:
+        """Whether ``table_id``'s definition at ``commit_ts`` is snapshot-pending."""
+        try:
+            return self.table(table_id, commit_ts).snapshot_pending
+        except UnknownTableError:
+            return False
+
+    def restorable_from(self, db: str, name: str, after_ts: int) -> int | None:
+        """The first commit_ts above ``after_ts`` of a definition of table ``db.name`` that is
+        neither pending nor a drop (its snapshot's marker, when the history holds it)."""
+        found = [v.commit_ts for versions in self._versions.values() for v in versions
+                 if v.info is not None and v.commit_ts > after_ts and v.info.db == db and v.info.name == name
+                 and not v.info.snapshot_pending and not v.info.dropped]
+        return min(found) if found else None
 
     def table_ids(self) -> list[int]:
         return sorted(self._versions)

@@ -65,7 +65,7 @@ from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, TableFilter
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
 from binlake.source.pipeline import PACE_S, GroupPipeline, Item
-from binlake.source.snapshot_group import MARKER, SnapshotGroup, decided_marker, resend_commits
+from binlake.source.snapshot_group import Attempt, decided_marker, finished, resend_commits, unfinished
 from binlake.source.tables import SourceTable
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,7 @@ class MySQLSource(Source[tuple[str, int]]):
         self.native_events = 0
         self.python_events = 0
         self.on_transaction: Callable[[int, int], None] | None = None  # (start_ts, commit_ts), for tests/bench
+        self.on_snapshot_part: Callable[[int], None] | None = None  # (rows) after each snapshot part, for tests
 
     @property
     def position(self) -> tuple[str, int]:
@@ -217,7 +218,11 @@ class MySQLSource(Source[tuple[str, int]]):
         else:
             self.file, self.pos = srv.current_position(conn)
         self.catalog = load_catalog(conn, self.filter)
-        self.state.save(server=info.identity, next_table_id=FIRST_TABLE_ID, schema_version=0)
+        st = self.state.state
+        # An unfinished snapshot attempt of this data dir: ids keep growing, and its tables are replaced.
+        replaced = unfinished(self.state)
+        self.state.save(server=info.identity, next_table_id=int(st.get("next_table_id", FIRST_TABLE_ID)),
+                        schema_version=int(st.get("schema_version", 0)))
         # Each table that exists at the start position gets a DDL binlog with its
         # definition, so schema history can decode its rows like TxnWriter's.
         assert self.emitter is not None
@@ -227,21 +232,20 @@ class MySQLSource(Source[tuple[str, int]]):
                 cur.execute(f"SHOW CREATE TABLE `{t.db}`.`{t.name}`")
                 ddl = str(cur.fetchone()[1])
             self.catalog.remove(t.db, t.name)
-            self._send_ddl(f"init:{self.file}:{self.pos}:{name}", ddl, DdlChange(t.db, t.name, t, None))
+            self._send_ddl(f"init:{self.file}:{self.pos}:{name}", ddl, DdlChange(t.db, t.name, t, None),
+                           replaces=replaced.get(name))
+        finished(self.state)
         self.checkpoint(force=True)
 
     # ------------------------------------------------------------------ snapshot
-    # The snapshot is one all-or-nothing group (``source.snapshot_group``): every
-    # DDL and row batch is prewritten (journaled start_ts, Pumps hold it as
-    # running), then the ``snapshot`` marker is saved, then all commit_ts are
-    # decided in ONE journal line (the commit point), then the commits are sent,
-    # then the checkpoint moves to the snapshot's position and the marker goes. A
-    # crash before the commit point: the journal's load rolls every start_ts back
-    # (TxnStatus says so to the Pumps), nothing was served, and the restart takes
-    # a new snapshot. After it: the marker names the decided keys, and the restart
-    # re-sends their commits with the journaled (start_ts, commit_ts), which the
-    # Pumps/reader drop as copies, then streams from the marker's position. No row
-    # is served twice, none lost.
+    # The protocol (``source.snapshot_group``, where its invariant is stated): each
+    # table's definition marked "snapshot pending", then the rows as ordinary
+    # committed transactions of at most ``snapshot_batch_rows`` rows (the lake keeps
+    # flowing), then one all-or-nothing group of per-table "complete" markers, then
+    # the checkpoint at the snapshot's position. A crash before the markers' decision
+    # means a new attempt whose tables replace the unfinished ones (the rows read at
+    # a new position); after it, the restart re-sends the markers' commits and
+    # streams from the marker's position.
 
     def _take_snapshot(self, info: srv.ServerInfo) -> None:
         assert self.emitter is not None
@@ -253,14 +257,21 @@ class MySQLSource(Source[tuple[str, int]]):
                 for name, t in self.catalog.tables.items():
                     cur.execute(f"SHOW CREATE TABLE `{t.db}`.`{t.name}`")
                     ddls[name] = str(cur.fetchone()[1])
+            estimate = snapshot.estimate_rows(conn, list(self.catalog.tables.values()))
             snapshot.raw_results(conn)
-            self.state.save(server=info.identity, next_table_id=FIRST_TABLE_ID, schema_version=0)
-            tag = f"snap:{self.file}:{self.pos}"
-            group = SnapshotGroup(self.emitter, self.state)
+            st = self.state.state
+            # Table ids and schema versions only grow, across attempts too (a retake's ids
+            # replace the unfinished attempt's, which the lake keeps as retired).
+            self.state.save(server=info.identity, next_table_id=int(st.get("next_table_id", FIRST_TABLE_ID)),
+                            schema_version=int(st.get("schema_version", 0)))
+            attempt = Attempt(self.emitter, self.state, self.kind, [self.file, self.pos], f"{self.file}:{self.pos}")
+            attempt.on_part = self.on_snapshot_part
+            progress = attempt.start_progress(len(ddls), estimate)
             for name in sorted(ddls):
                 t = self.catalog.tables[name]
                 self.catalog.remove(t.db, t.name)
-                self._send_ddl(f"{tag}:ddl:{name}", ddls[name], DdlChange(t.db, t.name, t, None), group=group)
+                self._send_ddl(f"{attempt.tag}:ddl:{name}", ddls[name], DdlChange(t.db, t.name, t, None),
+                               snapshot=(attempt, name))
             rows = 0
             for name in sorted(ddls):
                 t = self.catalog.tables[name]
@@ -272,32 +283,38 @@ class MySQLSource(Source[tuple[str, int]]):
                     except (TypeError, ValueError) as exc:
                         raise errors.FailedPrecondition(f"{t.full_name}: a value binlake cannot carry: {exc}") from None
                     m.sequence.extend([binlog_pb2.INSERT] * len(batch))
-                    value = binlog_pb2.PrewriteValue(schema_version=int(self.state.state["schema_version"]),
-                                                     mutations=[m])
-                    group.prewrite(f"{tag}:{name}:{n}", value)
+                    value = binlog_pb2.PrewriteValue(schema_version=int(st["schema_version"]), mutations=[m])
+                    attempt.send_rows(f"{attempt.tag}:{name}:{n}", value, len(batch))
                     rows += len(batch)
+                    self.transactions += 1
                     if self._stop.is_set():
-                        # Nothing decided yet: stopping here is a rollback; the next start snapshots again.
+                        # Before the markers: the tables stay pending; the next start takes them again.
                         raise SnapshotStopped
+                progress.table_done()
         finally:
             conn.close()  # ends the snapshot transaction (read only)
-        # The marker: the position, the definitions there (and the group's keys).
-        group.commit(position=[self.file, self.pos], schema=self.catalog.to_json(), rows=rows)
-        self.transactions += len(group.items)
+        for key, gone in attempt.gone(lambda: int(st["schema_version"]) + 1):
+            self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=gone.schema_version),
+                              ddl=(f"-- binlake: {gone.db}.{gone.name} is gone since an unfinished snapshot", [gone]))
+            st["schema_version"] = gone.schema_version
+        # The markers; the snapshot marker holds the position, the definitions there.
+        markers = [(name, self.catalog.tables[name].to_info()) for name in sorted(ddls)]
+        n = attempt.finish(markers, position=[self.file, self.pos], schema=self.catalog.to_json(), rows=rows)
+        self.transactions += n
         self.row_changes += rows
-        log.info("mysql source: snapshot of %d tables, %d rows in %d transactions at %s:%d", len(ddls), rows,
-                 len(group.items), self.file, self.pos)
-        self.state.state.pop(MARKER, None)
+        log.info("mysql source: snapshot of %d tables, %d rows at %s:%d complete (attempt %d)", len(ddls), rows,
+                 self.file, self.pos, attempt.id)
+        attempt.close()
         self.checkpoint(force=True)
 
     def _finish_snapshot(self, conn: Any, marker: dict[str, Any]) -> None:
-        """Restart after the snapshot's commit point: re-send its commits with the journaled TSOs."""
+        """Restart after the markers' decision: re-send their commits with the journaled TSOs."""
         assert self.emitter is not None
         n = resend_commits(self.emitter, marker)
         self.file, self.pos = str(marker["position"][0]), int(marker["position"][1])
         srv.check_position(conn, self.file, self.pos)
         self.catalog = Catalog.from_json(marker["schema"])
-        self.state.state.pop(MARKER, None)
+        finished(self.state)
         log.info("mysql source: snapshot at %s:%d completed after a restart (%d commits re-sent)", self.file,
                  self.pos, n)
         self.checkpoint(force=True)
@@ -562,14 +579,16 @@ class MySQLSource(Source[tuple[str, int]]):
         self._dirty = True
         self.checkpoint(force=True)
 
-    def _send_ddl(self, key: str, sql: str, ch: DdlChange, group: SnapshotGroup | None = None) -> None:
+    def _send_ddl(self, key: str, sql: str, ch: DdlChange, snapshot: tuple[Attempt, str] | None = None,
+                  replaces: int | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
         info, version, next_id = self.table_definition(key, ch.before, ch.after, ch.truncated)
-        if group is None:
-            self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
-        else:  # part of the snapshot's group: decided with it
-            group.prewrite(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
+        if snapshot is not None:  # a table's first definition in a snapshot attempt: pending
+            info = snapshot[0].pending(snapshot[1], info)
+        elif replaces:  # the table of an unfinished snapshot attempt, replaced as by a TRUNCATE
+            info.previous_table_id = replaces
+        self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
         if ch.before is not None:
             self.catalog.remove(ch.before.db, ch.before.name)
         if ch.after is not None:

@@ -49,7 +49,7 @@ from binlake.source.postgres.values import SESSION_OPTIONS, TYPES, Attr, convert
 
 log = logging.getLogger(__name__)
 
-# Rows per snapshot transaction: bounds the size of each prewrite the Pumps keep.
+# Rows per snapshot transaction: bounds each part's size (a Pump holds one pending at a time).
 BATCH_ROWS = 10_000
 # How long a slot left by a killed snapshot may stay active (its walsender
 # notices the dead client) before the restart gives up dropping it.
@@ -142,6 +142,21 @@ class Snapshot:
                 out.append(PublishedTable(int(oid), str(ns), str(name), kind == "p", attrs,
                                           primary_key(cur, int(oid)), row_filter, column_defaults(cur, int(oid))))
             return out
+
+    def estimate_rows(self, tables: list[PublishedTable]) -> int:
+        """The planner's estimate of the tables' rows (``pg_class.reltuples``, the leaves' for a
+        partitioned table; -1, never analyzed, counts 0): what the progress's time left is from."""
+        total = 0
+        with self._conn.cursor() as cur:
+            for t in tables:
+                if t.partitioned:
+                    cur.execute("SELECT COALESCE(SUM(GREATEST(c.reltuples, 0)), 0) FROM pg_partition_tree(%s) p "
+                                "JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf", (t.oid,))
+                else:
+                    cur.execute("SELECT GREATEST(reltuples, 0) FROM pg_class WHERE oid = %s", (t.oid,))
+                row = cur.fetchone()
+                total += int(row[0] or 0) if row else 0
+        return total
 
     def lock(self, tables: list[PublishedTable]) -> None:
         """ACCESS SHARE on every table until the snapshot ends: later DDL waits for it."""

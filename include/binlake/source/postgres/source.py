@@ -34,12 +34,13 @@ protocol is ``source.snapshot_group``'s), then streams from the slot's
 consistent point. A slot that already exists is refused with ``--start
 snapshot``: its snapshot was exported when it was created, and is gone.
 
-Crash during the snapshot: before the snapshot's commit point nothing of it
-was served; the data dir records the slot it created (``snapshot_slot``) and
-the restart drops that slot and takes the snapshot again with a new one (the
-rows then are those of the new instant, and the stream starts there: no hole,
-no copy). After the commit point the restart re-sends the commits and streams
-from the consistent point. A checkpoint whose slot has gone is refused: the
+Crash during the snapshot: before its markers' decision no table of it is
+restorable (``source.snapshot_group``); the data dir records the slot it
+created (``snapshot_slot``) and the restart drops that slot and takes the
+snapshot again with a new one and new table ids that replace the unfinished
+ones (the rows then are those of the new instant, and the stream starts there:
+no hole, no copy). After the decision the restart re-sends the markers'
+commits and streams from the consistent point. A checkpoint whose slot has gone is refused: the
 changes since the checkpoint cannot be had any more.
 
 Limits: column ids follow names, so a RENAME COLUMN looks like a drop plus an
@@ -65,6 +66,7 @@ import logging
 import select
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from binlake import codec, errors
@@ -76,14 +78,14 @@ from binlake.source.postgres import pgplan, values
 from binlake.source.postgres import snapshot as snap
 from binlake.source.postgres.values import UNCHANGED, Attr, Unchanged
 from binlake.source.readburst import BURST_BYTES
-from binlake.source.snapshot_group import MARKER, SnapshotGroup, decided_marker, resend_commits
+from binlake.source.snapshot_group import ATTEMPT, MARKER, Attempt, decided_marker, finished, resend_commits
 from binlake.source.tables import SourceTable
 
 log = logging.getLogger(__name__)
 
 START_KINDS = ("now", "snapshot")
 # state.json key. Invariant: the slot this data dir created for a snapshot that
-# has not reached its commit point; nothing was served from that slot, so a
+# has not reached its markers' decision; nothing was streamed from that slot, so a
 # restart may drop it and snapshot again. Removed by the checkpoint that ends the
 # snapshot (or when the source streams from the slot with --start now).
 SNAPSHOT_SLOT = "snapshot_slot"
@@ -93,7 +95,7 @@ SNAPSHOT_SLOT = "snapshot_slot"
 # definitions (relation oid -> SourceTable / column type oids) as of ``lsn``.
 _CHECKPOINT_KEYS = ("lsn", "tables", "oids")
 # What a snapshot attempt leaves in memory (and in a marker nobody decided).
-_ATTEMPT_KEYS = (MARKER, "tables", "oids", "ddl_seen", "schema_version", "next_table_id")
+_ATTEMPT_KEYS = (MARKER, "tables", "oids", "ddl_seen")
 
 
 class _Reader:
@@ -171,6 +173,7 @@ class PostgresSource(Source[int]):
         # The end LSN of the last acknowledged transaction (the reader is ahead by the groups in flight).
         self.lsn = 0
         self.snapshot_rows = 0
+        self.on_snapshot_part: Callable[[int], None] | None = None  # (rows) after each snapshot part, for tests
 
     @property
     def position(self) -> int:
@@ -264,10 +267,12 @@ class PostgresSource(Source[int]):
                 self._finish_snapshot(marker)
             elif self.start == "snapshot":
                 self._take_snapshot()
-            elif st.get(SNAPSHOT_SLOT) or st.get(MARKER):
-                # An unfinished snapshot, and now a plain start: stream from the slot as it is.
+            elif st.get(SNAPSHOT_SLOT) or st.get(MARKER) or st.get(ATTEMPT):
+                # An unfinished snapshot, and now a plain start: stream from the slot as it is
+                # (the unfinished tables stay pending, never restorable; ids keep growing).
                 for k in (*_ATTEMPT_KEYS, SNAPSHOT_SLOT):
                     st.pop(k, None)
+                finished(self.state)
                 self.state.save()
 
     def stream(self) -> None:
@@ -358,50 +363,64 @@ class PostgresSource(Source[int]):
 
     # ------------------------------------------------------------------ snapshot
     def _take_snapshot(self) -> None:
-        """The published tables' rows as of a new slot's consistent point, sent as one
-        all-or-nothing group (``snapshot_group``); then the checkpoint is that point."""
+        """The published tables' rows as of a new slot's consistent point, by the protocol of
+        ``snapshot_group`` (pending definitions, rows in ordinary transactions, one group of
+        markers); then the checkpoint is that point."""
         assert self.emitter is not None
         st = self.state.state
-        for k in _ATTEMPT_KEYS:  # what an earlier attempt that never reached its commit point left
+        for k in _ATTEMPT_KEYS:  # what an earlier attempt that never reached its markers left
             st.pop(k, None)
-        st["next_table_id"] = FIRST_TABLE_ID
+        # Table ids and schema versions only grow, across attempts too (a retake's ids
+        # replace the unfinished attempt's, which the lake keeps as retired).
+        st.setdefault("next_table_id", FIRST_TABLE_ID)
         self.tables, self.oids = {}, {}
         # Recorded before the slot exists: a crash from here on leaves a slot the restart may drop.
         self.state.save(**{SNAPSHOT_SLOT: self.slot})
-        group = SnapshotGroup(self.emitter, self.state)
         reading = snap.Snapshot(self.dsn, self.slot)
+        attempt: Attempt | None = None
         try:
             reading.open()
             try:
                 published = reading.tables(self.publication)
                 reading.lock(published)
-                tag = f"snap:{snap.format_lsn(reading.lsn)}"
+                attempt = Attempt(self.emitter, self.state, self.kind, reading.lsn, snap.format_lsn(reading.lsn))
+                attempt.on_part = self.on_snapshot_part
+                progress = attempt.start_progress(len(published), reading.estimate_rows(published))
                 for pt in published:
                     cols = values.columns(pt.ns, pt.name, pt.attrs)
                     values.set_defaults(cols, pt.defaults, None)
                     self._define(pt.oid, pt.ns, pt.name, cols, [a.type_oid for a in pt.attrs], pt.primary_key,
-                                 key=f"{tag}:ddl:{pt.oid}", group=group)
+                                 key=f"{attempt.tag}:ddl:{pt.oid}", snapshot=attempt)
                 for pt in published:
-                    self._snapshot_table(reading, pt, tag, group)
+                    self._snapshot_table(reading, pt, attempt)
+                    progress.table_done()
             finally:
                 reading.close()  # ends the snapshot transaction (read only)
         except BaseException:
-            self._abandon_snapshot(group, reading.created)
+            self._abandon_snapshot(reading.created)
             raise
-        group.commit(lsn=reading.lsn, tables={str(k): v.to_json() for k, v in self.tables.items()},
-                     oids={str(k): v for k, v in self.oids.items()})
-        self.transactions += len(group.items)
-        log.info("postgres source: snapshot of %d tables, %d rows in %d transactions at %s", len(published),
-                 self.snapshot_rows, len(group.items), snap.format_lsn(reading.lsn))
-        st.pop(MARKER, None)
+        assert attempt is not None
+        # From here a failure keeps the slot (recorded in snapshot_slot): after the markers'
+        # decision the restart streams from it; before, it drops it and takes the snapshot again.
+        for key, gone in attempt.gone(lambda: int(st["schema_version"]) + 1):
+            self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=gone.schema_version), ddl=(
+                f"-- binlake: {gone.db}.{gone.name} is gone since an unfinished snapshot", [gone]))
+            st["schema_version"] = gone.schema_version
+        markers = [(f"{pt.ns}.{pt.name}", self.tables[pt.oid].to_info()) for pt in published]
+        n = attempt.finish(markers, lsn=reading.lsn, tables={str(k): v.to_json() for k, v in self.tables.items()},
+                           oids={str(k): v for k, v in self.oids.items()})
+        self.transactions += n
+        log.info("postgres source: snapshot of %d tables, %d rows at %s complete (attempt %d)", len(published),
+                 self.snapshot_rows, snap.format_lsn(reading.lsn), attempt.id)
+        attempt.close()
         st.pop(SNAPSHOT_SLOT, None)
         self.lsn = reading.lsn
         self.checkpoint(force=True)
 
-    def _abandon_snapshot(self, group: SnapshotGroup, created: bool) -> None:
-        """Before the commit point nothing was served: roll the parts back now and drop the
-        slot this attempt created, so a refused or stopped start holds no WAL."""
-        group.abandon()
+    def _abandon_snapshot(self, created: bool) -> None:
+        """Before the markers' decision the snapshot's tables are pending (none restorable):
+        drop the slot this attempt created, so a refused or stopped start holds no WAL. The
+        attempt record stays: the next snapshot replaces its tables."""
         try:
             if created:
                 snap.drop_own_slot(self.dsn, self.slot, wait_s=5.0)
@@ -412,8 +431,7 @@ class PostgresSource(Source[int]):
             log.warning("postgres source: slot %s of the unfinished snapshot left for the next start: %s",
                         self.slot, exc)
 
-    def _snapshot_table(self, reading: snap.Snapshot, pt: snap.PublishedTable, tag: str,
-                        group: SnapshotGroup) -> None:
+    def _snapshot_table(self, reading: snap.Snapshot, pt: snap.PublishedTable, attempt: Attempt) -> None:
         t, oids = self.tables[pt.oid], self.oids[pt.oid]
         info = t.to_info()
         for n, batch in enumerate(reading.batches(pt, self.snapshot_batch_rows)):
@@ -424,18 +442,19 @@ class PostgresSource(Source[int]):
             except (TypeError, ValueError) as exc:
                 raise errors.FailedPrecondition(f"{t.full_name}: {exc}") from None
             m.sequence.extend([binlog_pb2.INSERT] * len(batch))
-            group.prewrite(f"{tag}:{pt.oid}:{n}", binlog_pb2.PrewriteValue(
-                schema_version=int(self.state.state["schema_version"]), mutations=[m]))
+            attempt.send_rows(f"{attempt.tag}:{pt.oid}:{n}", binlog_pb2.PrewriteValue(
+                schema_version=int(self.state.state["schema_version"]), mutations=[m]), len(batch))
             self.snapshot_rows += len(batch)
+            self.transactions += 1
             if self._stop.is_set():
                 raise SnapshotStopped
 
     def _finish_snapshot(self, marker: dict[str, Any]) -> None:
-        """Restart after the snapshot's commit point: re-send its commits with the journaled TSOs."""
+        """Restart after the markers' decision: re-send their commits with the journaled TSOs."""
         assert self.emitter is not None
         n = resend_commits(self.emitter, marker)
         st = self.state.state
-        st.pop(MARKER, None)
+        finished(self.state)
         st.pop(SNAPSHOT_SLOT, None)
         self.state.save(**{k: marker[k] for k in _CHECKPOINT_KEYS})
         log.info("postgres source: snapshot at %s completed after a restart (%d commits re-sent)",
@@ -484,7 +503,7 @@ class PostgresSource(Source[int]):
             conn.close()
 
     def _define(self, oid: int, ns: str, name: str, cols: list[Any], oids: list[int], pk: list[str], key: str,
-                group: SnapshotGroup | None = None) -> None:
+                snapshot: Attempt | None = None) -> None:
         """A table's (new) definition: its DDL binlog, then the source decodes its rows with it."""
         new = values.table(ns, name, cols, pk)
         old = self.tables.get(oid)
@@ -492,19 +511,17 @@ class PostgresSource(Source[int]):
             new.column_ids = {k: v for k, v in old.column_ids.items() if any(c.name == k for c in cols)}
         what = "CREATE TABLE" if old is None else "ALTER TABLE"
         self._ddl(oid, new, old, f"-- {what} {ns}.{name} ({', '.join(f'{c.name} {c.kind}' for c in cols)})",
-                  key=key, group=group)
+                  key=key, snapshot=snapshot)
         self.oids[oid] = oids
 
     def _ddl(self, oid: int, new: SourceTable | None, old: SourceTable | None, sql: str, key: str,
-             truncate: bool = False, group: SnapshotGroup | None = None) -> None:
+             truncate: bool = False, snapshot: Attempt | None = None) -> None:
         assert self.emitter is not None
         st = self.state.state
         info, version, next_id = self.table_definition(key, old, new, truncate)
-        value = binlog_pb2.PrewriteValue(schema_version=version)
-        if group is None:
-            self.emitter.emit(key, value, ddl=(sql, [info]))
-        else:  # part of the snapshot: decided with its rows
-            group.prewrite(key, value, ddl=(sql, [info]))
+        if snapshot is not None:  # a table's first definition in a snapshot attempt: pending
+            info = snapshot.pending(f"{info.db}.{info.name}", info)
+        self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=version), ddl=(sql, [info]))
         st["schema_version"], st["next_table_id"] = version, next_id
         st.setdefault("ddl_seen", []).append(key)
         if new is not None:
