@@ -140,6 +140,12 @@ KEY_ORDER = ("table_id", "key_hash")
 
 
 def materialize(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER) -> Any:
+    """``materialize_sized``'s frame alone."""
+    return materialize_sized(spark, frame, order)[0]
+
+
+def materialize_sized(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER
+                      ) -> tuple[Any, dict[int, tuple[int, int]]]:
     """``frame`` computed once (one pass over what it reads) and kept for the per-table
     jobs that follow (a local checkpoint: lineage cut, so no later job plans or reads
     the lake again), in partitions of at most about ``[memory] partition_rows`` rows
@@ -149,7 +155,8 @@ def materialize(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER) -> Any
     and what streams through the driver at a time (``toLocalIterator``), so its size
     must be a setting, not a table's. Range partitions keep each table's rows
     contiguous across consecutive partitions: the driver reads the result as one
-    ordered stream, table after table, in bounded pieces."""
+    ordered stream, table after table, in bounded pieces. Returned with its ``sizes``
+    (counted once here, for the callers' choices too)."""
     from pyspark.storagelevel import StorageLevel
 
     from binlake import config
@@ -160,19 +167,22 @@ def materialize(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER) -> Any
     # heap the shuffles and writes that follow need (a cached block is read back
     # streaming; the job's memory stays what its tasks hold).
     staged = frame.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
-    per_table = sizes(staged).values()
-    total, nbytes = sum(n for n, _b in per_table), sum(b for _n, b in per_table)
+    found = sizes(staged)
+    total, nbytes = sum(n for n, _b in found.values()), sum(b for _n, b in found.values())
     # As many partitions as the data needs; a small job leaves the session's shuffles alone.
     needed = max(-(-total // bounds.partition_rows), -(-nbytes // bounds.partition_bytes_in_force()))
     fit_shuffles(spark, needed, bounds.partition_bytes_in_force())
-    # The server's parallelism on a Spark Connect session (which has no sparkContext).
-    parts = max(2, 2 * connect.default_parallelism(spark), needed)
     if total <= bounds.partition_rows and nbytes <= bounds.partition_bytes_in_force():
-        # Small: one partition per table is bounded by the settings already.
-        shaped = staged.repartition(parts, "table_id")
+        # Small: the whole result is within one partition's bounds already. One partition
+        # (not one per table): each partition is a job of the driver's ordered stream
+        # (``toLocalIterator``) and a task of every per-table job, empty or not.
+        shaped = staged.repartition(1)
     else:
+        # The server's parallelism on a Spark Connect session (which has no sparkContext).
+        parts = max(2, 2 * connect.default_parallelism(spark), needed)
         shaped = staged.repartitionByRange(parts, *order)
-    return shaped.sortWithinPartitions(*order).localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
+    out = shaped.sortWithinPartitions(*order).localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
+    return out, found
 
 
 def fit_shuffles(spark: Any, parts: int, part_bytes: int) -> None:

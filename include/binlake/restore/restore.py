@@ -47,7 +47,7 @@ from binlake.restore.tables import (
     direct_tables,
     in_plan_order,
     items,
-    shared_changes,
+    shared_changes_sized,
     write_tables,
 )
 from binlake.sql import targets
@@ -259,8 +259,7 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
     else:
         placement.prepare(p, say)
     say(f"reading the lake once for {len(p.tables)} table(s)")
-    shared = shared_changes(spark, p)
-    found = onepass.sizes(shared) if shared is not None else {}
+    shared, found = shared_changes_sized(spark, p)
     direct = direct_tables(p, found, lambda t: _direct.eligible(p.schema, t.table_id, p.ts, t.base))
     tally = Tally(len(p.tables), say)
 

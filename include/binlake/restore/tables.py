@@ -49,11 +49,16 @@ def shared_changes(spark: Any, p: Plan) -> Any:
     """The last change per (table, key) of every planned table, computed in one pass
     over the change table and materialized (``onepass``); None when no table reads
     changes (every base already at T)."""
+    return shared_changes_sized(spark, p)[0]
+
+
+def shared_changes_sized(spark: Any, p: Plan) -> tuple[Any, dict[int, tuple[int, int]]]:
+    """``shared_changes`` and its ``onepass.sizes`` (empty without a result)."""
     slices = [onepass.slice_for(p.schema, t.table_id, p.ts, t.base) for t in p.tables if t.base.ts < p.ts]
     if not slices:
-        return None
-    return onepass.materialize(spark, onepass.last_changes(spark, rebuild.changes_frame(spark, p.lake), p.schema,
-                                                           slices))
+        return None, {}
+    return onepass.materialize_sized(spark, onepass.last_changes(spark, rebuild.changes_frame(spark, p.lake),
+                                                                 p.schema, slices))
 
 
 def frames(spark: Any, p: Plan, shared: Any = None) -> dict[int, Any]:
@@ -159,8 +164,8 @@ def write_tables(spark: Any, p: Plan, path_of: Callable[[TablePlan], str], paral
     Tables rebuilt from changes alone go to local paths through delta-rs (``direct``);
     the others through Spark. (db.table, rows, base kind) per table, in plan order."""
     say(f"reading the lake once for {len(p.tables)} table(s)")
-    shared = shared_changes(spark, p)
-    direct = direct_tables(p, onepass.sizes(shared) if shared is not None else {}, lambda t: "://" not in path_of(t)
+    shared, found = shared_changes_sized(spark, p)
+    direct = direct_tables(p, found, lambda t: "://" not in path_of(t)
                            and _direct.delta_eligible(p.schema, t.table_id, p.ts, t.base))
     tally = Tally(len(p.tables), say)
 
