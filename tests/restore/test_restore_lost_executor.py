@@ -78,6 +78,7 @@ def _claimed(url: str) -> set[str]:
         engine.dispose()
 
 
+@pytest.mark.big  # a standalone cluster and a restore on it: `make test-big`, beside the other 36 proofs
 @pytest.mark.timeout(900)
 def test_a_worker_killed_mid_restore_leaves_whole_tables_and_the_rerun_equals_the_lake(
         spark: SparkSession, tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> None:
