@@ -134,7 +134,7 @@ POSTGRES_TABLE = ("CREATE TABLE {t} (id BIGINT PRIMARY KEY, k INT NOT NULL, grp 
                   "price NUMERIC(12,2) NOT NULL, qty INT NOT NULL, ratio DOUBLE PRECISION NOT NULL, "
                   "created TIMESTAMP(6) NOT NULL, day DATE NOT NULL, name VARCHAR(64) NOT NULL, note TEXT, "
                   "payload BYTEA, status VARCHAR(16) NOT NULL)")
-POSTGRES_FILL = ("INSERT INTO {t} SELECT i, (i * 7919) % 1000000, i % 100, (i % 100000) / 100.0, i % 1000, "
+POSTGRES_FILL = ("INSERT INTO {t} SELECT i, (i * 7919::bigint) % 1000000, i % 100, (i % 100000) / 100.0, i % 1000, "
                  "(i % 1000) * 0.25, timestamp '2025-01-01' + i * interval '1 second' + (i % 1000000) * "
                  "interval '1 microsecond', date '2024-01-01' + (i % 3650)::int, 'name-' || i || '-' || md5(i::text), "
                  "repeat(md5(i::text) || ' ', 4), decode(md5(i::text) || md5((i + 1)::text) || md5((i + 2)::text), "
