@@ -801,7 +801,7 @@ def run_db(kind: str, args: argparse.Namespace, root: pathlib.Path) -> DbResult:
                     lambda v: bool(v.marker_ts), 600, root / "dump.log")
         ts = view.marker_ts
         res.stages.append(Stage("follow-up stream (workload)", time.time() - follow_began, follow_txns,
-                                note="upstream txns after the snapshot, both sources"))
+                                note="upstream txns after the snapshot"))
         say(f"workload stopped; markers at ts {ts} ({tso.iso(ts, millis=True)})")
         sampler.set_stage("ingest")
         loop.until_ts = ts
