@@ -176,6 +176,8 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
                     "--tz": "UTC", "--tables": "t", "--where": "op = 'update'", "--target": c.sqlite,
                     "--sql": str(c.tmp / "undo.sql"), "--max-conflicts": "5"},
         ("bench", "undo"): {"--changes": "1000", "--dir": str(c.tmp / "bench"), "--master": "local[1]"},
+        ("bench", "snapshot"): {"--rows": "100", "--tables": "2", "--db": "mariadb", "--dir": str(c.tmp / "bench"),
+                                "--master": "local[1]"},
     }
 
 

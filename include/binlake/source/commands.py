@@ -1,5 +1,5 @@
-"""``binlake source KIND`` (one per source in ``SOURCES``) and ``binlake bench
-source``: back up an existing database without touching its application.
+"""``binlake source KIND`` (one per source in ``SOURCES``), ``binlake bench source``
+and ``binlake bench snapshot``: back up an existing database without touching its application.
 
 Each source's command line is a ``SourceCommand`` in its own module (e.g.
 ``source.mysql.commands``): its name, words, own options and checks, and how
@@ -22,7 +22,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors
-from binlake.cli.args import add_registry, number_in, positive_float, positive_int, registry_addr, scratch_dir
+from binlake.cli.args import (
+    add_registry,
+    number_in,
+    positive_float,
+    positive_int,
+    registry_addr,
+    scratch_dir,
+    spark_bench_args,
+)
 
 if TYPE_CHECKING:  # the sources are imported when one runs, not to build the parser
     from binlake.source.base import Source
@@ -121,6 +129,36 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     b.add_argument("--framing-only", action="store_true",
                    help="only the MySQL stream framing, in process: native against mysql-replication's reader")
     b.set_defaults(handler=_bench)
+
+    b = bench.add_parser(
+        "snapshot", help="--start snapshot of a big MariaDB/PostgreSQL database under a workload: through the "
+                         "Pumps, ingest, restore and diff, against the dump tools", formatter_class=fmt,
+        epilog="Examples:\n  binlake bench snapshot --rows 200000 --db mariadb\n"
+               "  binlake bench snapshot --rows 1000000 --db both\n"
+               "  binlake bench snapshot   # 10,000,000 rows (about 3 GB) on each database\n")
+    b.add_argument("--rows", type=positive_int, default=10_000_000,
+                   help="rows of the snapshot's tables in all (default 10000000, about 3 GB)")
+    b.add_argument("--tables", type=positive_int, default=20, help="tables the rows are spread over (default 20)")
+    b.add_argument("--rate", type=positive_float, default=200.0,
+                   help="workload transactions/s on the upstream throughout (default 200)")
+    b.add_argument("--batch-rows", type=positive_int, default=10_000,
+                   help="the source's --snapshot-batch-rows (default 10000)")
+    b.add_argument("--db", choices=("mariadb", "postgres", "both"), default="both",
+                   help="which upstream (default both, one after the other)")
+    b.add_argument("--window-s", type=positive_float, default=10.0,
+                   help="least seconds an ingest window spans (default 10)")
+    spark_bench_args(b, "Spark master of the ingest and restore runs (default: $BINLAKE_SPARK_MASTER, else local[*])")
+    b.set_defaults(handler=_bench_snapshot)
+
+
+def _bench_snapshot(args: argparse.Namespace) -> int:
+    if args.rows < args.tables:
+        raise errors.InvalidArgument(f"--rows {args.rows} is fewer than --tables {args.tables}: every table "
+                                     "needs a row at least")
+    # bench/snapshot_bench.py, found the way every benchmark is (``binlake.cli.benchmarks``).
+    from binlake.cli.benchmarks import bench_module
+
+    return int(bench_module("snapshot").main(args))
 
 
 _niceness = number_in(int, 0, 19, "a niceness")

@@ -234,6 +234,14 @@ def _pg_bin_dir() -> pathlib.Path | None:
     return None
 
 
+def pg_tool(name: str) -> str | None:
+    """A PostgreSQL client program (pg_dump, psql, ...) of the version whose server
+    ``LocalPostgres`` runs (None: not installed beside it)."""
+    d = _pg_bin_dir()
+    path = d / name if d is not None else None
+    return str(path) if path is not None and os.access(path, os.X_OK) else None
+
+
 class LocalPostgres(_LocalServer):
     """A PostgreSQL server in ``root_dir`` (data in ``data/``, socket in ``sock/``, log ``postgres.log``).
 
@@ -408,6 +416,14 @@ def _mariadb_bins() -> tuple[str | None, str | None]:
     server = _which(("mariadbd", "mysqld"), sbin)
     install = _which(("mariadb-install-db", "mysql_install_db"), sbin)
     return server, install
+
+
+def mariadb_client(names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` (e.g. mariadb-dump, mysqldump) beside the server binary
+    ``LocalMariaDB`` runs, else on PATH (None: neither)."""
+    server, _install = _mariadb_bins()
+    near = (str(pathlib.Path(server).parent.parent / "bin"), str(pathlib.Path(server).parent)) if server else ()
+    return _which(names, near)
 
 
 class LocalMariaDB(_LocalServer):
