@@ -131,6 +131,7 @@ def baselines(c: Ctx) -> dict[tuple[str, ...], dict[str, str]]:
         ("ctl", "remove-consumer"): {"#0": "c-none", **reg},
         ("ctl", "registry"): {**reg},
         ("ctl", "replication"): {**reg},
+        ("ctl", "snapshot-progress"): {"--data-dir": str(c.tmp / "src-mysql")},
         ("workload",): {**reg, "--upstream": f"sqlite:///{c.tmp / 'up.db'}", "--txns": "1", "--tables": "1",
                         "--table-rows": "0", "--clients": "1", "--quiet": ""},
         ("ingest",): {**reg, **window, "--lake": lake, "--master": "local[1]"},
