@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -170,23 +171,12 @@ def test_a_row_changed_by_hand_in_an_apply_target_fails_the_apply_proof(
 
 def test_a_change_row_deleted_from_the_lake_fails_the_paths_proof(
         drill_lake: Lake, spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    path = os.path.join(drill_lake.lake, "changes")
-    changes = DeltaTable.forPath(spark, path)
-    version = changes.history(1).collect()[0]["version"]
     # The last change of a row that nothing touched after the snapshot: the whole history
-    # then rebuilds that row differently, the snapshot path (and the apply) as before.
-    end = drill_lake.up.end_ts - 1
-    alive = rebuild.tables_at(rebuild.load_schema(spark, drill_lake.lake, end), end)
-    last = (changes.toDF().filter(F.col("table_id").isin(list(alive)) & F.col("keys").isNotNull())
-            .groupBy("table_id", "tbl", "keys")
-            .agg(F.max("commit_ts").alias("ts")).filter(f"ts < {drill_lake.snapshot_ts}").orderBy("ts", "table_id", "keys")
-            .limit(1).collect())
-    assert last, "every row of the workload changed after the snapshot"
-    tbl, keys, ts = alive[last[0]["table_id"]].name, last[0]["keys"], last[0]["ts"]
-    changes.delete((F.col("table_id") == last[0]["table_id"]) & (F.col("keys") == keys) & (F.col("commit_ts") == ts))
+    # then rebuilds that row differently, the snapshot path (and the apply) as before. The
+    # drill sums the history from the proven snapshot: the rows below it no longer digest
+    # as recorded, and the table's history rebuilt key by key names the row.
+    path = os.path.join(drill_lake.lake, "changes")
+    tbl, version = _delete_last_change_below_snapshot(drill_lake, spark)
     try:
         code, _d, err = run_drill(capsys, drill_lake.argv("--tables", tbl, "--ts", str(drill_lake.up.end_ts - 1),
                                                           tasks=False, upstream=False))
@@ -195,6 +185,100 @@ def test_a_change_row_deleted_from_the_lake_fails_the_paths_proof(
     assert code == 2, err
     line = err.splitlines()[-1]
     assert "proof (paths)" in line and tbl in line and "key [" in line and "whole history" in line, err
+
+
+def test_each_snapshot_table_is_proven_against_its_whole_history_rebuilt_key_by_key(
+        drill_lake: Lake, spark: SparkSession) -> None:
+    from pyspark.sql import functions as F
+
+    from binlake.restore import proven, restore, sparksum
+    from binlake.restore import tables as restore_tables
+
+    s = drill_lake.snapshot_ts
+    entries = [e for e in snapshot.catalog(spark, drill_lake.lake) if e.snapshot_ts == s and e.table_id]
+    assert entries and all(e.proof is not None for e in entries)
+    # The recorded sum (change rows added and taken away, no grouping by key) equals the
+    # table rebuilt key by key from the whole history, for a workload with DDL.
+    p = restore.plan(spark, drill_lake.lake, s, None, "changes")
+    frames = restore_tables.frames(spark, p)
+    rebuilt = sparksum.frames_checksums([(t.info.name, frames[t.table_id], t.info) for t in p.tables])
+    by_id = {t.table_id: t.info.name for t in p.tables}
+    changes = rebuild.changes_frame(spark, drill_lake.lake).filter(F.col("commit_ts") <= s)
+    counts = {int(r["table_id"]): int(r["n"]) for r in changes.groupBy("table_id").agg(F.count("*").alias("n")).collect()}
+    for e in entries:
+        assert e.proof is not None
+        assert e.proof.whole[:2] == rebuilt[by_id[e.table_id]][:2], e.tbl
+        assert e.proof.changes[0] == counts.get(e.table_id, 0), e.tbl
+        assert e.proof.columns == proven.signature(e.info) and e.proof.chained_from_ts == 0
+
+
+def _delete_last_change_below_snapshot(drill_lake: Lake, spark: SparkSession) -> tuple[str, int]:
+    """Delete the last change of a row that nothing touched after the snapshot; returns
+    the table's name and the changes table's version to RESTORE."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    changes = DeltaTable.forPath(spark, os.path.join(drill_lake.lake, "changes"))
+    version = changes.history(1).collect()[0]["version"]
+    end = drill_lake.up.end_ts - 1
+    alive = rebuild.tables_at(rebuild.load_schema(spark, drill_lake.lake, end), end)
+    last = (changes.toDF().filter(F.col("table_id").isin(list(alive)) & F.col("keys").isNotNull())
+            .groupBy("table_id", "tbl", "keys")
+            .agg(F.max("commit_ts").alias("ts")).filter(f"ts < {drill_lake.snapshot_ts}").orderBy("ts", "table_id", "keys")
+            .limit(1).collect())
+    assert last, "every row of the workload changed after the snapshot"
+    keys, ts = last[0]["keys"], last[0]["ts"]
+    changes.delete((F.col("table_id") == last[0]["table_id"]) & (F.col("keys") == keys) & (F.col("commit_ts") == ts))
+    return alive[last[0]["table_id"]].name, version
+
+
+def test_a_change_row_deleted_below_a_proven_snapshot_fails_the_next_snapshot(
+        drill_lake: Lake, spark: SparkSession) -> None:
+    tbl, version = _delete_last_change_below_snapshot(drill_lake, spark)
+    at = drill_lake.up.end_ts - 1
+    try:
+        with pytest.raises(snapshot.SnapshotDisproved) as info:
+            snapshot.take(spark, drill_lake.lake, at)
+    finally:
+        spark.sql(f"RESTORE TABLE delta.`{os.path.join(drill_lake.lake, 'changes')}` TO VERSION AS OF {version}")
+        shutil.rmtree(pathlib.Path(drill_lake.lake) / "snapshots" / f"ts={at}", ignore_errors=True)
+    line = str(info.value)
+    # Below the proven snapshot the rows no longer digest as recorded (or, for a table whose
+    # columns changed since, its history summed from the lake's start misses the row).
+    assert f".{tbl} " in line and "\n" not in line, line
+    assert "changed since it was proven" in line or "does not equal its whole history" in line, line
+    # Not taken: no marker, so no restore uses it.
+    assert all(e.snapshot_ts != at for e in snapshot.catalog(spark, drill_lake.lake))
+
+
+def test_a_before_image_that_does_not_follow_its_key_fails_the_paths_proof(
+        drill_lake: Lake, spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    path = os.path.join(drill_lake.lake, "changes")
+    changes = DeltaTable.forPath(spark, path)
+    version = changes.history(1).collect()[0]["version"]
+    end = drill_lake.up.end_ts - 1
+    alive = rebuild.tables_at(rebuild.load_schema(spark, drill_lake.lake, end), end)
+    # An update after the snapshot that did not move its row: its before image is read by
+    # no rebuild (only a moved key's is), so the restore and every rebuild stay as they were.
+    row = (changes.toDF().filter(F.col("table_id").isin(list(alive)) & (F.col("op") == "update")
+                                 & (F.col("commit_ts") > drill_lake.snapshot_ts) & (F.col("before") != F.col("after")))
+           .orderBy("commit_ts", "seq").limit(1).collect())
+    assert row, "no update after the snapshot"
+    r = row[0]
+    changes.update((F.col("commit_ts") == r["commit_ts"]) & (F.col("seq") == r["seq"]) &
+                   (F.col("table_id") == r["table_id"]), {"before": F.col("after")})
+    tbl = alive[r["table_id"]].name
+    try:
+        code, _d, err = run_drill(capsys, drill_lake.argv("--tables", tbl, "--ts", str(end), tasks=False,
+                                                          upstream=False))
+    finally:
+        spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {version}")
+    assert code == 2, err
+    line = err.splitlines()[-1]
+    assert "proof (paths)" in line and tbl in line and "before image" in line, err
 
 
 def test_an_objective_below_what_the_machine_can_do_fails_the_drill(

@@ -7,11 +7,15 @@
     row changes (event filters, expression filters) cannot be mirrored by a restore:
     they are named in the proof's notes, not compared.
 (b) ``paths``: the scratch target (read back from the database) equals the same
-    tables at the same ts rebuilt by every other path the lake offers: the whole
-    history from the changes and the history tables. The restore itself took the
-    third path, the newest snapshot plus the changes after it (the scratch target
-    is that path's result); the three agree when the scratch target equals both.
-    Both paths' checksums come from one Spark job.
+    tables at the same ts by every other path the lake offers: the whole history and
+    the history tables. The restore itself took the third path, the newest snapshot
+    plus the changes after it (the scratch target is that path's result); the three
+    agree when the scratch target equals both. The whole history is not rebuilt: its
+    checksum is a sum over the change rows (``restore.proven``), from the newest
+    snapshot that was proven against it when taken (its recorded sum, valid while the
+    rows below it digest as recorded) or from the lake's start. Only when it differs
+    is it rebuilt key by key, to name the first differing key. The sums and the
+    history tables' checksums come from one Spark job.
 (c) ``upstream``: a table the lake shows unchanged since the ts has the
     upstream's checksum now.
 
@@ -34,13 +38,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from binlake import errors
-from binlake.drill import sparksum
 from binlake.proto import binlog_pb2
 from binlake.replicate import checkpoint
 from binlake.replicate.rules import DML, Rules
 from binlake.replicate.task import Task
 from binlake.restore import columns as C
-from binlake.restore import restore
+from binlake.restore import proven, restore, snapshot, sparksum
 from binlake.restore import tables as restore_tables
 from binlake.sql import checksum
 from binlake.sql.targets.base import recorded_schema
@@ -140,7 +143,7 @@ def _show(found: tuple[str, str] | None) -> str:
 def paths(spark: Any, lake: str, ts: int, names: Sequence[str], scratch_url: str,
           say: Progress, auto: restore.Plan | None = None) -> tuple[Proof, dict[str, tuple[int, str, int]]]:
     """(b): the scratch target against every other restore path; also each table's
-    (rows, checksum, bytes) as the first path rebuilt them (for the drill's figures).
+    (rows, checksum, bytes) at ts as the whole history sums them (for the drill's figures).
     ``auto``: the restore's own plan (made here when not given)."""
     proof = Proof("paths")
     say("proof (b): checksumming the scratch target")
@@ -152,55 +155,83 @@ def paths(spark: Any, lake: str, ts: int, names: Sequence[str], scratch_url: str
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="drill-checksum")
     pending = pool.submit(lambda: checksum.checksum(scratch_url, sorted(by_name), portable=True))
     pool.shutdown(wait=False)
-    sums_by_path: list[tuple[str, Any, Any, dict[str, tuple[int, str, int]]]] = []
-    figures: dict[str, tuple[int, str, int]] = {}
     if any(t.base.kind != "lake start" for t in auto.tables):
         # The scratch target is what the newest snapshot + changes rebuilt (the restore's
         # own plan): rebuilding it again would check the restore against itself.
         proof.notes.append("newest snapshot + changes: the restore's own path (the scratch target)")
     else:
         proof.notes.append("no snapshot at or below the ts: the restore's path is the whole history")
-    built: list[tuple[str, Any, Any]] = []
-    for label, source in (("whole history", "changes"), ("history tables", "history")):
-        try:
-            p = restore.plan(spark, lake, ts, list(names), source)
-        except errors.BinlakeError as exc:
-            proof.notes.append(f"{label}: not compared ({errors.first_line(exc)})")
-            continue
-        built.append((label, p, restore_tables.frames(spark, p)))
-    # Every path's tables in one Spark job (a key per path and table).
-    say(f"proof (b): checksumming the {' and '.join(lab for lab, _p, _f in built)} path(s) in Spark")
-    every = sparksum.frames_checksums([(f"{label}\0{t.info.name}", frames[t.table_id], t.info)
-                                       for label, p, frames in built for t in p.tables])
-    for label, p, frames in built:
-        sums = {t.info.name: every[f"{label}\0{t.info.name}"] for t in p.tables}
-        sums_by_path.append((label, p, frames, sums))
-        for name, figure in sums.items():
-            figures.setdefault(name, figure)
+    history_frames: dict[str, tuple[Any, binlog_pb2.TableInfo]] = {}
+    try:
+        hp = restore.plan(spark, lake, ts, list(names), "history")
+    except errors.BinlakeError as exc:
+        proof.notes.append(f"history tables: not compared ({errors.first_line(exc)})")
+    else:
+        frames = restore_tables.frames(spark, hp)
+        history_frames = {t.info.name: (frames[t.table_id], t.info) for t in hp.tables}
+    # The whole history as a sum over its change rows (``proven``): from the newest snapshot
+    # proven when it was taken, or from the lake's start; with the history tables' frames,
+    # one Spark job.
+    records = {(e.snapshot_ts, e.table_id): e.proof for e in snapshot.catalog(spark, lake) if e.proof is not None}
+    say("proof (b): summing the whole history" + (" and checksumming the history tables path"
+                                                  if history_frames else "") + " in Spark")
+    wholes, sums = proven.measure(
+        spark, lake, auto.schema, [(t.info.name, t.table_id, ts) for t in auto.tables], records,
+        extra=[sparksum.signed_parts(f"h\0{name}", frame, info) for name, (frame, info) in history_frames.items()])
+    chained = sum(1 for w in wholes.values() if w.start is not None)
+    proof.notes.append(f"whole history: {len(wholes)} table(s) summed from their change rows ({chained} from a "
+                       f"snapshot proven when taken, {len(wholes) - chained} from the lake's start)")
+    figures = {name: w.sum for name, w in wholes.items()}
     scratch = pending.result()
-    for label, p, frames, sums in sums_by_path:
-        for t in p.tables:
-            name = t.info.name
-            rows, digest, _nbytes = sums[name]
+    for t in auto.tables:
+        name = t.info.name
+        got = scratch.get(name, (0, ""))
+        w = wholes[name]
+        proof.compared += 1
+        if not w.intact or got != w.sum[:2]:
+            found = _whole_difference(spark, lake, ts, t, scratch_url, history_frames.get(name),
+                                      got == sums.get(f"h\0{name}", sparksum.EMPTY)[:2])
+            if not w.intact:
+                assert w.start is not None and w.changes_now is not None
+                proof.fail(f"table {t.name} differs between the restore and the whole history path at "
+                           f"{_show(found)}: the lake's change rows at or below the snapshot at "
+                           f"{w.start.snapshot_ts} changed since it was proven ({w.start.changes[0]} rows then, "
+                           f"{w.changes_now[0]} now)")
+            elif found is None:
+                # Rebuilt key by key the history equals the restore, yet its rows do not sum to
+                # it: some change's before image is not what its key held before it.
+                proof.fail(f"table {t.name}: the whole history's change rows do not add up ({w.sum[0]} rows by their "
+                           f"sum, {got[0]} restored, {w.how()}), though rebuilt key by key it equals the restore: "
+                           "a change's before image is not what its key held (a damaged or incomplete change row)")
+            else:
+                proof.fail(f"table {t.name} differs between the restore and the whole history path at "
+                           f"{_show(found)}: restore {got[0]} rows, whole history {w.sum[0]} rows ({w.how()})")
+        if name in history_frames:
+            frame, info = history_frames[name]
+            rows, digest, _b = sums.get(f"h\0{name}", sparksum.EMPTY)
             proof.compared += 1
-            if scratch.get(name) != (rows, digest):
-                got = scratch.get(name, (0, ""))
-                # Against a path that agrees with the scratch target: an anti-join in Spark;
-                # else against the database itself (spilled to disk).
-                agreeing = [(q, f) for lab, q, f, s2 in sums_by_path if lab != label
-                            and scratch.get(name) == s2.get(name, (0, "", 0))[:2]]
-                found = None
-                for q, f in agreeing[:1]:
-                    other = next(x for x in q.tables if x.info.name == name)
-                    found = sparksum.first_difference(f[other.table_id], frames[t.table_id], t.info)
-                    if found is not None:
-                        found = (found[0], {"only in first": "only in the restore",
-                                            "only in second": f"only in the {label} path"}.get(found[1], found[1]))
-                if not agreeing:
-                    found = db_difference(scratch_url, name, t.info, frames[t.table_id], t.info)
-                proof.fail(f"table {t.name} differs between the restore and the {label} path at "
-                           f"{_show(found)}: restore {got[0]} rows, {label} {rows} rows")
+            if got != (rows, digest):
+                found = db_difference(scratch_url, name, t.info, frame, info)
+                proof.fail(f"table {t.name} differs between the restore and the history tables path at "
+                           f"{_show(found)}: restore {got[0]} rows, history tables {rows} rows")
     return proof.done(), figures
+
+
+def _whole_difference(spark: Any, lake: str, ts: int, t: restore_tables.TablePlan, scratch_url: str,
+                      history: tuple[Any, binlog_pb2.TableInfo] | None,
+                      history_agrees: bool) -> tuple[str, str] | None:
+    """The first key at which the whole history of ``t``, rebuilt key by key (only now:
+    its sum already differed), differs from the restore: by an anti-join with the history
+    tables' frame when that agrees with the scratch target, else against the database."""
+    p = restore.plan(spark, lake, ts, [t.name], "changes")
+    whole = restore_tables.frames(spark, p)[p.tables[0].table_id]
+    if history is not None and history_agrees:
+        found = sparksum.first_difference(history[0], whole, t.info)
+        if found is None:
+            return None
+        return found[0], {"only in first": "only in the restore", "only in second": "only in the whole history path"
+                          }.get(found[1], found[1])
+    return db_difference(scratch_url, t.info.name, t.info, whole, t.info)
 
 
 def _mirror_notes(rules: Rules, info: binlog_pb2.TableInfo) -> list[str]:

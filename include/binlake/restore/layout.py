@@ -25,8 +25,16 @@ HISTORY = "history"
 # ignored by every reader and replaced by the next snapshot at the same ts.
 # ``complete``: the snapshot holds every table that existed at snapshot_ts, so a
 # table absent from it did not exist then (its base at snapshot_ts is empty).
+# The ``proof_*``/``changes_*`` columns (``proven``): the table's whole history at
+# snapshot_ts as a checksum (rows, checksum, bytes, and the column signature it renders),
+# equal to the snapshot table read back, and the digest of its change rows at or below
+# snapshot_ts, when the snapshot was taken; ``proven_from_ts``: the proven snapshot the
+# sum extended (0: summed from the lake's start). Null in a snapshot taken before
+# snapshots were proven (and in marker rows).
 SNAPSHOT_CATALOG_DDL = ("snapshot_ts long, table_id long, db string, tbl string, path string, rows long, "
-                        "table_info binary, complete boolean, taken_at timestamp")
+                        "table_info binary, complete boolean, taken_at timestamp, proof_rows long, "
+                        "proof_checksum string, proof_bytes long, proof_columns string, changes_rows long, "
+                        "changes_digest string, proven_from_ts long")
 MARKER_TABLE_ID = 0
 
 # One row per history table. Invariant: ``applied`` lists the ``windows`` ledger

@@ -283,6 +283,11 @@ def state_from(spark: Any, rows: Any, schema: decode.SchemaHistory, table_id: in
         return (events(rows, versions(schema, table_id), out, key, fill_mod.version_fills(schema, table_id))
                 .where(~F.col("_del"))
                 .select(*[F.col(f"`{c.name}`") for c in out]))
+    if base.frame is not None and (rows is None or base.ts >= ts):
+        # The base alone: its rows are the table at its ts, one per key, so only typed (no
+        # aggregation over every row).
+        return base_events(base, out, fill_mod.base_fills(schema, table_id, base.ts)).select(
+            *[F.col(f"`{c.name}`") for c in out])
     parts = []
     if base.frame is not None:
         parts.append(base_events(base, out, fill_mod.base_fills(schema, table_id, base.ts)))

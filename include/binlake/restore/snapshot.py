@@ -8,6 +8,11 @@ gets one row per table, then the snapshot's marker row: a crash half way
 leaves no marker, so no reader uses the partial snapshot, and taking it again
 replaces its tables.
 
+Before the marker, each table is proven (``proven``): read back, it must equal the
+whole history at T summed from the change rows (from the previous proven snapshot's
+recorded sum, or from the lake's start), and the sum is recorded in its catalog row.
+A table that disagrees fails the snapshot with one line (``SnapshotDisproved``).
+
 ``base_for(...)`` is how a restore (or the next snapshot) picks its base.
 """
 
@@ -25,7 +30,7 @@ from binlake.lake.store import writelock
 from binlake.lake.store.ledger import BOUNDS, is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
-from binlake.restore import coverage, layout, onepass, rebuild
+from binlake.restore import coverage, layout, onepass, proven, rebuild, sparksum
 from binlake.restore.tables import Plan, TablePlan, write_tables
 
 Progress = Callable[[str], None]
@@ -41,6 +46,11 @@ class SnapshotEntry:
     rows: int
     info: binlog_pb2.TableInfo | None
     complete: bool
+    proof: proven.Record | None = None
+
+
+class SnapshotDisproved(errors.FailedPrecondition):
+    """A snapshot table that does not equal its whole history: the snapshot is not taken."""
 
 
 def catalog(spark: Any, lake: str) -> list[SnapshotEntry]:
@@ -58,7 +68,7 @@ def catalog(spark: Any, lake: str) -> list[SnapshotEntry]:
         info = binlog_pb2.TableInfo.FromString(bytes(r["table_info"])) if r["table_info"] is not None else None
         out.append(SnapshotEntry(ts, r["table_id"], r["db"] or "", r["tbl"] or "",
                                  layout.table_location(lake, r["path"] or ""), r["rows"] or 0,
-                                 info, markers[ts]))
+                                 info, markers[ts], proven.record_of(r.asDict())))
     return sorted(out, key=lambda e: (-e.snapshot_ts, e.table_id))
 
 
@@ -146,24 +156,62 @@ def _take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None, say: Pro
     check()
     written = write_tables(spark, p, lambda t: layout.snapshot_table(lake, ts, t.table_id), parallelism, say)
     failpoint.hit("snapshot-after-table")
+    wholes = prove(spark, lake, p, entries, say)
     rows_out = []
     done = []
     for t, (name, n, kind) in zip(plans, written, strict=True):
+        w = wholes[t.name]
         rows_out.append((ts, t.table_id, t.info.db, t.info.name,
                          layout.stored_path(lake, layout.snapshot_table(lake, ts, t.table_id)), n,
-                         t.info.SerializeToString(), tables is None, _now()))
+                         t.info.SerializeToString(), tables is None, _now(), w.sum[0], w.sum[1], w.sum[2],
+                         proven.signature(t.info), w.changes_at_ts[0] if w.changes_at_ts else None,
+                         w.changes_at_ts[1] if w.changes_at_ts else None,
+                         w.start.snapshot_ts if w.start is not None else 0))
         done.append((name, n, kind))
     # Catalog rows of the tables, then the marker (the snapshot's commit point).
-    marker = (ts, layout.MARKER_TABLE_ID, None, None, None, sum(n for _a, n, _b in done), None, tables is None, _now())
+    marker = (ts, layout.MARKER_TABLE_ID, None, None, None, sum(n for _a, n, _b in done), None, tables is None, _now(),
+              None, None, None, None, None, None, None)
     cat = layout.snapshot_catalog(lake)
     df = spark.createDataFrame([*rows_out, marker], layout.SNAPSHOT_CATALOG_DDL)
     check()
     if is_delta(spark, cat):
         # Replaces an earlier (possibly partial) snapshot at the same ts in one commit.
-        df.write.format("delta").mode("overwrite").option("replaceWhere", f"snapshot_ts = {int(ts)}").save(cat)
+        # mergeSchema: a catalog of an older binlake gains the proof columns.
+        df.write.format("delta").mode("overwrite").option("replaceWhere", f"snapshot_ts = {int(ts)}") \
+            .option("mergeSchema", "true").save(cat)
     else:
         df.write.format("delta").mode("overwrite").save(cat)
     return SnapshotResult(ts, done, time.monotonic() - started)
+
+
+def prove(spark: Any, lake: str, p: Plan, entries: Sequence[SnapshotEntry], say: Progress) -> dict[str, proven.Whole]:
+    """Each written table of snapshot ``p`` (read back) against its whole history at p.ts
+    (``proven.measure``: from the newest earlier proven snapshot, whose rows below it must
+    digest as recorded, else from the lake's start), in one Spark job; raises
+    ``SnapshotDisproved`` naming the first table that disagrees."""
+    records = {(e.snapshot_ts, e.table_id): e.proof for e in entries if e.proof is not None}
+    asks = [(t.name, t.table_id, p.ts) for t in p.tables]
+    say(f"proving {len(asks)} table(s) against the whole history")
+    reads = [sparksum.signed_parts(f"s\0{t.name}", spark.read.format("delta").load(
+        layout.snapshot_table(lake, p.ts, t.table_id)), t.info) for t in p.tables]
+    wholes, sums = proven.measure(spark, lake, p.schema, asks, records, inclusive=False, digest_at_ts=True,
+                                  extra=reads)
+    for t in p.tables:
+        w = wholes[t.name]
+        if not w.intact:
+            assert w.start is not None and w.changes_now is not None
+            raise SnapshotDisproved(
+                f"snapshot at {p.ts}: the change rows of {t.name} at or below the snapshot at {w.start.snapshot_ts} "
+                f"changed since it was proven ({w.start.changes[0]} rows then, {w.changes_now[0]} now): the lake's "
+                f"changes table is damaged; `binlake drill --ts {p.ts} --tables {t.name}` names the first key that "
+                "differs, and the changes table's Delta history the commit that changed it")
+        snap = sums.get(f"s\0{t.name}", sparksum.EMPTY)
+        if snap[:2] != w.sum[:2]:
+            raise SnapshotDisproved(
+                f"snapshot at {p.ts}: table {t.name} does not equal its whole history ({snap[0]} rows in the snapshot, "
+                f"{w.sum[0]} in the history, {w.how()}); the snapshot is not taken: `binlake drill --ts {p.ts} "
+                f"--tables {t.name}` names the first key that differs")
+    return wholes
 
 
 def _now() -> dt.datetime:

@@ -199,7 +199,6 @@ def _build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows
                         F.lit('","id":'), key.cast("string"), F.lit(',"k":'), F.pmod(v * 7, 1000).cast("string"),
                         F.lit("}"))
 
-    prev = F.when(n < rows, F.lit(None)).otherwise(image(F.lit(-1)))
     commit = F.lit(t0) + n * 4
     df = (spark.range(changes, numPartitions=max(2, changes // 500_000))
           .select(commit.alias("commit_ts"), (commit - 1).alias("start_ts"), F.lit(0).alias("seq"),
@@ -208,8 +207,14 @@ def _build_lake(spark: Any, lake: str, rows: int, changes: int, t0: int, windows
                   (F.lit(FIRST_TABLE_ID) + tbl).cast("long").alias("table_id"),
                   F.when(n < rows, "insert").otherwise("update").alias("op"),
                   F.concat(F.lit('{"id":'), key.cast("string"), F.lit("}")).alias("keys"),
-                  prev.alias("before"), image(version).alias("after"),
+                  image(version).alias("after"),
                   F.lit(info.schema_version).cast("long").alias("schema_version"), F.lit("bench").alias("pump")))
+    # An update's before image is what its row held: the after image of the row's previous
+    # change (the lake's images are whole rows; the proofs of snapshots sum on it).
+    from pyspark.sql.window import Window
+
+    df = df.withColumn("before", F.lag("after").over(Window.partitionBy("table_id", "keys").orderBy("commit_ts")))
+    df = df.select(*[c for c, _t in decode.CHANGE_COLUMNS])
     df.write.format("delta").mode("overwrite").partitionBy("commit_date").save(table_path(lake, CHANGES))
     last = t0 + (changes - 1) * 4
     end = last + 1

@@ -136,7 +136,7 @@ def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal:
     ``include_internal``. ``schema`` gives binlake table definitions to type the
     columns by (default: the database's own ``_binlake_schema``, if any).
     ``portable``: in the portable rendering (``portable_row_text``), the one a
-    Spark frame's checksum is computed in (``binlake.drill.sparksum``)."""
+    Spark frame's checksum is computed in (``binlake.restore.sparksum``)."""
     engine = reader_engine(url)
     try:
         with engine.connect() as conn:
@@ -164,10 +164,7 @@ def checksum(url: str, tables: Sequence[str] | None = None, *, include_internal:
 def _table_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | None,
                     portable: bool = False) -> tuple[int, str]:
     if portable:
-        acc = _Acc()
-        for _key, h in portable_rows(conn, name, info, ()):
-            acc.add(h)
-        return acc.rows, acc.hex()
+        return _portable_checksum(conn, name, info)
     table = _typed_table(conn, name, info)
     if table is None:
         table = targets.kind(conn.dialect.name).reflect(conn, name)
@@ -199,7 +196,7 @@ def _show(engine: sa.Engine) -> str:
 # The portable rendering: the same canonical text per value (a float as its IEEE
 # 754 bits, the one spelling Spark and Python share), each row framed as text and
 # hashed with MD5 (first 8 bytes), so a Spark executor can compute a row's hash
-# with built-in SQL functions (``binlake.drill.sparksum``) and this process the
+# with built-in SQL functions (``binlake.restore.sparksum``) and this process the
 # same one from a database's rows: a restored frame and a database table compare
 # by checksum without either table passing through one process.
 def portable_text(value: Any, json_column: bool = False) -> str | None:
@@ -240,6 +237,39 @@ def portable_row_text(row: Mapping[str, Any], json_columns: Iterable[str] = ()) 
 def portable_hash(text: str) -> int:
     """The 64-bit row hash of a portable row text: MD5's first 8 bytes, big-endian."""
     return int.from_bytes(hashlib.md5(text.encode(), usedforsecurity=False).digest()[:8], "big")
+
+
+def _portable_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> tuple[int, str]:
+    """``portable_rows``' hashes of a whole table, summed: the same texts, built with the
+    columns' order, frames and kinds worked out once (a drill reads every restored row)."""
+    table = _typed_table(conn, name, info)
+    if table is None:
+        table = targets.kind(conn.dialect.name).reflect(conn, name)
+    names = [c.name for c in table.columns]
+    json_cols = {c.name for c in table.columns if isinstance(c.type, sa.JSON)}
+    order = sorted(range(len(names)), key=lambda i: names[i])
+    plan = [(i, name_frame(names[i]), names[i] in json_cols) for i in order]
+    md5 = hashlib.md5
+    total = xor = rows = 0
+    result = conn.execution_options(yield_per=_BATCH).execute(sa.select(table))
+    for row in result:
+        parts = []
+        for i, frame, js in plan:
+            v = row[i]
+            if v is None:
+                parts.append(frame + "N")
+                continue
+            # The common kinds first; the rest as portable_text renders them.
+            text = v if type(v) is str and not js else str(v) if type(v) is int else portable_text(v, js)
+            if text is None:
+                parts.append(frame + "N")
+            else:
+                parts.append(f"{frame}V{len(text.encode())}:{text}")
+        h = int.from_bytes(md5("".join(parts).encode(), usedforsecurity=False).digest()[:8], "big")
+        rows += 1
+        total = (total + h) & _MASK
+        xor ^= h
+    return rows, f"{total:016x}{xor:016x}"
 
 
 def portable_rows(conn: Connection, name: str, info: binlog_pb2.TableInfo | None,
