@@ -6,7 +6,8 @@ lake, registry and apply task files of the other DAGs' settings (each task file'
 target resolved as ``binlake_apply`` resolves it: a URL or an Airflow Connection id);
 ``report`` writes the HTML report. A failed drill fails its task at once with the
 drill's one line (``AirflowFailException``: retrying a damaged lake proves nothing
-new), after the drill's row is in ``LAKE/drills``.
+new), after the drill's row is in ``LAKE/drills``. A lake with no window ingested yet
+skips the drill (one line) instead of failing it.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def drill(args: Mapping[str, Any]) -> dict[str, Any]:
         except errors.BinlakeError as exc:
             raise AirflowFailException(str(exc)) from None
     config.use_lake_s3_connection()
+    _skip_an_empty_lake(lake)
     try:
         with sessions.job_session("binlake-drill") as spark:
             d = drill_run.run(
@@ -132,6 +134,22 @@ def drill(args: Mapping[str, Any]) -> dict[str, Any]:
         raise AirflowFailException(f"drill: {exc}") from None
     log.info("%s", d.summary())
     return extra(d.to_row())
+
+
+def _skip_an_empty_lake(lake: str) -> None:
+    """A lake with no window ingested yet (a cluster just brought up) has nothing to restore:
+    the drill is skipped with one line, not failed (the first scheduled run comes at once)."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from binlake import errors
+    from binlake.lake import freshness
+
+    try:
+        windows = freshness.ledger(lake)
+    except errors.BinlakeError:
+        return  # the drill itself says what is wrong with the lake
+    if not windows:
+        raise AirflowSkipException(f"nothing to drill yet: no window is ingested in {lake} (binlake_ingest fills it)")
 
 
 def extra(row: Mapping[str, Any]) -> dict[str, Any]:
