@@ -302,7 +302,6 @@ def test_drill_dag_proves_a_healthy_lake_and_writes_the_report(
     # A cluster just brought up: nothing ingested yet, the drill is skipped, not failed.
     # (The drill task's body: a third dag.test here would reuse the last run's params.)
     from airflow.sdk.exceptions import AirflowSkipException
-
     from binlake_airflow import drill_tasks
 
     monkeypatch.setenv("BINLAKE_LAKE_DIR", str(tmp_path / "empty-lake"))
