@@ -100,10 +100,7 @@ def digest_parts(spark: Any, changes: Any, asks: Sequence[tuple[str, int, int]])
     rows = (changes.where(f"commit_date <= DATE'{decode.commit_date(hi).isoformat()}'")
             .where((F.col("commit_ts") <= hi) & F.col("table_id").isin(ids))
             .join(F.broadcast(specs), ["table_id"]).where(F.col("commit_ts") <= F.col("_upto")))
-    h = F.xxhash64(*[F.col(c) for c in DIGEST_COLUMNS])
-    return rows.select(F.col("_name").alias("_k"), F.lit(1).cast("long").alias("_s"),
-                       F.shiftrightunsigned(h, 32).alias("_hi"), h.bitwiseAND(F.lit(0xFFFFFFFF)).alias("_lo"),
-                       F.lit(0).cast("long").alias("_b"))
+    return sparksum.hash_parts(F.col("_name"), F.xxhash64(*[F.col(c) for c in DIGEST_COLUMNS]), rows)
 
 
 @dataclasses.dataclass(frozen=True)

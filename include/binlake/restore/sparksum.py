@@ -65,6 +65,13 @@ def row_text(F: Any, info: binlog_pb2.TableInfo, cols: Sequence[C.Column] | None
     return F.concat(*parts) if parts else F.lit("")
 
 
+def _halves(F: Any, md5_hex: str) -> tuple[Any, Any]:
+    """The 32-bit halves (as longs) of the 64-bit row hash: the first 8 bytes of the MD5
+    hex column ``md5_hex``."""
+    return (F.conv(F.substring(md5_hex, 1, 8), 16, 10).cast("long"),
+            F.conv(F.substring(md5_hex, 9, 8), 16, 10).cast("long"))
+
+
 def hashed(df: Any, info: binlog_pb2.TableInfo) -> Any:
     """``df`` as (``_b`` the row text's bytes, ``_m`` its MD5 hex, ``_hi``/``_lo`` the
     hash's 32-bit halves, and the key columns)."""
@@ -72,25 +79,10 @@ def hashed(df: Any, info: binlog_pb2.TableInfo) -> Any:
 
     text = row_text(F, info)
     keys = [F.col(f"`{c}`") for c in C.key_names(info)]
+    hi, lo = _halves(F, "_m")
     return (df.select(text.alias("_t"), *keys)
             .select(F.octet_length("_t").cast("long").alias("_b"), F.md5(F.col("_t")).alias("_m"), *keys)
-            .select("_b", "_m", F.conv(F.substring("_m", 1, 8), 16, 10).cast("long").alias("_hi"),
-                    F.conv(F.substring("_m", 9, 8), 16, 10).cast("long").alias("_lo"), *keys))
-
-
-def frame_checksum(df: Any, info: binlog_pb2.TableInfo) -> tuple[int, str, int]:
-    """(rows, checksum hex as ``checksum.checksum(..., portable=True)`` gives it, bytes of the row
-    texts) of a typed frame with ``info``'s columns: one aggregate in the executors."""
-    from pyspark.sql import functions as F
-
-    row = hashed(df, info).agg(
-        F.count(F.lit(1)).alias("n"), F.coalesce(F.sum("_hi"), F.lit(0)).alias("shi"),
-        F.coalesce(F.sum("_lo"), F.lit(0)).alias("slo"), F.coalesce(F.bit_xor("_hi"), F.lit(0)).alias("xhi"),
-        F.coalesce(F.bit_xor("_lo"), F.lit(0)).alias("xlo"), F.coalesce(F.sum("_b"), F.lit(0)).alias("b"),
-    ).collect()[0]
-    total = ((int(row["shi"]) << 32) + int(row["slo"])) & _MASK
-    xor = ((int(row["xhi"]) & 0xFFFFFFFF) << 32) | (int(row["xlo"]) & 0xFFFFFFFF)
-    return int(row["n"]), f"{total:016x}{xor:016x}", int(row["b"])
+            .select("_b", "_m", hi.alias("_hi"), lo.alias("_lo"), *keys))
 
 
 def key_text(values: Sequence[Any], info: binlog_pb2.TableInfo) -> str:
@@ -145,18 +137,18 @@ def signed_parts(name: str, df: Any, info: binlog_pb2.TableInfo, sign: Any = Non
 
     staged = df.select(row_text(F, info).alias("_t"), (F.lit(1) if sign is None else sign).cast("long").alias("_s"))
     staged = staged.select("_s", F.octet_length("_t").cast("long").alias("_n"), F.md5(F.col("_t")).alias("_m"))
-    return staged.select(F.lit(name).alias("_k"), "_s",
-                         F.conv(F.substring("_m", 1, 8), 16, 10).cast("long").alias("_hi"),
-                         F.conv(F.substring("_m", 9, 8), 16, 10).cast("long").alias("_lo"),
+    hi, lo = _halves(F, "_m")
+    return staged.select(F.lit(name).alias("_k"), "_s", hi.alias("_hi"), lo.alias("_lo"),
                          (F.col("_n") * F.col("_s")).alias("_b"))
 
 
-def hash_parts(name: str, h: Any, frame: Any) -> Any:
-    """Terms of checksum ``name`` whose hash is the 64-bit column ``h`` of ``frame`` (each +1,
-    no bytes): a digest of rows that need no portable rendering (``totals`` combines it)."""
+def hash_parts(name: Any, h: Any, frame: Any) -> Any:
+    """Terms of the checksum named by the column ``name`` whose hash is the 64-bit column
+    ``h`` of ``frame`` (each +1, no bytes): a digest of rows that need no portable rendering
+    (``totals`` combines it)."""
     from pyspark.sql import functions as F
 
-    return frame.select(F.lit(name).alias("_k"), F.lit(1).cast("long").alias("_s"),
+    return frame.select(name.alias("_k"), F.lit(1).cast("long").alias("_s"),
                         F.shiftrightunsigned(h, 32).alias("_hi"), (h.bitwiseAND(F.lit(0xFFFFFFFF))).alias("_lo"),
                         F.lit(0).cast("long").alias("_b"))
 
@@ -196,7 +188,8 @@ def combine(a: tuple[int, str, int], b: tuple[int, str, int]) -> tuple[int, str,
 
 
 def frames_checksums(items: Sequence[tuple[str, Any, binlog_pb2.TableInfo]]) -> dict[str, tuple[int, str, int]]:
-    """``frame_checksum`` of several frames in one Spark job: {name: (rows, checksum, bytes)}
-    for each (name, frame, info); a frame with no row is (0, the empty checksum, 0)."""
+    """The checksums of several typed frames in one Spark job: {name: (rows, checksum as
+    ``checksum.checksum(..., portable=True)`` gives it, bytes of the row texts)} for each
+    (name, frame, info); a frame with no row is (0, the empty checksum, 0)."""
     found = totals([signed_parts(name, df, info) for name, df, info in items])
     return {name: found.get(name, EMPTY) for name, _df, _i in items}

@@ -165,15 +165,21 @@ def _table_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | No
                     portable: bool = False) -> tuple[int, str]:
     if portable:
         return _portable_checksum(conn, name, info)
-    table = _typed_table(conn, name, info)
-    if table is None:
-        table = targets.kind(conn.dialect.name).reflect(conn, name)
-    json_cols = [c.name for c in table.columns if isinstance(c.type, sa.JSON)]
+    table, json_cols = _read_shape(conn, name, info)
     acc = _Acc()
     result = conn.execution_options(yield_per=_BATCH).execute(sa.select(table))
     for row in result:
         acc.add(row_hash(cast("Mapping[str, Any]", row._mapping), json_cols))
     return acc.rows, acc.hex()
+
+
+def _read_shape(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> tuple[sa.Table, list[str]]:
+    """The table ``name`` to read (typed by ``info`` when it holds exactly its columns, else
+    reflected) and its JSON columns."""
+    table = _typed_table(conn, name, info)
+    if table is None:
+        table = targets.kind(conn.dialect.name).reflect(conn, name)
+    return table, [c.name for c in table.columns if isinstance(c.type, sa.JSON)]
 
 
 def _typed_table(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> sa.Table | None:
@@ -242,11 +248,9 @@ def portable_hash(text: str) -> int:
 def _portable_checksum(conn: Connection, name: str, info: binlog_pb2.TableInfo | None) -> tuple[int, str]:
     """``portable_rows``' hashes of a whole table, summed: the same texts, built with the
     columns' order, frames and kinds worked out once (a drill reads every restored row)."""
-    table = _typed_table(conn, name, info)
-    if table is None:
-        table = targets.kind(conn.dialect.name).reflect(conn, name)
+    table, json_list = _read_shape(conn, name, info)
     names = [c.name for c in table.columns]
-    json_cols = {c.name for c in table.columns if isinstance(c.type, sa.JSON)}
+    json_cols = set(json_list)
     order = sorted(range(len(names)), key=lambda i: names[i])
     plan = [(i, name_frame(names[i]), names[i] in json_cols) for i in order]
     md5 = hashlib.md5
@@ -276,10 +280,7 @@ def portable_rows(conn: Connection, name: str, info: binlog_pb2.TableInfo | None
                   key: Sequence[str]) -> Iterable[tuple[str, int]]:
     """Each row of table ``name`` as (its ``key`` columns' portable texts as a JSON list,
     its portable hash), streamed."""
-    table = _typed_table(conn, name, info)
-    if table is None:
-        table = targets.kind(conn.dialect.name).reflect(conn, name)
-    json_cols = [c.name for c in table.columns if isinstance(c.type, sa.JSON)]
+    table, json_cols = _read_shape(conn, name, info)
     result = conn.execution_options(yield_per=_BATCH).execute(sa.select(table))
     for row in result:
         values = cast("Mapping[str, Any]", row._mapping)
