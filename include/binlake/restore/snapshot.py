@@ -26,7 +26,7 @@ from typing import Any
 
 from binlake import errors, failpoint, tso
 from binlake.lake.decoding import decode
-from binlake.lake.store import writelock
+from binlake.lake.store import arrowread, writelock
 from binlake.lake.store.ledger import BOUNDS, is_delta, read_windows
 from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
@@ -192,8 +192,8 @@ def prove(spark: Any, lake: str, p: Plan, entries: Sequence[SnapshotEntry], say:
     records = {(e.snapshot_ts, e.table_id): e.proof for e in entries if e.proof is not None}
     asks = [(t.name, t.table_id, p.ts) for t in p.tables]
     say(f"proving {len(asks)} table(s) against the whole history")
-    reads = [sparksum.signed_parts(f"s\0{t.name}", spark.read.format("delta").load(
-        layout.snapshot_table(lake, p.ts, t.table_id)), t.info) for t in p.tables]
+    reads = [sparksum.signed_parts(f"s\0{t.name}", _read_back(spark, layout.snapshot_table(lake, p.ts, t.table_id)),
+                                   t.info) for t in p.tables]
     wholes, sums = proven.measure(spark, lake, p.schema, asks, records, inclusive=False, digest_at_ts=True,
                                   extra=reads)
     for t in p.tables:
@@ -212,6 +212,14 @@ def prove(spark: Any, lake: str, p: Plan, entries: Sequence[SnapshotEntry], say:
                 f"{w.sum[0]} in the history, {w.how()}); the snapshot is not taken: `binlake drill --ts {p.ts} "
                 f"--tables {t.name}` names the first key that differs")
     return wholes
+
+
+def _read_back(spark: Any, path: str) -> Any:
+    """The snapshot table just written at ``path``, as stored: the Parquet files its Delta
+    log names when they can be read as they are (no log replay by Spark, which costs a few
+    jobs per table), else the Delta table."""
+    files = arrowread.data_files(path)
+    return spark.read.parquet(*files) if files else spark.read.format("delta").load(path)
 
 
 def _now() -> dt.datetime:
