@@ -183,7 +183,9 @@ def check_coverage(resolved: Mapping[str, Any]) -> dict[str, Any]:
     tables = [{"table": t.name, "base": t.base.kind, "base_ts": t.base.ts, "into": names.shown(t)}
               for t in p.tables]
     log.info("restore to %s: %s", resolved["ts"], tables)
-    return {"tables": tables}
+    for line in p.skipped:
+        log.warning("restore to %s: not restored: %s", resolved["ts"], line)
+    return {"tables": tables, "not_restored": list(p.skipped)}
 
 
 def rebuild(resolved: Mapping[str, Any]) -> dict[str, Any]:

@@ -318,6 +318,11 @@ def test_other_writers_windows_are_ingested_while_the_snapshot_runs(
                        "restorable from commit_ts") as exc:
         restore.plan(spark, lake, w_ts - 1, tables=[f"{db}.big"])
     assert "\n" not in str(exc.value)
+    # A restore of every table at that ts leaves it out, and its plan says which and until when.
+    every = restore.plan(spark, lake, w_ts - 1)
+    assert f"{db}.big" not in {t.name for t in every.tables}
+    assert [line.split(" ")[0] for line in every.skipped] == [f"{db}.big"], every.skipped
+    assert "restorable from commit_ts" in every.skipped[0]
     target = f"sqlite:///{tmp_path / 'restored.db'}"
     restore.run(spark, lake, end - 1, tables=[f"{db}.big"], target=target)
     report = diff.diff_databases(mdb.url_for(db), target, tables=["big"], chunk_size=500)

@@ -73,3 +73,22 @@ def test_restore_naming_a_pending_table_is_one_line_with_the_ts_it_is_restorable
     with pytest.raises(errors.InvalidArgument, match="no table 'nope'"):
         rebuild.select_tables(found, ["nope"], 40, h)
     assert set(rebuild.select_tables(rebuild.tables_at(h, 60), ["acc"], 60, h)) == {101}
+
+
+def test_a_restore_of_every_table_names_each_pending_table_it_leaves_out() -> None:
+    h = history()
+    schema_at_40 = SchemaHistory()
+    for ts, info in h.entries():
+        if ts <= 40:
+            schema_at_40.add(ts, info)
+    # Every table at 40: `other` is restored, `acc` is left out, and the plan says so and why.
+    assert set(rebuild.tables_at(schema_at_40, 40)) == {7}
+    (line,) = rebuild.pending_at(schema_at_40, 40, lambda: h)
+    assert line.startswith("app.acc (its initial snapshot was in progress at commit_ts 40; restorable from "
+                           "commit_ts 50"), line
+    # Without the whole history, it says the marker is not in the lake yet; inside the
+    # unfinished attempt too.
+    assert rebuild.pending_at(h, 20) == [
+        "app.acc (its initial snapshot was in progress at commit_ts 20; the lake holds no end of that snapshot yet)"]
+    # Once the marker has committed (or before any snapshot began) nothing is left out.
+    assert rebuild.pending_at(h, 50, lambda: h) == [] and rebuild.pending_at(h, 7) == []

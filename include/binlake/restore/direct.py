@@ -24,7 +24,7 @@ Delta commit through the JVM per table.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from binlake import errors, tso
@@ -42,8 +42,12 @@ def _at(schema: decode.SchemaHistory, table_id: int, ts: int) -> binlog_pb2.Tabl
 def eligible(schema: decode.SchemaHistory, table_id: int, ts: int, base: rebuild.Base) -> bool:
     """Whether the table at ``ts`` can be decoded here: no base rows, and every column of
     every version has the type (and for decimals the declared type) it has at ``ts``."""
-    if base.frame is not None:
-        return False
+    return base.frame is None and same_types(schema, table_id, ts)
+
+
+def same_types(schema: decode.SchemaHistory, table_id: int, ts: int) -> bool:
+    """Whether every column of every version of the table has the type (and for decimals
+    the declared type) it has at ``ts``: its images decode here as Spark casts them."""
     want = {c.id: c for c in _at(schema, table_id, ts).columns}
     for info in rebuild.versions(schema, table_id).values():
         for c in info.columns:
@@ -57,12 +61,31 @@ def rows_at(schema: decode.SchemaHistory, table_id: int, ts: int, changes: Itera
     """The table's rows at ``ts`` (column name at ``ts`` -> Python value) from its
     one-pass change rows (mappings with commit_ts, seq, op, before, after, schema_version)."""
     from binlake.replicate.compactor import hashable
-    from binlake.replicate.rawcompact import ImageDecoder
 
     info = _at(schema, table_id, ts)
     key = [next(c.name for c in info.columns if c.id == i) for i in info.primary_key]
     if not key:
         raise errors.FailedPrecondition(f"table {info.db}.{info.name} has no primary key: rows cannot be keyed")
+    read = image_reader(schema, table_id, ts)
+    last: dict[tuple[Any, ...], tuple[tuple[int, int, int], bool, dict[str, Any]]] = {}
+    for r in changes:
+        gone = r["op"] == "delete"
+        row = read(int(r["schema_version"]), r["before"] if gone else r["after"])
+        k = tuple(hashable(row[n]) for n in key)
+        order = (int(r["commit_ts"]), int(r["seq"]), 0 if gone else 1)
+        held = last.get(k)
+        if held is None or order > held[0]:
+            last[k] = (order, gone, row)
+    return [row for _order, gone, row in last.values() if not gone]
+
+
+def image_reader(schema: decode.SchemaHistory, table_id: int, ts: int) -> Callable[[int, str | None], dict[str, Any]]:
+    """(schema_version, image JSON) -> the image as a row of the definition at ``ts``
+    (column name -> Python value, as ``decode.image_values`` types them), mapped by
+    column id as ``rebuild`` maps images."""
+    from binlake.replicate.rawcompact import ImageDecoder
+
+    info = _at(schema, table_id, ts)
     # A column an image lacks because it was added after the image's version: the
     # value the upstream gave the rows then, decoded as an image's value of it is.
     vfills = fill_mod.version_fills(schema, table_id)
@@ -74,18 +97,13 @@ def rows_at(schema: decode.SchemaHistory, table_id: int, ts: int, changes: Itera
         plans[version] = (ImageDecoder(vinfo, []), [(c.name, names.get(c.id)) for c in info.columns],
                           {c.name: fill_values[c.id] for c in info.columns
                            if c.id not in names and c.id in filled})
-    last: dict[tuple[Any, ...], tuple[tuple[int, int, int], bool, dict[str, Any]]] = {}
-    for r in changes:
-        dec, mapping, missing = plans[int(r["schema_version"])]
-        gone = r["op"] == "delete"
-        doc = dec.typed(dec.parse(r["before"] if gone else r["after"])) or {}
-        row = {name: (doc.get(src) if src is not None else missing.get(name)) for name, src in mapping}
-        k = tuple(hashable(row[n]) for n in key)
-        order = (int(r["commit_ts"]), int(r["seq"]), 0 if gone else 1)
-        held = last.get(k)
-        if held is None or order > held[0]:
-            last[k] = (order, gone, row)
-    return [row for _order, gone, row in last.values() if not gone]
+
+    def read(version: int, image: str | None) -> dict[str, Any]:
+        dec, mapping, missing = plans[version]
+        doc = dec.typed(dec.parse(image)) or {}
+        return {name: (doc.get(src) if src is not None else missing.get(name)) for name, src in mapping}
+
+    return read
 
 
 def _fill_value(fill: fill_mod.Fill) -> Any:

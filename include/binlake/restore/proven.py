@@ -68,6 +68,138 @@ class Record:
     chained_from_ts: int
 
 
+# A table whose terms in the range are at most this many change rows (and whose images
+# decode here as Spark types them: ``driver_ready``) is summed in this process, from one
+# stream of every such table's rows: each table summed in Spark is a plan of its own, about
+# a second of planning on two cores, which a lake of a thousand small tables cannot pay.
+# What passes through this process at a time is one row; the bound keeps its time short.
+DRIVER_ROWS = 20_000
+# At most this many change rows in all go through this process (the rest are summed in Spark).
+DRIVER_TOTAL = 1_000_000
+
+
+def driver_ready(schema: decode.SchemaHistory, table_id: int, ts: int) -> bool:
+    """Whether the table's terms at ``ts`` can be summed in this process: no JSON column
+    (whose text Spark renders in its own form) and every version's columns of the types
+    they have at ts (images decode as Spark casts them)."""
+    from binlake.restore import direct
+
+    info = schema.table(table_id, min(ts + 1, tso.MAX_TS))
+    return all(c.type != binlog_pb2.JSON for c in info.columns) and direct.same_types(schema, table_id, ts)
+
+
+class _Acc:
+    """Signed terms summed in this process, as ``sparksum.totals`` sums them in Spark."""
+
+    __slots__ = ("n", "total", "xor", "nbytes")
+
+    def __init__(self) -> None:
+        self.n = self.total = self.xor = self.nbytes = 0
+
+    def add(self, row: Mapping[str, Any], sign: int) -> None:
+        from binlake.sql import checksum
+
+        text = checksum.portable_row_text(row)
+        h = checksum.portable_hash(text)
+        self.n += sign
+        self.total = (self.total + sign * h) & _MASK
+        self.xor ^= h
+        self.nbytes += sign * len(text.encode())
+
+    def sum(self) -> Sum:
+        return self.n, f"{self.total:016x}{self.xor:016x}", self.nbytes
+
+
+_MASK = (1 << 64) - 1
+
+
+def table_sum(path: str, info: binlog_pb2.TableInfo) -> Sum | None:
+    """The checksum of the typed Delta table at ``path`` (``info``'s columns) computed in
+    this process from its Parquet files (``sparksum``'s terms, each row +1), or None when it
+    is not readable here (the caller sums it in Spark)."""
+    from binlake.lake.store import arrowread
+
+    if any(c.type == binlog_pb2.JSON for c in info.columns):
+        return None
+    names = [c.name for c in C.columns_of(info)]
+    try:
+        reader = arrowread.TableReader(path)
+        acc = _Acc()
+        for batch in reader._dataset(None).to_batches(columns=names):
+            for row in batch.to_pylist():
+                acc.add(row, 1)
+    except arrowread.NotReadable:
+        return None
+    return acc.sum()
+
+
+def _driver_terms(spark: Any, changes: Any, schema: decode.SchemaHistory,
+                  tables: Sequence[tuple[str, int, int, int]]) -> dict[str, Sum]:
+    """The telescoped terms of each (name, table_id, lo, hi) summed in this process, from
+    one stream of their change rows (a table with no change row in its range: no entry)."""
+    from pyspark.sql import functions as F
+
+    from binlake.restore import direct
+
+    lo, hi = min(t[2] for t in tables), max(t[3] for t in tables)
+    specs = spark.createDataFrame([(n, t, a, b) for n, t, a, b in tables], "_name string, table_id long, _lo long, "
+                                  "_hi long")
+    rows = (changes.where(f"commit_date >= DATE'{decode.commit_date(max(lo, 0)).isoformat()}' AND "
+                          f"commit_date <= DATE'{decode.commit_date(hi).isoformat()}'")
+            .where((F.col("commit_ts") > lo) & (F.col("commit_ts") <= hi)
+                   & F.col("table_id").isin(sorted({t[1] for t in tables})))
+            .join(F.broadcast(specs), ["table_id"])
+            .where((F.col("commit_ts") > F.col("_lo")) & (F.col("commit_ts") <= F.col("_hi")))
+            .select("_name", "op", "before", "after", "schema_version"))
+    readers = {n: direct.image_reader(schema, t, b) for n, t, _a, b in tables}
+    accs: dict[str, _Acc] = {}
+    for r in rows.toLocalIterator(prefetchPartitions=True):
+        name, op, version = r["_name"], r["op"], int(r["schema_version"])
+        acc = accs.get(name)
+        if acc is None:
+            acc = accs[name] = _Acc()
+        read = readers[name]
+        if op != "delete":
+            acc.add(read(version, r["after"]), 1)
+        if op != "insert":
+            acc.add(read(version, r["before"]), -1)
+    return {n: a.sum() for n, a in accs.items()}
+
+
+def _start_ts(start: Record | None) -> int:
+    return start.snapshot_ts if start is not None else 0
+
+
+def _range_counts(spark: Any, changes: Any, tables: Sequence[tuple[str, int, int, int]]) -> dict[str, int]:
+    """How many change rows each (name, table_id, lo, hi) has in (lo, hi] (one Spark job)."""
+    from pyspark.sql import functions as F
+
+    lo, hi = min(t[2] for t in tables), max(t[3] for t in tables)
+    specs = spark.createDataFrame(list(tables), "_name string, table_id long, _lo long, _hi long")
+    found = (changes.where(f"commit_date >= DATE'{decode.commit_date(max(lo, 0)).isoformat()}' AND "
+                           f"commit_date <= DATE'{decode.commit_date(hi).isoformat()}'")
+             .where((F.col("commit_ts") > lo) & (F.col("commit_ts") <= hi)
+                    & F.col("table_id").isin(sorted({t[1] for t in tables})))
+             .join(F.broadcast(specs), ["table_id"])
+             .where((F.col("commit_ts") > F.col("_lo")) & (F.col("commit_ts") <= F.col("_hi")))
+             .groupBy("_name").count().collect())
+    return {str(r["_name"]): int(r["count"]) for r in found}
+
+
+def _in_driver(counts: Mapping[str, int], names: Sequence[str], limit: int = DRIVER_ROWS,
+               total: int = DRIVER_TOTAL) -> set[str]:
+    """The names (of tables ready for it) summed in this process: each at most ``limit``
+    rows, smallest first, while their rows add up to at most ``total``."""
+    chosen, used = set(), 0
+    for name in sorted(names, key=lambda n: (counts.get(n, 0), n)):
+        n = counts.get(name, 0)
+        if n > limit or used + n > total:
+            break
+        chosen.add(name)
+        used += n
+    return chosen
+
+
 def signature(info: binlog_pb2.TableInfo) -> str:
     """What a table's checksum renders of its definition: each column's name, type and SQL
     type, in order. A recorded sum extends to a later ts only under the same signature."""
@@ -138,11 +270,13 @@ def newest_record(records: Mapping[tuple[int, int], Record], table_id: int, info
 
 def measure(spark: Any, lake: str, schema: decode.SchemaHistory, asks: Sequence[tuple[str, int, int]],
             records: Mapping[tuple[int, int], Record], *, inclusive: bool = True, digest_at_ts: bool = False,
-            extra: Sequence[Any] = ()) -> tuple[dict[str, Whole], dict[str, Sum]]:
+            extra: Sequence[Any] = (), driver: bool = True) -> tuple[dict[str, Whole], dict[str, Sum]]:
     """The whole history of each (name, table_id, ts) in ``asks``, from the newest proven
     snapshot of ``records`` at or below its ts (below it when not ``inclusive``), and the
     totals of the ``extra`` terms (other frames' ``sparksum`` parts), all in one Spark job.
-    ``digest_at_ts``: also each table's digest of its rows at or below ts (to record)."""
+    ``digest_at_ts``: also each table's digest of its rows at or below ts (to record).
+    ``driver``: small tables ready for it are summed in this process (``DRIVER_ROWS``),
+    the same sums without a Spark plan per table; False: every table in Spark."""
     if not asks:
         return {}, sparksum.totals(list(extra)) if extra else {}
     from pyspark.sql import functions as F
@@ -162,9 +296,18 @@ def measure(spark: Any, lake: str, schema: decode.SchemaHistory, asks: Sequence[
             digests.append((f"d\0{name}", table_id, start.snapshot_ts))
         if digest_at_ts:
             digests.append((f"D\0{name}", table_id, ts))
+    # Small tables ready for it are summed here (one stream), the others in Spark.
+    spans = {name: (_start_ts(starts[name]), ts) for name, _t, ts in asks}
+    ready = [(name, table_id, *spans[name]) for name, table_id, ts in asks
+             if driver and driver_ready(schema, table_id, ts)]
+    here = _in_driver(_range_counts(spark, changes, ready), [r[0] for r in ready]) if ready else set()
+    local = _driver_terms(spark, changes, schema, [r for r in ready if r[0] in here]) if here else {}
     staged = []
     try:
-        for (lo, hi), group in sorted(ranges.items()):
+        for (lo, hi), members in sorted(ranges.items()):
+            group = [(n, t) for n, t in members if n not in here]
+            if not group:
+                continue
             rows = changes
             if len(group) > 1:
                 # One read of the range for the group's tables (kept on disk, lineage cut), not
@@ -178,7 +321,8 @@ def measure(spark: Any, lake: str, schema: decode.SchemaHistory, asks: Sequence[
             parts += [telescoped_parts(rows, schema, table_id, lo, hi, f"w\0{name}") for name, table_id in group]
         if digests:
             parts.append(digest_parts(spark, changes, digests))
-        found = sparksum.totals(parts)
+        found = sparksum.totals(parts) if parts else {}
+        found.update({f"w\0{n}": v for n, v in local.items()})
     finally:
         for rows in staged:
             rows.unpersist()

@@ -106,6 +106,25 @@ def select_tables(found: dict[int, binlog_pb2.TableInfo], names: Sequence[str] |
     return out
 
 
+def pending_at(schema: decode.SchemaHistory, ts: int,
+               later: Callable[[], decode.SchemaHistory] | None = None) -> list[str]:
+    """The tables that hold rows at ``ts`` but are not restorable then, their initial
+    snapshot being in progress: one line each, ``db.table (why; from which ts it is
+    restorable, when ``later()``, the whole history, holds its marker)``, sorted."""
+    hits = [info for info in tables_at(schema, ts, pending=True).values()
+            if info.snapshot_pending and not schema.knows(info.table_id, min(ts + 1, tso.MAX_TS))]
+    if not hits:
+        return []
+    whole = later() if later is not None else None
+    out = []
+    for info in hits:
+        ready = whole.restorable_from(info.db, info.name, ts) if whole is not None else None
+        when = (f"restorable from commit_ts {ready} ({tso.format_ts(ready)})" if ready is not None
+                else "the lake holds no end of that snapshot yet")
+        out.append(f"{info.db}.{info.name} (its initial snapshot was in progress at commit_ts {ts}; {when})")
+    return sorted(out)
+
+
 def refuse_pending(schema: decode.SchemaHistory, name: str, ts: int,
                    later: Callable[[], decode.SchemaHistory] | None = None) -> None:
     """Raise the one-line refusal for table ``name`` (``TABLE`` or ``DB.TABLE``) when its

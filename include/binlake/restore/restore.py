@@ -112,7 +112,9 @@ def plan(spark: Any, lake: str, ts: int, tables: Sequence[str] | None = None, so
             base = snapshot.base_for(spark, entries, schema, table_id, ts)
         snapshot.check_base(windows, schema, table_id, ts, base, name)
         plans.append(TablePlan(table_id, info, base))
-    return Plan(lake, ts, schema, plans, source)
+    skipped = rebuild.pending_at(schema, ts, lambda: rebuild.load_schema(spark, lake, tso.MAX_TS)) \
+        if tables is None else []
+    return Plan(lake, ts, schema, plans, source, skipped)
 
 
 @dataclasses.dataclass
@@ -125,6 +127,7 @@ class RestoreResult:
     verified: str | None = None
     renamed: dict[str, str] = dataclasses.field(default_factory=dict)  # db.table -> where it went
     run_id: str | None = None  # the run a target's tables are claimed for
+    skipped: list[str] = dataclasses.field(default_factory=list)  # Plan.skipped: not restored, and why
 
     @property
     def rows(self) -> int:
@@ -139,7 +142,7 @@ class RestoreResult:
                 "tables": [{"table": t, "rows": n, "base": b} for t, n, b in self.tables],
                 "elapsed_s": round(self.elapsed_s, 3), "rows_per_s": round(self.rows_per_s, 1), "out": self.out,
                 "target": self.target, "verified": self.verified, "renamed": dict(self.renamed),
-                "run_id": self.run_id}
+                "run_id": self.run_id, "not_restored": list(self.skipped)}
 
     def summary(self) -> str:
         where = self.out or self.target or "-"
@@ -148,6 +151,7 @@ class RestoreResult:
                  f"  elapsed  {self.elapsed_s:.1f}s ({self.rows_per_s:,.0f} rows/s)"]
         lines += [f"    {name:<40} {rows:>10}  from {base}"
                   + (f"  -> {self.renamed[name]}" if name in self.renamed else "") for name, rows, base in self.tables]
+        lines += [f"  NOT restored: {line}" for line in self.skipped]
         if self.verified:
             lines.append(f"  verify   {self.verified}")
         return "\n".join(lines)
@@ -328,6 +332,8 @@ def run(spark: Any, lake: str, ts: int, *, tables: Sequence[str] | None = None, 
     try:
         say(f"planning the restore to {tso.format_ts(ts)}")
         p = plan(spark, lake, ts, tables, source)
+        for line in p.skipped:
+            say(f"not restored: {line}")
         names = naming.resolve(p, renames, into_schema)
         if conn is None:
             assert out is not None  # exactly one destination, checked above
@@ -345,6 +351,7 @@ def run(spark: Any, lake: str, ts: int, *, tables: Sequence[str] | None = None, 
             placement.close()
         if conn is not None:
             conn.close()
+    result.skipped = list(p.skipped)
     if verify_url is not None and target is not None:
         say("verifying the target against the source (binlake diff)")
         ok, text = verify(verify_url, target, [t.info.name for t in p.tables])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from binlake import errors, failpoint, tso
@@ -156,7 +156,7 @@ def _take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None, say: Pro
     check()
     written = write_tables(spark, p, lambda t: layout.snapshot_table(lake, ts, t.table_id), parallelism, say)
     failpoint.hit("snapshot-after-table")
-    wholes = prove(spark, lake, p, entries, say)
+    wholes = prove(spark, lake, p, entries, say, {name: n for name, n, _kind in written})
     rows_out = []
     done = []
     for t, (name, n, kind) in zip(plans, written, strict=True):
@@ -184,18 +184,31 @@ def _take(spark: Any, lake: str, ts: int, tables: Sequence[str] | None, say: Pro
     return SnapshotResult(ts, done, time.monotonic() - started)
 
 
-def prove(spark: Any, lake: str, p: Plan, entries: Sequence[SnapshotEntry], say: Progress) -> dict[str, proven.Whole]:
+def prove(spark: Any, lake: str, p: Plan, entries: Sequence[SnapshotEntry], say: Progress,
+          rows: Mapping[str, int] | None = None) -> dict[str, proven.Whole]:
     """Each written table of snapshot ``p`` (read back) against its whole history at p.ts
     (``proven.measure``: from the newest earlier proven snapshot, whose rows below it must
-    digest as recorded, else from the lake's start), in one Spark job; raises
-    ``SnapshotDisproved`` naming the first table that disagrees."""
+    digest as recorded, else from the lake's start); raises ``SnapshotDisproved`` naming
+    the first table that disagrees. ``rows``: the rows written per table (a table of at
+    most ``proven.DRIVER_ROWS`` is read back in this process)."""
     records = {(e.snapshot_ts, e.table_id): e.proof for e in entries if e.proof is not None}
     asks = [(t.name, t.table_id, p.ts) for t in p.tables]
     say(f"proving {len(asks)} table(s) against the whole history")
-    reads = [sparksum.signed_parts(f"s\0{t.name}", _read_back(spark, layout.snapshot_table(lake, p.ts, t.table_id)),
-                                   t.info) for t in p.tables]
+    # Each table as stored: a small one summed here from its files, the others in Spark
+    # (in the job that sums their histories).
+    here: dict[str, proven.Sum] = {}
+    reads = []
+    for t in p.tables:
+        path = layout.snapshot_table(lake, p.ts, t.table_id)
+        small = (rows or {}).get(t.name, proven.DRIVER_ROWS + 1) <= proven.DRIVER_ROWS
+        found = proven.table_sum(path, t.info) if small else None
+        if found is not None:
+            here[f"s\0{t.name}"] = found
+        else:
+            reads.append(sparksum.signed_parts(f"s\0{t.name}", _read_back(spark, path), t.info))
     wholes, sums = proven.measure(spark, lake, p.schema, asks, records, inclusive=False, digest_at_ts=True,
                                   extra=reads)
+    sums.update(here)
     for t in p.tables:
         w = wholes[t.name]
         if not w.intact:

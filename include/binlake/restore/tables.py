@@ -43,6 +43,9 @@ class Plan:
     schema: decode.SchemaHistory
     tables: list[TablePlan]
     source: str
+    # Tables of a restore of every table left out because their initial snapshot was in
+    # progress at ts ("db.table: why, and from which ts it is restorable"): said, never silent.
+    skipped: list[str] = dataclasses.field(default_factory=list)
 
 
 def shared_changes(spark: Any, p: Plan) -> Any:
