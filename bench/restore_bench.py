@@ -41,6 +41,10 @@ and smallest count of tables, divided by the tables added) next to its floor,
 measured in the same run: creating the same number of tables, each with its
 rows already decoded, in one transaction (a database), or writing each as a
 Delta table with delta-rs (``--out``) - what any restore must pay per table.
+Then a snapshot of every table at the same ts (``snapshot``: written and proven), and
+the same snapshot with every table's proof summed in Spark (``snapshot, proofs in
+Spark``: what a snapshot cost before small tables were summed in the task process),
+both against the Delta floor.
 """
 
 from __future__ import annotations
@@ -168,7 +172,16 @@ def many_tables(args: argparse.Namespace) -> int:
             if not pathlib.Path(lake).exists():
                 synthetic.build_lake(spark, lake, rows, changes, t0, tables=n)
             last = t0 + (changes - 1) * 4
-            for kind in ("sqlite", "postgresql", "delta"):
+            for kind in ("sqlite", "postgresql", "delta", "snapshot", "snapshot, proofs in Spark"):
+                if kind.startswith("snapshot"):
+                    jobs0, opens0 = counters.read()
+                    took, n_rows = _snapshot(spark, lake, last, kind != "snapshot")
+                    jobs1, opens1 = counters.read()
+                    assert n_rows == rows, n_rows
+                    if i > 0:
+                        results[(n, kind)] = (took, jobs1 - jobs0, opens1 - opens0, n_rows)
+                        print(f"{n:>6} tables  {kind:<10} {took:7.1f}s  {jobs1 - jobs0:>4} Spark jobs", flush=True)
+                    continue
                 if kind == "sqlite":
                     dest = {"target": f"sqlite:///{root / f'{uuid.uuid4().hex[:8]}.db'}"}
                 elif kind == "postgresql":
@@ -201,15 +214,30 @@ def many_tables(args: argparse.Namespace) -> int:
         print()
         print(f"| into | extra ms per table ({small:,} -> {big:,} tables) | floor ms per table | vs floor |")
         print("|---|---:|---:|---:|")
-        for kind in ("sqlite", "postgresql", "delta"):
+        for kind in ("sqlite", "postgresql", "delta", "snapshot", "snapshot, proofs in Spark"):
             extra = (results[(big, kind)][0] - results[(small, kind)][0]) / (big - small) * 1000
-            floor = floors[kind] / (big - small) * 1000
+            floor = floors["delta" if kind.startswith("snapshot") else kind] / (big - small) * 1000
             print(f"| {kind} | {extra:.1f} | {floor:.1f} | {extra / floor:.1f}x |")
     finally:
         pg.stop()
         if not args.keep and not args.dir:
             shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def _snapshot(spark: Any, lake: str, ts: int, in_spark: bool) -> tuple[float, int]:
+    """Seconds and rows of a snapshot of every table at ``ts`` (it replaces one taken there
+    before); ``in_spark``: every table's proof summed in Spark (none in this process)."""
+    from binlake.restore import proven, snapshot
+
+    kept = proven.DRIVER_ROWS
+    proven.DRIVER_ROWS = -1 if in_spark else kept
+    try:
+        s = time.perf_counter()
+        r = snapshot.take(spark, lake, ts)
+        return time.perf_counter() - s, r.rows
+    finally:
+        proven.DRIVER_ROWS = kept
 
 
 DEFAULT_ROWS = 1_000_000

@@ -48,6 +48,7 @@ from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 from binlake.restore import fills as fill_mod
 from binlake.restore import rebuild, sparksum
+from binlake.sql import checksum
 
 # The stored columns of a change row that its digest covers: everything a restore reads
 # (not ``pump``: which replica served a window is not the change).
@@ -97,8 +98,6 @@ class _Acc:
         self.n = self.total = self.xor = self.nbytes = 0
 
     def add(self, row: Mapping[str, Any], sign: int) -> None:
-        from binlake.sql import checksum
-
         text = checksum.portable_row_text(row)
         h = checksum.portable_hash(text)
         self.n += sign
@@ -122,14 +121,16 @@ def table_sum(path: str, info: binlog_pb2.TableInfo) -> Sum | None:
     if any(c.type == binlog_pb2.JSON for c in info.columns):
         return None
     names = [c.name for c in C.columns_of(info)]
+    import pyarrow as pa
+
     try:
-        reader = arrowread.TableReader(path)
-        acc = _Acc()
-        for batch in reader._dataset(None).to_batches(columns=names):
-            for row in batch.to_pylist():
-                acc.add(row, 1)
-    except arrowread.NotReadable:
-        return None
+        # Whole: the caller asks only for tables of at most DRIVER_ROWS rows.
+        rows = arrowread.TableReader(path).read(names).to_pylist()
+    except (arrowread.NotReadable, OSError, pa.ArrowException):
+        return None  # Spark reads it, and says what is wrong if anything is
+    acc = _Acc()
+    for row in rows:
+        acc.add(row, 1)
     return acc.sum()
 
 
@@ -137,20 +138,10 @@ def _driver_terms(spark: Any, changes: Any, schema: decode.SchemaHistory,
                   tables: Sequence[tuple[str, int, int, int]]) -> dict[str, Sum]:
     """The telescoped terms of each (name, table_id, lo, hi) summed in this process, from
     one stream of their change rows (a table with no change row in its range: no entry)."""
-    from pyspark.sql import functions as F
 
     from binlake.restore import direct
 
-    lo, hi = min(t[2] for t in tables), max(t[3] for t in tables)
-    specs = spark.createDataFrame([(n, t, a, b) for n, t, a, b in tables], "_name string, table_id long, _lo long, "
-                                  "_hi long")
-    rows = (changes.where(f"commit_date >= DATE'{decode.commit_date(max(lo, 0)).isoformat()}' AND "
-                          f"commit_date <= DATE'{decode.commit_date(hi).isoformat()}'")
-            .where((F.col("commit_ts") > lo) & (F.col("commit_ts") <= hi)
-                   & F.col("table_id").isin(sorted({t[1] for t in tables})))
-            .join(F.broadcast(specs), ["table_id"])
-            .where((F.col("commit_ts") > F.col("_lo")) & (F.col("commit_ts") <= F.col("_hi")))
-            .select("_name", "op", "before", "after", "schema_version"))
+    rows = _ranged(spark, changes, tables).select("_name", "op", "before", "after", "schema_version")
     readers = {n: direct.image_reader(schema, t, b) for n, t, _a, b in tables}
     accs: dict[str, _Acc] = {}
     for r in rows.toLocalIterator(prefetchPartitions=True):
@@ -172,24 +163,29 @@ def _start_ts(start: Record | None) -> int:
 
 def _range_counts(spark: Any, changes: Any, tables: Sequence[tuple[str, int, int, int]]) -> dict[str, int]:
     """How many change rows each (name, table_id, lo, hi) has in (lo, hi] (one Spark job)."""
+    found = _ranged(spark, changes, tables).groupBy("_name").count().collect()
+    return {str(r["_name"]): int(r["count"]) for r in found}
+
+
+def _ranged(spark: Any, changes: Any, tables: Sequence[tuple[str, int, int, int]]) -> Any:
+    """The change rows of each (name, table_id, lo, hi) with commit_ts in (lo, hi], with
+    its name as ``_name`` (one scan for all of them)."""
     from pyspark.sql import functions as F
 
     lo, hi = min(t[2] for t in tables), max(t[3] for t in tables)
     specs = spark.createDataFrame(list(tables), "_name string, table_id long, _lo long, _hi long")
-    found = (changes.where(f"commit_date >= DATE'{decode.commit_date(max(lo, 0)).isoformat()}' AND "
-                           f"commit_date <= DATE'{decode.commit_date(hi).isoformat()}'")
-             .where((F.col("commit_ts") > lo) & (F.col("commit_ts") <= hi)
-                    & F.col("table_id").isin(sorted({t[1] for t in tables})))
-             .join(F.broadcast(specs), ["table_id"])
-             .where((F.col("commit_ts") > F.col("_lo")) & (F.col("commit_ts") <= F.col("_hi")))
-             .groupBy("_name").count().collect())
-    return {str(r["_name"]): int(r["count"]) for r in found}
+    return (changes.where(f"commit_date >= DATE'{decode.commit_date(max(lo, 0)).isoformat()}' AND "
+                          f"commit_date <= DATE'{decode.commit_date(hi).isoformat()}'")
+            .where((F.col("commit_ts") > lo) & (F.col("commit_ts") <= hi)
+                   & F.col("table_id").isin(sorted({t[1] for t in tables})))
+            .join(F.broadcast(specs), ["table_id"])
+            .where((F.col("commit_ts") > F.col("_lo")) & (F.col("commit_ts") <= F.col("_hi"))))
 
 
-def _in_driver(counts: Mapping[str, int], names: Sequence[str], limit: int = DRIVER_ROWS,
-               total: int = DRIVER_TOTAL) -> set[str]:
-    """The names (of tables ready for it) summed in this process: each at most ``limit``
-    rows, smallest first, while their rows add up to at most ``total``."""
+def _in_driver(counts: Mapping[str, int], names: Sequence[str]) -> set[str]:
+    """The names (of tables ready for it) summed in this process: each at most
+    ``DRIVER_ROWS`` rows, smallest first, while their rows add up to at most ``DRIVER_TOTAL``."""
+    limit, total = DRIVER_ROWS, DRIVER_TOTAL
     chosen, used = set(), 0
     for name in sorted(names, key=lambda n: (counts.get(n, 0), n)):
         n = counts.get(name, 0)
