@@ -254,6 +254,32 @@ def test_small_tables_summed_in_this_process_equal_their_sums_in_spark(
     assert compared >= 1
 
 
+def test_a_wide_table_summed_in_this_process_equals_its_sum_in_spark(
+        spark: SparkSession, tmp_path: pathlib.Path) -> None:
+    """Every type ``proven.DRIVER_TYPES`` admits (ints, strings, decimals, a double,
+    datetimes, a date, nulls): its terms and its snapshot table summed here and in Spark."""
+    from binlake import tso
+    from binlake.restore import layout, proven, sparksum, synthetic
+
+    lake = str(tmp_path / "wide")
+    last = synthetic.build_lake(spark, lake, 1500, 3000, 400_000_000_000_000_000, shape="wide")
+    schema = rebuild.load_schema(spark, lake, tso.MAX_TS)
+    ((table_id, info),) = rebuild.tables_at(schema, last).items()
+    assert {c.type for c in info.columns} == set(proven.DRIVER_TYPES)
+    assert proven.driver_ready(schema, table_id, last)
+    asks = [("w", table_id, last)]
+    here, _ = proven.measure(spark, lake, schema, asks, {}, driver=True)
+    there, _ = proven.measure(spark, lake, schema, asks, {}, driver=False)
+    assert here["w"].sum == there["w"].sum and here["w"].sum[0] == 1500
+    # The snapshot proves itself (both sides here); its table, summed here, equals Spark's sum.
+    snapshot.take(spark, lake, last)
+    path = layout.snapshot_table(lake, last, table_id)
+    mine = proven.table_sum(path, info)
+    assert mine is not None
+    assert mine == sparksum.frames_checksums([("t", spark.read.format("delta").load(path), info)])["t"]
+    assert mine[:2] == there["w"].sum[:2]
+
+
 def _delete_last_change_below_snapshot(drill_lake: Lake, spark: SparkSession) -> tuple[str, int]:
     """Delete the last change of a row that nothing touched after the snapshot; returns
     the table's name and the changes table's version to RESTORE."""
