@@ -137,7 +137,9 @@ def refuse_pending(schema: decode.SchemaHistory, name: str, ts: int,
     info = hits[0]
     ready = later().restorable_from(info.db, info.name, ts) if later is not None else None
     when = (f"it is restorable from commit_ts {ready} ({tso.format_ts(ready)}) on" if ready is not None
-            else "the lake holds no end of that snapshot yet: restore a later ts once it has been ingested")
+            else "the lake holds no end of that snapshot yet: restore a later ts once it has been ingested (a "
+                 "source restarted with --start now before the snapshot ended never ends it: take it again with "
+                 "--start snapshot)")
     raise errors.FailedPrecondition(
         f"table {info.db}.{info.name} is not restorable at commit_ts {ts}: its initial snapshot (binlake source "
         f"--start snapshot) was in progress then; {when}")
