@@ -230,14 +230,15 @@ def _snapshot(spark: Any, lake: str, ts: int, in_spark: bool) -> tuple[float, in
     before); ``in_spark``: every table's proof summed in Spark (none in this process)."""
     from binlake.restore import proven, snapshot
 
-    kept = proven.DRIVER_ROWS
-    proven.DRIVER_ROWS = -1 if in_spark else kept
+    kept = proven.driver_rows
+    if in_spark:
+        proven.driver_rows = lambda: -1  # type: ignore[assignment]  # no table is small enough
     try:
         s = time.perf_counter()
         r = snapshot.take(spark, lake, ts)
         return time.perf_counter() - s, r.rows
     finally:
-        proven.DRIVER_ROWS = kept
+        proven.driver_rows = kept  # type: ignore[assignment]
 
 
 DEFAULT_ROWS = 1_000_000

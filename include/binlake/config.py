@@ -331,7 +331,8 @@ class MemorySettings(BaseSettings):
         "load's memory is a few such batches, whatever the table's size)."))
     direct_rows: int = Field(50_000, ge=0, le=10_000_000, description=(
         "A table with at most this many rows at T is decoded in the CLI/task process (no Spark job: the "
-        "many-tables path); larger ones are rebuilt by Spark's executors and streamed."))
+        "many-tables path); larger ones are rebuilt by Spark's executors and streamed. A snapshot's proof "
+        "sums a table of at most this many change rows (and rows written) there too."))
     read_budget: int = Field(200_000, ge=1_000, le=100_000_000, description=(
         "The apply's read of the lake: the most row changes held at once (consecutive small windows are "
         "read together up to this; a larger window is read and applied in pieces of at most this size, cut "

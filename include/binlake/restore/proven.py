@@ -69,14 +69,21 @@ class Record:
     chained_from_ts: int
 
 
-# A table whose terms in the range are at most this many change rows (and whose images
-# decode here as Spark types them: ``driver_ready``) is summed in this process, from one
-# stream of every such table's rows: each table summed in Spark is a plan of its own, about
-# a second of planning on two cores, which a lake of a thousand small tables cannot pay.
-# What passes through this process at a time is one row; the bound keeps its time short.
-DRIVER_ROWS = 20_000
-# At most this many change rows in all go through this process (the rest are summed in Spark).
+# At most this many change rows in all go through this process (the rest are summed in
+# Spark): the stream holds one row at a time, this bounds the time it takes.
 DRIVER_TOTAL = 1_000_000
+
+
+def driver_rows() -> int:
+    """``[memory] direct_rows``: a table whose terms in the range are at most this many
+    change rows (and whose images decode here as Spark types them: ``driver_ready``) is
+    summed in this process, from one stream of every such table's rows, and a snapshot
+    table of at most this many rows is read back here. Each table summed in Spark is a
+    plan of its own (about a second of planning on two cores), which a lake of a thousand
+    small tables cannot pay."""
+    from binlake import config
+
+    return config.memory().direct_rows
 
 
 # The column types whose rendering here is tested to equal Spark's (tests/restore/
@@ -122,7 +129,8 @@ _MASK = (1 << 64) - 1
 def table_sum(path: str, info: binlog_pb2.TableInfo) -> Sum | None:
     """The checksum of the typed Delta table at ``path`` (``info``'s columns) computed in
     this process from its Parquet files (``sparksum``'s terms, each row +1), or None when it
-    is not readable here (the caller sums it in Spark)."""
+    is not readable here (the caller sums it in Spark). For tables of at most
+    ``driver_rows()`` rows: it reads the table whole."""
     from binlake.lake.store import arrowread
 
     if any(c.type not in DRIVER_TYPES for c in info.columns):
@@ -131,7 +139,7 @@ def table_sum(path: str, info: binlog_pb2.TableInfo) -> Sum | None:
     import pyarrow as pa
 
     try:
-        # Whole: the caller asks only for tables of at most DRIVER_ROWS rows.
+        # Whole: the caller asks only for tables of at most driver_rows() rows.
         rows = arrowread.TableReader(path).read(names).to_pylist()
     except (arrowread.NotReadable, OSError, pa.ArrowException):
         return None  # Spark reads it, and says what is wrong if anything is
@@ -191,8 +199,8 @@ def _ranged(spark: Any, changes: Any, tables: Sequence[tuple[str, int, int, int]
 
 def _in_driver(counts: Mapping[str, int], names: Sequence[str]) -> set[str]:
     """The names (of tables ready for it) summed in this process: each at most
-    ``DRIVER_ROWS`` rows, smallest first, while their rows add up to at most ``DRIVER_TOTAL``."""
-    limit, total = DRIVER_ROWS, DRIVER_TOTAL
+    ``driver_rows()`` rows, smallest first, while their rows add up to at most ``DRIVER_TOTAL``."""
+    limit, total = driver_rows(), DRIVER_TOTAL
     chosen, used = set(), 0
     for name in sorted(names, key=lambda n: (counts.get(n, 0), n)):
         n = counts.get(name, 0)
@@ -278,7 +286,7 @@ def measure(spark: Any, lake: str, schema: decode.SchemaHistory, asks: Sequence[
     snapshot of ``records`` at or below its ts (below it when not ``inclusive``), and the
     totals of the ``extra`` terms (other frames' ``sparksum`` parts), all in one Spark job.
     ``digest_at_ts``: also each table's digest of its rows at or below ts (to record).
-    ``driver``: small tables ready for it are summed in this process (``DRIVER_ROWS``),
+    ``driver``: small tables ready for it are summed in this process (``driver_rows``),
     the same sums without a Spark plan per table; False: every table in Spark."""
     if not asks:
         return {}, sparksum.totals(list(extra)) if extra else {}

@@ -190,7 +190,7 @@ def prove(spark: Any, lake: str, p: Plan, entries: Sequence[SnapshotEntry], say:
     (``proven.measure``: from the newest earlier proven snapshot, whose rows below it must
     digest as recorded, else from the lake's start); raises ``SnapshotDisproved`` naming
     the first table that disagrees. ``rows``: the rows written per table (a table of at
-    most ``proven.DRIVER_ROWS`` is read back in this process)."""
+    most ``proven.driver_rows()`` is read back in this process)."""
     records = {(e.snapshot_ts, e.table_id): e.proof for e in entries if e.proof is not None}
     asks = [(t.name, t.table_id, p.ts) for t in p.tables]
     say(f"proving {len(asks)} table(s) against the whole history")
@@ -198,9 +198,10 @@ def prove(spark: Any, lake: str, p: Plan, entries: Sequence[SnapshotEntry], say:
     # (in the job that sums their histories).
     here: dict[str, proven.Sum] = {}
     reads = []
+    limit = proven.driver_rows()
     for t in p.tables:
         path = layout.snapshot_table(lake, p.ts, t.table_id)
-        small = (rows or {}).get(t.name, proven.DRIVER_ROWS + 1) <= proven.DRIVER_ROWS
+        small = 0 <= (rows or {}).get(t.name, -1) <= limit
         found = proven.table_sum(path, t.info) if small else None
         if found is not None:
             here[f"s\0{t.name}"] = found
