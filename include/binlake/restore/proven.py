@@ -103,6 +103,9 @@ def driver_ready(schema: decode.SchemaHistory, table_id: int, ts: int) -> bool:
     return all(c.type in DRIVER_TYPES for c in info.columns) and direct.same_types(schema, table_id, ts)
 
 
+_MASK = (1 << 64) - 1
+
+
 class _Acc:
     """Signed terms summed in this process, as ``sparksum.totals`` sums them in Spark."""
 
@@ -123,21 +126,18 @@ class _Acc:
         return self.n, f"{self.total:016x}{self.xor:016x}", self.nbytes
 
 
-_MASK = (1 << 64) - 1
-
-
 def table_sum(path: str, info: binlog_pb2.TableInfo) -> Sum | None:
     """The checksum of the typed Delta table at ``path`` (``info``'s columns) computed in
     this process from its Parquet files (``sparksum``'s terms, each row +1), or None when it
     is not readable here (the caller sums it in Spark). For tables of at most
     ``driver_rows()`` rows: it reads the table whole."""
+    import pyarrow as pa
+
     from binlake.lake.store import arrowread
 
     if any(c.type not in DRIVER_TYPES for c in info.columns):
         return None
     names = [c.name for c in C.columns_of(info)]
-    import pyarrow as pa
-
     try:
         # Whole: the caller asks only for tables of at most driver_rows() rows.
         rows = arrowread.TableReader(path).read(names).to_pylist()
@@ -153,7 +153,6 @@ def _driver_terms(spark: Any, changes: Any, schema: decode.SchemaHistory,
                   tables: Sequence[tuple[str, int, int, int]]) -> dict[str, Sum]:
     """The telescoped terms of each (name, table_id, lo, hi) summed in this process, from
     one stream of their change rows (a table with no change row in its range: no entry)."""
-
     from binlake.restore import direct
 
     rows = _ranged(spark, changes, tables).select("_name", "op", "before", "after", "schema_version")
@@ -284,7 +283,8 @@ def measure(spark: Any, lake: str, schema: decode.SchemaHistory, asks: Sequence[
             extra: Sequence[Any] = (), driver: bool = True) -> tuple[dict[str, Whole], dict[str, Sum]]:
     """The whole history of each (name, table_id, ts) in ``asks``, from the newest proven
     snapshot of ``records`` at or below its ts (below it when not ``inclusive``), and the
-    totals of the ``extra`` terms (other frames' ``sparksum`` parts), all in one Spark job.
+    totals of the ``extra`` terms (other frames' ``sparksum`` parts), in one Spark job (and,
+    for the tables summed in this process, one count and one stream of their rows).
     ``digest_at_ts``: also each table's digest of its rows at or below ts (to record).
     ``driver``: small tables ready for it are summed in this process (``driver_rows``),
     the same sums without a Spark plan per table; False: every table in Spark."""
