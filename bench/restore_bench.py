@@ -190,7 +190,8 @@ def many_tables(args: argparse.Namespace) -> int:
                     dest = {"out": str(root / f"out-{uuid.uuid4().hex[:8]}")}
                 jobs0, opens0 = counters.read()
                 s = time.perf_counter()
-                r = restore.run(spark, lake, last, parallelism=args.parallel, **dest)
+                # From the lake's start, whatever snapshot an earlier run took at the same ts.
+                r = restore.run(spark, lake, last, parallelism=args.parallel, source="changes", **dest)
                 took = time.perf_counter() - s
                 jobs1, opens1 = counters.read()
                 assert r.rows == rows and len(r.tables) == n, (r.rows, len(r.tables))
