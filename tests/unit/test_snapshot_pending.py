@@ -33,6 +33,15 @@ def history() -> SchemaHistory:
     return h
 
 
+def upto(h: SchemaHistory, ts: int) -> SchemaHistory:
+    """The definitions of ``h`` with commit_ts <= ts: what a restore at ts loads."""
+    out = SchemaHistory()
+    for at, info in h.entries():
+        if at <= ts:
+            out.add(at, info)
+    return out
+
+
 def test_pending_tables_decode_but_do_not_exist() -> None:
     h = history()
     # Rows written under a pending definition decode with it.
@@ -56,10 +65,7 @@ def test_pending_tables_decode_but_do_not_exist() -> None:
 def test_restore_naming_a_pending_table_is_one_line_with_the_ts_it_is_restorable_from() -> None:
     h = history()
     # What a restore at 40 loads: the DDLs up to 40; the whole history says from when.
-    schema_at_40 = SchemaHistory()
-    for ts, info in h.entries():
-        if ts <= 40:
-            schema_at_40.add(ts, info)
+    schema_at_40 = upto(h, 40)
     found = rebuild.tables_at(schema_at_40, 40)
     with pytest.raises(errors.FailedPrecondition) as exc:
         rebuild.select_tables(found, ["app.acc"], 40, schema_at_40, lambda: h)
@@ -77,10 +83,7 @@ def test_restore_naming_a_pending_table_is_one_line_with_the_ts_it_is_restorable
 
 def test_a_restore_of_every_table_names_each_pending_table_it_leaves_out() -> None:
     h = history()
-    schema_at_40 = SchemaHistory()
-    for ts, info in h.entries():
-        if ts <= 40:
-            schema_at_40.add(ts, info)
+    schema_at_40 = upto(h, 40)
     # Every table at 40: `other` is restored, `acc` is left out, and the plan says so and why.
     assert set(rebuild.tables_at(schema_at_40, 40)) == {7}
     (line,) = rebuild.pending_at(schema_at_40, 40, lambda: h)

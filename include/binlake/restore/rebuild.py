@@ -106,13 +106,17 @@ def select_tables(found: dict[int, binlog_pb2.TableInfo], names: Sequence[str] |
     return out
 
 
+def _pending(schema: decode.SchemaHistory, ts: int) -> list[binlog_pb2.TableInfo]:
+    """The definitions at ``ts`` of the tables whose initial snapshot is in progress then."""
+    return [info for info in tables_at(schema, ts, pending=True).values() if info.snapshot_pending]
+
+
 def pending_at(schema: decode.SchemaHistory, ts: int,
                later: Callable[[], decode.SchemaHistory] | None = None) -> list[str]:
     """The tables that hold rows at ``ts`` but are not restorable then, their initial
     snapshot being in progress: one line each, ``db.table (why; from which ts it is
     restorable, when ``later()``, the whole history, holds its marker)``, sorted."""
-    hits = [info for info in tables_at(schema, ts, pending=True).values()
-            if info.snapshot_pending and not schema.knows(info.table_id, min(ts + 1, tso.MAX_TS))]
+    hits = _pending(schema, ts)
     if not hits:
         return []
     whole = later() if later is not None else None
@@ -130,8 +134,7 @@ def refuse_pending(schema: decode.SchemaHistory, name: str, ts: int,
     """Raise the one-line refusal for table ``name`` (``TABLE`` or ``DB.TABLE``) when its
     initial snapshot was in progress at ``ts``; return when it was not."""
     db, _, tbl = name.strip().rpartition(".")
-    hits = [info for info in tables_at(schema, ts, pending=True).values()
-            if info.snapshot_pending and info.name == tbl and (not db or info.db == db)]
+    hits = [info for info in _pending(schema, ts) if info.name == tbl and (not db or info.db == db)]
     if not hits:
         return
     info = hits[0]
