@@ -83,10 +83,13 @@ def _specs(spark: Any, schema: decode.SchemaHistory, slices: Sequence[Slice]) ->
         at = schema.table(s.table_id, min(s.upto_ts + 1, tso.MAX_TS))
         for version, info in rebuild.versions(schema, s.table_id).items():
             names = {c.id: c.name for c in info.columns}
+            # The change rows' ``keys`` hold the version's own key columns: they carry the
+            # key at ts when that key is made of them (always, unless the key changed).
+            keys_hold = set(at.primary_key) <= set(info.primary_key)
             rows.append((s.table_id, version, s.after_ts, s.upto_ts, [names.get(i) for i in at.primary_key],
-                         s.deletes))
+                         s.deletes, keys_hold))
     return spark.createDataFrame(rows, "table_id long, schema_version long, _after long, _upto long, "
-                                       "_pk array<string>, _deletes boolean")
+                                       "_pk array<string>, _deletes boolean, _keys_hold boolean")
 
 
 def last_changes(spark: Any, changes: Any, schema: decode.SchemaHistory, slices: Sequence[Slice]) -> Any:
@@ -107,9 +110,16 @@ def last_changes(spark: Any, changes: Any, schema: decode.SchemaHistory, slices:
             .join(F.broadcast(_specs(spark, schema, slices)), ["table_id", "schema_version"])
             .where((F.col("commit_ts") > F.col("_after")) & (F.col("commit_ts") <= F.col("_upto"))))
     text = "map<string,string>"
+    # Key texts are read from the small ``keys`` column where it holds them (the after
+    # image's key for an insert or update, the before image's for a delete), not by
+    # parsing whole images: only an update's before image is parsed, to see whether
+    # its key moved. The text of a value is the same in both: one canonical encoder.
+    keys_hold = F.col("_keys_hold") & F.col("keys").isNotNull()
+    after_key = F.when(keys_hold & (F.col("op") != "delete"), F.col("keys")).otherwise(F.col("after"))
+    before_key = F.when(keys_hold & (F.col("op") == "delete"), F.col("keys")).otherwise(F.col("before"))
     staged = rows.select("table_id", "commit_ts", "seq", "op", "schema_version", "before", "after", "_deletes",
-                         F.transform("_pk", lambda n: F.try_element_at(F.from_json("before", text), n)).alias("_bk"),
-                         F.transform("_pk", lambda n: F.try_element_at(F.from_json("after", text), n)).alias("_ak"))
+                         F.transform("_pk", lambda n: F.try_element_at(F.from_json(before_key, text), n)).alias("_bk"),
+                         F.transform("_pk", lambda n: F.try_element_at(F.from_json(after_key, text), n)).alias("_ak"))
     # An update is a delete of its before key (only when the key moved) then an upsert
     # of its after key; _sub orders the two inside one change, as rebuild.events does.
     moved = (F.col("op") == "delete") | ((F.col("op") == "update") & (F.col("_bk") != F.col("_ak")))

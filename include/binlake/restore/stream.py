@@ -11,9 +11,9 @@ prefetched):
   this process only reads the messages and hands each batch to the target's
   ``insert_arrow`` (PostgreSQL: ``COPY`` as CSV written by Arrow). No Python
   object per row. For tables whose every column Arrow writes as the target
-  reads it (``arrow_ready``);
+  reads it (``arrow_ready``: numbers, text, decimals, dates and datetimes);
 - ``python_rows``: the rows as the Python values ``binlake.codec`` uses, for
-  the other column types (dates, times, bytes, JSON), one at a time.
+  the other column types (times, bytes, JSON), one at a time.
 
 ``bounded`` sizes a frame's partitions first when they come from a shuffle
 (an aggregating rebuild), whose partitions would otherwise grow with the table.
@@ -30,10 +30,14 @@ from binlake.proto import binlog_pb2
 from binlake.restore import columns as C
 
 # Column types whose Spark value, as Arrow, is what a target's ``insert_arrow``
-# takes (``arrowcompact``'s types): integers, strings, doubles, booleans, and
-# decimals as their exact text.
+# takes: integers, strings, doubles, booleans, decimals as their exact text, and
+# dates and datetimes as Arrow's date32 and timestamp[us] (Spark's date and
+# timestamp_ntz): PostgreSQL's COPY reads Arrow's CSV text of them, DuckDB the
+# arrays, and the other targets the ``datetime.date``/``datetime`` values of
+# ``to_pylist``, which are what ``binlake.codec`` decodes. Times (text in Spark),
+# bytes and JSON documents need a conversion per value, so they go as rows.
 _ARROW_READY = frozenset({binlog_pb2.INT, binlog_pb2.UINT, binlog_pb2.STRING, binlog_pb2.FLOAT,
-                          binlog_pb2.DECIMAL, binlog_pb2.BOOL})
+                          binlog_pb2.DECIMAL, binlog_pb2.BOOL, binlog_pb2.DATE, binlog_pb2.DATETIME})
 
 
 # The most bytes of one Arrow IPC message ``arrow_tables`` ships (a few MB: large
