@@ -19,7 +19,7 @@ from dbfixtures import postgres_server  # noqa: F401
 from pyspark.sql import SparkSession
 
 from binlake.proto import binlog_pb2
-from binlake.restore import checks, restore, stream, synthetic
+from binlake.restore import checks, onepass, restore, stream, synthetic
 from binlake.sql import checksum
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -62,9 +62,20 @@ def test_a_table_rebuilt_by_the_executors_loads_as_arrow_into_each_target_kind(
         calls.append("rows")
         return python_rows(df, info)
 
+    widest: list[tuple[int, int]] = []
+    widest_partition = onepass.widest_partition
+
+    def spy_widest(shared: Any) -> tuple[int, int]:
+        widest.append(widest_partition(shared))
+        return widest[-1]
+
     monkeypatch.setattr(stream, "arrow_tables", spy_arrow)
     monkeypatch.setattr(stream, "python_rows", spy_rows)
+    monkeypatch.setattr(onepass, "widest_partition", spy_widest)
     result = restore.run(spark, lake, last, target=target, source="changes")
     assert result.rows == ROWS
     assert calls == ["arrow"]
+    # No table streams through this process and the one pass's partitions were within
+    # the bounds: its first checkpoint was read as it was (no second shuffle).
+    assert len(widest) == 1 and onepass.within_bounds(widest[0]) and widest[0][0] > 0
     assert checksum.checksum(target, [name]) == {name: want}

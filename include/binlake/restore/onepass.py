@@ -15,7 +15,8 @@ primary-key order, so renamed key columns keep their keys); the typed rebuild
 holds one row per key, and groups by the typed key again - so two texts of one
 typed key (a retyped key column) still resolve to the later event. The result
 is materialized once (``materialize``: a local checkpoint in key-range
-partitions of a bounded number of rows, each table's rows contiguous), so no
+partitions of a bounded number of rows, each table's rows contiguous, or as
+the aggregation left it when no table streams through the driver), so no
 later job reads the lake and no partition grows with a table.
 
 ``each_table`` runs the per-table writes (Delta tables, target loads) on a
@@ -166,7 +167,13 @@ def materialize_sized(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER
     must be a setting, not a table's. Range partitions keep each table's rows
     contiguous across consecutive partitions: the driver reads the result as one
     ordered stream, table after table, in bounded pieces. Returned with its ``sizes``
-    (counted once here, for the callers' choices too)."""
+    (counted once here, for the callers' choices too).
+
+    When no table of the result is ``streamable`` (so none goes through the driver)
+    and the first checkpoint's partitions are already within the bounds, that
+    checkpoint is the result as it is, unordered: the per-table jobs filter it by
+    table and rebuild in the executors, and the second shuffle and checkpoint of
+    every image would only cost time."""
     from pyspark.storagelevel import StorageLevel
 
     from binlake import config
@@ -182,6 +189,12 @@ def materialize_sized(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER
     # As many partitions as the data needs; a small job leaves the session's shuffles alone.
     needed = max(-(-total // bounds.partition_rows), -(-nbytes // bounds.partition_bytes_in_force()))
     fit_shuffles(spark, needed, bounds.partition_bytes_in_force())
+    if not any(streamable(n, b) for n, b in found.values()) and within_bounds(widest_partition(staged)):
+        # No table small enough to be streamed through this process (the only reader that
+        # needs each table's rows contiguous and in order), and every partition already
+        # within the bounds: the per-table jobs read this as it is, without a second
+        # shuffle and checkpoint of every image.
+        return staged, found
     if total <= bounds.partition_rows and nbytes <= bounds.partition_bytes_in_force():
         # Small: the whole result is within one partition's bounds already. One partition
         # (not one per table): each partition is a job of the driver's ordered stream
@@ -193,6 +206,43 @@ def materialize_sized(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER
         shaped = staged.repartitionByRange(parts, *order)
     out = shaped.sortWithinPartitions(*order).localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
     return out, found
+
+
+def streamable(rows: int, nbytes: int) -> bool:
+    """Whether a table of ``rows`` rows and ``nbytes`` bytes of images is small enough to be
+    decoded in this process (``[memory] direct_rows`` and ``partition_bytes``): the tables
+    a restore or a snapshot streams through the driver instead of rebuilding in Spark."""
+    from binlake import config
+
+    bounds = config.memory()
+    return rows <= bounds.direct_rows and nbytes <= bounds.partition_bytes_in_force()
+
+
+def within_bounds(partition: tuple[int, int]) -> bool:
+    """Whether a partition of (rows, bytes of images) is within ``[memory] partition_rows``
+    and ``partition_bytes``."""
+    from binlake import config
+
+    bounds = config.memory()
+    rows, nbytes = partition
+    return rows <= bounds.partition_rows and nbytes <= bounds.partition_bytes_in_force()
+
+
+def widest_partition(shared: Any) -> tuple[int, int]:
+    """The most rows and the most bytes of images of any one partition of ``shared`` (one
+    small aggregate job; each figure may come from a different partition)."""
+    from pyspark.sql import functions as F
+
+    per = shared.groupBy(F.spark_partition_id().alias("_p")).agg(
+        F.count(F.lit(1)).alias("n"), F.sum(_image_bytes(shared)).alias("b"))
+    row = per.agg(F.max("n").alias("n"), F.max("b").alias("b")).collect()[0]
+    return int(row["n"] or 0), int(row["b"] or 0)
+
+
+def _image_bytes(shared: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return sum((F.coalesce(F.length(c), F.lit(0)) for c in ("before", "after") if c in shared.columns), F.lit(0))
 
 
 def fit_shuffles(spark: Any, parts: int, part_bytes: int) -> None:
@@ -217,8 +267,8 @@ def sizes(shared: Any) -> dict[int, tuple[int, int]]:
     aggregate job); a frame without images counts their bytes as 0."""
     from pyspark.sql import functions as F
 
-    images = sum((F.coalesce(F.length(c), F.lit(0)) for c in ("before", "after") if c in shared.columns), F.lit(0))
-    found = shared.groupBy("table_id").agg(F.count(F.lit(1)).alias("n"), F.sum(images).alias("b")).collect()
+    found = shared.groupBy("table_id").agg(F.count(F.lit(1)).alias("n"),
+                                           F.sum(_image_bytes(shared)).alias("b")).collect()
     return {int(r["table_id"]): (int(r["n"]), int(r["b"] or 0)) for r in found}
 
 

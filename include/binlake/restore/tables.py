@@ -89,15 +89,7 @@ def direct_tables(p: Plan, found: dict[int, tuple[int, int]], fits: Callable[[Ta
     at T are at most ``[memory] direct_rows`` and whose images take at most
     ``partition_bytes`` (``found``: the one-pass result's ``onepass.sizes``). The others
     are rebuilt by Spark's executors, so no table's size reaches this process's memory."""
-    from binlake import config
-
-    bounds = config.memory()
-
-    def small(table_id: int) -> bool:
-        rows, nbytes = found.get(table_id, (0, 0))
-        return rows <= bounds.direct_rows and nbytes <= bounds.partition_bytes_in_force()
-
-    return {t.table_id for t in p.tables if small(t.table_id) and fits(t)}
+    return {t.table_id for t in p.tables if onepass.streamable(*found.get(t.table_id, (0, 0))) and fits(t)}
 
 
 def items(spark: Any, p: Plan, shared: Any, direct: set[int]) -> Iterator[Item]:
