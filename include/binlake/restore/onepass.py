@@ -195,7 +195,7 @@ def materialize_sized(spark: Any, frame: Any, order: Sequence[str] = KEY_ORDER
         # within the bounds: the per-table jobs read this as it is, without a second
         # shuffle and checkpoint of every image.
         return staged, found
-    if total <= bounds.partition_rows and nbytes <= bounds.partition_bytes_in_force():
+    if within_bounds((total, nbytes)):
         # Small: the whole result is within one partition's bounds already. One partition
         # (not one per table): each partition is a job of the driver's ordered stream
         # (``toLocalIterator``) and a task of every per-table job, empty or not.
