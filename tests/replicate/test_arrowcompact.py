@@ -6,6 +6,7 @@ the reference's final rows. What it cannot type is refused, never guessed."""
 
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 import pathlib
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import sqlalchemy as sa
-from dbfixtures import new_target_url, postgres_server  # noqa: F401
+from dbfixtures import TARGETS, mariadb_server, new_target_url, postgres_server  # noqa: F401
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_rawcompact import image, play, reference, steps, table
@@ -170,6 +171,116 @@ def test_large_batches_keep_one_final_change_per_key(block: int | None, monkeypa
     assert got.changes() == compactor.compact(
         [Change("t", op, decode.image_values(image(info, b), info), decode.image_values(image(info, a), info),
                 100 + n // 3, n % 3) for n, (op, b, a) in enumerate(seq)], ["id"])
+
+
+# FLAT with a date and a datetime: they too go as Arrow (cast from their image text).
+TEMPORAL = [*FLAT, sc.ColumnDef("day", "date"), sc.ColumnDef("at", "datetime")]
+
+
+def temporal_table(key: list[str]) -> binlog_pb2.TableInfo:
+    return sc.new_table(9, "app", "t", TEMPORAL, key, None, 1)
+
+
+temporal_steps = st.lists(st.tuples(
+    st.sampled_from(["insert", "update", "delete"]), st.integers(0, 3), st.sampled_from("xy"), st.booleans(),
+    st.fixed_dictionaries({
+        "v": st.one_of(st.none(), st.text(max_size=3)),
+        "d": st.one_of(st.none(), st.decimals(min_value=-999, max_value=999, places=2, allow_nan=False)),
+        "u": st.none(), "f": st.none(), "ok": st.none(),
+        "day": st.one_of(st.none(), st.dates(min_value=dt.date(1, 1, 1), max_value=dt.date(9999, 12, 31))),
+        "at": st.one_of(st.none(), st.datetimes(min_value=dt.datetime(1, 1, 1),
+                                                max_value=dt.datetime(9999, 12, 31, 23, 59, 59, 999999))),
+    })), max_size=40)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(temporal_steps)
+def test_dates_and_datetimes_go_as_arrow_equal_to_the_reference(raw_steps: list[Any]) -> None:
+    seq = play(raw_steps)
+    for key in (["id", "g"], ["id"]):
+        info = temporal_table(key)
+        want = reference(info, seq, key)
+        got = fast(info, seq, key)
+        assert got.changes() == want
+        rows = got.rows_table()
+        assert rows is not None  # the Arrow path, not the per-row one
+        assert rows.schema.field("day").type == pa.date32() and rows.schema.field("at").type == pa.timestamp("us")
+        typed = rows.to_pylist()
+        for row in typed:
+            if row["d"] is not None:
+                row["d"] = decimal.Decimal(row["d"])
+        assert typed == [c.after for c in want if c.after is not None]
+
+
+def test_a_datetime_text_the_strict_cast_refuses_goes_back_to_rawcompact() -> None:
+    info = temporal_table(["id"])
+    dec = rawcompact.ImageDecoder(info, ["id"])
+    for bad in ('{"id":1,"g":"x","at":"2020-01-02T03:04:05+02:00"}', '{"id":1,"g":"x","day":"2020-1-2"}',
+                '{"id":1,"g":"x","at":"2020-01-02T03:04:05.1234567"}', '{"id":1,"g":"x","day":20200102}'):
+        changes = pa.table({"op": ["insert"], "before": pa.array([None], pa.string()), "after": [bad],
+                            "commit_ts": [1], "seq": [0]})
+        with pytest.raises(pa.ArrowInvalid):
+            arrowcompact.compact("t", changes, dec)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps, st.integers(1, 7))
+def test_final_changes_decode_a_slice_at_a_time(raw_steps: list[Any], size: int) -> None:
+    """What has no Arrow form (bytes here) is decoded ``size`` final changes at a time:
+    the slices, in order, are exactly the final changes."""
+    seq = play(raw_steps)
+    info = table(["id", "g"])
+    got = fast(info, seq, ["id", "g"])
+    parts = list(got.iter_changes(size))
+    assert all(1 <= len(p) <= size for p in parts)
+    assert [c for p in parts for c in p] == reference(info, seq, ["id", "g"])
+    with pytest.raises(ValueError, match="positive integer"):
+        next(got.iter_changes(0))
+
+
+@pytest.mark.parametrize("kind", TARGETS)
+def test_rows_without_an_arrow_form_stream_to_every_target(kind: str, request: pytest.FixtureRequest,
+                                                           tmp_path: pathlib.Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of a table with bytes (no Arrow form) reaches each target decoded a
+    slice at a time (never the whole batch as Python values at once), equal to the
+    reference; a MariaDB target, which has no Arrow writer, takes compacted changes
+    the same way (deletes of the keys, then the final rows)."""
+    monkeypatch.setattr(arrowcompact, "DECODE_SLICE", 4)
+    biggest: list[int] = []
+    whole = arrowcompact.Compacted.iter_changes
+
+    def watched(self: arrowcompact.Compacted, size: int = arrowcompact.DECODE_SLICE) -> Any:
+        for part in whole(self, size):
+            biggest.append(len(part))
+            yield part
+
+    monkeypatch.setattr(arrowcompact.Compacted, "iter_changes", watched)
+    info = table(["id"])
+    t = open_target(new_target_url(kind, request, tmp_path, "s"))
+    try:
+        t.create_table(info)
+        base = {"g": "x", "v": "a", "d": decimal.Decimal("1.50"), "t": dt.datetime(2024, 2, 29, 1, 2, 3, 4),
+                "b": b"\x00\xff", "u": 7, "f": 0.5}
+        seq: list[tuple[str, Any, Any]] = [("insert", None, dict(base, id=i)) for i in range(30)]
+        seq += [("update", dict(base, id=i), dict(base, id=i, v="b", b=b"z")) for i in range(0, 30, 3)]
+        seq += [("delete", dict(base, id=i), None) for i in range(1, 30, 7)]
+        final = fast(info, seq, ["id"])
+        assert final.rows_table() is None
+        with t.engine.connect() as conn:
+            conn.begin()
+            table_write.write_changes(t, conn, info, final, False, True)
+            conn.commit()
+        assert biggest and max(biggest) <= 4
+        want = {c.after["id"]: c.after for c in reference(info, seq, ["id"]) if c.after is not None}
+        table_ = t.sa_table(info)
+        with t.engine.connect() as conn:
+            have = {r.id: r for r in conn.execute(sa.select(table_))}
+        assert sorted(have) == sorted(want)
+        for i, row in want.items():
+            assert bytes(have[i].b) == row["b"] and have[i].v == row["v"]
+    finally:
+        t.close()
 
 
 def _rows(t: targets.Target, info: binlog_pb2.TableInfo) -> list[dict[str, Any]]:

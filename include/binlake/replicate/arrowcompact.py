@@ -30,15 +30,17 @@ What Arrow cannot type the way ``decode.image_values`` does is not guessed:
 several source tables in one batch) or ``pyarrow.ArrowInvalid`` (an image the
 reader refuses: a bad value, an unknown column, ``{"$base64": ...}`` text)
 sends the caller back to ``rawcompact``, which gives the same result (or the
-clear error) the slow way. Columns the CSV path cannot write verbatim (bytes,
-dates and times, JSON) still compact here; their final rows are typed per row
-by the decoder (``Compacted.changes``). ``tests/replicate/test_arrowcompact.py``
+clear error) the slow way. Dates and datetimes are cast from their text by
+Arrow and go as Arrow too. Columns that have no such form (bytes, times, JSON)
+still compact here; their final rows are typed per row by the decoder, a slice
+at a time (``Compacted.iter_changes``). ``tests/replicate/test_arrowcompact.py``
 checks the result equal to ``compactor.compact`` change for change.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -58,6 +60,18 @@ _KEY_TYPES: dict[int, pa.DataType] = {binlog_pb2.INT: pa.int64(), binlog_pb2.UIN
 # back as the decoder's Python value (decimals stay their exact JSON text).
 _CSV_TYPES: dict[int, pa.DataType] = {**_KEY_TYPES, binlog_pb2.FLOAT: pa.float64(),
                                       binlog_pb2.DECIMAL: pa.string(), binlog_pb2.BOOL: pa.bool_()}
+# Dates and datetimes: read as their image text (the JSON reader has no date
+# parser), then cast by Arrow's strict ISO 8601 parser to the types the targets'
+# ``insert_arrow`` take (``restore.stream`` sends the same). A text the cast
+# refuses (a zone offset, more than six fraction digits) raises ArrowInvalid:
+# the caller goes back to ``rawcompact``, which decodes it as the codec does.
+_TEXT_TYPED: dict[int, pa.DataType] = {binlog_pb2.DATE: pa.date32(), binlog_pb2.DATETIME: pa.timestamp("us")}
+# The type each column is read as from the images, and the type of its final rows.
+_READ_TYPES: dict[int, pa.DataType] = {**_CSV_TYPES, **{t: pa.string() for t in _TEXT_TYPED}}
+_ROW_TYPES: dict[int, pa.DataType] = {**_CSV_TYPES, **_TEXT_TYPED}
+# Final changes decoded to Python at a time when a table's rows cannot go as Arrow
+# (``Compacted.iter_changes``): the memory of a slice, not of the batch.
+DECODE_SLICE = 10_000
 # Bytes of images the JSON reader parses as one block (``parse_images``).
 _BLOCK = 4 << 20
 # The columns of the changes table ``compact`` takes, in commit order.
@@ -84,11 +98,12 @@ def _ndjson(images: pa.Array | pa.ChunkedArray) -> pa.Buffer:
 def parse_images(images: pa.Array | pa.ChunkedArray, info: binlog_pb2.TableInfo) -> pa.Table:
     """The images as a table with one row per image (all null for a missing one):
     columns of ``_CSV_TYPES`` typed, others as Arrow infers them (unused here but
-    checked: an image column the definition does not have is refused)."""
+    checked: an image column the definition does not have is refused); dates and
+    datetimes as their text (``typed_rows`` casts them)."""
     n = len(images)
     if n == 0:
-        return pa.table({c.name: pa.nulls(0, _CSV_TYPES.get(int(c.type), pa.null())) for c in info.columns})
-    schema = pa.schema([(c.name, _CSV_TYPES[int(c.type)]) for c in info.columns if int(c.type) in _CSV_TYPES])
+        return pa.table({c.name: pa.nulls(0, _READ_TYPES.get(int(c.type), pa.null())) for c in info.columns})
+    schema = pa.schema([(c.name, _READ_TYPES[int(c.type)]) for c in info.columns if int(c.type) in _READ_TYPES])
     # Blocks of a few MB are parsed on every core and stay in cache: 4x faster than
     # one block for the whole buffer (measured on 100,000 images of a sysbench row).
     # Only when every column's type is given: a column Arrow infers could be typed
@@ -105,6 +120,17 @@ def parse_images(images: pa.Array | pa.ChunkedArray, info: binlog_pb2.TableInfo)
     if out.num_rows != n:  # an image that spans lines: not the ingest's format, let the slow path judge
         raise pa.ArrowInvalid(f"{out.num_rows} images parsed out of {n}")
     return out
+
+
+def typed_rows(rows: pa.Table, info: binlog_pb2.TableInfo) -> pa.Table:
+    """``rows`` (as ``parse_images`` gives them) with their date and datetime texts cast
+    to Arrow dates and timestamps; ArrowInvalid for a text the strict cast refuses."""
+    for c in info.columns:
+        typ = _TEXT_TYPED.get(int(c.type))
+        if typ is not None and c.name in rows.column_names:
+            i = rows.column_names.index(c.name)
+            rows = rows.set_column(i, c.name, pc.cast(rows.column(i), typ))
+    return rows
 
 
 def _column(t: pa.Table, name: str, dtype: pa.DataType) -> pa.Array:
@@ -133,10 +159,23 @@ class Compacted:
 
     def changes(self) -> list[Change]:
         """The final changes as ``rawcompact.compact`` returns them."""
+        return [c for part in self.iter_changes(max(1, len(self))) for c in part]
+
+    def iter_changes(self, size: int = DECODE_SLICE) -> Iterator[list[Change]]:
+        """The final changes (``changes``) decoded ``size`` at a time: what a writer
+        that needs Python values holds is one slice, whatever the batch."""
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive integer, got {size!r}")
         dec, name = self.dec, self.table
-        return [Change(name, op, dec.typed(dec.parse(b)), dec.typed(dec.parse(a)), ts, seq)
-                for op, b, a, ts, seq in zip(self.ops.to_pylist(), self.before.to_pylist(), self.after.to_pylist(),
-                                             self.commit_ts.to_pylist(), self.seq.to_pylist(), strict=True)]
+        for at in range(0, len(self), size):
+            cols = [a.slice(at, size).to_pylist() for a in (self.ops, self.before, self.after, self.commit_ts, self.seq)]
+            yield [Change(name, op, dec.typed(dec.parse(b)), dec.typed(dec.parse(a)), ts, seq)
+                   for op, b, a, ts, seq in zip(*cols, strict=True)]
+
+    def final_rows(self) -> Iterator[dict[str, Any]]:
+        """The final rows (inserts' and updates' after images) decoded a slice at a time."""
+        for part in self.iter_changes():
+            yield from (c.after for c in part if c.after is not None)
 
     def _key_tuples(self, mask: pa.Array) -> list[tuple[Any, ...]]:
         cols = [k.filter(mask).to_pylist() for k in self._keys]
@@ -203,7 +242,7 @@ class Compacted:
             return None
         keep = pc.not_equal(self.ops, DELETE)
         info = self.dec.info
-        cols = {c.name: _column(self._rows, c.name, _CSV_TYPES[int(c.type)]).filter(keep) for c in info.columns}
+        cols = {c.name: _column(self._rows, c.name, _ROW_TYPES[int(c.type)]).filter(keep) for c in info.columns}
         if self.dec.extract is not None:
             n = len(next(iter(cols.values())))
             cols[self.dec.extract[0]] = pa.array([self.dec.extract[1]] * n, pa.string())
@@ -271,8 +310,8 @@ def compact(table: str, changes: pa.Table, dec: ImageDecoder) -> Compacted:
     out_before = pc.if_else(existed, before_json.cast(pa.string()).take(fidx), null_str)
     out_after = pc.if_else(exists, after_json.cast(pa.string()).take(lidx), null_str)
     keys = [grouped.column(n).combine_chunks().filter(keep).take(order) for n in names]
-    rows = after.take(lidx)
-    csv = all(int(c.type) in _CSV_TYPES for c in info.columns)
+    rows = typed_rows(after.take(lidx), info)
+    csv = all(int(c.type) in _ROW_TYPES for c in info.columns)
     return Compacted(table, dec, final_ops, out_before, out_after,
                      changes.column("commit_ts").combine_chunks().take(lidx),
                      changes.column("seq").combine_chunks().take(lidx), keys, rows, csv)

@@ -61,7 +61,7 @@ def write_changes(target: targets.Target, conn: Connection, info: binlog_pb2.Tab
     ``compacted``: the changes already are one final change per key (``rawcompact``,
     or an ``arrowcompact.Compacted``, which is always final)."""
     if isinstance(changes, arrowcompact.Compacted):
-        if target.native_arrow and not safe:
+        if not safe and key_names(info):
             return _write_arrow(target, conn, info, changes)
         changes, compacted = changes.changes(), True
     key = key_names(info)
@@ -101,15 +101,16 @@ def write_changes(target: targets.Target, conn: Connection, info: binlog_pb2.Tab
 
 def _write_arrow(target: targets.Target, conn: Connection, info: binlog_pb2.TableInfo,
                  final: arrowcompact.Compacted) -> int:
-    """A target that writes Arrow natively (``Target.native_arrow``), normal mode: the
-    deletes in one statement, then the final rows straight from Arrow (PostgreSQL:
-    one COPY of CSV written by Arrow; SQLite: one prepared INSERT over the columns'
-    values; DuckDB: an insert from the Arrow table) when every column has a CSV
-    form; otherwise row by row from the decoded final changes."""
+    """Compacted final changes, normal mode: the deletes of their keys, then the final
+    rows straight from Arrow when every column has an Arrow form (``insert_arrow``:
+    PostgreSQL one COPY of CSV written by Arrow; SQLite one prepared INSERT over the
+    columns' values; DuckDB an insert from the Arrow table; the others their
+    multi-row INSERTs); otherwise decoded a slice at a time (``final_rows``), so the
+    Python values held are one slice's, never the batch's."""
     rows = final.rows_table()
     write_rows: Callable[[], int] = (
         functools.partial(target.insert_arrow, conn, info, rows) if rows is not None else
-        lambda: target.insert_rows(conn, info, [c.after for c in final.changes() if c.after is not None]))
+        functools.partial(target.insert_rows, conn, info, final.final_rows()))
     return write_final(target, conn, info, final.gone_keys(), final.insert_keys, write_rows)
 
 

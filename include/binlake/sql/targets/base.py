@@ -46,7 +46,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from binlake import codec, coldefault, errors
+from binlake import codec, coldefault, config, errors
 from binlake.proto import binlog_pb2
 from binlake.sql.schema import ColumnDef, column_def
 
@@ -603,11 +603,13 @@ class Target:
     def insert_arrow(self, conn: Connection, info: binlog_pb2.TableInfo, rows: pa.Table) -> int:
         """Append ``rows`` (an Arrow table, columns named as the target's, values as
         ``arrowcompact`` types them: decimals as their exact text) in the caller's
-        transaction. The base goes through ``insert_rows``; a database with
+        transaction. The base goes through ``insert_rows``, one record batch of at most
+        ``[memory] batch_rows`` rows converted to Python at a time; a database with
         ``native_arrow`` writes the columns as they are."""
         if not isinstance(rows, pa.Table):
             raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
-        return self.insert_rows(conn, info, rows.to_pylist())
+        slices = rows.to_batches(max_chunksize=config.memory().batch_rows)
+        return self.insert_rows(conn, info, (row for batch in slices for row in batch.to_pylist()))
 
     def upsert_statement(self, table: sa.Table, batch: list[dict[str, Any]], names: Sequence[str],
                          key: Sequence[str]) -> Any:
