@@ -18,10 +18,11 @@ T = the last commit_ts:
                changes``; a snapshot at T would make it a copy) into PostgreSQL;
 * restore out  the same into Delta (``--out``) in a local directory, and on S3
                (a throwaway SeaweedFS; skipped, with the reason, when it cannot start);
-* apply        ``binlake apply`` (``replicate.runner``) of the one window into an
-               empty PostgreSQL database;
+* apply        ``binlake apply`` of the one window into an empty PostgreSQL
+               database, run as the CLI in a process of its own (as a user or the
+               apply DAG's task runs it), so its peak is its own, not this driver's;
 * diff         ``binlake diff`` of the restored PostgreSQL table against the applied one
-               (must be equal).
+               (must be equal), the CLI in a process of its own too.
 
 Floors, measured in the same run on the same typed rows: PostgreSQL ``COPY`` of the
 prepared CSV file into an empty table (restore pg's floor) and Spark reading the
@@ -34,7 +35,8 @@ date, a string its UTF-8 length; every stage is charged the table's N rows, the
 history's 2N changes included), GiB/h per core, and the peak resident memory
 of each kind of process while it ran, sampled every 0.2 s over this process's
 tree (psutil): this Python driver, the Spark driver JVM, the PySpark Python
-workers, the PostgreSQL server's processes, SeaweedFS. Across sizes: each
+workers, the CLI processes (apply, diff) and their own Spark JVM, the
+PostgreSQL server's processes, SeaweedFS. Across sizes: each
 kind's peak at the largest size over the smallest (target <= 1.2: memory bounded
 by batches, not by the table). A stage that fails prints one line and the run
 goes on.
@@ -47,9 +49,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -61,9 +66,9 @@ MIB = 1 << 20
 GIB = 1 << 30
 SAMPLE_S = 0.2
 # Per process kind: the largest single process's peak RSS and the kind's summed peak.
-KINDS = ("driver", "jvm", "py-workers", "postgres", "seaweedfs")
+KINDS = ("driver", "jvm", "py-workers", "cli", "postgres", "seaweedfs")
 KIND_TITLES = {"driver": "driver (Python)", "jvm": "Spark JVM", "py-workers": "Python workers",
-               "postgres": "PostgreSQL", "seaweedfs": "SeaweedFS"}
+               "cli": "CLI process", "postgres": "PostgreSQL", "seaweedfs": "SeaweedFS"}
 STAGES = ("snapshot", "history", "restore -> PostgreSQL", "restore --out Delta (local)",
           "restore --out Delta (S3)", "apply (one window) -> PostgreSQL", "diff restored vs applied",
           "floor: PostgreSQL COPY of a CSV file", "floor: Spark Parquet -> Delta")
@@ -91,6 +96,8 @@ def process_kind(pid: int, me: int, name: str, cmdline: list[str]) -> str | None
         return "seaweedfs"
     if exe.startswith("python") and any(a.startswith("pyspark.") for a in cmdline):
         return "py-workers"
+    if exe.startswith("python") and "binlake.cli" in cmdline:
+        return "cli"
     return None
 
 
@@ -218,6 +225,16 @@ def one_line(exc: BaseException) -> str:
     return " ".join(text.split())[:200]
 
 
+def cli(*args: str) -> str:
+    """``binlake ARGS`` in a process of its own (this interpreter, the CLI's module);
+    its standard output. A failure raises with the command's last line of error."""
+    done = subprocess.run([sys.executable, "-m", "binlake.cli", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = [ln for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
+        raise RuntimeError(f"binlake {args[0]} exited {done.returncode}: {lines[-1] if lines else ''}")
+    return done.stdout
+
+
 def run_stage(sampler: ProcessPeaks, name: str, fn: Callable[[], object]) -> StageResult:
     """Time ``fn`` with the memory peaks of its processes; a failure is one printed
     line and a result without seconds (the run goes on)."""
@@ -320,7 +337,6 @@ def run_size(session: Session, sampler: ProcessPeaks, root: pathlib.Path, rows: 
              s3_why: str, parallelism: int) -> tuple[float, list[StageResult]]:
     """Every stage at ``rows`` rows; returns (average typed row bytes, results)."""
     from binlake.restore import history, restore, snapshot, synthetic
-    from binlake.sql.diff import diff_databases
 
     changes = 2 * rows
     spark = session.spark
@@ -351,17 +367,16 @@ def run_size(session: Session, sampler: ProcessPeaks, root: pathlib.Path, rows: 
         return go
 
     def apply() -> None:
-        from binlake.replicate import runner, task
-
-        t = task.Task(name="scale", lake=lake, target=applied, mode="consistent")
-        summary = runner.Applier(session.spark, t).run()
-        if summary.changes != changes:
-            raise AssertionError(f"applied {summary.changes} row changes, expected {changes}")
+        task_file = root / f"task-{rows}.toml"
+        task_file.write_text(f'name = "scale"\nlake = {json.dumps(lake)}\ntarget = {json.dumps(applied)}\n'
+                             'mode = "consistent"\n')
+        out = cli("apply", "--task", str(task_file), "--json", *(["--master", session.master] if session.master else []))
+        summary = json.loads(out)
+        if int(summary["changes"]) != changes:
+            raise AssertionError(f"applied {summary['changes']} row changes, expected {changes}")
 
     def diff() -> None:
-        report = diff_databases(restored, applied, tables=[info.name])
-        if not report.ok:
-            raise AssertionError(report.summary().splitlines()[1].strip())
+        cli("diff", restored, applied, "--tables", info.name)
 
     def stage(name: str, fn: Callable[[], object], spark_stage: bool = True) -> None:
         result = run_stage(sampler, name, fn)
