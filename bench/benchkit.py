@@ -1,9 +1,10 @@
 """What the benchmarks share: run N looping threads for a fixed time, percentiles,
-a process's CPU time."""
+a process's CPU time, the command line of the binlake CLI."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,3 +37,8 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def binlake_cmd(*args: str) -> list[str]:
+    """The command line of ``binlake ARGS`` in a process of its own (this interpreter)."""
+    return [sys.executable, "-m", "binlake.cli", *args]

@@ -54,12 +54,13 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from benchkit import binlake_cmd
 
 T0 = 1_800_000_000_000 << 18
 MIB = 1 << 20
@@ -228,7 +229,7 @@ def one_line(exc: BaseException) -> str:
 def cli(*args: str) -> str:
     """``binlake ARGS`` in a process of its own (this interpreter, the CLI's module);
     its standard output. A failure raises with the command's last line of error."""
-    done = subprocess.run([sys.executable, "-m", "binlake.cli", *args], capture_output=True, text=True, check=False)
+    done = subprocess.run(binlake_cmd(*args), capture_output=True, text=True, check=False)
     if done.returncode != 0:
         lines = [ln for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
         raise RuntimeError(f"binlake {args[0]} exited {done.returncode}: {lines[-1] if lines else ''}")

@@ -70,14 +70,13 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from benchkit import percentile
+from benchkit import binlake_cmd, percentile
 
 MIB = 1 << 20
 SAMPLE_S = 0.25
@@ -510,10 +509,6 @@ class RssSampler:
     def peak(self, role: str, stages: tuple[str, ...] | None = None) -> int:
         with self._lock:
             return max((p.get(role, 0) for s, p in self.peaks.items() if stages is None or s in stages), default=0)
-
-
-def binlake_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "binlake.cli", *args]
 
 
 # -- the ingest loop -------------------------------------------------------------------

@@ -231,11 +231,16 @@ def test_final_changes_decode_a_slice_at_a_time(raw_steps: list[Any], size: int)
     seq = play(raw_steps)
     info = table(["id", "g"])
     got = fast(info, seq, ["id", "g"])
+    want = reference(info, seq, ["id", "g"])
     parts = list(got.iter_changes(size))
     assert all(1 <= len(p) <= size for p in parts)
-    assert [c for p in parts for c in p] == reference(info, seq, ["id", "g"])
-    with pytest.raises(ValueError, match="positive integer"):
-        next(got.iter_changes(0))
+    assert [c for p in parts for c in p] == want
+    rows = list(got.iter_rows(size))
+    assert all(1 <= len(p) <= size for p in rows)
+    assert [r for p in rows for r in p] == [c.after for c in want if c.after is not None]
+    for bad in (got.iter_changes(0), got.iter_rows(0)):
+        with pytest.raises(ValueError, match="positive integer"):
+            next(bad)
 
 
 @pytest.mark.parametrize("kind", TARGETS)
@@ -248,14 +253,14 @@ def test_rows_without_an_arrow_form_stream_to_every_target(kind: str, request: p
     the same way (deletes of the keys, then the final rows)."""
     monkeypatch.setattr(arrowcompact, "DECODE_SLICE", 4)
     biggest: list[int] = []
-    whole = arrowcompact.Compacted.iter_changes
+    whole = arrowcompact.Compacted.iter_rows
 
     def watched(self: arrowcompact.Compacted, size: int = arrowcompact.DECODE_SLICE) -> Any:
         for part in whole(self, size):
             biggest.append(len(part))
             yield part
 
-    monkeypatch.setattr(arrowcompact.Compacted, "iter_changes", watched)
+    monkeypatch.setattr(arrowcompact.Compacted, "iter_rows", watched)
     info = table(["id"])
     t = open_target(new_target_url(kind, request, tmp_path, "s"))
     try:

@@ -172,10 +172,20 @@ class Compacted:
             yield [Change(name, op, dec.typed(dec.parse(b)), dec.typed(dec.parse(a)), ts, seq)
                    for op, b, a, ts, seq in zip(*cols, strict=True)]
 
+    def iter_rows(self, size: int = DECODE_SLICE) -> Iterator[list[dict[str, Any]]]:
+        """The final rows (inserts' and updates' after images, in order) decoded ``size``
+        at a time; only the after images are decoded."""
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive integer, got {size!r}")
+        dec = self.dec
+        after = self.after.filter(pc.not_equal(self.ops, DELETE))
+        for at in range(0, len(after), size):
+            yield [row for a in after.slice(at, size).to_pylist() if (row := dec.typed(dec.parse(a))) is not None]
+
     def final_rows(self) -> Iterator[dict[str, Any]]:
-        """The final rows (inserts' and updates' after images) decoded a slice at a time."""
-        for part in self.iter_changes():
-            yield from (c.after for c in part if c.after is not None)
+        """The final rows (``iter_rows``) one after the other, a slice decoded at a time."""
+        for part in self.iter_rows():
+            yield from part
 
     def _key_tuples(self, mask: pa.Array) -> list[tuple[Any, ...]]:
         cols = [k.filter(mask).to_pylist() for k in self._keys]

@@ -62,7 +62,7 @@ def write_changes(target: targets.Target, conn: Connection, info: binlog_pb2.Tab
     or an ``arrowcompact.Compacted``, which is always final)."""
     if isinstance(changes, arrowcompact.Compacted):
         if not safe and key_names(info):
-            return _write_arrow(target, conn, info, changes)
+            return _write_compacted(target, conn, info, changes)
         changes, compacted = changes.changes(), True
     key = key_names(info)
     if not key:
@@ -99,7 +99,7 @@ def write_changes(target: targets.Target, conn: Connection, info: binlog_pb2.Tab
     return len(keys) + len(rows)
 
 
-def _write_arrow(target: targets.Target, conn: Connection, info: binlog_pb2.TableInfo,
+def _write_compacted(target: targets.Target, conn: Connection, info: binlog_pb2.TableInfo,
                  final: arrowcompact.Compacted) -> int:
     """Compacted final changes, normal mode: the deletes of their keys, then the final
     rows straight from Arrow when every column has an Arrow form (``insert_arrow``:
