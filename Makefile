@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.binlake-setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py include/binlake/lake/decoding/_imagec.c include/binlake/source/mysql/_rowsc.c include/binlake/source/mysql/_framec.c include/binlake/source/postgres/_pgoutc.c constraints.txt jars/pom.xml scripts/setup.sh
+$(STAMP): pyproject.toml setup.py include/binlake/lake/decoding/_imagec.c include/binlake/source/mysql/_rowsc.c include/binlake/source/mysql/_framec.c include/binlake/source/mysql/_snaprowc.c include/binlake/source/postgres/_pgoutc.c constraints.txt jars/pom.xml scripts/setup.sh
 	PY=$(PY) bash scripts/setup.sh
 	@touch $(STAMP)
 

@@ -2,8 +2,9 @@
 
 ``binlake.lake.decoding._imagec`` is the native image-JSON decoder that
 ``binlake.lake.decoding.decode`` uses when it imports; ``source.mysql._rowsc`` decodes
-row-event bodies and ``source.mysql._framec`` frames the replication stream
-for the MySQL/MariaDB source; ``source.postgres._pgoutc`` decodes pgoutput
+row-event bodies, ``source.mysql._framec`` frames the replication stream and
+``source.mysql._snaprowc`` encodes the initial snapshot's rows for the
+MySQL/MariaDB source; ``source.postgres._pgoutc`` decodes pgoutput
 tuples for the PostgreSQL source. Each has an identical pure-Python path used
 when it does not import, and a type stub (``.pyi``) next to its source; all
 include the shared headers in ``include/binlake/_native``. ``pip install -e .``
@@ -40,6 +41,8 @@ setup(
         Extension("binlake.lake.decoding._imagec", sources=["include/binlake/lake/decoding/_imagec.c"], optional=True),
         Extension("binlake.source.mysql._rowsc", sources=["include/binlake/source/mysql/_rowsc.c"], optional=True),
         Extension("binlake.source.mysql._framec", sources=["include/binlake/source/mysql/_framec.c"], optional=True),
+        Extension("binlake.source.mysql._snaprowc", sources=["include/binlake/source/mysql/_snaprowc.c"],
+                  optional=True),
         Extension("binlake.source.postgres._pgoutc", sources=["include/binlake/source/postgres/_pgoutc.c"],
                   optional=True),
     ],

@@ -718,8 +718,10 @@ class NativeSettings(BaseSettings):
 
     decode: bool = Field(True, description="Decode the lake's row images with the C extension.")
     framing: bool = Field(True, description="Read the MySQL binlog's event framing with the C extension.")
-    rows: bool = Field(True, description="Decode MySQL row events with the C extension.")
-    pgoutput: bool = Field(True, description="Decode PostgreSQL pgoutput messages with the C extension.")
+    rows: bool = Field(True, description=(
+        "Decode MySQL row events, and encode the initial snapshot's rows, with the C extensions."))
+    pgoutput: bool = Field(True, description=(
+        "Decode PostgreSQL pgoutput messages, and the initial snapshot's COPY lines, with the C extension."))
 
 
 class SourceSettings(BaseSettings):

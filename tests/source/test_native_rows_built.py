@@ -1,4 +1,4 @@
-"""The sources' native decoders (MySQL rows and stream framing, PostgreSQL
+"""The sources' native decoders (MySQL rows, stream framing and snapshot rows, PostgreSQL
 pgoutput tuples) are built where binlake is installed with a C compiler
 (``make setup``): a machine where they silently were not would run every
 change through the slower Python path."""
@@ -29,5 +29,14 @@ def test_native_pgoutput_decoder_is_built() -> None:
 
     assert pgplan.available(), (
         f"binlake.source.postgres._pgoutc did not import ({pgplan.import_error()}); run `make setup` "
+        "(pip install -e . builds it) on a machine with a C compiler"
+    )
+
+
+def test_native_snapshot_row_encoder_is_built() -> None:
+    from binlake.source.mysql import snapshot
+
+    assert snapshot.native_available(), (
+        f"binlake.source.mysql._snaprowc did not import ({snapshot.native_import_error()}); run `make setup` "
         "(pip install -e . builds it) on a machine with a C compiler"
     )

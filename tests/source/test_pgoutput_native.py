@@ -166,3 +166,62 @@ def test_every_covered_type_decodes_natively_and_json_takes_the_python_path() ->
                                                                         values.Attr("b", 3802, -1)]), ["a"])
     assign_ids(json_t, None, 101, 1)
     assert pgplan.build_plan(json_t, [23, 3802], json_t.to_info()) is None
+
+
+# ---------------------------------------------------------------------------- COPY lines (the initial snapshot)
+
+def _copy_field(text: str | None) -> bytes:
+    """A value as ``COPY ... TO STDOUT`` writes it in text format: \\N for NULL, and
+    backslash, tab, newline, carriage return and the other control escapes escaped."""
+    if text is None:
+        return b"\\N"
+    out = text.encode()
+    for raw, esc in ((b"\\", b"\\\\"), (b"\t", b"\\t"), (b"\n", b"\\n"), (b"\r", b"\\r"), (b"\b", b"\\b"),
+                     (b"\f", b"\\f"), (b"\v", b"\\v")):
+        out = out.replace(raw, esc)
+    return out
+
+
+def _copy_python(t: Any, oids: list[int], info: Any, chunk: bytes) -> list[bytes] | None:
+    """The snapshot's Python path for the same lines, or None where it raises."""
+    from binlake.source.postgres import snapshot as snap
+
+    try:
+        return [codec.encode_row(values.decode_row(t, oids, r), info) for r in snap.copy_line_texts(chunk)]
+    except (ValueError, TypeError, errors.BinlakeError):
+        return None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tables_and_tuples(), st.sampled_from(["", "\\", "\\\\x41", "\\101", "\\q"]))
+def test_copy_lines_encode_as_the_python_path_or_decline(case: Any, escape: str) -> None:
+    """``Plan.copy_rows`` over COPY lines: the Python path's rows for the same lines
+    (``copy_line_texts``, then the stream's ``decode_row``), or None where it refuses."""
+    t, oids, info, tuples, odd = case
+    lines = []
+    for tup in tuples:
+        fields = [_copy_field(None if kind == b"n" else text) for kind, text in tup if kind != b"u"]
+        if len(fields) != len(tup):
+            continue  # pgoutput's unchanged TOAST marker has no COPY form
+        lines.append(b"\t".join(fields) + b"\n")
+    if not lines:
+        return
+    chunk = b"".join(lines)
+    if odd and escape and oids[-1] in (25, 1043):
+        # An escape COPY TO never writes but COPY FROM reads (octal, hex, an escaped
+        # ordinary character): both readers take it the same way.
+        chunk = chunk[:-1] + escape.encode() + b"\n"
+    plan = pgplan.build_plan(t, oids, info)
+    assert plan is not None
+    got = plan.copy_rows(chunk)
+    want = _copy_python(t, oids, info, chunk)
+    if got is not None:
+        assert want is not None, "the decoder answered where the Python path refuses"
+        assert got == want
+    elif not odd:
+        assert want is None or any(o == 1700 for o in oids), "the decoder declined canonical lines"
+    # A chunk cut inside a line, or a line with a field too many or too few: declined.
+    assert plan.copy_rows(chunk[:-1]) is None
+    assert plan.copy_rows(b"\t".join([b"1"] * (len(oids) + 1)) + b"\n") is None
+    if len(oids) > 1:
+        assert plan.copy_rows(b"1\n") is None

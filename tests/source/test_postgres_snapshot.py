@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -138,17 +138,14 @@ def test_snapshot_with_concurrent_writes_ingested_and_applied_equals_upstream(
 
     url, dsn = fresh_db(pg)
     during = [0]
-    read_batches = snap.Snapshot.batches
 
-    def batches_with_writes(self: snap.Snapshot, t: snap.PublishedTable, rows: int) -> Iterator[Any]:
+    def write_after(_batch: Any) -> None:
         # An upstream transaction commits between every two batches, while the snapshot is open:
         # it is not in the rows read, so it must come through the slot.
-        for batch in read_batches(self, t, rows):
-            yield batch
-            during[0] += 1
-            dml(url, during[0])
+        during[0] += 1
+        dml(url, during[0])
 
-    monkeypatch.setattr(snap.Snapshot, "batches", batches_with_writes)
+    around_reads(monkeypatch, after=write_after)
     with RegistryClient(cluster.registry.addr) as reg:
         t0 = reg.get_ts()
     src = SourceThread(source(dsn, cluster, tmp_path / "src")).start()
@@ -260,6 +257,24 @@ def test_row_filter_of_the_publication_applies_to_the_snapshot(pg: LocalPostgres
     assert sorted((r["id"], r["note"]) for r in rows) == [tuple(r) for r in upstream]
 
 
+def around_reads(monkeypatch: pytest.MonkeyPatch, before: Callable[[Any], None] | None = None,
+                 after: Callable[[Any], None] | None = None) -> None:
+    """Calls ``before(batch)`` / ``after(batch)`` around each batch the snapshot reads, on
+    both of its read paths (COPY chunks for the native encoder, rows for the Python one)."""
+    for name in ("batches", "copy_chunks"):
+        read = getattr(snap.Snapshot, name)
+
+        def wrapped(self: snap.Snapshot, t: snap.PublishedTable, rows: int, read: Any = read) -> Iterator[Any]:
+            for batch in read(self, t, rows):
+                if before is not None:
+                    before(batch)
+                yield batch
+                if after is not None:
+                    after(batch)
+
+        monkeypatch.setattr(snap.Snapshot, name, wrapped)
+
+
 # ---------------------------------------------------------------------------- crashes
 
 def test_stop_or_refusal_during_the_snapshot_drops_its_slot(pg: LocalPostgres, cluster: Cluster,
@@ -267,16 +282,13 @@ def test_stop_or_refusal_during_the_snapshot_drops_its_slot(pg: LocalPostgres, c
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     url, dsn = fresh_db(pg)
     slot, data = f"snap{_n}", tmp_path / "src"
-    read_batches = snap.Snapshot.batches
     src = SourceThread(source(dsn, cluster, data))
 
-    def stop_after_one(self: snap.Snapshot, t: snap.PublishedTable, rows: int) -> Iterator[Any]:
-        for batch in read_batches(self, t, rows):
-            assert slot_exists(url, slot)
-            src.source.stop()
-            yield batch
+    def stop(_batch: Any) -> None:
+        assert slot_exists(url, slot)
+        src.source.stop()
 
-    monkeypatch.setattr(snap.Snapshot, "batches", stop_after_one)
+    around_reads(monkeypatch, before=stop)
     src.start().stop()  # returns without error: nothing of the snapshot was served
     assert not slot_exists(url, slot), "a stopped snapshot holds no WAL"
     assert SNAPSHOT_SLOT not in json.loads((data / "state.json").read_text())

@@ -38,8 +38,8 @@ def extensions() -> dict[str, str]:
     return out
 
 
-def test_the_four_extensions_are_listed() -> None:
-    assert {n.rsplit(".", 1)[1] for n in extensions()} == {"_imagec", "_rowsc", "_framec", "_pgoutc"}
+def test_the_five_extensions_are_listed() -> None:
+    assert {n.rsplit(".", 1)[1] for n in extensions()} == {"_imagec", "_rowsc", "_framec", "_snaprowc", "_pgoutc"}
     assert HEADERS == ["include/binlake/_native/binlake_native.h", "include/binlake/_native/binlake_tags.h"]
 
 

@@ -16,8 +16,10 @@
 #ifndef BINLAKE_NATIVE_H
 #define BINLAKE_NATIVE_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "binlake_tags.h"
@@ -250,6 +252,125 @@ static inline int bl_utf8_valid(const uint8_t *s, size_t n) {
         p += k;
     }
     return 1;
+}
+
+/* ------------------------------------------------------------------ values as text
+ *
+ * Numbers, dates and times as PostgreSQL prints them (pgoutput, COPY) and as
+ * MySQL/MariaDB send them in a text-protocol result row: the strict, canonical
+ * forms only. A caller that gets -1 / 0 declines the value (the Python path
+ * decides). */
+
+static inline int bl_is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+/* Exactly n digits at s as a number; -1 if any is not a digit. */
+static inline int64_t bl_digits(const unsigned char *s, int n) {
+    int64_t v = 0;
+    for (int i = 0; i < n; i++) {
+        if (!bl_is_digit(s[i])) return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v;
+}
+
+/* "YYYY-MM-DD" (years 1..9999) -> days since the epoch; 0 ok, -1 not canonical. */
+static inline int bl_parse_date(const unsigned char *s, size_t n, int64_t *days, int64_t *year) {
+    if (n != 10 || s[4] != '-' || s[7] != '-') return -1;
+    int64_t y = bl_digits(s, 4), m = bl_digits(s + 5, 2), d = bl_digits(s + 8, 2);
+    if (y < 1 || m < 1 || m > 12 || d < 1 || d > bl_days_in_month(y, m)) return -1;
+    *days = bl_days_from_civil(y, m, d);
+    *year = y;
+    return 0;
+}
+
+/* "HH:MM:SS[.f{1,6}]" -> microseconds since midnight (hour <= 23); returns chars read or -1. */
+static inline ptrdiff_t bl_parse_time(const unsigned char *s, size_t n, int64_t *us) {
+    if (n < 8 || s[2] != ':' || s[5] != ':') return -1;
+    int64_t h = bl_digits(s, 2), mi = bl_digits(s + 3, 2), se = bl_digits(s + 6, 2);
+    if (h < 0 || h > 23 || mi < 0 || mi > 59 || se < 0 || se > 59) return -1;
+    int64_t frac = 0;
+    size_t i = 8;
+    if (i < n && s[i] == '.') {
+        size_t j = i + 1;
+        int nd = 0;
+        while (j < n && bl_is_digit(s[j]) && nd < 7) { frac = frac * 10 + (s[j] - '0'); j++; nd++; }
+        if (nd < 1 || nd > 6) return -1;
+        for (int k = nd; k < 6; k++) frac *= 10;
+        i = j;
+    }
+    *us = ((h * 60 + mi) * 60 + se) * 1000000 + frac;
+    return (ptrdiff_t)i;
+}
+
+/* "[-]D+[.D+]" as PostgreSQL prints a finite numeric, and str(Decimal(text)) == text:
+   no leading zeros but one, and Python's plain (not exponent) notation
+   (adjusted exponent >= -6). */
+static inline int bl_decimal_plain(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    if (i < n && s[i] == '-') i++;
+    size_t int_start = i;
+    while (i < n && bl_is_digit(s[i])) i++;
+    size_t int_len = i - int_start;
+    if (int_len == 0 || (int_len > 1 && s[int_start] == '0')) return 0;
+    size_t frac_len = 0, frac_start = i + 1;
+    if (i < n) {
+        if (s[i] != '.') return 0;
+        i++;
+        while (i < n && bl_is_digit(s[i])) i++;
+        frac_len = i - frac_start;
+        if (frac_len == 0 || i != n) return 0;
+    }
+    /* coefficient digits without leading zeros; exponent -frac_len */
+    size_t total = int_len + frac_len, lead = 0;
+    for (size_t k = 0; k < total; k++) {
+        unsigned char c = k < int_len ? s[int_start + k] : s[frac_start + (k - int_len)];
+        if (c != '0') break;
+        lead++;
+    }
+    long long ndig = (long long)(total - lead);
+    if (ndig == 0) ndig = 1;
+    long long adjusted = -(long long)frac_len + ndig - 1;
+    return adjusted >= -6;
+}
+
+/* "YYYY-MM-DD HH:MM:SS[.f{1,6}]" (bl_parse_date, then bl_parse_time) -> microseconds
+   since the epoch; returns chars read (the rest is the caller's: a zone, nothing) or -1. */
+static inline ptrdiff_t bl_parse_datetime(const unsigned char *s, size_t n, int64_t *us, int64_t *year) {
+    int64_t days, t;
+    if (n < 19 || s[10] != ' ' || bl_parse_date(s, 10, &days, year) < 0) return -1;
+    ptrdiff_t k = bl_parse_time(s + 11, n - 11, &t);
+    if (k < 0) return -1;
+    *us = days * BL_DAY_US + t;
+    return 11 + k;
+}
+
+/* A finite number's text ([-+0-9.eE] only: no "inf", "nan", spaces or underscores,
+   which Python's float() would also take) -> the double strtod gives, which is
+   float(text)'s (both round correctly). 0 ok, -1 declined. */
+static inline int bl_parse_double(const unsigned char *s, size_t n, double *out) {
+    char tmp[64];
+    if (n == 0 || n >= sizeof tmp) return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = s[i];
+        if (!bl_is_digit(ch) && ch != '-' && ch != '+' && ch != '.' && ch != 'e' && ch != 'E') return -1;
+    }
+    memcpy(tmp, s, n);
+    tmp[n] = 0;
+    char *endp;
+    double v = strtod(tmp, &endp);
+    if (endp != tmp + n || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* A Datum's float_value field (tag, then the double's 8 bytes little-endian). */
+static inline int bl_float_datum(BlBuf *d, double v) {
+    unsigned char le[8];
+    uint64_t bits;
+    memcpy(&bits, &v, 8);
+    for (int i = 0; i < 8; i++) le[i] = (unsigned char)(bits >> (8 * i));
+    if (bl_byte(d, BL_TAG_DATUM_FLOAT_VALUE) < 0 || bl_put(d, le, 8) < 0) return -1;
+    return 0;
 }
 
 #endif /* BINLAKE_NATIVE_H */

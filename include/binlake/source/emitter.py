@@ -123,10 +123,11 @@ class Emitter:
                  "%d rollback(s) stored on the Pumps%s", len(orphaned), stored,
                  f"; pumps {', '.join(unreachable)} will ask this source instead" if unreachable else "")
 
-    def emit(self, key: str, value: binlog_pb2.PrewriteValue,
+    def emit(self, key: str, value: binlog_pb2.PrewriteValue | bytes,
              ddl: tuple[str, Sequence[binlog_pb2.TableInfo]] | None = None) -> tuple[int, int]:
-        """Send transaction KEY; return its (start_ts, commit_ts) once a Pump acknowledged the commit.
-        A DDL transaction carries one table definition (``ddl[1]`` has exactly one)."""
+        """Send transaction KEY (its PrewriteValue, or that serialized); return its
+        (start_ts, commit_ts) once a Pump acknowledged the commit. A DDL transaction
+        carries one table definition (``ddl[1]`` has exactly one)."""
         d = self.state.decision(key)
         if d is not None:
             self._commit(d.start_ts, d.commit_ts, d.pump)
@@ -210,7 +211,7 @@ class Emitter:
         except errors.BinlakeError as exc:  # the Pumps ask TxnStatus after their txn timeout instead
             log.warning("source: rollbacks not all acknowledged: %s", exc)
 
-    def prewrite(self, key: str, value: binlog_pb2.PrewriteValue,
+    def prewrite(self, key: str, value: binlog_pb2.PrewriteValue | bytes,
                  ddl: tuple[str, Sequence[binlog_pb2.TableInfo]] | None = None) -> tuple[int, str]:
         """Phase one only: start_ts, journal it, prewrite; return (start_ts, pump). Until a
         ``c`` line decides it, the Pumps hold it as running (TxnStatus) and a restart rolls it back."""
@@ -218,7 +219,8 @@ class Emitter:
         infos = list(ddl[1]) if ddl is not None else None
         self.state.begin(key, start_ts, infos)
         prewrite = binlog_pb2.Binlog(tp=binlog_pb2.PREWRITE, start_ts=start_ts,
-                                     prewrite_key=self.writer_id.encode(), prewrite_value=value.SerializeToString())
+                                     prewrite_key=self.writer_id.encode(),
+                                     prewrite_value=value if isinstance(value, bytes) else value.SerializeToString())
         if ddl is not None:
             info = ddl[1][0]
             prewrite.ddl_query = ddl[0].encode()

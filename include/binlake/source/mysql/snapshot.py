@@ -27,18 +27,35 @@ metadata lock the reads then take keeps later DDL out until the snapshot ends).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 import pymysql
 import pymysql.cursors
 
 from binlake import errors
+from binlake.proto import binlog_pb2
+from binlake.source import readahead
 from binlake.source.mysql.server import Dsn
+from binlake.source.mysql.values import RowEncoder
 from binlake.source.tables import SourceColumn, SourceTable
+
+# The native encoder of the rows read (``_snaprowc``, typed by its .pyi), or None where
+# it was not built; then every row takes the Python path (``batches``).
+_snaprowc: ModuleType | None
+try:
+    from binlake.source.mysql import _snaprowc
+    _IMPORT_ERROR = ""
+except ImportError as _exc:
+    _snaprowc = None
+    _IMPORT_ERROR = str(_exc)
 
 # Rows per snapshot transaction: bounds each part's size (a Pump holds one pending at a time).
 BATCH_ROWS = 10_000
+# The encoder's ops (the T_* of _snaprowc.c).
+T_INT, T_UINT, T_FLOAT, T_DECIMAL, T_STRING, T_BYTES, T_DATE, T_DATETIME = 1, 2, 3, 4, 5, 6, 7, 8
+_UTF8 = frozenset({"utf8mb4", "utf8mb3", "utf8"})
 
 
 def open_snapshot(dsn: Dsn, mariadb: bool) -> tuple[Any, str, int]:
@@ -116,3 +133,103 @@ def as_binlog_value(v: Any, c: SourceColumn) -> Any:
     if c.is_bit:
         return int.from_bytes(v, "big")
     return bytes(v)
+
+
+# ------------------------------------------------------------------ the native path
+
+def native_available() -> bool:
+    """Whether ``_snaprowc`` was built and imports (``native_import_error()`` says why not)."""
+    return _snaprowc is not None
+
+
+def native_import_error() -> str:
+    return _IMPORT_ERROR
+
+
+def text_plan(table: SourceTable, enc: RowEncoder) -> Any | None:
+    """The native encoder's plan for ``table``'s snapshot rows (its columns in the order
+    ``batches`` selects them, encoded as ``enc`` does), or None when a column needs the
+    Python path (SET, BIT, TIME, JSON, a charset other than UTF-8 and ASCII)."""
+    if _snaprowc is None:
+        return None
+    cols: list[tuple[int, int, bool, int]] = []
+    for c, cid, ctype, nullable in enc.plan:
+        kind, a = c.kind, 0
+        if kind == "int" and ctype == binlog_pb2.INT:
+            op = T_INT
+        elif kind == "uint" and ctype == binlog_pb2.UINT:
+            op = T_UINT
+        elif kind == "float" and ctype == binlog_pb2.FLOAT:
+            op, a = T_FLOAT, int(c.is_float32)
+        elif kind == "decimal" and ctype == binlog_pb2.DECIMAL:
+            op = T_DECIMAL
+        elif kind == "string" and ctype == binlog_pb2.STRING and c.is_enum:
+            op = T_STRING  # an ENUM's member text is UTF-8 as the server sends it (as_binlog_value)
+        elif kind == "string" and ctype == binlog_pb2.STRING and not c.is_set and (c.charset or "utf8mb4") in _UTF8:
+            op = T_STRING
+        elif kind == "string" and ctype == binlog_pb2.STRING and not c.is_set and c.charset == "ascii":
+            op, a = T_STRING, 1
+        elif kind == "bytes" and ctype == binlog_pb2.BYTES and not c.is_bit:
+            op, a = T_BYTES, int(c.length) if c.is_fixed_binary and c.length else 0
+        elif kind == "date" and ctype == binlog_pb2.DATE:
+            op = T_DATE
+        elif kind == "datetime" and ctype == binlog_pb2.DATETIME:
+            op = T_DATETIME
+        else:
+            return None
+        cols.append((op, int(cid), bool(nullable), a))
+    try:
+        return _snaprowc.Plan(cols)
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+# One batch of the native path: PyMySQL's parser of one row packet (its converters,
+# the Python path's), and the batch's row packets, not yet parsed.
+RawBatch = tuple[Callable[[Any], tuple[Any, ...]], list[Any]]
+
+
+def raw_batches(conn: Any, table: SourceTable, rows: int) -> Iterator[RawBatch]:
+    """The table's rows as ``batches`` reads them, ``rows`` at a time, but as the row
+    packets of the result, unparsed: ``packets_rows`` gives ``batches``' rows from
+    them, the native encoder (``text_plan``) the serialized Rows. Read in a thread
+    one batch ahead of the caller (``readahead``)."""
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise ValueError(f"rows must be a positive integer, got {rows!r}")
+    select = ", ".join(f"`{c.name.replace('`', '``')}`" for c in table.columns)
+
+    def read(put: Callable[[RawBatch], None]) -> None:
+        cur = conn.cursor(pymysql.cursors.SSCursor)  # unbuffered: memory bounded by the batches held
+        cur.execute(f"SELECT {select} FROM `{table.db}`.`{table.name}`")
+        # PyMySQL's own steps for an unbuffered result (MySQLResult._read_rowdata_packet_unbuffered),
+        # without parsing each row; a PyMySQL without them fails here, in every test of the snapshot.
+        result = cur._result
+        parse, read_packet = result._read_row_from_packet, conn._read_packet
+        batch: list[Any] = []
+        while True:
+            packet = read_packet()
+            if result._check_packet_is_eof(packet):
+                result.unbuffered_active = False
+                result.connection = None
+                result.rows = None
+                break
+            batch.append(packet)
+            if len(batch) >= rows:
+                put((parse, batch))
+                batch = []
+        if batch:
+            put((parse, batch))
+        cur.close()
+
+    yield from readahead.ahead(read, depth=1, name=f"snapshot-read-{table.name}")
+
+
+def packets_rows(raw: RawBatch, table: SourceTable) -> list[dict[str, Any]]:
+    """The rows of a ``raw_batches`` batch exactly as ``batches`` gives them."""
+    parse, packets = raw
+    return [{c.name: as_binlog_value(v, c) for c, v in zip(table.columns, parse(p), strict=True)} for p in packets]
+
+
+def payloads(raw: RawBatch) -> list[bytes]:
+    """The row packets' payloads, for the native encoder."""
+    return [p._data for p in raw[1]]

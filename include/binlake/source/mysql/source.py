@@ -48,7 +48,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pymysql
@@ -65,7 +65,14 @@ from binlake.source.mysql import server as srv
 from binlake.source.mysql.tables import Catalog, DdlChange, TableFilter
 from binlake.source.mysql.values import RowEncoder, prepare_table_map
 from binlake.source.pipeline import PACE_S, GroupPipeline, Item
-from binlake.source.snapshot_group import Attempt, decided_marker, finished, resend_commits, unfinished
+from binlake.source.snapshot_group import (
+    Attempt,
+    decided_marker,
+    finished,
+    part_value,
+    resend_commits,
+    unfinished,
+)
 from binlake.source.tables import SourceTable
 
 log = logging.getLogger(__name__)
@@ -276,16 +283,18 @@ class MySQLSource(Source[tuple[str, int]]):
             for name in sorted(ddls):
                 t = self.catalog.tables[name]
                 enc = self._encoder(t)
-                for n, batch in enumerate(snapshot.batches(conn, t, self.snapshot_batch_rows)):
-                    m = binlog_pb2.TableMutation(table_id=t.table_id)
-                    try:
-                        m.inserted_rows.extend(enc.encode(r) for r in batch)
-                    except (TypeError, ValueError) as exc:
-                        raise errors.FailedPrecondition(f"{t.full_name}: a value binlake cannot carry: {exc}") from None
-                    m.sequence.extend([binlog_pb2.INSERT] * len(batch))
-                    value = binlog_pb2.PrewriteValue(schema_version=int(st["schema_version"]), mutations=[m])
-                    attempt.send_rows(f"{attempt.tag}:{name}:{n}", value, len(batch))
-                    rows += len(batch)
+                # The row packets encoded a batch at a time by the native encoder when it has
+                # a plan for the table; else (or for a batch it declines) the Python path's
+                # rows. Either way: the same row, the same bytes.
+                plan = snapshot.text_plan(t, enc) if self.native else None
+                parts: Iterator[list[bytes]] = (
+                    (self._raw_part(plan, t, enc, raw) for raw in snapshot.raw_batches(conn, t, self.snapshot_batch_rows))
+                    if plan is not None else
+                    (_encode_part(t, enc, batch) for batch in snapshot.batches(conn, t, self.snapshot_batch_rows)))
+                for n, encoded in enumerate(parts):
+                    value = part_value(int(st["schema_version"]), t.table_id, encoded)
+                    attempt.send_rows(f"{attempt.tag}:{name}:{n}", value, len(encoded))
+                    rows += len(encoded)
                     self.transactions += 1
                     if self._stop.is_set():
                         # Before the markers: the tables stay pending; the next start takes them again.
@@ -306,6 +315,13 @@ class MySQLSource(Source[tuple[str, int]]):
                  self.file, self.pos, attempt.id)
         attempt.close()
         self.checkpoint(force=True)
+
+    @staticmethod
+    def _raw_part(plan: Any, t: SourceTable, enc: RowEncoder, raw: snapshot.RawBatch) -> list[bytes]:
+        encoded: list[bytes] | None = plan.rows(snapshot.payloads(raw))
+        if encoded is None:  # a value the encoder does not reproduce: the Python path decides
+            return _encode_part(t, enc, snapshot.packets_rows(raw, t))
+        return encoded
 
     def _finish_snapshot(self, conn: Any, marker: dict[str, Any]) -> None:
         """Restart after the markers' decision: re-send their commits with the journaled TSOs."""
@@ -611,6 +627,14 @@ def _values(row: dict[str, Any], key: str, nones: str) -> dict[str, Any]:
     if not empty:
         return values
     return {**values, **dict.fromkeys(empty, frozenset())}
+
+
+def _encode_part(t: SourceTable, enc: RowEncoder, batch: list[dict[str, Any]]) -> list[bytes]:
+    """A snapshot batch's rows through the Python path."""
+    try:
+        return [enc.encode(r) for r in batch]
+    except (TypeError, ValueError) as exc:
+        raise errors.FailedPrecondition(f"{t.full_name}: a value binlake cannot carry: {exc}") from None
 
 
 def load_catalog(conn: Any, wanted: TableFilter) -> Catalog:

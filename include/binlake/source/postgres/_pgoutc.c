@@ -30,6 +30,10 @@
  *   plan.row(data, offset)     -> (serialized Row, offset after the tuple) or None
  *   plan.update(data, offset)  -> (serialized UpdatedRow, offset after both tuples) or None
  *                                 (offset: the old tuple; the 'N' byte and the new tuple follow)
+ *   plan.copy_rows(data)       -> [serialized Row] or None: whole lines of COPY ... TO STDOUT
+ *                                 (text format), which the initial snapshot reads; the same
+ *                                 contract against the Python path's rows for those lines
+ *                                 (snapshot.copy_line_texts, then values.decode_row)
  *
  * Wire format written (what the upb serializer writes, as _rowsc.c; the tags are
  * binlake_tags.h's):
@@ -42,7 +46,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <errno.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -76,80 +80,6 @@ typedef struct {
     Col *cols;
 } PlanObject;
 
-/* ------------------------------------------------------------------ text helpers */
-
-static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
-
-/* Exactly n digits at s as a number; -1 if any is not a digit. */
-static int64_t digits(const unsigned char *s, int n) {
-    int64_t v = 0;
-    for (int i = 0; i < n; i++) {
-        if (!is_digit(s[i])) return -1;
-        v = v * 10 + (s[i] - '0');
-    }
-    return v;
-}
-
-/* "YYYY-MM-DD" (years 1..9999) -> days since the epoch; 0 ok, -1 not canonical. */
-static int parse_date(const unsigned char *s, size_t n, int64_t *days, int64_t *year) {
-    if (n != 10 || s[4] != '-' || s[7] != '-') return -1;
-    int64_t y = digits(s, 4), m = digits(s + 5, 2), d = digits(s + 8, 2);
-    if (y < 1 || m < 1 || m > 12 || d < 1 || d > bl_days_in_month(y, m)) return -1;
-    *days = bl_days_from_civil(y, m, d);
-    *year = y;
-    return 0;
-}
-
-/* "HH:MM:SS[.f{1,6}]" -> microseconds since midnight (hour <= 23); returns chars read or -1. */
-static Py_ssize_t parse_time(const unsigned char *s, size_t n, int64_t *us) {
-    if (n < 8 || s[2] != ':' || s[5] != ':') return -1;
-    int64_t h = digits(s, 2), mi = digits(s + 3, 2), se = digits(s + 6, 2);
-    if (h < 0 || h > 23 || mi < 0 || mi > 59 || se < 0 || se > 59) return -1;
-    int64_t frac = 0;
-    size_t i = 8;
-    if (i < n && s[i] == '.') {
-        size_t j = i + 1;
-        int nd = 0;
-        while (j < n && is_digit(s[j]) && nd < 7) { frac = frac * 10 + (s[j] - '0'); j++; nd++; }
-        if (nd < 1 || nd > 6) return -1;
-        for (int k = nd; k < 6; k++) frac *= 10;
-        i = j;
-    }
-    *us = ((h * 60 + mi) * 60 + se) * 1000000 + frac;
-    return (Py_ssize_t)i;
-}
-
-/* "[-]D+[.D+]" as PostgreSQL prints a finite numeric, and str(Decimal(text)) == text:
-   no leading zeros but one, and Python's plain (not exponent) notation
-   (adjusted exponent >= -6). */
-static int decimal_plain(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    if (i < n && s[i] == '-') i++;
-    size_t int_start = i;
-    while (i < n && is_digit(s[i])) i++;
-    size_t int_len = i - int_start;
-    if (int_len == 0 || (int_len > 1 && s[int_start] == '0')) return 0;
-    size_t frac_len = 0, frac_start = i + 1;
-    if (i < n) {
-        if (s[i] != '.') return 0;
-        i++;
-        while (i < n && is_digit(s[i])) i++;
-        frac_len = i - frac_start;
-        if (frac_len == 0 || i != n) return 0;
-    }
-    /* coefficient digits without leading zeros; exponent -frac_len */
-    size_t total = int_len + frac_len, lead = 0;
-    for (size_t k = 0; k < total; k++) {
-        unsigned char c = k < int_len ? s[int_start + k] : s[frac_start + (k - int_len)];
-        if (c != '0') break;
-        lead++;
-    }
-    long long ndig = (long long)(total - lead);
-    if (ndig == 0) ndig = 1;
-    long long adjusted = -(long long)frac_len + ndig - 1;
-    return adjusted >= -6;
-}
-
 /* ------------------------------------------------------------------ values */
 
 /* One column's text -> its Datum in d. Returns 1, 0 (ask Python) or -1 (error set). */
@@ -163,7 +93,7 @@ static int encode_text(const Col *c, const unsigned char *s, size_t n, BlBuf *d)
         if (i >= n || n - i > 20) return 0;
         uint64_t v = 0;
         for (; i < n; i++) {
-            if (!is_digit(s[i])) return 0;
+            if (!bl_is_digit(s[i])) return 0;
             uint64_t dgt = (uint64_t)(s[i] - '0');
             if (v > (UINT64_MAX - dgt) / 10) return 0;
             v = v * 10 + dgt;
@@ -178,27 +108,12 @@ static int encode_text(const Col *c, const unsigned char *s, size_t n, BlBuf *d)
         if (n != 1 || (s[0] != 't' && s[0] != 'f')) return 0;
         return bl_tagged_varint(d, BL_TAG_DATUM_INT_VALUE, s[0] == 't' ? 2 : 0) < 0 ? -1 : 1;
     case K_FLOAT: {
-        char tmp[64];
-        if (n == 0 || n >= sizeof tmp) return 0;
-        for (size_t i = 0; i < n; i++) {
-            unsigned char ch = s[i];
-            if (!is_digit(ch) && ch != '-' && ch != '+' && ch != '.' && ch != 'e' && ch != 'E') return 0;
-        }
-        memcpy(tmp, s, n);
-        tmp[n] = 0;
-        char *endp;
-        errno = 0;
-        double v = strtod(tmp, &endp);
-        if (endp != tmp + n || !isfinite(v)) return 0;
-        unsigned char le[8];
-        uint64_t bits;
-        memcpy(&bits, &v, 8);
-        for (int i = 0; i < 8; i++) le[i] = (unsigned char)(bits >> (8 * i));
-        if (bl_byte(d, BL_TAG_DATUM_FLOAT_VALUE) < 0 || bl_put(d, le, 8) < 0) return -1;
-        return 1;
+        double v;
+        if (bl_parse_double(s, n, &v) < 0) return 0;
+        return bl_float_datum(d, v) < 0 ? -1 : 1;
     }
     case K_DECIMAL:
-        if (!decimal_plain(s, n)) return 0;
+        if (!bl_decimal_plain(s, n)) return 0;
         return bl_field(d, BL_TAG_DATUM_DECIMAL_VALUE, s, n) < 0 ? -1 : 1;
     case K_STRING:
         if (!bl_utf8_valid(s, n)) return 0;
@@ -213,7 +128,7 @@ static int encode_text(const Col *c, const unsigned char *s, size_t n, BlBuf *d)
                 int hv[2];
                 for (int k = 0; k < 2; k++) {
                     unsigned char h = s[i + k];
-                    hv[k] = is_digit(h) ? h - '0' : (h >= 'a' && h <= 'f') ? h - 'a' + 10
+                    hv[k] = bl_is_digit(h) ? h - '0' : (h >= 'a' && h <= 'f') ? h - 'a' + 10
                           : (h >= 'A' && h <= 'F') ? h - 'A' + 10 : -1;
                     if (hv[k] < 0) return 0;
                 }
@@ -225,27 +140,26 @@ static int encode_text(const Col *c, const unsigned char *s, size_t n, BlBuf *d)
     }
     case K_DATE: {
         int64_t days, year;
-        if (parse_date(s, n, &days, &year) < 0) return 0;
+        if (bl_parse_date(s, n, &days, &year) < 0) return 0;
         return bl_tagged_varint(d, BL_TAG_DATUM_DATE_MICROS, bl_zigzag(days * BL_DAY_US)) < 0 ? -1 : 1;
     }
     case K_TIMESTAMP:
     case K_TIMESTAMPTZ: {
-        int64_t days, year, us;
-        if (n < 19 || s[10] != ' ' || parse_date(s, 10, &days, &year) < 0) return 0;
-        Py_ssize_t t = parse_time(s + 11, n - 11, &us);
+        int64_t year, us;
+        ptrdiff_t t = bl_parse_datetime(s, n, &us, &year);
         if (t < 0) return 0;
-        size_t i = 11 + (size_t)t;
+        size_t i = (size_t)t;
         int64_t off = 0;
         if (c->kind == K_TIMESTAMPTZ) {
             /* +HH or +HH:MM; Python's astimezone may leave years 1..9999 at the edges: ask it there */
             if (year <= 1 || year >= 9999) return 0;
             if (i + 3 != n && i + 6 != n) return 0;
             if (s[i] != '+' && s[i] != '-') return 0;
-            int64_t oh = digits(s + i + 1, 2), om = 0;
+            int64_t oh = bl_digits(s + i + 1, 2), om = 0;
             if (oh < 0 || oh > 23) return 0;
             if (i + 6 == n) {
                 if (s[i + 3] != ':') return 0;
-                om = digits(s + i + 4, 2);
+                om = bl_digits(s + i + 4, 2);
                 if (om < 0 || om > 59) return 0;
             }
             off = (oh * 3600 + om * 60) * 1000000LL;
@@ -253,12 +167,12 @@ static int encode_text(const Col *c, const unsigned char *s, size_t n, BlBuf *d)
         } else if (i != n) {
             return 0;
         }
-        int64_t v = days * BL_DAY_US + us - off;
+        int64_t v = us - off;
         return bl_tagged_varint(d, BL_TAG_DATUM_DATETIME_MICROS, bl_zigzag(v)) < 0 ? -1 : 1;
     }
     case K_TIME: {
         int64_t us;
-        Py_ssize_t t = parse_time(s, n, &us);
+        ptrdiff_t t = bl_parse_time(s, n, &us);
         if (t < 0 || (size_t)t != n) return 0;
         return bl_tagged_varint(d, BL_TAG_DATUM_TIME_MICROS, bl_zigzag(us)) < 0 ? -1 : 1;
     }
@@ -381,6 +295,104 @@ done:
     return result;
 }
 
+/* One field of a COPY text-format line, s[0:n], unescaped into u (COPY TO's escapes:
+   \b \f \n \r \t \v, \\, \NNN octal, \xHH hex, and a backslash before any other
+   character is that character, as COPY FROM reads them). -1 with MemoryError set. */
+static int copy_unescape(const unsigned char *s, size_t n, BlBuf *u) {
+    u->len = 0;
+    if (bl_reserve(u, n + 1) < 0) return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = s[i];
+        if (ch != '\\' || i + 1 >= n) { u->p[u->len++] = ch; continue; }
+        ch = s[++i];
+        if (ch >= '0' && ch <= '7') {
+            int v = ch - '0';
+            for (int k = 0; k < 2 && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '7'; k++) v = v * 8 + (s[++i] - '0');
+            u->p[u->len++] = (unsigned char)v;
+            continue;
+        }
+        if (ch == 'x' && i + 1 < n && isxdigit(s[i + 1])) {
+            int v = 0;
+            for (int k = 0; k < 2 && i + 1 < n && isxdigit(s[i + 1]); k++) {
+                unsigned char h = s[++i];
+                v = v * 16 + (bl_is_digit(h) ? h - '0' : (h | 0x20) - 'a' + 10);
+            }
+            u->p[u->len++] = (unsigned char)v;
+            continue;
+        }
+        switch (ch) {
+        case 'b': ch = '\b'; break;
+        case 'f': ch = '\f'; break;
+        case 'n': ch = '\n'; break;
+        case 'r': ch = '\r'; break;
+        case 't': ch = '\t'; break;
+        case 'v': ch = '\v'; break;
+        default: break;
+        }
+        u->p[u->len++] = ch;
+    }
+    return 0;
+}
+
+/* copy_rows(data) -> [serialized Row] or None: data is whole lines of
+   COPY (SELECT the table's columns) TO STDOUT in text format (fields split by tabs,
+   \N for NULL, each line ending in a newline). Each field is the same text the
+   tuple of a pgoutput message carries for it, so it is encoded as in decode_tuple;
+   anything declined there, a line with another number of fields, or data that does
+   not end a line declines the whole call. */
+static PyObject *Plan_copy_rows(PlanObject *self, PyObject *arg) {
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *out = PyList_New(0), *result = NULL;
+    BlBuf r = {0}, d = {0}, u = {0};
+    if (!out) goto done;
+    const unsigned char *p = (const unsigned char *)data.buf, *end = p + data.len;
+    while (p < end) {
+        const unsigned char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (!eol) goto decline;
+        r.len = 0;
+        Py_ssize_t i = 0;
+        const unsigned char *f = p;
+        for (;;) {
+            const unsigned char *tab = memchr(f, '\t', (size_t)(eol - f));
+            const unsigned char *fe = tab ? tab : eol;
+            if (i >= self->ncols) goto decline;
+            const Col *c = &self->cols[i++];
+            d.len = 0;
+            if (fe - f == 2 && f[0] == '\\' && f[1] == 'N') {
+                if (!c->nullable) goto decline;
+                if (bl_tagged_varint(&d, BL_TAG_DATUM_IS_NULL, 1) < 0) goto done;
+            } else {
+                if (copy_unescape(f, (size_t)(fe - f), &u) < 0) goto done;
+                int rc = encode_text(c, u.p, u.len, &d);
+                if (rc < 0) goto done;
+                if (rc == 0) goto decline;
+            }
+            if (bl_row_column(&r, c->cid, &d) < 0) goto done;
+            if (!tab) break;
+            f = tab + 1;
+        }
+        if (i != self->ncols) goto decline;
+        PyObject *row = PyBytes_FromStringAndSize(r.p ? (const char *)r.p : "", r.len);
+        if (!row) goto done;
+        int bad = PyList_Append(out, row);
+        Py_DECREF(row);
+        if (bad < 0) goto done;
+        p = eol + 1;
+    }
+    result = Py_NewRef(out);
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(out);
+    PyMem_Free(r.p);
+    PyMem_Free(d.p);
+    PyMem_Free(u.p);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyObject *Plan_row(PlanObject *self, PyObject *args) { return decode(self, args, 0); }
 static PyObject *Plan_update(PlanObject *self, PyObject *args) { return decode(self, args, 1); }
 static PyObject *Plan_len(PlanObject *self, PyObject *Py_UNUSED(ignored)) { return PyLong_FromSsize_t(self->ncols); }
@@ -389,6 +401,8 @@ static PyMethodDef Plan_methods[] = {
     {"row", (PyCFunction)Plan_row, METH_VARARGS, "row($self, data, offset, /)\n--\n\nReturns (serialized Row, offset after) or None"},
     {"update", (PyCFunction)Plan_update, METH_VARARGS,
      "update($self, data, offset, /)\n--\n\nReturns (serialized UpdatedRow, offset after the new tuple) or None"},
+    {"copy_rows", (PyCFunction)Plan_copy_rows, METH_O,
+     "copy_rows($self, data, /)\n--\n\nReturns [serialized Row] for whole COPY text lines, or None"},
     {"columns", (PyCFunction)Plan_len, METH_NOARGS, "columns($self, /)\n--\n\nThe number of columns in the plan."},
     {NULL, NULL, 0, NULL},
 };

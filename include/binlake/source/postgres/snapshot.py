@@ -191,6 +191,42 @@ class Snapshot:
                     return
                 yield [tuple(r) for r in got]
 
+    def copyable(self) -> bool:
+        """Whether ``copy_chunks`` may stand in for ``batches``: COPY sends the texts
+        in the connection's encoding, which ``copy_line_texts`` reads as UTF-8."""
+        return str(getattr(self._conn, "encoding", "")).upper() in ("UTF8", "UNICODE")
+
+    def copy_chunks(self, t: PublishedTable, rows: int) -> Iterator[bytes]:
+        """The table's rows as ``COPY ... TO STDOUT`` text lines, ``rows`` lines a chunk:
+        the same rows and the same texts as ``batches`` (COPY writes each value with
+        its type's output function, in this session's settings), read in a thread
+        one chunk ahead of the caller (``readahead``), which encodes and sends.
+
+        Faster than ``batches`` by far: no Python object per value, one call per row
+        into this module's writer, and the encoding of a whole chunk in one call
+        (``_pgoutc.Plan.copy_rows``)."""
+        from psycopg2 import sql
+
+        from binlake.source import readahead
+
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+            raise ValueError(f"rows must be a positive integer, got {rows!r}")
+        query = sql.SQL("COPY (SELECT {} FROM {}{}{}) TO STDOUT").format(
+            sql.SQL(", ").join(sql.Identifier(a.name) for a in t.attrs),
+            sql.SQL("" if t.partitioned else "ONLY "),
+            sql.Identifier(t.ns, t.name),
+            sql.SQL(f" WHERE ({t.row_filter})" if t.row_filter else ""),
+        )
+        conn = self._conn
+
+        def read(put: Any) -> None:
+            out = _ChunkWriter(rows, put)
+            with conn.cursor() as cur:
+                cur.copy_expert(query.as_string(conn), out)
+            out.flush()
+
+        yield from readahead.ahead(read, depth=1, name=f"snapshot-copy-{t.oid}")
+
     def close(self) -> None:
         """End the snapshot transaction (read only) and the replication connection; the slot stays."""
         for c in (self._conn, self._repl):
@@ -200,6 +236,51 @@ class Snapshot:
                 except Exception:
                     pass  # closing a dead connection: nothing to do
         self._conn = self._repl = None
+
+
+class _ChunkWriter:
+    """The file COPY writes to (psycopg2 calls ``write`` once per row): ``rows`` lines
+    joined into one chunk and handed to ``put``."""
+
+    def __init__(self, rows: int, put: Any) -> None:
+        self.rows, self.put = rows, put
+        self.lines: list[bytes] = []
+
+    def write(self, line: bytes) -> None:
+        self.lines.append(line)
+        if len(self.lines) >= self.rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.lines:
+            chunk, self.lines = b"".join(self.lines), []
+            self.put(chunk)
+
+
+# COPY's text-format escapes (what follows a backslash), as COPY FROM reads them.
+_COPY_ESCAPES = {ord("b"): b"\b", ord("f"): b"\f", ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t",
+                 ord("v"): b"\v"}
+_COPY_ESCAPE = re.compile(rb"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|(.))", re.S)
+
+
+def _unescape(m: re.Match[bytes]) -> bytes:
+    octal, hexa, other = m.groups()
+    if octal is not None:
+        return bytes([int(octal, 8) & 0xFF])
+    if hexa is not None:
+        return bytes([int(hexa, 16)])
+    return _COPY_ESCAPES.get(other[0], other)
+
+
+def copy_line_texts(chunk: bytes) -> list[tuple[str | None, ...]]:
+    """The rows of whole ``COPY ... TO STDOUT`` text lines as ``batches`` gives them:
+    each value its text (UTF-8), None for ``\\N``."""
+    out = []
+    lines = chunk.split(b"\n")
+    for line in lines[:-1] if chunk.endswith(b"\n") else lines:
+        out.append(tuple(None if f == b"\\N" else _COPY_ESCAPE.sub(_unescape, f).decode("utf-8")
+                         for f in line.split(b"\t")))
+    return out
 
 
 def _text_caster() -> Any:
