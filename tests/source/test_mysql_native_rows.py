@@ -31,6 +31,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateR
 from srckit import Cluster, SourceThread, sql
 
 from binlake import errors
+from binlake.source import prewrite
 from binlake.source.mysql import rowsplan
 from binlake.source.mysql.source import MySQLSource, _Txn, load_catalog
 from binlake.source.mysql.tables import TableFilter
@@ -382,11 +383,11 @@ def test_prewrite_value_native_equals_protobuf() -> None:
                  bytes(rng.randrange(3) for _ in range(rng.choice([0, 1, 200]))))
                 for _ in range(rng.randrange(4))]
         sv = rng.choice([0, 1, 300, 2**40])
-        assert rowsplan.prewrite_value(sv, muts, True) == rowsplan.prewrite_value(sv, muts, False)
+        assert prewrite.prewrite_value(sv, muts, True) == prewrite.prewrite_value(sv, muts, False)
     with pytest.raises(TypeError, match="list of bytes"):
-        rowsplan.prewrite_value(1, [(1, ["x"], [], [], b"")], True)  # type: ignore[list-item]
+        prewrite.prewrite_value(1, [(1, ["x"], [], [], b"")], True)  # type: ignore[list-item]
     with pytest.raises(ValueError, match="past 127"):
-        rowsplan.prewrite_value(1, [(1, [b"x"], [], [], b"\x80")], True)
+        prewrite.prewrite_value(1, [(1, [b"x"], [], [], b"\x80")], True)
 
 
 def _expected_int_row(cid: int, value: int) -> bytes:

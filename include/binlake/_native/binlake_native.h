@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -370,6 +371,43 @@ static inline int bl_float_datum(BlBuf *d, double v) {
     memcpy(&bits, &v, 8);
     for (int i = 0; i < 8; i++) le[i] = (unsigned char)(bits >> (8 * i));
     if (bl_byte(d, BL_TAG_DATUM_FLOAT_VALUE) < 0 || bl_put(d, le, 8) < 0) return -1;
+    return 0;
+}
+
+/* A decimal integer's text (an optional '-' unless `is_unsigned`, then digits) -> its
+   int_value (zigzag) or uint_value Datum field in d, as Python's int(text) gives it
+   within 64 bits. 1 done, 0 declined (not canonical, out of range), -1 MemoryError. */
+static inline int bl_int_text_datum(BlBuf *d, const unsigned char *s, size_t n, int is_unsigned) {
+    size_t i = 0;
+    int neg = 0;
+    if (!is_unsigned && n > 0 && s[0] == '-') { neg = 1; i = 1; }
+    if (i >= n || n - i > 20) return 0;
+    uint64_t v = 0;
+    for (; i < n; i++) {
+        if (!bl_is_digit(s[i])) return 0;
+        uint64_t dgt = (uint64_t)(s[i] - '0');
+        if (v > (UINT64_MAX - dgt) / 10) return 0;
+        v = v * 10 + dgt;
+    }
+    if (is_unsigned) return bl_tagged_varint(d, BL_TAG_DATUM_UINT_VALUE, v) < 0 ? -1 : 1;
+    if ((!neg && v > (uint64_t)INT64_MAX) || (neg && v > (uint64_t)INT64_MAX + 1)) return 0;
+    int64_t sv = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return bl_tagged_varint(d, BL_TAG_DATUM_INT_VALUE, bl_zigzag(sv)) < 0 ? -1 : 1;
+}
+
+/* The MySQL source's FLOAT rule (values._float32): of 6..9 significant digits, the
+   shortest text of v whose float32 is v, read back as a double (v itself when none
+   is). 0 ok, -1 declined (struct.pack("<f") would raise OverflowError there). */
+static inline int bl_float32_shortest(double v, double *out) {
+    char text[64];
+    *out = v;
+    for (int digits = 6; digits < 10; digits++) {
+        snprintf(text, sizeof text, "%.*g", digits, v);
+        double t = strtod(text, NULL);
+        float y = (float)t;
+        if (isinf(y)) return -1;
+        if ((double)y == v) { *out = t; break; }
+    }
     return 0;
 }
 

@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -42,7 +42,7 @@ class _End:
     pass
 
 
-class _Failed(Generic[T]):
+class _Failed:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 

@@ -55,6 +55,7 @@ from typing import Any
 
 from binlake import errors, failpoint
 from binlake.proto import binlog_pb2
+from binlake.source import prewrite
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
 
@@ -75,26 +76,12 @@ PROGRESS_INTERVAL_S = 5.0
 
 log = logging.getLogger(__name__)
 
-# The native writer of a transaction's PrewriteValue (built with the MySQL source's row
-# decoder, but it knows nothing of MySQL: mutations of serialized Rows in, the value
-# out). Optional: without it the protobuf message gives the same bytes.
-_prewrite_value: Callable[[int, list[tuple[int, list[bytes], list[bytes], list[bytes], bytes]]], bytes] | None
-try:
-    from binlake.source.mysql._rowsc import prewrite_value as _prewrite_value
-except ImportError:
-    _prewrite_value = None
-
-
 def part_value(schema_version: int, table_id: int, rows: list[bytes]) -> bytes:
     """A row part's serialized PrewriteValue: one table's rows (serialized Rows), all
-    inserts. Written in one pass when the native writer is built (the protobuf
-    message costs about 8 us a row here, more than reading and encoding the row)."""
-    if _prewrite_value is not None:
-        return bytes(_prewrite_value(schema_version, [(table_id, rows, [], [], bytes([binlog_pb2.INSERT]) * len(rows))]))
-    m = binlog_pb2.TableMutation(table_id=table_id)
-    m.inserted_rows.extend(rows)
-    m.sequence.extend([binlog_pb2.INSERT] * len(rows))
-    return bytes(binlog_pb2.PrewriteValue(schema_version=schema_version, mutations=[m]).SerializeToString())
+    inserts, written natively when built (``prewrite``: the protobuf message costs
+    more than reading and encoding the row)."""
+    return prewrite.prewrite_value(schema_version, [(table_id, rows, [], [], bytes([binlog_pb2.INSERT]) * len(rows))],
+                                   native=True)
 
 
 class SnapshotGroup:

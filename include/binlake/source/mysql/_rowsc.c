@@ -234,16 +234,7 @@ static int decode_value(const Col *c, const unsigned char **pp, const unsigned c
         p += 4;
         double v = (double)f, out = v;
         if (!isfinite(v)) return 0;
-        if (c->a) {
-            char text[64];
-            for (int digits = 6; digits < 10; digits++) {
-                snprintf(text, sizeof text, "%.*g", digits, v);
-                double t = strtod(text, NULL);
-                float y = (float)t;
-                if (isinf(y)) return 0; /* struct.pack("<f") would raise OverflowError */
-                if ((double)y == v) { out = t; break; }
-            }
-        }
+        if (c->a && bl_float32_shortest(v, &out) < 0) return 0;
         if (bl_byte(d, BL_TAG_DATUM_FLOAT_VALUE) < 0 || bl_put(d, &out, 8) < 0) return -1;
         break;
     }

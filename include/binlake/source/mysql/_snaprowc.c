@@ -72,55 +72,17 @@ typedef struct {
     Col *cols;
 } PlanObject;
 
-/* Decimal text -> its value (INT: optional '-'; UINT: digits only); 0 ok, -1 declined. */
-static int parse_int(const unsigned char *s, size_t n, int sign, uint64_t *mag, int *neg) {
-    size_t i = 0;
-    *neg = 0;
-    if (sign && n > 0 && s[0] == '-') { *neg = 1; i = 1; }
-    if (i >= n || n - i > 20) return -1;
-    uint64_t v = 0;
-    for (; i < n; i++) {
-        if (!bl_is_digit(s[i])) return -1;
-        uint64_t d = (uint64_t)(s[i] - '0');
-        if (v > (UINT64_MAX - d) / 10) return -1;
-        v = v * 10 + d;
-    }
-    *mag = v;
-    return 0;
-}
-
 /* One non-NULL value's text -> its Datum in d. Returns 1, 0 (ask Python) or -1 (error set). */
 static int encode_value(const Col *c, const unsigned char *s, size_t n, BlBuf *d) {
     switch (c->op) {
-    case T_INT: {
-        uint64_t v;
-        int neg;
-        if (parse_int(s, n, 1, &v, &neg) < 0) return 0;
-        if ((!neg && v > (uint64_t)INT64_MAX) || (neg && v > (uint64_t)INT64_MAX + 1)) return 0;
-        int64_t sv = neg ? (int64_t)(0 - v) : (int64_t)v;
-        return bl_tagged_varint(d, BL_TAG_DATUM_INT_VALUE, bl_zigzag(sv)) < 0 ? -1 : 1;
-    }
-    case T_UINT: {
-        uint64_t v;
-        int neg;
-        if (parse_int(s, n, 0, &v, &neg) < 0) return 0;
-        return bl_tagged_varint(d, BL_TAG_DATUM_UINT_VALUE, v) < 0 ? -1 : 1;
-    }
+    case T_INT:
+    case T_UINT:
+        return bl_int_text_datum(d, s, n, c->op == T_UINT);
     case T_FLOAT: {
         double v, out;
         if (bl_parse_double(s, n, &v) < 0) return 0;
         out = v;
-        if (c->a) {
-            /* values._float32: the shortest of 6..9 significant digits whose float32 is v */
-            char text[64];
-            for (int digits = 6; digits < 10; digits++) {
-                snprintf(text, sizeof text, "%.*g", digits, v);
-                double t = strtod(text, NULL);
-                float y = (float)t;
-                if (isinf(y)) return 0; /* struct.pack("<f") would raise OverflowError */
-                if ((double)y == v) { out = t; break; }
-            }
-        }
+        if (c->a && bl_float32_shortest(v, &out) < 0) return 0;
         return bl_float_datum(d, out) < 0 ? -1 : 1;
     }
     case T_DECIMAL:

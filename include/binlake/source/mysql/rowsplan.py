@@ -183,23 +183,3 @@ def decode(plan: Any, ev: Any) -> list[bytes] | None:
                                            ev.columns_present_bitmap2 if update else None)
     return rows
 
-
-def prewrite_value(schema_version: int, mutations: list[tuple[int, list[bytes], list[bytes], list[bytes], bytes]],
-                   native: bool) -> bytes:
-    """A transaction's serialized PrewriteValue from its mutations, each (table_id,
-    inserted rows, updated rows, deleted rows, sequence: one byte per MutationType),
-    in order. ``native`` (and ``_rowsc`` built): one pass in C that copies each row
-    once (``_rowsc.prewrite_value``); otherwise through the protobuf message, the
-    same bytes (tests/source/test_mysql_native_rows.py checks they are)."""
-    if native and _rowsc is not None:
-        return bytes(_rowsc.prewrite_value(schema_version, mutations))
-    from binlake.proto import binlog_pb2
-
-    value = binlog_pb2.PrewriteValue(schema_version=schema_version)
-    for table_id, inserted, updated, deleted, sequence in mutations:
-        m = value.mutations.add(table_id=table_id)
-        m.inserted_rows.extend(inserted)
-        m.updated_rows.extend(updated)
-        m.deleted_rows.extend(deleted)
-        m.sequence.extend(sequence)
-    return bytes(value.SerializeToString())

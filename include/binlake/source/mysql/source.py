@@ -59,6 +59,7 @@ from pymysqlreplication.row_event import UpdateRowsEvent, WriteRowsEvent
 from binlake import errors
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
+from binlake.source import prewrite
 from binlake.source.base import FIRST_TABLE_ID, SnapshotStopped, Source
 from binlake.source.mysql import framing, rowsplan, snapshot
 from binlake.source.mysql import server as srv
@@ -129,9 +130,9 @@ class _Txn:
         return m
 
     def value(self, schema_version: int, native: bool) -> bytes:
-        """The serialized PrewriteValue (``rowsplan.prewrite_value``: natively, each row
+        """The serialized PrewriteValue (``prewrite.prewrite_value``: natively, each row
         copied once, or through the protobuf message: the same bytes)."""
-        return rowsplan.prewrite_value(schema_version, [
+        return prewrite.prewrite_value(schema_version, [
             (m.table_id, m.inserted_rows, m.updated_rows, m.deleted_rows, bytes(m.sequence))
             for m in self.mutations.values()], native)
 

@@ -86,23 +86,8 @@ typedef struct {
 static int encode_text(const Col *c, const unsigned char *s, size_t n, BlBuf *d) {
     switch (c->kind) {
     case K_INT:
-    case K_UINT: {
-        size_t i = 0;
-        int neg = 0;
-        if (c->kind == K_INT && n > 0 && s[0] == '-') { neg = 1; i = 1; }
-        if (i >= n || n - i > 20) return 0;
-        uint64_t v = 0;
-        for (; i < n; i++) {
-            if (!bl_is_digit(s[i])) return 0;
-            uint64_t dgt = (uint64_t)(s[i] - '0');
-            if (v > (UINT64_MAX - dgt) / 10) return 0;
-            v = v * 10 + dgt;
-        }
-        if (c->kind == K_UINT) return bl_tagged_varint(d, BL_TAG_DATUM_UINT_VALUE, v) < 0 ? -1 : 1;
-        if ((!neg && v > (uint64_t)INT64_MAX) || (neg && v > (uint64_t)INT64_MAX + 1)) return 0;
-        int64_t sv = neg ? (int64_t)(0 - v) : (int64_t)v;
-        return bl_tagged_varint(d, BL_TAG_DATUM_INT_VALUE, bl_zigzag(sv)) < 0 ? -1 : 1;
-    }
+    case K_UINT:
+        return bl_int_text_datum(d, s, n, c->kind == K_UINT);
     case K_BOOL:
         /* Python: text == "t" (anything else is False, but not all of it is text) */
         if (n != 1 || (s[0] != 't' && s[0] != 'f')) return 0;
