@@ -160,7 +160,10 @@ def encode_value(value: Any, col_type: int, column: str = "value") -> binlog_pb2
             if not isinstance(value, dt.datetime):
                 raise TypeError(f"expected datetime, got {type(value).__name__}")
             if value.tzinfo is not None:
-                value = value.astimezone(dt.UTC).replace(tzinfo=None)
+                try:
+                    value = value.astimezone(dt.UTC).replace(tzinfo=None)
+                except OverflowError:  # e.g. 0001-01-01 00:00:00+05: year 0 in UTC
+                    raise ValueError(f"{value.isoformat()} is outside the years 1..9999 in UTC") from None
             return binlog_pb2.Datum(datetime_micros=_micros(value - _EPOCH))
         if col_type == binlog_pb2.DATE:
             if isinstance(value, dt.datetime) or not isinstance(value, dt.date):

@@ -97,6 +97,13 @@ def test_aware_datetime_is_normalised_to_utc() -> None:
     assert codec.decode_value(codec.encode_value(aware, code), code) == dt.datetime(2026, 1, 1, 10, 0)
 
 
+def test_aware_datetime_outside_the_years_in_utc_is_a_value_error() -> None:
+    # 0001-01-01 00:00 at +05 is year 0 in UTC: named, not an OverflowError from datetime.
+    early = dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5)))
+    with pytest.raises(ValueError, match=r"c \(datetime\): 0001-01-01T00:00:00\+05:00 is outside the years 1..9999"):
+        codec.encode_value(early, codec.type_code("datetime"), "c")
+
+
 def test_mysql_time_as_timedelta() -> None:
     code = codec.type_code("time")
     assert codec.decode_value(codec.encode_value(dt.timedelta(hours=1, microseconds=5), code), code) == dt.time(
