@@ -102,6 +102,7 @@ class Emitter:
         self.sent = 0
         self.resent = 0
         self._roll_back_orphans()
+        self._resend_last_decided()
 
     def _roll_back_orphans(self) -> None:
         """Tell the Pumps that the transactions a killed run began and never decided are
@@ -122,6 +123,25 @@ class Emitter:
         log.info("source: %d transaction(s) the previous run began and never decided are rolled back; "
                  "%d rollback(s) stored on the Pumps%s", len(orphaned), stored,
                  f"; pumps {', '.join(unreachable)} will ask this source instead" if unreachable else "")
+
+    def _resend_last_decided(self) -> None:
+        """Re-send the commits of the journal's last decision line, which a killed run may
+        have decided and never had acknowledged (``source.journal``, *Unacknowledged
+        commits*): without this, a snapshot part of an attempt the restart abandons keeps
+        its prewrite pending on its Pump until the Pump asks TxnStatus. A Pump that has
+        the commit answers AlreadyExists; one that cannot be told now still asks."""
+        resent = 0
+        for start_ts, commit_ts, pump in self.state.last_decided:
+            try:
+                self._commit(start_ts, commit_ts, pump)
+                resent += 1
+            except errors.FailedPrecondition as exc:  # GC'd since (it had it), or given to a replica only
+                log.debug("source: commit of start_ts %d not re-sent: %s", start_ts, exc)
+            except errors.BinlakeError as exc:
+                log.warning("source: the commit of start_ts %d (decided by the previous run) not re-sent to "
+                            "pump %s: %s; the Pump asks this source instead", start_ts, pump, exc)
+        if resent:
+            log.info("source: %d commit(s) the previous run decided last re-sent to their Pumps", resent)
 
     def emit(self, key: str, value: binlog_pb2.PrewriteValue | bytes,
              ddl: tuple[str, Sequence[binlog_pb2.TableInfo]] | None = None) -> tuple[int, int]:

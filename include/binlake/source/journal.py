@@ -61,6 +61,18 @@ no longer known is answered RUNNING, never ROLLED_BACK: the Pump keeps the
 prewrite pending (and its safe ts held) instead of dropping a transaction
 that may have committed.
 
+Unacknowledged commits: every decision line is written after every commit of
+the line before it was acknowledged (``Emitter.emit`` and ``commit_group``
+return only then; a pipeline step decides its group only after the batch
+carrying the previous group's commits was answered). So after a kill -9 only
+the last decision line's commits may never have reached their Pump. A stream
+transaction among them is re-read from the checkpoint and re-sent, but a part
+of a snapshot attempt that the restart abandons is never read again: its Pump
+would hold the prewrite (and its safe ts, so every window after it) until it
+asked TxnStatus after its txn timeout. The restart therefore re-sends the last
+line's commits (``last_decided``) at once; a Pump that has one answers
+AlreadyExists.
+
 TSOs come from the registry in log order, so commit_ts order is the
 upstream's commit order; a re-sent transaction keeps its old, still ordered, TSOs.
 
@@ -145,6 +157,10 @@ class SourceState:
         # The start_ts this start found begun and never decided (a killed run's): rolled
         # back in the journal below; the source also tells the Pumps (``Emitter``).
         self.orphaned: list[int] = []
+        # The transactions of the journal's last decision line, (start_ts, commit_ts, pump):
+        # the only ones whose commits a killed run may not have had acknowledged (see
+        # *Unacknowledged commits* in the module docstring); ``Emitter`` re-sends them.
+        self.last_decided: list[tuple[int, int, str]] = []
         self.state: dict[str, Any] = self._load_state()
         self._load_journal()
         self._journal = (self.dir / JOURNAL).open("a", encoding="utf-8")
@@ -189,6 +205,10 @@ class SourceState:
                     break  # a torn last line (killed mid-write): it announced a step never taken
                 raise errors.FailedPrecondition(f"journal {path} line {i + 1} is damaged") from None
             self._apply(rec)
+            decided_now = [[k, c, p] for k, c, p in rec.get("m", ())] + ([[rec["k"], rec["c"], rec.get("p", "")]]
+                                                                         if "c" in rec else [])
+            if decided_now:
+                self.last_decided = [(self._by_key[k].start_ts, int(c), str(p)) for k, c, p in decided_now]
         # Start-up: every start_ts with no commit_ts belonged to a process that died
         # before deciding it; no Pump can serve it, so it is rolled back now.
         orphans = [d for d in self._by_start.values() if not d.commit_ts and d.start_ts not in self._rolled_back]
