@@ -591,6 +591,11 @@ class IngestLoop:
         try:
             while not self._stop.is_set():
                 end_wall = time.time()
+                if tso.compose(int(end_wall * 1000)) <= self.next_ts:
+                    # The first window, begun in this very millisecond: an empty window is refused
+                    # (exit 2, as a refusal), and retried with the same bounds it never would pass.
+                    self._stop.wait(0.01)
+                    continue
                 w = IngestWindow(self.next_ts, tso.compose(int(end_wall * 1000)), end_wall)
                 while not self._ingest(w):
                     if self._stop.wait(1.0):
@@ -689,9 +694,10 @@ def watch_pumps(registry: str, view: PumpView, start_ts: int, until: Callable[[P
 
 
 def start_source(up: Upstream, which: str, tables: list[str], registry: str, root: pathlib.Path,
-                 batch_rows: int) -> subprocess.Popen[bytes]:
+                 batch_rows: int, max_rows_per_s: float = 0.0) -> subprocess.Popen[bytes]:
     args = binlake_cmd("source", *up.source_args(which, tables), "--registry", registry, "--start", "snapshot",
-                       "--snapshot-batch-rows", str(batch_rows), "--data-dir", str(root / f"source-{which}"))
+                       "--snapshot-batch-rows", str(batch_rows), "--snapshot-max-rows-per-s", str(max_rows_per_s),
+                       "--data-dir", str(root / f"source-{which}"))
     with open(root / f"source-{which}.log", "ab") as log:  # the child has its own copy of the descriptor
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -770,7 +776,8 @@ def run_db(kind: str, args: argparse.Namespace, root: pathlib.Path) -> DbResult:
 
         sampler.set_stage("snapshot")
         snap_start_wall = time.time()
-        src = start_source(up, "snapshot", snap_tables, cluster.registry_addr, root, args.batch_rows)
+        src = start_source(up, "snapshot", snap_tables, cluster.registry_addr, root, args.batch_rows,
+                           args.max_rows_per_s)
         sources.append(src)
         sampler.watch("source", src.pid)
         say("snapshot source started ...")
@@ -928,7 +935,8 @@ def targets(r: DbResult) -> list[tuple[str, str, bool]]:
 
 def report(results: list[DbResult], args: argparse.Namespace) -> None:
     print(f"\n`binlake bench snapshot --rows {args.rows} --tables {args.tables} --rate {args.rate:g} "
-          f"--batch-rows {args.batch_rows} --db {args.db}` (load average {os.getloadavg()[0]:.1f}, "
+          f"--batch-rows {args.batch_rows} --max-rows-per-s {args.max_rows_per_s:g} --db {args.db}` "
+          f"(load average {os.getloadavg()[0]:.1f}, "
           f"{os.cpu_count()} cores)")
     for r in results:
         print(f"\n{r.kind}: {r.rows:,} rows, {r.nbytes / MIB:,.0f} MiB of table data" +

@@ -5,6 +5,7 @@ rows it rebuilds (by replaying the binlogs, keyed by primary key)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import threading
 from collections.abc import Iterator
@@ -56,7 +57,16 @@ def journal_prewrites(svc: Any, data: pathlib.Path) -> int:
     """Snapshot prewrites a source process (``svc``, still alive) has journaled in ``data``."""
     svc.check_alive()
     p = data / "journal.log"
-    return p.read_text().count('"s"') if p.exists() else 0
+    if not p.exists():
+        return 0
+    n = 0
+    for line in p.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        n += len(rec.get("b", ())) + (1 if "s" in rec and not rec.get("r") else 0)
+    return n
 
 
 def sql(server: LocalMariaDB, *stmts: str, db: str | None = None) -> list[Any]:

@@ -136,6 +136,31 @@ def test_snapshot_then_stream(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pat
     assert "no snapshot progress" in capsys.readouterr().err
 
 
+def test_a_paced_snapshot_keeps_to_its_rate_and_equals_the_upstream(
+        mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--snapshot-max-rows-per-s: the snapshot's rows go out at most that fast on average
+    (the progress a DBA reads says so), and the result is the same snapshot."""
+    db = fresh_db(mdb)
+    data = tmp_path / "src"
+    rate = 1_000.0
+    src = SourceThread(MySQLSource(f"mysql://root@127.0.0.1:{mdb.port}", server_id=3000 + _n,
+                                   registry=cluster.registry.addr, data_dir=str(data), tables=f"{db}.*",
+                                   start="snapshot", snapshot_batch_rows=50, snapshot_max_rows_per_s=rate)).start()
+    try:
+        assert src.source.ready.wait(60)
+        wait_until(lambda: at_end(mdb, data), timeout=60, what="source caught up")
+    finally:
+        src.stop()
+    verify(mdb, cluster, db, -(-ROWS // 50))
+    capsys.readouterr()
+    assert cli.main(["ctl", "snapshot-progress", "--data-dir", str(data), "--json"]) == 0
+    progress = json.loads(capsys.readouterr().out)
+    assert progress["rows"] == ROWS and progress["elapsed_s"] >= ROWS / rate - 0.1
+    assert progress["rows_per_s"] <= rate * 1.02 and progress["max_rows_per_s"] == rate
+    assert cli.main(["ctl", "snapshot-progress", "--data-dir", str(data)]) == 0
+    assert "rows/s, paced at 1000 rows/s" in capsys.readouterr().out
+
+
 def test_every_column_type_from_the_snapshot(mdb: LocalMariaDB, cluster: Cluster, tmp_path: pathlib.Path) -> None:
     """Snapshot rows (read by SELECT) encode exactly as binlog rows do: the same checksums."""
     from test_mysql_source import ALL_TYPES, ALL_VALUES

@@ -190,6 +190,12 @@ def test_one_source_per_data_dir(tmp_path: pathlib.Path) -> None:
      "expected milliseconds in 0..4000, got 5000"),
     (["source", "postgres", "--dsn", "postgresql://x@h/d", "--slot", "s", "--publication", "p", "--step-ms", "50",
       "--max-step-ms", "10"], "--max-step-ms 10 is below the step pace (50 ms, --step-ms)"),
+    (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--snapshot-max-rows-per-s", "-5"],
+     "expected rows/s in 0..1000000000.0, got -5"),
+    (["source", "postgres", "--dsn", "postgresql://x@h/d", "--slot", "s", "--publication", "p",
+      "--snapshot-max-rows-per-s", "nan"], "expected rows/s in 0..1000000000.0, got nan"),
+    (["source", "mysql", "--dsn", "mysql://root@127.0.0.1:1", "--server-id", "3", "--snapshot-max-rows-per-s",
+      "lots"], "expected rows/s in 0..1000000000.0, got 'lots'"),
 ])
 def test_cli_refuses_bad_input_in_one_line(argv: list[str], message: str, tmp_path: pathlib.Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
@@ -284,3 +290,32 @@ def test_a_source_reads_the_registry_from_the_environment_as_every_client_does(
         assert cli.main([*argv, "--data-dir", str(tmp_path / argv[1]), "--registry", "h1:8230,"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--registry" in err[0] and "BINLAKE_REGISTRY" not in err[0], err
+
+
+def test_snapshot_pace_waits_until_the_rows_are_due_and_a_stop_ends_the_wait() -> None:
+    import threading
+    import time
+
+    from binlake.source.rowpace import RowPace, check_rate
+
+    t0 = time.monotonic()
+    free = RowPace(0)
+    for _ in range(100):
+        free.after(10_000)
+    assert time.monotonic() - t0 < 0.5 and free.waited_s == 0  # 0: no pace at all
+    pace = RowPace(2_000)
+    t0 = time.monotonic()
+    for _ in range(4):
+        pace.after(100)  # 400 rows at 2,000 rows/s: at least 0.2 s, each part waiting for its own rows too
+    took = time.monotonic() - t0
+    assert took >= 0.2 - 0.01 and pace.rows == 400
+    assert 0.15 <= pace.waited_s <= took + 0.01
+    stop = threading.Event()
+    slow = RowPace(1, stop)
+    threading.Timer(0.2, stop.set).start()
+    t0 = time.monotonic()
+    slow.after(1_000)  # due in 1,000 s; the stop ends the wait
+    assert time.monotonic() - t0 < 5
+    for bad in (-1, float("nan"), float("inf"), True, "10"):
+        with pytest.raises(errors.InvalidArgument, match="--snapshot-max-rows-per-s must be 0"):
+            check_rate(bad)  # type: ignore[arg-type]

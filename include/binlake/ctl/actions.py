@@ -115,10 +115,11 @@ def _snapshot_progress(args: argparse.Namespace) -> int:
         print(json.dumps(p))
         return 0
     eta = f", about {p['eta_s']:.0f}s left" if p.get("eta_s") is not None else ""
+    pace = f", paced at {p['max_rows_per_s']:.0f} rows/s" if p.get("max_rows_per_s") else ""
     age = time.time() - float(p.get("updated_at") or 0)
     print(f"{p['source']} source snapshot (attempt {p['attempt']}) {p['state']}: {p['tables_done']}/{p['tables']} "
           f"tables, {p['rows']} of ~{p['rows_estimate']} rows, {p['bytes'] / 1e6:.1f} MB in {p['elapsed_s']:.0f}s "
-          f"({p['rows_per_s']:.0f} rows/s, {p['mb_per_s']:.2f} MB/s){eta}; updated {age:.0f}s ago")
+          f"({p['rows_per_s']:.0f} rows/s{pace}, {p['mb_per_s']:.2f} MB/s){eta}; updated {age:.0f}s ago")
     return 0
 
 

@@ -65,6 +65,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from binlake import errors
 from binlake.config import ClientSettings
 from binlake.proto import binlog_pb2
+from binlake.source import rowpace
 from binlake.source.emitter import Emitter
 from binlake.source.journal import SourceState
 from binlake.source.pipeline import PACE_S, Item, check_steps
@@ -92,11 +93,13 @@ class Source(abc.ABC, Generic[P]):
 
     def __init__(self, *, registry: str, data_dir: str, status_addr: str = "127.0.0.1:0",
                  client_settings: ClientSettings | None = None, snapshot_batch_rows: int,
-                 pace_s: float = PACE_S, max_pace_s: float | None = None) -> None:
+                 pace_s: float = PACE_S, max_pace_s: float | None = None,
+                 snapshot_max_rows_per_s: float = 0.0) -> None:
         # A subclass checks its own arguments first: the data dir is locked last.
         if isinstance(snapshot_batch_rows, bool) or not isinstance(snapshot_batch_rows, int) or snapshot_batch_rows < 1:
             raise errors.InvalidArgument(f"--snapshot-batch-rows must be a positive number, got {snapshot_batch_rows!r}")
         self.snapshot_batch_rows = snapshot_batch_rows
+        self.snapshot_max_rows_per_s = rowpace.check_rate(snapshot_max_rows_per_s)
         self.pace_s, self.max_pace_s = check_steps(pace_s, max_pace_s)
         self.burst_s = read_burst_s()  # source.readburst; a bad BINLAKE_READ_BURST_MS is refused here
         self.registry_addr = registry
@@ -116,6 +119,10 @@ class Source(abc.ABC, Generic[P]):
 
     def stop(self) -> None:
         self._stop.set()
+
+    def snapshot_pace(self) -> rowpace.RowPace:
+        """The pace of a snapshot attempt's row parts (``--snapshot-max-rows-per-s``); a stop ends its waits."""
+        return rowpace.RowPace(self.snapshot_max_rows_per_s, self._stop)
 
     # ------------------------------------------------------------------ what a source implements
     def check_upstream(self) -> None:

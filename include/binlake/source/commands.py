@@ -48,7 +48,7 @@ SOURCES: tuple[str, ...] = (
 @dataclasses.dataclass(frozen=True)
 class SourceCommand:
     """A source's command line, ``binlake source NAME``. The options every source
-    has (--dsn, --registry, --start, --snapshot-batch-rows, --data-dir, --status-addr,
+    has (--dsn, --registry, --start, --snapshot-batch-rows, --snapshot-max-rows-per-s, --data-dir, --status-addr,
     --step-ms, --max-step-ms) are added by ``register`` in this record's words;
     ``add_arguments`` adds the source's own (after --dsn); ``check`` refuses what it
     cannot use before any connection; ``build`` makes the source (importing its
@@ -76,6 +76,14 @@ _MAX_STEP_HELP = ("longest a step waits to fill its group while transactions kee
                   "grow to this, so each carries more; acknowledgements up to about twice this much later")
 
 
+_max_rows_per_s = number_in(float, 0, 1e9, "rows/s")
+
+
+_MAX_ROWS_HELP = ("at most this many snapshot rows a second, on average (default 0: as fast as the upstream "
+                  "serves them). Set it below your ingest's rows/s so the lake's windows of every other writer "
+                  "stay fresh while a big snapshot runs, or to spare a busy primary; the snapshot takes longer")
+
+
 _STEP_HELP = ("least time between two steps of the Pump pipeline, in ms (default 25; 0: as fast as round trips "
               "allow): larger groups, less CPU per transaction, acknowledgements up to this much later")
 
@@ -94,6 +102,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
         p.add_argument("--start", default=None, help=cmd.start_help)
         p.add_argument("--snapshot-batch-rows", type=cmd.batch_rows_type, default=10_000,
                        help="rows per transaction of a --start snapshot (default 10000)")
+        p.add_argument("--snapshot-max-rows-per-s", type=_max_rows_per_s, default=0.0, metavar="ROWS",
+                       help=_MAX_ROWS_HELP)
         p.add_argument("--data-dir", default=f"data/source-{cmd.name}",
                        help=f"checkpoint and TSO journal (default data/source-{cmd.name})")
         p.add_argument("--status-addr", default="127.0.0.1:0",
@@ -143,6 +153,8 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="workload transactions/s on the upstream throughout (default 200)")
     b.add_argument("--batch-rows", type=positive_int, default=10_000,
                    help="the source's --snapshot-batch-rows (default 10000)")
+    b.add_argument("--max-rows-per-s", type=_max_rows_per_s, default=0.0,
+                   help="the source's --snapshot-max-rows-per-s (default 0: no limit)")
     b.add_argument("--db", choices=("mariadb", "postgres", "both"), default="both",
                    help="which upstream (default both, one after the other)")
     b.add_argument("--window-s", type=positive_float, default=10.0,

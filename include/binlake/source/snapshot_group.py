@@ -9,9 +9,16 @@ An attempt (``Attempt``), in order:
    saved. Each table's definition goes out as an ordinary committed DDL binlog
    (``Emitter.emit``) whose TableInfo has ``snapshot_pending`` set.
 2. **Rows**: each batch of at most ``snapshot_batch_rows`` rows is an ordinary
-   committed transaction, sent at once. A Pump holds at most one part pending
-   at a time, so its safe ts moves, other writers' windows are ingested while
-   the snapshot runs, and its parts spread over as many windows as it takes.
+   committed transaction, pipelined one deep (``Emitter.step``): one step
+   decides and commits the part before and prewrites this one, so a part costs
+   one TSO call, one journal line and one Pump batch, not two of each, and the
+   last part is decided before the markers (``flush``; a paced snapshot
+   commits each part before its pace's wait). The cluster holds at
+   most one part pending at a time, so the Pumps' safe ts move, other writers'
+   windows are ingested while the snapshot runs, and its parts spread over as
+   many windows as it takes. A part prewritten when the snapshot stops or fails
+   is rolled back at once (``abandon_parts``); after a kill -9 it is an orphan
+   the restart rolls back (``source.journal``).
 3. **End**: one DDL binlog per table with the same definition and
    ``snapshot_pending`` unset (the table's "snapshot complete" marker; the
    query is a comment, its definition equal to the table's: the apply has
@@ -56,8 +63,9 @@ from typing import Any
 from binlake import errors, failpoint
 from binlake.proto import binlog_pb2
 from binlake.source import prewrite
-from binlake.source.emitter import Emitter
+from binlake.source.emitter import Emitter, Prewritten
 from binlake.source.journal import SourceState
+from binlake.source.rowpace import RowPace
 
 # state.json key of the marker. Invariant: present only between the save just
 # before the markers' decision and the checkpoint that follows their commits; its
@@ -132,6 +140,7 @@ class Progress:
         self.started = time.monotonic()
         self._last = 0.0
         self.done = False
+        self.max_rows_per_s = 0.0  # the pace in force (``source.rowpace``; 0: none)
 
     def add(self, rows: int, nbytes: int) -> None:
         self.rows += rows
@@ -150,7 +159,8 @@ class Progress:
         return {"source": self.kind, "attempt": self.attempt, "state": "done" if self.done else "running",
                 "tables_done": self.tables_done, "tables": self.tables, "rows": self.rows,
                 "rows_estimate": self.estimate, "bytes": self.bytes, "elapsed_s": round(elapsed, 1),
-                "rows_per_s": round(rate, 1), "mb_per_s": round(self.bytes / elapsed / 1e6, 2),
+                "rows_per_s": round(rate, 1), "max_rows_per_s": self.max_rows_per_s,
+                "mb_per_s": round(self.bytes / elapsed / 1e6, 2),
                 "eta_s": None if eta is None else round(eta, 1), "updated_at": time.time()}
 
     def report(self, force: bool = False) -> None:
@@ -159,9 +169,10 @@ class Progress:
             return
         self._last = now
         f = self.figures()
-        log.info("%s source: snapshot %s: %d/%d tables, %d of ~%d rows, %.1f MB, %.0f rows/s, %.2f MB/s%s",
+        log.info("%s source: snapshot %s: %d/%d tables, %d of ~%d rows, %.1f MB, %.0f rows/s%s, %.2f MB/s%s",
                  self.kind, f["state"], f["tables_done"], f["tables"], f["rows"], f["rows_estimate"],
-                 f["bytes"] / 1e6, f["rows_per_s"], f["mb_per_s"],
+                 f["bytes"] / 1e6, f["rows_per_s"],
+                 f" (paced at {self.max_rows_per_s:.0f})" if self.max_rows_per_s else "", f["mb_per_s"],
                  f", about {f['eta_s']:.0f}s left" if f["eta_s"] is not None else "")
         path = self.state.dir / PROGRESS
         tmp = path.with_suffix(".tmp")
@@ -173,8 +184,12 @@ class Attempt:
     """One attempt at a source's initial snapshot (see the module doc): its DDLs and row
     parts go out as ordinary transactions, its markers as one ``SnapshotGroup``."""
 
-    def __init__(self, emitter: Emitter, state: SourceState, kind: str, position: Any, tag: str) -> None:
+    def __init__(self, emitter: Emitter, state: SourceState, kind: str, position: Any, tag: str,
+                 pace: RowPace | None = None) -> None:
         self.emitter, self.state, self.kind = emitter, state, kind
+        self.pace = pace if pace is not None else RowPace(0)
+        # The row part prewritten and not yet decided (at most one): the next step decides it.
+        self._inflight: list[Prewritten] = []
         prev = state.state.get(ATTEMPT) or {}
         # What aborted attempts defined: this attempt's table of the same name replaces it.
         self.previous: dict[str, list[Any]] = {**prev.get("previous", {}), **prev.get("tables", {})}
@@ -192,6 +207,7 @@ class Attempt:
 
     def start_progress(self, tables: int, estimate_rows: int) -> Progress:
         self.progress = Progress(self.state, self.kind, self.id, tables, estimate_rows)
+        self.progress.max_rows_per_s = self.pace.rate
         self.progress.report(force=True)
         return self.progress
 
@@ -213,18 +229,45 @@ class Attempt:
         return out
 
     def send_rows(self, key: str, value: bytes, rows: int) -> None:
-        """One row part (``part_value``): an ordinary transaction, committed before this returns."""
+        """One row part (``part_value``): an ordinary transaction, prewritten (acknowledged) before
+        this returns and committed with the next part's step, or by ``flush`` (at once when
+        the snapshot is paced)."""
         raw = len(value)
-        self.emitter.emit(key, value)
+        # Taken first: if the step fails after its journal line decided the part before, that
+        # part is decided (never abandoned: a Pump asking is answered "committed").
+        inflight, self._inflight = self._inflight, []
+        _commit_ts, out = self.emitter.step(inflight, [(key, value)])
+        self._inflight = [p for p in out if isinstance(p, Prewritten)]  # not one decided before (re-sent)
         failpoint.hit("source-snapshot-part")
         if self.progress is not None:
             self.progress.add(rows, raw)
+        if self.pace.rate or self.on_part is not None:
+            # A part waits pending only while the next one is read and encoded: before a
+            # pace's wait (or a test's hook, which sees committed parts) it is committed
+            # now, so no Pump's safe ts waits for the snapshot's pace.
+            self.flush()
         if self.on_part is not None:
             self.on_part(rows)
+        self.pace.after(rows)
+
+    def flush(self) -> None:
+        """Decide and commit the row part still prewritten, if any (before the drops and markers)."""
+        if self._inflight:
+            inflight, self._inflight = self._inflight, []
+            self.emitter.step(inflight, [])
+
+    def abandon_parts(self) -> None:
+        """The snapshot stops or fails before its markers: roll back the part still prewritten
+        (journaled first, then a ROLLBACK to its Pump), so no Pump's safe ts waits for it."""
+        if self._inflight:
+            inflight, self._inflight = self._inflight, []
+            self.emitter.abandon(inflight)
 
     def gone(self, next_version: Callable[[], int]) -> list[tuple[str, binlog_pb2.TableInfo]]:
         """(key, TableInfo) of a drop for each table an aborted attempt defined that this
-        one does not (gone upstream since), each with its schema version from ``next_version``."""
+        one does not (gone upstream since), each with its schema version from ``next_version``.
+        Every row part is committed first."""
+        self.flush()
         out = []
         for name, (tid, db, tbl) in sorted(self.previous.items()):
             if name not in self.tables:
@@ -237,6 +280,7 @@ class Attempt:
         """The end: drops of what is gone (ordinary DDLs), then every table's marker (its
         pending definition unmarked, replacing nothing) decided in one group; returns the
         number of markers. The caller then moves its checkpoint to the position."""
+        self.flush()
         group = SnapshotGroup(self.emitter, self.state)
         try:
             for key, info in markers:

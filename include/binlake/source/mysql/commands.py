@@ -40,7 +40,8 @@ def _build(args: argparse.Namespace, pace_s: float, max_pace_s: float | None) ->
 
     return MySQLSource(args.dsn, server_id=args.server_id, registry=args.registry, data_dir=args.data_dir,
                        start=args.start, tables=args.tables, status_addr=args.status_addr,
-                       snapshot_batch_rows=args.snapshot_batch_rows, pace_s=pace_s, max_pace_s=max_pace_s)
+                       snapshot_batch_rows=args.snapshot_batch_rows, pace_s=pace_s, max_pace_s=max_pace_s,
+                       snapshot_max_rows_per_s=args.snapshot_max_rows_per_s)
 
 
 COMMAND = SourceCommand(

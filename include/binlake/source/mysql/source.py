@@ -146,7 +146,8 @@ class MySQLSource(Source[tuple[str, int]]):
     def __init__(self, dsn: str, *, server_id: int, registry: str, data_dir: str, start: str | None = None,
                  tables: str | None = None, status_addr: str = "127.0.0.1:0",
                  client_settings: ClientSettings | None = None, heartbeat_s: float = 1.0,
-                 snapshot_batch_rows: int = snapshot.BATCH_ROWS, pace_s: float = PACE_S, max_pace_s: float | None = None) -> None:
+                 snapshot_batch_rows: int = snapshot.BATCH_ROWS, pace_s: float = PACE_S, max_pace_s: float | None = None,
+                 snapshot_max_rows_per_s: float = 0.0) -> None:
         if not isinstance(server_id, int) or not 1 <= server_id < 2**32:
             raise errors.InvalidArgument(f"--server-id must be in 1..4294967295, got {server_id!r}")
         self.dsn = srv.parse_dsn(dsn)
@@ -156,7 +157,7 @@ class MySQLSource(Source[tuple[str, int]]):
         self.heartbeat_s = heartbeat_s
         super().__init__(registry=registry, data_dir=data_dir, status_addr=status_addr,
                          client_settings=client_settings, snapshot_batch_rows=snapshot_batch_rows, pace_s=pace_s,
-                         max_pace_s=max_pace_s)
+                         max_pace_s=max_pace_s, snapshot_max_rows_per_s=snapshot_max_rows_per_s)
         self.catalog = Catalog()
         # The acknowledged position: the end of the last transaction whose commit a
         # Pump acknowledged (every earlier one too); the checkpoint saves it, and a
@@ -258,6 +259,7 @@ class MySQLSource(Source[tuple[str, int]]):
     def _take_snapshot(self, info: srv.ServerInfo) -> None:
         assert self.emitter is not None
         conn, self.file, self.pos = snapshot.open_snapshot(self.dsn, info.mariadb)
+        attempt: Attempt | None = None
         try:
             self.catalog = load_catalog(conn, self.filter)
             ddls: dict[str, str] = {}
@@ -272,7 +274,8 @@ class MySQLSource(Source[tuple[str, int]]):
             # replace the unfinished attempt's, which the lake keeps as retired).
             self.state.save(server=info.identity, next_table_id=int(st.get("next_table_id", FIRST_TABLE_ID)),
                             schema_version=int(st.get("schema_version", 0)))
-            attempt = Attempt(self.emitter, self.state, self.kind, [self.file, self.pos], f"{self.file}:{self.pos}")
+            attempt = Attempt(self.emitter, self.state, self.kind, [self.file, self.pos], f"{self.file}:{self.pos}",
+                              pace=self.snapshot_pace())
             attempt.on_part = self.on_snapshot_part
             progress = attempt.start_progress(len(ddls), estimate)
             for name in sorted(ddls):
@@ -301,8 +304,13 @@ class MySQLSource(Source[tuple[str, int]]):
                         # Before the markers: the tables stay pending; the next start takes them again.
                         raise SnapshotStopped
                 progress.table_done()
+        except BaseException:
+            if attempt is not None:
+                attempt.abandon_parts()
+            raise
         finally:
             conn.close()  # ends the snapshot transaction (read only)
+        assert attempt is not None
         for key, gone in attempt.gone(lambda: int(st["schema_version"]) + 1):
             self.emitter.emit(key, binlog_pb2.PrewriteValue(schema_version=gone.schema_version),
                               ddl=(f"-- binlake: {gone.db}.{gone.name} is gone since an unfinished snapshot", [gone]))

@@ -35,7 +35,7 @@ def _build(args: argparse.Namespace, pace_s: float, max_pace_s: float | None) ->
     return PostgresSource(args.dsn, slot=args.slot, publication=args.publication, registry=args.registry,
                           data_dir=args.data_dir, create=args.create, start=args.start,
                           snapshot_batch_rows=args.snapshot_batch_rows, status_addr=args.status_addr,
-                          pace_s=pace_s, max_pace_s=max_pace_s)
+                          pace_s=pace_s, max_pace_s=max_pace_s, snapshot_max_rows_per_s=args.snapshot_max_rows_per_s)
 
 
 COMMAND = SourceCommand(

@@ -155,7 +155,8 @@ class PostgresSource(Source[int]):
     def __init__(self, dsn: str, *, slot: str, publication: str, registry: str, data_dir: str,
                  create: bool = False, start: str | None = None, snapshot_batch_rows: int = snap.BATCH_ROWS,
                  status_addr: str = "127.0.0.1:0", client_settings: ClientSettings | None = None,
-                 pace_s: float = PACE_S, max_pace_s: float | None = None) -> None:
+                 pace_s: float = PACE_S, max_pace_s: float | None = None,
+                 snapshot_max_rows_per_s: float = 0.0) -> None:
         for what, v in (("--slot", slot), ("--publication", publication)):
             if not isinstance(v, str) or not v.replace("_", "").isalnum() or not v[:1].isalpha():
                 raise errors.InvalidArgument(f"{what} {v!r} must be letters, digits and _ (starting with a letter)")
@@ -169,7 +170,7 @@ class PostgresSource(Source[int]):
         self.start = start or "now"
         super().__init__(registry=registry, data_dir=data_dir, status_addr=status_addr,
                          client_settings=client_settings, snapshot_batch_rows=snapshot_batch_rows, pace_s=pace_s,
-                         max_pace_s=max_pace_s)
+                         max_pace_s=max_pace_s, snapshot_max_rows_per_s=snapshot_max_rows_per_s)
         self.tables: dict[int, SourceTable] = {}  # relation oid -> definition
         self.oids: dict[int, list[int]] = {}  # relation oid -> column type oids
         # relation oid -> (the table version, its (table_id, schema_version), its TableInfo)
@@ -391,7 +392,8 @@ class PostgresSource(Source[int]):
             try:
                 published = reading.tables(self.publication)
                 reading.lock(published)
-                attempt = Attempt(self.emitter, self.state, self.kind, reading.lsn, snap.format_lsn(reading.lsn))
+                attempt = Attempt(self.emitter, self.state, self.kind, reading.lsn, snap.format_lsn(reading.lsn),
+                                  pace=self.snapshot_pace())
                 attempt.on_part = self.on_snapshot_part
                 progress = attempt.start_progress(len(published), reading.estimate_rows(published))
                 for pt in published:
@@ -405,6 +407,8 @@ class PostgresSource(Source[int]):
             finally:
                 reading.close()  # ends the snapshot transaction (read only)
         except BaseException:
+            if attempt is not None:
+                attempt.abandon_parts()
             self._abandon_snapshot(reading.created)
             raise
         assert attempt is not None
