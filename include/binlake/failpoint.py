@@ -26,7 +26,8 @@ The names, where they are, and what a crash there must not break:
 ``source-after-commit``   the same, after the Pump acknowledged the commit, before
                           the checkpoint (the re-read copy must be dropped downstream)
 ``source-snapshot-part``  a source's initial snapshot (binlake.source.snapshot_group),
-                          after a row part committed, before the next (the restart
+                          after a row part was prewritten (the one before it
+                          committed), before the next (the restart
                           must take the snapshot again: the lake holds it once)
 ``ingest-before-ledger``  ingest, after the window's change and DDL rows are
                           written, before its ``windows`` row (the window must

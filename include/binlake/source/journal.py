@@ -205,10 +205,9 @@ class SourceState:
                     break  # a torn last line (killed mid-write): it announced a step never taken
                 raise errors.FailedPrecondition(f"journal {path} line {i + 1} is damaged") from None
             self._apply(rec)
-            decided_now = [[k, c, p] for k, c, p in rec.get("m", ())] + ([[rec["k"], rec["c"], rec.get("p", "")]]
-                                                                         if "c" in rec else [])
-            if decided_now:
-                self.last_decided = [(self._by_key[k].start_ts, int(c), str(p)) for k, c, p in decided_now]
+            decided = list(rec.get("m", ())) + ([(rec["k"], rec["c"], rec.get("p", ""))] if "c" in rec else [])
+            if decided:
+                self.last_decided = [(self._by_key[k].start_ts, int(c), str(p)) for k, c, p in decided]
         # Start-up: every start_ts with no commit_ts belonged to a process that died
         # before deciding it; no Pump can serve it, so it is rolled back now.
         orphans = [d for d in self._by_start.values() if not d.commit_ts and d.start_ts not in self._rolled_back]

@@ -133,14 +133,15 @@ class Progress:
     writes it to ``PROGRESS`` in the data dir (atomically) at most every
     ``PROGRESS_INTERVAL_S``."""
 
-    def __init__(self, state: SourceState, kind: str, attempt: int, tables: int, estimate_rows: int) -> None:
+    def __init__(self, state: SourceState, kind: str, attempt: int, tables: int, estimate_rows: int,
+                 max_rows_per_s: float = 0.0) -> None:
         self.state, self.kind, self.attempt = state, kind, attempt
+        self.max_rows_per_s = max_rows_per_s  # the pace in force (``source.rowpace``; 0: none)
         self.tables, self.estimate = tables, max(0, estimate_rows)
         self.tables_done = self.rows = self.bytes = 0
         self.started = time.monotonic()
         self._last = 0.0
         self.done = False
-        self.max_rows_per_s = 0.0  # the pace in force (``source.rowpace``; 0: none)
 
     def add(self, rows: int, nbytes: int) -> None:
         self.rows += rows
@@ -206,8 +207,7 @@ class Attempt:
                      "%d table(s) replace the unfinished ones)", kind, self.id, len(self.previous))
 
     def start_progress(self, tables: int, estimate_rows: int) -> Progress:
-        self.progress = Progress(self.state, self.kind, self.id, tables, estimate_rows)
-        self.progress.max_rows_per_s = self.pace.rate
+        self.progress = Progress(self.state, self.kind, self.id, tables, estimate_rows, self.pace.rate)
         self.progress.report(force=True)
         return self.progress
 
