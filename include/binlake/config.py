@@ -303,11 +303,12 @@ class MemorySettings(BaseSettings):
     The ingest's own bounds in the task process are fixed, not settings here: its
     planning scan of a window keeps counts, the DDLs, the duplicate copies and at
     most ``window_index.SPLIT_CANDIDATES`` partition bounds per Pump, whatever the
-    window's size; and only a window (or batch of windows) of at most
-    ``ingest.DECODE_HERE_ROWS`` (100,000) row changes is decoded in the task
-    process (about 0.4 KB of Arrow a row change: 40 MB, sent to Spark as a staged
-    Parquet file, or on an S3 lake inside the Spark Connect plan), any larger one
-    is read by Spark's executors through the ``binlake`` data source
+    window's size. On a local lake every window is decoded in the task process and
+    streamed to staged Parquet files (a batch per input partition in memory, whatever
+    the window's size); on an S3 lake only a window (or batch of windows) of at most
+    ``ingest.DECODE_HERE_ROWS`` (100,000) row changes is (about 0.4 KB of Arrow a row
+    change: 40 MB, sent inside the Spark Connect plan), any larger one is read by
+    Spark's executors through the ``binlake`` data source
     (``binlake ingest --decode-here-rows N`` moves that threshold for one run)."""
 
     model_config = SettingsConfigDict(env_prefix="BINLAKE_MEMORY_", extra="forbid", env_ignore_empty=True,

@@ -40,13 +40,14 @@ window), the ingest fails naming the table id and why.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
@@ -80,10 +81,11 @@ MIN_ROWS_PER_PARTITION = 20_000
 # append there, so with N windows running at once (a backfill) a write may lose
 # up to N-1 races: enough attempts for the runs-at-once settings binlake suggests.
 _CONCURRENT_RETRIES = 8
-# Windows of up to this many row changes are decoded in the ingest's own process
-# and sent to Spark as Arrow (about 0.4 KB a row change: 40 MB here); larger ones
-# are read by the data source in Spark's Python workers, in parallel and never
-# whole in one process. Why: ``_decoded_here``.
+# On an S3 lake, windows of up to this many row changes are decoded in the ingest's
+# own process and sent to Spark as Arrow inside the plan (about 0.4 KB a row change:
+# 40 MB here); larger ones are read by the data source in Spark's Python workers, in
+# parallel and never whole in one process. A local lake's windows are decoded here
+# whatever their size, streamed to staged files. Why: ``_decoded_here``, ``_staged_here``.
 DECODE_HERE_ROWS = 100_000
 # The ``changes`` table property a retried ingest sets to fence off an earlier
 # attempt that may still be writing (``_may_append``).
@@ -316,9 +318,10 @@ def ingest_window(
     ``progress`` receives a short message at every step. ``partitions`` is the
     number of input partitions to aim for (default: twice Spark's default
     parallelism, but never under ``MIN_ROWS_PER_PARTITION`` rows each). A window of
-    up to ``decode_here`` row changes (default ``DECODE_HERE_ROWS``) is decoded in
-    this process and handed to Spark as Arrow; a larger one is read by the
-    ``binlake`` data source in Spark's Python workers (0: always).
+    up to ``decode_here`` row changes is decoded in this process and handed to
+    Spark as Arrow (staged files streamed in bounded batches on a local lake); a
+    larger one is read by the ``binlake`` data source in Spark's Python workers
+    (0: always). Default: no limit on a local lake, ``DECODE_HERE_ROWS`` on S3.
     Raises binlake errors with a message naming the window (and the Pump, for
     unreachable Pumps, windows above a safe ts or below a GC ts).
     """
@@ -415,7 +418,7 @@ def ingest_windows(
                                 _table_op_counts(index, known.history), index.total_txns, index.total_rows,
                                 len(index.ddls), "done"))
         _write_window(spark, lake, registry, pump_ids, known, merged, whole, say,
-                      DECODE_HERE_ROWS if decode_here is None else decode_here, turn.check)
+                      decode_here, turn.check)
         failpoint.hit("ingest-before-ledger")
         say("recording the window" + (f"s {', '.join(map(str, ws))}" if len(ws) > 1 else ""))
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
@@ -508,7 +511,7 @@ def _scan(addrs: Mapping[str, str], known: _KnownSchema, w: _Window, partitions:
 
 
 def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple[str, ...], known: _KnownSchema,
-                  index: WindowIndex, w: _Window, say: Progress, decode_here: int,
+                  index: WindowIndex, w: _Window, say: Progress, decode_here: int | None,
                   check: Callable[[], None]) -> int:
     """The window's row changes into ``changes`` and its DDLs into
     ``ddl_history`` (each replacing what the window held); the rows written,
@@ -523,7 +526,9 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
     options = {"registry": registry, "start_ts": str(start_ts), "end_ts": str(end_ts), "pumps": ",".join(pump_ids),
                "schema_history": known.history.snapshot(start_ts).to_json(), "window_index": index.to_json()}
     observed: list[Any] = []
-    here = 0 < index.total_rows <= decode_here
+    streamed = staging.staging_dir(lake) is not None  # a local lake: decoded rows are staged as files
+    limit = decode_here if decode_here is not None else (None if streamed else DECODE_HERE_ROWS)
+    here = 0 < index.total_rows and (limit is None or index.total_rows <= limit)
 
     def write_changes() -> None:
         # Counted while written (no second pass): checked against the scan below.
@@ -535,7 +540,21 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
     rows = 0
     try:
         with connect.job_description(spark, f"binlake ingest {w}"):
-            if here:
+            if here and streamed:
+                say(f"decoding {index.total_rows} row changes of {index.total_txns} transactions here into "
+                    "staged files, then writing")
+                # Before staging: under the write lock every staged file is a leftover of
+                # an earlier attempt, and this attempt's own files must not be taken for one.
+                _fence_earlier(spark, lake, w, check)
+                staged = _staged_here(lake, options, w)
+                rows = staged.rows
+                if rows != index.total_rows:  # nothing is written (the miscount is raised below)
+                    staged.remove()
+                else:
+                    append = _may_append(lake, w)
+                    with staging.staged_frame(spark, staged, CHANGES_DDL) as df:
+                        _retry_concurrent(CHANGES, lambda: _write_rows(df, changes_path, w, append), check)
+            elif here:
                 say(f"decoding {index.total_rows} row changes of {index.total_txns} transactions here, then writing")
                 batches = _decoded_here(options, w)
                 rows = sum(b.num_rows for b in batches)
@@ -648,7 +667,8 @@ def _write_rows(df: Any, path: str, w: _Window, append: bool) -> None:
 def _decoded_here(options: dict[str, str], w: _Window) -> list[Any]:
     """The window's change rows as pyarrow RecordBatches, read and decoded in this
     process by the data source's own reader (the same Pump checks, partitions and
-    decoder), a thread per partition.
+    decoder), a thread per partition: a small window on a lake Spark cannot be
+    handed files on (S3), which goes to Spark inside the plan.
 
     Why for small windows: a Spark Python worker that reads the data source is a
     new interpreter importing binlake, pyarrow and grpc, and a Spark Connect server
@@ -656,18 +676,42 @@ def _decoded_here(options: dict[str, str], w: _Window) -> list[Any]:
     new ones: about 5 s of a 30,000-row window's 8 s. Decoding such a window here
     takes 0.1-0.2 s, and its Arrow table (about 0.4 KB a row change) goes to Spark
     with the write."""
-    try:
+    with _named_failures(w):
         reader = lake_source.BinlakeReader(lake_source.ReadOptions.parse(options))
         parts = reader.partitions()
         with concurrent.futures.ThreadPoolExecutor(max(1, min(4, len(parts)))) as pool:
-            batches = [b for part in pool.map(lambda p: list(reader.read(p)), parts) for b in part]
-    except errors.BinlakeError as exc:  # the same message a worker's failure gives, naming the window
+            return [b for part in pool.map(lambda p: list(reader.read(p)), parts) for b in part]
+
+
+def _staged_here(lake: str, options: dict[str, str], w: _Window) -> staging.StagedFiles:
+    """The window's change rows decoded in this process (as ``_decoded_here``) and
+    streamed to staged Parquet files of a local lake, a file per input partition:
+    the process holds a batch per partition being read, whatever the window's
+    size, and Spark appends the files with its own reader (no Python worker).
+
+    Why for every window of a local lake: the data source's Python workers cost
+    3-4 s to start in each ingest run, and decoding in one process keeps up with
+    a local Spark's write (bench/RESULTS.md, "A window of any size decoded here").
+    ``--decode-here-rows`` still sends the larger windows to the executors (a
+    cluster whose executors should share the decoding)."""
+    with _named_failures(w):
+        reader = lake_source.BinlakeReader(lake_source.ReadOptions.parse(options))
+        parts = reader.partitions()
+        streams = [lambda p=p: reader.read(p) for p in parts]
+        return staging.stage_streams(lake, streams, arrow_batches.changes_schema(), _stage_name(w))
+
+
+@contextlib.contextmanager
+def _named_failures(w: _Window) -> Iterator[None]:
+    """A binlake error raised inside names the window, as a Spark worker's does."""
+    try:
+        yield
+    except errors.BinlakeError as exc:
         try:
             raised: errors.BinlakeError = type(exc)(f"ingest {w}: {exc}")
         except TypeError:  # a class whose constructor takes more (UnknownTableError)
             raised = errors.FailedPrecondition(f"ingest {w}: {exc}")
         raise raised from None
-    return batches
 
 
 def _write_ddls(spark: SparkSession, lake: str, known: _KnownSchema, index: WindowIndex, w: _Window,

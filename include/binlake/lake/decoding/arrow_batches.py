@@ -57,6 +57,13 @@ def changes_batch(columns: Mapping[str, Any]) -> Any:
     return pa.RecordBatch.from_arrays(arrays, names=[n for n, _ in CHANGE_COLUMNS])
 
 
+def changes_schema() -> Any:
+    """The pyarrow schema of ``changes_batch``'s batches."""
+    import pyarrow as pa
+
+    types = _arrow_types()
+    return pa.schema([(name, types[kind]) for name, kind in CHANGE_COLUMNS])
+
 
 def ddl_batch(rows: list[dict[str, Any]]) -> Any:
     """A pyarrow RecordBatch of ``ddl_history`` rows (``DDL_COLUMNS``)."""

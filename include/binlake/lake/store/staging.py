@@ -34,7 +34,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake.lake.store import location
@@ -93,6 +93,80 @@ def arrow_frame(spark: SparkSession, lake: str, batches: Sequence[Any], schema_d
     # Reached only when the write inside returned: a failed one leaves its marker.
     with contextlib.suppress(FileNotFoundError):
         os.unlink(local)
+
+
+class StagedFiles:
+    """Record batches streamed to staged Parquet files (``stage_streams``), for one
+    Spark read (``staged_frame``): a file per stream that yielded rows."""
+
+    def __init__(self, lake: str, paths: list[str], rows: int) -> None:
+        self.lake = lake
+        self.paths = paths
+        self.rows = rows
+
+    def remove(self) -> None:
+        remove(self.paths)
+
+
+def stage_streams(lake: str, streams: Sequence[Callable[[], Iterable[Any]]], schema: Any,
+                  name: str = "rows", threads: int = 4) -> StagedFiles:
+    """Write each stream of pyarrow RecordBatches (each of ``schema``, a
+    ``pyarrow.Schema``) to its own staged Parquet file in ``lake`` (a local lake:
+    ``staging_dir`` is not None), ``threads`` streams at a time, a row group per
+    batch. Memory holds a batch per stream being written, whatever the streams'
+    length: this is how a window of any size decoded in the ingest's process
+    reaches Spark. On an exception every file written so far is removed (no
+    write has started: they are not yet anyone's attempt marker)."""
+    import concurrent.futures
+
+    import pyarrow.parquet as pq
+
+    where = staging_dir(lake)
+    if where is None:
+        raise ValueError(f"lake {lake!r} is not on this host's file system: stage_streams needs a local lake")
+    os.makedirs(where, exist_ok=True)
+    sweep(where)
+    paths: list[str] = []
+
+    def write(stream: Callable[[], Iterable[Any]]) -> int:
+        local = os.path.join(where, f"{_safe(name)}{SEP}{uuid.uuid4().hex}.parquet")
+        paths.append(local)  # list.append is atomic: the cleanup below sees every file begun
+        rows = 0
+        writer = None
+        try:
+            for batch in stream():
+                if not batch.num_rows:
+                    continue
+                if writer is None:
+                    # Snappy: about a third of the bytes for a few percent of the time
+                    # (the staged rows of a big window take disk until the write ends).
+                    writer = pq.ParquetWriter(local, schema, compression="snappy", write_statistics=False)
+                writer.write_batch(batch)
+                rows += batch.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+        return rows
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(streams)))) as pool:
+            total = sum(pool.map(write, streams))
+    except BaseException:
+        remove(paths)
+        raise
+    return StagedFiles(lake, [p for p in paths if os.path.exists(p)], total)
+
+
+@contextlib.contextmanager
+def staged_frame(spark: SparkSession, staged: StagedFiles, schema_ddl: str) -> Iterator[DataFrame]:
+    """A DataFrame of ``staged``'s files for one write to the lake's tables. The
+    files are removed when the block inside returns, and kept (as the attempt's
+    marker, see the module's docstring) when it raises."""
+    if not staged.paths:
+        raise ValueError("staged_frame needs at least one staged file")
+    files = [location.join(staged.lake, STAGING_DIR, os.path.basename(p)) for p in staged.paths]
+    yield spark.read.schema(schema_ddl).parquet(*files)
+    staged.remove()
 
 
 def left_over(lake: str) -> list[str]:
