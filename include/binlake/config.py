@@ -304,8 +304,10 @@ class MemorySettings(BaseSettings):
     planning scan of a window keeps counts, the DDLs, the duplicate copies and at
     most ``window_index.SPLIT_CANDIDATES`` partition bounds per Pump, whatever the
     window's size. On a local lake every window is decoded in the task process and
-    streamed to staged Parquet files (a batch per input partition in memory, whatever
-    the window's size); on an S3 lake only a window (or batch of windows) of at most
+    appended by delta-rs as it is decoded (``lake.store.arrowwrite``: a queue of
+    batches, a row group and one file's bytes in memory) or, when it replaces rows,
+    streamed to staged Parquet files (a batch per input partition in memory), whatever
+    the window's size; on an S3 lake only a window (or batch of windows) of at most
     ``ingest.DECODE_HERE_ROWS`` (100,000) row changes is (about 0.4 KB of Arrow a row
     change: 40 MB, sent inside the Spark Connect plan), any larger one is read by
     Spark's executors through the ``binlake`` data source

@@ -32,6 +32,10 @@ The names, where they are, and what a crash there must not break:
 ``ingest-before-ledger``  ingest, after the window's change and DDL rows are
                           written, before its ``windows`` row (the window must
                           stay "not ingested" and a re-run must give the same tables)
+``ingest-before-append-commit``  ingest on a local lake, inside delta-rs's append of
+                          a new window's change rows: its stream ended, some data
+                          files may be written, the commit is not (nothing of the
+                          window may show; a re-run appends it once)
 ``ingest-before-checkpoint``  ingest, after the ``windows`` row, before the lake's
                           consumer checkpoint moves (GC stays held; the next
                           ingest moves the checkpoint from the whole ledger)
@@ -80,6 +84,7 @@ NAMES = (
     "before-db-commit",
     "after-db-commit",
     "ingest-before-ledger",
+    "ingest-before-append-commit",
     "ingest-before-checkpoint",
     "pump-before-index-batch",
     "pump-power-loss",

@@ -260,6 +260,40 @@ def test_ingest_killed_half_way_leaves_no_window_and_a_rerun_repairs_it(
         (r.start_ts, r.end_ts, r.rows) for r in lake_in_order["results"][:2]]
 
 
+@pytest.mark.slow  # a crash: a CLI run with its own Spark
+def test_ingest_killed_inside_its_append_leaves_nothing_of_the_window(
+    spark: SparkSession, cluster: DevCluster, upstream: dict[str, Any], lake_in_order: dict[str, Any],
+    tmp_path: pathlib.Path,
+) -> None:
+    """``binlake ingest`` killed (as by kill -9) inside delta-rs's append of a new
+    window's change rows, its stream read to the end but not committed: the change
+    table holds nothing of the window, and a re-run appends it once."""
+    from deltalake import DeltaTable
+
+    lake = str(tmp_path / "lake")
+    w1, w2, _ = upstream["windows"]
+    ingest.ingest_window(spark, lake, cluster.registry_addr, *w1)
+    changes = location.table_path(lake, "changes")
+    version = DeltaTable(changes).version()
+    env = {**os.environ, failpoint.ENV: "ingest-before-append-commit:exit"}
+    crashed = subprocess.run(
+        [sys.executable, "-m", "binlake.cli", "--log-level", "WARNING", "ingest", "--registry", cluster.registry_addr,
+         "--start-ts", str(w2[0]), "--end-ts", str(w2[1]), "--lake", lake, "--master", "local[1]"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    assert DeltaTable(changes).version() == version
+    assert spark.read.format("delta").load(changes).where(
+        f"commit_ts >= {w2[0]} AND commit_ts < {w2[1]}").count() == 0
+    assert [(w["start_ts"], w["end_ts"]) for w in lake_ledger.read_windows(spark, lake)] == [w1]
+    again = ingest.ingest_window(spark, lake, cluster.registry_addr, *w2)
+    assert again.rows == lake_in_order["results"][1].rows > 0 and not again.replaced
+    assert DeltaTable(changes).version() == version + 1  # appended in one commit
+    where = f"commit_ts < {w2[1]}"
+    got = spark.read.format("delta").load(changes).where(where)
+    want = spark.read.format("delta").load(location.table_path(lake_in_order["lake"], "changes")).where(where)
+    assert sorted(map(tuple, got.collect()), key=repr) == sorted(map(tuple, want.collect()), key=repr)
+
+
 def test_the_lake_holds_pump_gc_at_the_end_of_its_contiguous_ledger(
     cluster: DevCluster, upstream: dict[str, Any], lake_in_order: dict[str, Any]
 ) -> None:

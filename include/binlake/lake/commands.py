@@ -251,8 +251,9 @@ def register(sub: Any, bench: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object, no progress log")
     p.add_argument("--decode-here-rows", type=number_in(int, 0, 10_000_000, "a row count"), metavar="N",
                    default=None,
-                   help="a window of at most N row changes is decoded in this process and handed to Spark "
-                        "(streamed to staged files on a local lake, in bounded batches); a larger one is read "
+                   help="a window of at most N row changes is decoded in this process (on a local lake "
+                        "appended by delta-rs as it is decoded, or streamed to staged files for Spark's replace, "
+                        "in bounded batches; on S3 handed to Spark); a larger one is read "
                         "from the Pumps by Spark's tasks (default: no limit on a local lake, 100000 on S3; 0: "
                         "always by Spark's tasks, e.g. on a cluster whose executors should share the decoding)")
     p.set_defaults(handler=_ingest_command)

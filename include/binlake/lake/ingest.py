@@ -43,11 +43,13 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import logging
+import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from binlake import errors, failpoint, net, tso
@@ -62,7 +64,7 @@ from binlake.lake.pumps.pump_check import plan_read, pump_statuses
 from binlake.lake.pumps.window_index import WindowIndex, index_window, merge_consecutive, scan_ddls
 from binlake.lake.sparkenv import connect
 from binlake.lake.sparkenv.spark_errors import binlake_error
-from binlake.lake.store import s3, staging, writelock
+from binlake.lake.store import arrowwrite, s3, staging, writelock
 from binlake.lake.store.ledger import BOUNDS, is_delta, read_windows, uncovered
 from binlake.lake.store.location import CHANGES, DDL_HISTORY, WINDOWS, table_path
 from binlake.registry.client import RegistryClient
@@ -85,7 +87,8 @@ _CONCURRENT_RETRIES = 8
 # own process and sent to Spark as Arrow inside the plan (about 0.4 KB a row change:
 # 40 MB here); larger ones are read by the data source in Spark's Python workers, in
 # parallel and never whole in one process. A local lake's windows are decoded here
-# whatever their size, streamed to staged files. Why: ``_decoded_here``, ``_staged_here``.
+# whatever their size, appended by delta-rs or streamed to staged files for Spark.
+# Why: ``_decoded_here``, ``_staged_here``, ``_appended_here``.
 DECODE_HERE_ROWS = 100_000
 # The ``changes`` table property a retried ingest sets to fence off an earlier
 # attempt that may still be writing (``_may_append``).
@@ -318,9 +321,9 @@ def ingest_window(
     ``progress`` receives a short message at every step. ``partitions`` is the
     number of input partitions to aim for (default: twice Spark's default
     parallelism, but never under ``MIN_ROWS_PER_PARTITION`` rows each). A window of
-    up to ``decode_here`` row changes is decoded in this process and handed to
-    Spark as Arrow (staged files streamed in bounded batches on a local lake); a
-    larger one is read by the ``binlake`` data source in Spark's Python workers
+    up to ``decode_here`` row changes is decoded in this process (on a local lake
+    appended by delta-rs, or staged as files for Spark's replace, in bounded
+    batches; on S3 handed to Spark as Arrow); a larger one is read by the ``binlake`` data source in Spark's Python workers
     (0: always). Default: no limit on a local lake, ``DECODE_HERE_ROWS`` on S3.
     Raises binlake errors with a message naming the window (and the Pump, for
     unreachable Pumps, windows above a safe ts or below a GC ts).
@@ -541,19 +544,25 @@ def _write_window(spark: SparkSession, lake: str, registry: str, pump_ids: tuple
     try:
         with connect.job_description(spark, f"binlake ingest {w}"):
             if here and streamed:
-                say(f"decoding {index.total_rows} row changes of {index.total_txns} transactions here into "
-                    "staged files, then writing")
+                say(f"decoding {index.total_rows} row changes of {index.total_txns} transactions here, then writing")
                 # Before staging: under the write lock every staged file is a leftover of
                 # an earlier attempt, and this attempt's own files must not be taken for one.
                 _fence_earlier(spark, lake, w, check)
-                staged = _staged_here(lake, options, w)
-                rows = staged.rows
-                if rows != index.total_rows:  # nothing is written (the miscount is raised below)
-                    staged.remove()
+                appended = _appended_here(lake, options, w, index.total_rows, check)
+                if appended is not None:
+                    rows = appended
+                    if rows == index.total_rows:  # else nothing was committed (raised below)
+                        say(f"appended {rows} row changes to {CHANGES} in one commit (delta-rs)")
                 else:
-                    append = _may_append(lake, w)
-                    with staging.staged_frame(spark, staged, CHANGES_DDL) as df:
-                        _retry_concurrent(CHANGES, lambda: _write_rows(df, changes_path, w, append), check)
+                    say("staging the rows as files for Spark to write (a replace of rows the window held before)")
+                    staged = _staged_here(lake, options, w)
+                    rows = staged.rows
+                    if rows != index.total_rows:  # nothing is written (the miscount is raised below)
+                        staged.remove()
+                    else:
+                        append = _may_append(lake, w)
+                        with staging.staged_frame(spark, staged, CHANGES_DDL) as df:
+                            _retry_concurrent(CHANGES, lambda: _write_rows(df, changes_path, w, append), check)
             elif here:
                 say(f"decoding {index.total_rows} row changes of {index.total_txns} transactions here, then writing")
                 batches = _decoded_here(options, w)
@@ -643,16 +652,21 @@ def _statement(spark: SparkSession, sql: str) -> Callable[[], Any]:
     return lambda: spark.sql(sql).collect()
 
 
-def _may_append(lake: str, w: _Window) -> bool:
+def _may_append(lake: str, w: _Window, *, missing_ok: bool = False) -> bool:
     """Whether the window's rows may be appended to ``changes`` rather than replace
     what the table holds of the window: when no file of the table may hold a row
     of it (delta-rs reads the file statistics here: a local lake only). A
     ``replaceWhere`` must find and remove the rows it replaces, which made it 2-3
     times an append's cost. Called under the lake's write lock, after
-    ``_fence_earlier``."""
+    ``_fence_earlier``. With ``missing_ok``, a local lake without the table yet
+    may be appended to as well (delta-rs creates it; Spark's replace does)."""
     from binlake.lake.store import arrowread
 
-    return arrowread.may_hold(table_path(lake, CHANGES), _prune_predicate(w.start_ts, w.end_ts)) is False
+    path = table_path(lake, CHANGES)
+    local = arrowread.local_path(path)
+    if missing_ok and local is not None and not os.path.isdir(os.path.join(local, "_delta_log")):
+        return True
+    return arrowread.may_hold(path, _prune_predicate(w.start_ts, w.end_ts)) is False
 
 
 def _write_rows(df: Any, path: str, w: _Window, append: bool) -> None:
@@ -695,10 +709,43 @@ def _staged_here(lake: str, options: dict[str, str], w: _Window) -> staging.Stag
     ``--decode-here-rows`` still sends the larger windows to the executors (a
     cluster whose executors should share the decoding)."""
     with _named_failures(w):
-        reader = lake_source.BinlakeReader(lake_source.ReadOptions.parse(options))
-        parts = reader.partitions()
-        streams = [lambda p=p: reader.read(p) for p in parts]
-        return staging.stage_streams(lake, streams, arrow_batches.changes_schema(), _stage_name(w))
+        return staging.stage_streams(lake, _part_streams(options), arrow_batches.changes_schema(), _stage_name(w))
+
+
+def _part_streams(options: dict[str, str]) -> list[Callable[[], Iterable[Any]]]:
+    """A stream of decoded record batches per input partition of the window,
+    read by the data source's own reader (the same Pump checks and decoder)."""
+    reader = lake_source.BinlakeReader(lake_source.ReadOptions.parse(options))
+    return [functools.partial(reader.read, part) for part in reader.partitions()]
+
+
+def _appended_here(lake: str, options: dict[str, str], w: _Window, expected: int,
+                   check: Callable[[], None]) -> int | None:
+    """The window's change rows decoded in this process (as ``_staged_here``) and
+    appended to a local lake's ``changes`` by delta-rs in one commit
+    (``lake.store.arrowwrite``): the rows appended, which are ``expected`` (a
+    miscount commits nothing and returns the count, raised by the caller). None
+    when they must go through Spark instead: the table may already hold rows of
+    the window (a replace), or delta-rs will not write it.
+
+    Why: Spark's read of the staged files and its write were most of a big
+    window's ingest (about 95,000 row changes a second on one local core);
+    delta-rs writes the same batches several times faster, and the decoding
+    overlaps the writing (bench/RESULTS.md, "appended with delta-rs")."""
+    path = table_path(lake, CHANGES)
+    if not arrowwrite.can_append(path) or not _may_append(lake, w, missing_ok=True):
+        return None
+    with _named_failures(w):
+        batches = arrowwrite.merged(_part_streams(options))
+        try:
+            return arrowwrite.append(path, batches, arrow_batches.changes_schema(), ["commit_date"], expected, check)
+        except arrowwrite.Miscount as exc:
+            return exc.rows
+        except arrowwrite.NotWritable as exc:
+            # Nothing is known to be committed: the Spark path decides append or replace
+            # again from what the table holds now.
+            log.warning("ingest %s: %s; writing through Spark instead", w, exc)
+            return None
 
 
 @contextlib.contextmanager

@@ -17,7 +17,8 @@ feature it does not apply to Parquet files itself (deletion vectors, column
 mapping, a newer protocol) raises ``NotReadable``; the caller then reads
 through Spark, which is always correct, only slower. A lake on S3 is read here
 too, with the endpoint and credentials ``binlake.lake.store.location`` gives both
-engines (delta-rs only reads: Spark is the one writer of every lake table).
+engines (there delta-rs only reads: Spark writes every table of an S3 lake; on a
+local lake delta-rs also appends new windows' rows, ``binlake.lake.store.arrowwrite``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ So for a lake on this host's file system (the Spark that writes the lake sees
 it at the same path, as it sees the lake's tables) the rows go through
 ``<lake>/_binlake_staging/<name>.parquet``; any other lake (S3) gets
 ``createDataFrame``. Spark and delta-rs skip ``_`` names, so the file is never
-part of a table; Spark stays the one writer of every lake table.
+part of a table. (A new window's change rows on a local lake skip this: delta-rs
+appends them from the ingest's process, ``binlake.lake.store.arrowwrite``; staged
+files serve Spark's replaces and the ledger rows.)
 
 A staged file is also its write's attempt marker (``ingest._fence_earlier``
 relies on it): it is made before the write starts and removed only after the
