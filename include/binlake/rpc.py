@@ -114,6 +114,10 @@ def message_options(max_message_bytes: int) -> list[tuple[str, Any]]:
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.keepalive_permit_without_calls", 1),
+        # A server's side of the same keepalive: it accepts a ping every 10 s on an idle
+        # connection (gRPC's default is one per 5 min, past which it answers the peers'
+        # 20 s pings with GOAWAY "too_many_pings" and the connection is dropped).
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
 
 
