@@ -12,3 +12,12 @@ class Plan:
     def __init__(self, cols: Sequence[tuple[int, int, bool, int]]) -> None: ...
     def rows(self, packets: Sequence[bytes], /) -> list[bytes] | None: ...
     def columns(self) -> int: ...
+
+FRAMES_FULL: int
+FRAMES_MORE: int
+FRAMES_EOF: int
+FRAMES_ERROR: int
+
+def frames(buf: bytes | bytearray | memoryview, pos: int, max_rows: int, /) -> tuple[list[bytes], int, int]:
+    """Row payloads split out of a result set's packets in ``buf`` from ``pos``:
+    (payloads, next_pos, status), status one of the FRAMES_* (see the C source)."""
