@@ -3,8 +3,9 @@
 One Spark Connect server (started as ``binlake up`` starts it) and one small
 cluster for the module. The ingest over Connect must write exactly the window's
 rows (through the data source in the server's Python workers, or decoded in
-the client, staged as a Parquet file in the lake and appended; an earlier
-attempt's left staged file fences the table first), its DDLs and its ledger
+the client and appended by delta-rs, or staged as a Parquet file in the lake
+for the server's replace; an earlier attempt's left staged file fences the
+table first), its DDLs and its ledger
 row; a re-run replaces the window with the same rows. A server killed -9 mid-ingest (after
 the window's rows, before its ledger row) fails the Airflow task body with a
 message naming the server, and the retry against the restarted server leaves
@@ -130,7 +131,8 @@ def test_ingest_over_connect(server: ConnectServer, cluster: DevCluster, windows
         again = ingest.ingest_window(spark, lake, cluster.registry_addr, *windows[0])
         assert again.replaced and again.rows == results[0].rows
         assert _rows(spark, lake, *windows[0]) == first
-        # Decoded rows reach Spark through a staged file in the lake, removed once written.
+        # Decoded rows go to the table by delta-rs (new) or through a staged file in the
+        # lake (a replace), which is removed once written.
         assert not any(pathlib.Path(staging.staging_dir(lake)).iterdir())
         # A window's rows are appended only when the table holds none of them. An attempt
         # whose write did not return leaves its staged file (it may still be writing on the
