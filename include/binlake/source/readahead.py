@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from binlake import handoff
+
 T = TypeVar("T")
 
 # How long the reader waits for room in the queue before it looks at the stop flag again.
@@ -55,14 +57,8 @@ def ahead(read: Callable[[Callable[[T], None]], None], *, depth: int = 1, name: 
     stop = threading.Event()
 
     def put(item: T) -> None:
-        while True:
-            if stop.is_set():
-                raise Stopped
-            try:
-                items.put(item, timeout=_POLL_S)
-                return
-            except queue.Full:
-                continue
+        if not handoff.put_until(items, item, stop, _POLL_S):
+            raise Stopped
 
     def run() -> None:
         end: object = _End()

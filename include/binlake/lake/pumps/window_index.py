@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import cast
 
-from binlake import errors
+from binlake import errors, handoff
 from binlake.lake.decoding.txn import parse_prewrite
 from binlake.lake.pumps.planner import check_window
 from binlake.lake.pumps.pump_pull import pull_resumable
@@ -348,15 +348,6 @@ def _read_ahead(readers: Mapping[str, Callable[[], Iterator[TxnSummary]]]) -> It
     stop = threading.Event()
     queues: dict[str, queue.Queue[object]] = {p: queue.Queue(READ_AHEAD) for p in readers}
 
-    def put(q: queue.Queue[object], item: object) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     def produce(pump: str) -> None:
         q = queues[pump]
         try:
@@ -364,15 +355,15 @@ def _read_ahead(readers: Mapping[str, Callable[[], Iterator[TxnSummary]]]) -> It
             for txn in readers[pump]():
                 chunk.append(txn)
                 if len(chunk) >= CHUNK:
-                    if not put(q, chunk):
+                    if not handoff.put_until(q, chunk, stop):
                         return
                     chunk = []
-            if chunk and not put(q, chunk):
+            if chunk and not handoff.put_until(q, chunk, stop):
                 return
         except BaseException as exc:  # handed to the consumer, which raises it
-            put(q, exc)
+            handoff.put_until(q, exc, stop)
             return
-        put(q, _END)
+        handoff.put_until(q, _END, stop)
 
     def consume(q: queue.Queue[object]) -> Iterator[TxnSummary]:
         while True:

@@ -47,7 +47,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from binlake import errors, failpoint
+from binlake import errors, failpoint, handoff
 
 # Rows per Parquet row group the lake's files get: readers (the apply, restores)
 # read a row group at a time, so this bounds them too (Spark writes 128 MB ones).
@@ -100,34 +100,25 @@ def merged(streams: Sequence[Callable[[], Iterable[Any]]], threads: int = 4) -> 
     stop); so is a consumer's: closing the iterator stops every reader."""
     if threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
-    pending = list(enumerate(streams))
+    pending = list(streams)
     out: queue.Queue[tuple[str, Any]] = queue.Queue(QUEUE_BATCHES)
     stop = threading.Event()
     lock = threading.Lock()
-
-    def put(item: tuple[str, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
 
     def work() -> None:
         while not stop.is_set():
             with lock:
                 if not pending:
                     break
-                _i, stream = pending.pop(0)
+                stream = pending.pop(0)
             try:
                 for batch in stream():
-                    if batch.num_rows and not put(("batch", batch)):
+                    if batch.num_rows and not handoff.put_until(out, ("batch", batch), stop):
                         return
             except BaseException as exc:  # handed to the consumer, which raises it
-                put(("error", exc))
+                handoff.put_until(out, ("error", exc), stop)
                 return
-        put(("done", None))
+        handoff.put_until(out, ("done", None), stop)
 
     n = max(1, min(threads, len(streams)))
     workers = [threading.Thread(target=work, name=f"binlake-append-{i}", daemon=True) for i in range(n)]
