@@ -226,6 +226,16 @@ def test_reingest_and_out_of_order_backfill_leave_identical_tables(
         table_rows(spark, lake_a, "windows", drop=("ingested_at",))
 
 
+def _ingest_killed_at(cluster: DevCluster, lake: str, window: tuple[int, int], point: str) -> None:
+    """``binlake ingest`` of ``window`` in its own process, killed (as by kill -9) at failpoint ``point``."""
+    env = {**os.environ, failpoint.ENV: f"{point}:exit"}
+    crashed = subprocess.run(
+        [sys.executable, "-m", "binlake.cli", "--log-level", "WARNING", "ingest", "--registry", cluster.registry_addr,
+         "--start-ts", str(window[0]), "--end-ts", str(window[1]), "--lake", lake, "--master", "local[1]"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+
+
 @pytest.mark.slow  # a crash or a backfill of several windows: 2-3 min at load 20
 def test_ingest_killed_half_way_leaves_no_window_and_a_rerun_repairs_it(
     spark: SparkSession, cluster: DevCluster, upstream: dict[str, Any], lake_in_order: dict[str, Any],
@@ -237,12 +247,7 @@ def test_ingest_killed_half_way_leaves_no_window_and_a_rerun_repairs_it(
     lake = str(tmp_path / "lake")
     w1, w2, _ = upstream["windows"]
     ingest.ingest_window(spark, lake, cluster.registry_addr, *w1)
-    env = {**os.environ, failpoint.ENV: "ingest-before-ledger:exit"}
-    crashed = subprocess.run(
-        [sys.executable, "-m", "binlake.cli", "--log-level", "WARNING", "ingest", "--registry", cluster.registry_addr,
-         "--start-ts", str(w2[0]), "--end-ts", str(w2[1]), "--lake", lake, "--master", "local[1]"],
-        env=env, capture_output=True, text=True, timeout=300)
-    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    _ingest_killed_at(cluster, lake, w2, "ingest-before-ledger")
     # Its rows reached the change table, but the ledger only knows the first window ...
     assert spark.read.format("delta").load(location.table_path(lake, "changes")).where(
         f"commit_ts >= {w2[0]} AND commit_ts < {w2[1]}").count() == lake_in_order["results"][1].rows
@@ -275,12 +280,7 @@ def test_ingest_killed_inside_its_append_leaves_nothing_of_the_window(
     ingest.ingest_window(spark, lake, cluster.registry_addr, *w1)
     changes = location.table_path(lake, "changes")
     version = DeltaTable(changes).version()
-    env = {**os.environ, failpoint.ENV: "ingest-before-append-commit:exit"}
-    crashed = subprocess.run(
-        [sys.executable, "-m", "binlake.cli", "--log-level", "WARNING", "ingest", "--registry", cluster.registry_addr,
-         "--start-ts", str(w2[0]), "--end-ts", str(w2[1]), "--lake", lake, "--master", "local[1]"],
-        env=env, capture_output=True, text=True, timeout=300)
-    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    _ingest_killed_at(cluster, lake, w2, "ingest-before-append-commit")
     assert DeltaTable(changes).version() == version
     assert spark.read.format("delta").load(changes).where(
         f"commit_ts >= {w2[0]} AND commit_ts < {w2[1]}").count() == 0
