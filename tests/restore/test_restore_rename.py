@@ -14,7 +14,6 @@ line on stderr, and the target's checksums unchanged.
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +34,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROWS, CHANGES, TABLES = 60, 240, 3
 T0 = 1_800_000_000_000 << 18
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 EARLY = T0 + 4 * 90 + 2  # after the inserts and some updates: the table differs from its live state
 OLD, NEW = "main.bench_0002", "bench_0002_at_early"
 
@@ -261,14 +259,7 @@ def test_the_restore_dag_tasks_rename_into_a_live_target(
         lake: Lake, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The binlake_restore tasks' bodies in order, as a run calls them (a ``dag.test()``
     run of the same costs a minute on a loaded machine; tests/dags runs the DAG itself)."""
-    if "AIRFLOW_HOME" not in os.environ:
-        # Run without tests/dags, whose conftest points Airflow at a private home: the
-        # same here, for the rest of the process (Airflow reads its configuration once,
-        # so a setting undone after this test would leave later imports on a lost home).
-        from binlake.stack.supervisor import local_airflow
-
-        os.environ.update(local_airflow(tmp_path / "airflow", ROOT / "dags", ROOT / "plugins"))
-    monkeypatch.syspath_prepend(str(ROOT / "plugins"))
+    import airflowkit  # noqa: F401 - Airflow's private home, set before Airflow is imported (tests/dags may not run)
     from airflow.sdk.exceptions import AirflowFailException
     from binlake_airflow import restore_tasks
 
