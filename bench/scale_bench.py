@@ -18,6 +18,9 @@ T = the last commit_ts:
                changes``; a snapshot at T would make it a copy) into PostgreSQL;
 * restore out  the same into Delta (``--out``) in a local directory, and on S3
                (a throwaway SeaweedFS; skipped, with the reason, when it cannot start);
+* from the snapshot  both restores again as a user's default ``--source auto``
+               takes them, from the snapshot the first stage took at T (a restore to
+               the last snapshot, BR's snapshot restore; the two above are its log restore);
 * apply        ``binlake apply`` of the one window into an empty PostgreSQL
                database, run as the CLI in a process of its own (as a user or the
                apply DAG's task runs it), so its peak is its own, not this driver's;
@@ -72,9 +75,14 @@ KIND_TITLES = {"driver": "driver (Python)", "jvm": "Spark JVM", "py-workers": "P
                "cli": "CLI process", "postgres": "PostgreSQL", "seaweedfs": "SeaweedFS"}
 STAGES = ("snapshot", "history", "restore -> PostgreSQL", "restore --out Delta (local)",
           "restore --out Delta (S3)", "apply (one window) -> PostgreSQL", "diff restored vs applied",
-          "floor: PostgreSQL COPY of a CSV file", "floor: Spark Parquet -> Delta")
+          "floor: PostgreSQL COPY of a CSV file", "floor: Spark Parquet -> Delta",
+          "restore -> PostgreSQL from the snapshot", "restore --out Delta (local) from the snapshot")
+# The order of the tables' rows: each restore from the snapshot below its replay of the history.
+SHOWN = (*STAGES[:4], STAGES[9], STAGES[10], *STAGES[4:9])
 FLOOR_OF = {"restore -> PostgreSQL": "floor: PostgreSQL COPY of a CSV file",
+            "restore -> PostgreSQL from the snapshot": "floor: PostgreSQL COPY of a CSV file",
             "restore --out Delta (local)": "floor: Spark Parquet -> Delta",
+            "restore --out Delta (local) from the snapshot": "floor: Spark Parquet -> Delta",
             "restore --out Delta (S3)": "floor: Spark Parquet -> Delta"}
 # TiDB BR's published per-node figures, for comparison.
 ANCHORS = (("BR snapshot restore, per node", 100 * MIB * 3600 / GIB),
@@ -359,10 +367,13 @@ def run_size(session: Session, sampler: ProcessPeaks, root: pathlib.Path, rows: 
     applied = str(pg.create_database(f"applied_{rows}"))
     out: list[StageResult] = []
 
-    def restore_into(out: str | None = None, target: str | None = None) -> Callable[[], object]:
+    def restore_into(out: str | None = None, target: str | None = None, source: str = "changes"
+                     ) -> Callable[[], object]:
         def go() -> None:
-            r = restore.run(session.spark, lake, last, out=out, target=target, source="changes",
+            r = restore.run(session.spark, lake, last, out=out, target=target, source=source,
                             parallelism=parallelism)
+            if source == "auto" and any(kind != "snapshot" for _n, _rows, kind in r.tables):
+                raise AssertionError(f"restored from {r.tables}, expected the snapshot at T")
             if r.rows != rows:
                 raise AssertionError(f"restored {r.rows} rows, expected {rows}")
         return go
@@ -393,6 +404,8 @@ def run_size(session: Session, sampler: ProcessPeaks, root: pathlib.Path, rows: 
     stage(STAGES[1], lambda: history.update(session.spark, lake, parallelism=parallelism))
     stage(STAGES[2], restore_into(target=restored))
     stage(STAGES[3], restore_into(out=str(root / f"out-{rows}")))
+    stage(STAGES[9], restore_into(target=str(pg.create_database(f"from_snapshot_{rows}")), source="auto"))
+    stage(STAGES[10], restore_into(out=str(root / f"out-snapshot-{rows}"), source="auto"))
     stage(STAGES[5], apply)
     failed = [r.stage for r in out if r.stage in (STAGES[2], STAGES[5]) and r.seconds is None]
     if failed:
@@ -404,9 +417,10 @@ def run_size(session: Session, sampler: ProcessPeaks, root: pathlib.Path, rows: 
     else:
         out.append(skipped(STAGES[4], s3_why))
     # The next size's lake and rows need the disk more than these do.
-    for path in (lake, typed, csv_dir, root / f"out-{rows}", root / f"floor-delta-{rows}"):
+    for path in (lake, typed, csv_dir, root / f"out-{rows}", root / f"out-snapshot-{rows}",
+                 root / f"floor-delta-{rows}"):
         shutil.rmtree(path, ignore_errors=True)
-    return row_bytes, sorted(out, key=lambda r: STAGES.index(r.stage))
+    return row_bytes, sorted(out, key=lambda r: SHOWN.index(r.stage))
 
 
 # -- report --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ values as ``binlake.codec`` decodes them)."""
 from __future__ import annotations
 
 import pathlib
+import shutil
 import uuid
 from typing import Any
 
@@ -19,7 +20,7 @@ from dbfixtures import postgres_server  # noqa: F401
 from pyspark.sql import SparkSession
 
 from binlake.proto import binlog_pb2
-from binlake.restore import checks, onepass, restore, stream, synthetic
+from binlake.restore import checks, onepass, restore, snapshot, stream, synthetic
 from binlake.sql import checksum
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -79,3 +80,50 @@ def test_a_table_rebuilt_by_the_executors_loads_as_arrow_into_each_target_kind(
     # the bounds: its first checkpoint was read as it was (no second shuffle).
     assert len(widest) == 1 and onepass.within_bounds(widest[0]) and widest[0][0] > 0
     assert checksum.checksum(target, [name]) == {name: want}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "postgresql"])
+def test_a_restore_from_a_snapshot_of_an_unchanged_table_reads_its_files_in_batches(
+        kind: str, spark: SparkSession, wide: tuple[str, int, str, tuple[int, str]], tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """At the snapshot's ts, and at a later ts with no change of the table in between,
+    the target gets the snapshot's rows read from its Parquet files in this process,
+    in batches of ``[memory] batch_rows`` rows (several here), with no Spark rebuild
+    of the table; the rows are the table's at that ts (as the replay of every change
+    gives it), value by value."""
+    lake, last, name, at_last = wide
+    lake = str(shutil.copytree(lake, tmp_path / "lake"))
+    # Changes commit every 4 ts: (last - 3, last - 1] holds none, the last one is at last.
+    snap, later = last - 3, last - 1
+    expected = {}
+    for ts in (snap, later):
+        ref = f"sqlite:///{tmp_path / f'replayed-{ts}.db'}"
+        restore.run(spark, lake, ts, target=ref, source="changes")
+        expected[ts] = checksum.checksum(ref, [name])
+    assert expected[snap] == expected[later] != {name: at_last}  # the last change is not in them
+    snapshot.take(spark, lake, snap)
+    monkeypatch.setenv("BINLAKE_MEMORY_BATCH_ROWS", "100")
+    monkeypatch.setenv("BINLAKE_MEMORY_DIRECT_ROWS", "0")
+    spark_paths: list[str] = []
+    batches: list[int] = []
+    arrow_tables, python_rows, base_tables = stream.arrow_tables, stream.python_rows, stream.base_tables
+    monkeypatch.setattr(stream, "arrow_tables", lambda *a: spark_paths.append("arrow") or arrow_tables(*a))
+    monkeypatch.setattr(stream, "python_rows", lambda *a: spark_paths.append("rows") or python_rows(*a))
+
+    def spy_base(*args: Any) -> Any:
+        got = base_tables(*args)
+        assert got is not None, "the snapshot's files were not read directly"
+        return (batches.append(t.num_rows) or t for t in got)
+
+    monkeypatch.setattr(stream, "base_tables", spy_base)
+    for ts in (snap, later):
+        if kind == "postgresql":
+            target = request.getfixturevalue("postgres_server").create_database(f"snap_{uuid.uuid4().hex[:10]}")
+        else:
+            target = f"{kind}:///{tmp_path / f'restored-{ts}.{kind}'}"
+        batches.clear()
+        result = restore.run(spark, lake, ts, target=target)
+        assert [(n, rows, base) for n, rows, base in result.tables] == [(f"main.{name}", ROWS, "snapshot")]
+        assert spark_paths == []
+        assert len(batches) >= ROWS // 100 and max(batches) <= 100 and sum(batches) == ROWS
+        assert checksum.checksum(target, [name]) == expected[ts]

@@ -46,6 +46,10 @@ class Base:
     kind: str  # "lake start", "snapshot", "history"
     frame: Any = None
     cols: tuple[C.Column, ...] = ()
+    # The Delta table ``frame`` reads, whole and unfiltered (a snapshot's table), so its
+    # files may be read without Spark (``stream.base_tables``); "" when ``frame`` is a
+    # query (the history tables' rows valid at a ts) or there is none.
+    path: str = ""
 
 
 def load_schema(spark: Any, lake: str, upto_ts: int) -> decode.SchemaHistory:

@@ -39,11 +39,13 @@ from binlake.lake.store.location import check_lake, table_path
 from binlake.proto import binlog_pb2
 from binlake.restore import claims, coverage, history, layout, naming, onepass, rebuild, snapshot, stream
 from binlake.restore import direct as _direct
+from binlake.restore import fills as fill_mod
 from binlake.restore.tables import (
     Item,
     Plan,
     TablePlan,
     Tally,
+    base_alone,
     direct_tables,
     in_plan_order,
     items,
@@ -234,8 +236,7 @@ def load_table(target: targets.Target, info: binlog_pb2.TableInfo, rows: Iterabl
         else:
             claims.create_in(target, conn, info, claim.run_id, claim.ts, claim.replace)
         n = int(target.insert_rows(conn, info, rows))
-        for table in tables:
-            n += int(target.insert_arrow(conn, info, table))
+        n += int(target.insert_arrow_stream(conn, info, tables))
         conn.commit()
     return n
 
@@ -270,8 +271,13 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
     def load(item: Item) -> tuple[str, int, str]:
         t, raw, df = item
         into, info = placement.target_for(t), placement.naming.info(t)
+        files = None
+        if df is not None and base_alone(p, t, found):
+            files = stream.base_tables(t.base, t.info, fill_mod.base_fills(p.schema, t.table_id, t.base.ts))
         if df is None:
             n = load_table(into, info, _direct.rows_at(p.schema, t.table_id, p.ts, raw), claim=claim)
+        elif files is not None:
+            n = load_table(into, info, tables=files, claim=claim)
         else:
             if t.base.frame is not None or not onepass.slice_for(p.schema, t.table_id, p.ts, t.base).final:
                 # An aggregating rebuild: its partitions are Spark's shuffle's, sized here
@@ -286,7 +292,7 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
         tally.done(t.name, n, "rows from " + t.base.kind)
         return (t.name, n, t.base.kind)
 
-    done = in_plan_order(p, onepass.each_table(items(spark, p, shared, direct), load, parallelism))
+    done = in_plan_order(p, onepass.each_table(items(spark, p, shared, direct, found), load, parallelism))
     return RestoreResult(p.ts, done, time.monotonic() - started, target=url, renamed=placement.naming.renamed(p))
 
 

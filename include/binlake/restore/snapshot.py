@@ -82,7 +82,7 @@ def base_for(spark: Any, entries: Sequence[SnapshotEntry], schema: decode.Schema
         hit = next((e for e in at_s if e.table_id == table_id), None)
         if hit is not None and hit.info is not None:
             return rebuild.Base(s, "snapshot", spark.read.format("delta").load(hit.path),
-                                tuple(C.columns_of(hit.info)))
+                                tuple(C.columns_of(hit.info)), hit.path)
         complete = any(e.table_id == layout.MARKER_TABLE_ID and e.complete for e in at_s)
         # Pending tables count as existing here: such a snapshot left out a table whose
         # rows were already arriving (its initial snapshot), so it is no empty base for it.

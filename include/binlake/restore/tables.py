@@ -64,15 +64,25 @@ def shared_changes_sized(spark: Any, p: Plan) -> tuple[Any, dict[int, tuple[int,
                                                                  p.schema, slices))
 
 
-def frames(spark: Any, p: Plan, shared: Any = None) -> dict[int, Any]:
+def base_alone(p: Plan, t: TablePlan, found: dict[int, tuple[int, int]] | None) -> bool:
+    """Whether ``t``'s base is its table at T with no change to apply: taken at T, or
+    no change row of the table in the one pass over ``(base ts, T]`` (``found``: its
+    ``onepass.sizes``; None when not counted). A restore to a time when a table had
+    not changed since its last snapshot then copies the snapshot's rows instead of
+    aggregating every one of them by key."""
+    return t.base.ts >= p.ts or (found is not None and found.get(t.table_id, (0, 0))[0] == 0)
+
+
+def frames(spark: Any, p: Plan, shared: Any = None, found: dict[int, tuple[int, int]] | None = None
+           ) -> dict[int, Any]:
     """table id -> the lazy typed DataFrame of the table at T, each reading its slice of
-    ``shared`` (``shared_changes``, computed here when not given): the lake is read once
-    whatever the number of tables."""
+    ``shared`` (``shared_changes``, computed here when not given; ``found``: its sizes,
+    when known): the lake is read once whatever the number of tables."""
     if shared is None:
-        shared = shared_changes(spark, p)
+        shared, found = shared_changes_sized(spark, p)
     out = {}
     for t in p.tables:
-        reads = shared is not None and t.base.ts < p.ts
+        reads = shared is not None and not base_alone(p, t, found)
         final = reads and onepass.slice_for(p.schema, t.table_id, p.ts, t.base).final
         out[t.table_id] = rebuild.state_from(spark, onepass.of_table(shared, t.table_id) if reads else None,
                                              p.schema, t.table_id, p.ts, t.base, final)
@@ -92,7 +102,8 @@ def direct_tables(p: Plan, found: dict[int, tuple[int, int]], fits: Callable[[Ta
     return {t.table_id for t in p.tables if onepass.streamable(*found.get(t.table_id, (0, 0))) and fits(t)}
 
 
-def items(spark: Any, p: Plan, shared: Any, direct: set[int]) -> Iterator[Item]:
+def items(spark: Any, p: Plan, shared: Any, direct: set[int], found: dict[int, tuple[int, int]] | None = None
+          ) -> Iterator[Item]:
     """Every planned table's work, the ``direct`` ones first, as their rows stream out
     of ``shared`` (one small table's rows in memory at a time per worker: see
     ``direct_tables``), then the others with their typed frames."""
@@ -107,7 +118,8 @@ def items(spark: Any, p: Plan, shared: Any, direct: set[int]) -> Iterator[Item]:
         yield by_id[table_id], [], None
     typed = [t for t in p.tables if t.table_id not in direct]
     if typed:
-        for t, df in zip(typed, frames(spark, dataclasses.replace(p, tables=typed), shared).values(), strict=True):
+        for t, df in zip(typed, frames(spark, dataclasses.replace(p, tables=typed), shared, found).values(),
+                         strict=True):
             yield t, [], df
 
 
@@ -177,4 +189,4 @@ def write_tables(spark: Any, p: Plan, path_of: Callable[[TablePlan], str], paral
         tally.done(t.name, n, "rows from " + t.base.kind)
         return (t.name, n, t.base.kind)
 
-    return in_plan_order(p, onepass.each_table(items(spark, p, shared, direct), one, parallelism))
+    return in_plan_order(p, onepass.each_table(items(spark, p, shared, direct, found), one, parallelism))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,6 +106,20 @@ class TableReader:
             return self._table.to_pyarrow_dataset(file_pruning_predicate=prune)
         except Exception as exc:  # DeltaProtocolError and friends: what delta-rs will not read
             raise NotReadable(f"delta-rs cannot read {self.path}: {errors.first_line(exc)}") from None
+
+    def batches(self, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """Every row of ``columns``, as record batches of at most ``batch_rows`` rows,
+        read a file's row group at a time (read-ahead of one batch and one file): what
+        this process holds is a row group's and a batch's, whatever the table's size.
+        The dataset is opened here, so ``NotReadable`` comes before the first batch."""
+        if not isinstance(batch_rows, int) or isinstance(batch_rows, bool) or batch_rows < 1:
+            raise ValueError(f"batch_rows must be a positive integer, got {batch_rows!r}")
+        missing = sorted(set(columns) - set(self.column_names()))
+        if missing:
+            raise NotReadable(f"{self.path} has no column(s) {', '.join(missing)}")
+        dataset = self._dataset(None)
+        return iter(dataset.to_batches(columns=list(columns), batch_size=batch_rows, batch_readahead=1,
+                                       fragment_readahead=1))
 
     def read_changes(self, lo: int, hi: int, columns: Sequence[str], first_date: dt.date,
                      last_date: dt.date) -> pa.Table:

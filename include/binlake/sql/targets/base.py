@@ -611,6 +611,12 @@ class Target:
         slices = rows.to_batches(max_chunksize=config.memory().batch_rows)
         return self.insert_rows(conn, info, (row for batch in slices for row in batch.to_pylist()))
 
+    def insert_arrow_stream(self, conn: Connection, info: binlog_pb2.TableInfo, tables: Iterable[pa.Table]) -> int:
+        """``insert_arrow`` of every table of ``tables`` (a stream of batches of one
+        table's rows), in the caller's transaction; a database with a bulk statement
+        (PostgreSQL's COPY) sends them all through one."""
+        return sum(self.insert_arrow(conn, info, rows) for rows in tables)
+
     def upsert_statement(self, table: sa.Table, batch: list[dict[str, Any]], names: Sequence[str],
                          key: Sequence[str]) -> Any:
         """One multi-row insert-or-overwrite statement of ``batch`` on the primary key."""

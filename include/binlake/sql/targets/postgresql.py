@@ -8,6 +8,7 @@ DDL is transactional, so a window's DDL commits with its data.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -124,27 +125,42 @@ class PostgreSQL(Target):
 
     def insert_arrow(self, conn: Connection, info: binlog_pb2.TableInfo, rows: pa.Table) -> int:
         """One ``COPY ... (FORMAT csv)`` in the caller's transaction, the CSV written by
-        Arrow in slices (memory bounded by a slice, not the table).
+        Arrow in slices (memory bounded by a slice, not the table)."""
+        if not isinstance(rows, pa.Table):
+            raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
+        return self.insert_arrow_stream(conn, info, (rows,))
 
-        Every non-null value is quoted and a null is an empty unquoted field, so
-        PostgreSQL reads NULL and the empty string apart."""
+    def insert_arrow_stream(self, conn: Connection, info: binlog_pb2.TableInfo, tables: Iterable[pa.Table]) -> int:
+        """Every table of ``tables`` (one schema) in one ``COPY ... (FORMAT csv)``: a
+        restore's stream of batches costs one statement, not one per batch.
+
+        Text and bytes are always quoted and a null is an empty unquoted field, so
+        PostgreSQL reads NULL and the empty string apart; numbers, dates and datetimes
+        go unquoted (less for the server to parse than quoting every value)."""
         import pyarrow.csv as pa_csv
         from psycopg.copy import QueuedLibpqWriter
 
-        if not isinstance(rows, pa.Table):
-            raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
+        options = pa_csv.WriteOptions(include_header=False, quoting_style="needed")
         q = conn.dialect.identifier_preparer.quote
-        sql = f"COPY {q(info.name)} ({', '.join(q(n) for n in rows.column_names)}) FROM STDIN (FORMAT csv)"
-        options = pa_csv.WriteOptions(include_header=False, quoting_style="all_valid")
         raw: Any = conn.connection.dbapi_connection
-        # The queued writer sends from a thread of its own: the next slice's CSV is
-        # written while the server parses the last one.
-        with raw.cursor() as cur, cur.copy(sql, writer=QueuedLibpqWriter(cur)) as copy:
-            for batch in rows.to_batches(max_chunksize=COPY_SLICE):
-                out = pa.BufferOutputStream()
-                pa_csv.write_csv(batch, out, options)
-                copy.write(memoryview(out.getvalue()))
-        return int(rows.num_rows)
+        n = 0
+        with contextlib.ExitStack() as stack:
+            cur = stack.enter_context(raw.cursor())
+            copy: Any = None
+            for rows in tables:
+                if not isinstance(rows, pa.Table):
+                    raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
+                if copy is None:
+                    sql = f"COPY {q(info.name)} ({', '.join(q(c) for c in rows.column_names)}) FROM STDIN (FORMAT csv)"
+                    # The queued writer sends from a thread of its own: the next slice's CSV
+                    # is written while the server parses the last one.
+                    copy = stack.enter_context(cur.copy(sql, writer=QueuedLibpqWriter(cur)))
+                for batch in rows.to_batches(max_chunksize=COPY_SLICE):
+                    out = pa.BufferOutputStream()
+                    pa_csv.write_csv(batch, out, options)
+                    copy.write(memoryview(out.getvalue()))
+                n += int(rows.num_rows)
+        return n
 
     def upsert_statement(self, table: sa.Table, batch: list[dict[str, Any]], names: Sequence[str],
                          key: Sequence[str]) -> Any:
