@@ -125,9 +125,8 @@ class PostgreSQL(Target):
 
     def insert_arrow(self, conn: Connection, info: binlog_pb2.TableInfo, rows: pa.Table) -> int:
         """One ``COPY ... (FORMAT csv)`` in the caller's transaction, the CSV written by
-        Arrow in slices (memory bounded by a slice, not the table)."""
-        if not isinstance(rows, pa.Table):
-            raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
+        Arrow in slices (memory bounded by a slice, not the table); ``rows`` is checked
+        there."""
         return self.insert_arrow_stream(conn, info, (rows,))
 
     def insert_arrow_stream(self, conn: Connection, info: binlog_pb2.TableInfo, tables: Iterable[pa.Table]) -> int:
