@@ -40,6 +40,7 @@ from binlake.proto import binlog_pb2
 from binlake.restore import claims, coverage, history, layout, naming, onepass, rebuild, snapshot, stream
 from binlake.restore import direct as _direct
 from binlake.restore import fills as fill_mod
+from binlake.restore import patch as _patch
 from binlake.restore.tables import (
     Item,
     Plan,
@@ -223,9 +224,11 @@ class Claim:
 
 
 def load_table(target: targets.Target, info: binlog_pb2.TableInfo, rows: Iterable[Mapping[str, Any]] = (),
-               *, tables: Iterable[pa.Table] = (), claim: Claim | None = None) -> int:
+               *, tables: Iterable[pa.Table] = (), claim: Claim | None = None,
+               changed: _patch.Changed | None = None) -> int:
     """Create table ``info`` in ``target`` and load ``rows`` (or ``tables``: Arrow tables
-    from ``stream.arrow_tables``), in one transaction: where DDL is transactional
+    from ``stream.arrow_tables``), then apply ``changed`` (``patch``: the keys changed
+    since the base ``tables`` holds), in one transaction: where DDL is transactional
     (``Target.transactional_ddl``) a crash leaves no table at all rather than an empty or
     partial one; MySQL commits its DDL. An existing table is refused, or with ``claim``
     replaced when that run created it (or ``claim.replace``), and the table claimed."""
@@ -237,6 +240,8 @@ def load_table(target: targets.Target, info: binlog_pb2.TableInfo, rows: Iterabl
             claims.create_in(target, conn, info, claim.run_id, claim.ts, claim.replace)
         n = int(target.insert_rows(conn, info, rows))
         n += int(target.insert_arrow_stream(conn, info, tables))
+        if changed is not None:
+            n += changed.apply(target, conn)
         conn.commit()
     return n
 
@@ -271,26 +276,37 @@ def load_target(spark: Any, p: Plan, target: targets.Target, url: str, progress:
     def load(item: Item) -> tuple[str, int, str]:
         t, raw, df = item
         into, info = placement.target_for(t), placement.naming.info(t)
-        files = None
-        if df is not None and base_alone(p, t, found):
-            files = stream.base_tables(t.base, t.info, fill_mod.base_fills(p.schema, t.table_id, t.base.ts))
+        files: Iterable[pa.Table] | None = None
+        rows: Iterable[Mapping[str, Any]] | None = None
+        changed, kind = None, t.base.kind
+        alone = df is not None and base_alone(p, t, found)
+        if alone or (df is not None and _patch.eligible(p, t)):
+            # The base's own files, read here: the table at T as it is, or patched with
+            # the keys changed since (``patch``).
+            fills = fill_mod.base_fills(p.schema, t.table_id, t.base.ts)
+            if stream.arrow_ready(t.info):
+                files = stream.base_tables(t.base, t.info, fills)
+            else:
+                rows = stream.base_rows(t.base, t.info, fills)
+            if (files is not None or rows is not None) and not alone:
+                changed, kind = _patch.changed(p, t, shared, info), f"{t.base.kind} + changes"
         if df is None:
             n = load_table(into, info, _direct.rows_at(p.schema, t.table_id, p.ts, raw), claim=claim)
-        elif files is not None:
-            n = load_table(into, info, tables=files, claim=claim)
+        elif files is not None or rows is not None:
+            n = load_table(into, info, rows or (), tables=files or (), claim=claim, changed=changed)
         else:
             if t.base.frame is not None or not onepass.slice_for(p.schema, t.table_id, p.ts, t.base).final:
                 # An aggregating rebuild: its partitions are Spark's shuffle's, sized here
                 # (the base's rows taken as wide as the changes' images).
-                rows, nbytes = found.get(t.table_id, (0, 0))
+                changes, nbytes = found.get(t.table_id, (0, 0))
                 based = int(t.base.frame.count()) if t.base.frame is not None else 0
-                df = stream.bounded(df, rows + based, nbytes + based * (nbytes // rows if rows else 256))
+                df = stream.bounded(df, changes + based, nbytes + based * (nbytes // changes if changes else 256))
             if stream.arrow_ready(t.info):
                 n = load_table(into, info, tables=stream.arrow_tables(df, t.info), claim=claim)
             else:
                 n = load_table(into, info, stream.python_rows(df, t.info), claim=claim)
-        tally.done(t.name, n, "rows from " + t.base.kind)
-        return (t.name, n, t.base.kind)
+        tally.done(t.name, n, "rows from " + kind)
+        return (t.name, n, kind)
 
     done = in_plan_order(p, onepass.each_table(items(spark, p, shared, direct, found), load, parallelism))
     return RestoreResult(p.ts, done, time.monotonic() - started, target=url, renamed=placement.naming.renamed(p))

@@ -22,7 +22,7 @@ prefetched):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -79,11 +79,17 @@ def arrow_ready(info: binlog_pb2.TableInfo) -> bool:
 def arrow_tables(df: Any, info: binlog_pb2.TableInfo) -> Iterator[pa.Table]:
     """The rows of a typed frame as Arrow tables of at most ``[memory] batch_rows`` rows,
     columns named and typed as ``insert_arrow`` takes them (decimals as text)."""
-    from binlake import config
-
     if not arrow_ready(info):
         raise ValueError(f"table {info.db}.{info.name} has columns Arrow cannot load as they are: use python_rows")
-    cols = C.columns_of(info)
+    for table in arrow_batches(df, [c.name for c in C.columns_of(info)]):
+        yield _as_inserted(table)
+
+
+def arrow_batches(df: Any, names: Sequence[str]) -> Iterator[pa.Table]:
+    """Columns ``names`` of a frame's rows as Arrow tables of at most ``[memory]
+    batch_rows`` rows, typed as Spark's Arrow conversion types them."""
+    from binlake import config
+
     per = config.memory().batch_rows
 
     # Runs in the Python workers: each batch of the partition becomes one IPC message.
@@ -103,9 +109,9 @@ def arrow_tables(df: Any, info: binlog_pb2.TableInfo) -> Iterator[pa.Table]:
                 yield pa.RecordBatch.from_pydict({"ipc": [sink.getvalue().to_pybytes()]},
                                                  schema=pa.schema([("ipc", pa.binary())]))
 
-    packed = df.select(*[f"`{c.name}`" for c in cols]).mapInArrow(pack, "ipc binary")
+    packed = df.select(*[f"`{n}`" for n in names]).mapInArrow(pack, "ipc binary")
     for row in packed.toLocalIterator(prefetchPartitions=True):
-        yield _as_inserted(pa.ipc.open_stream(row["ipc"]).read_all())
+        yield pa.ipc.open_stream(row["ipc"]).read_all()
 
 
 def _as_inserted(table: pa.Table) -> pa.Table:
@@ -119,7 +125,8 @@ def _as_inserted(table: pa.Table) -> pa.Table:
 def base_tables(base: rebuild.Base, info: binlog_pb2.TableInfo, fills: Mapping[int, Any]) -> Iterator[pa.Table] | None:
     """The rows of ``base`` read from its Delta files in this process (delta-rs and
     Arrow's Parquet reader, no Spark job), as Arrow tables of at most ``[memory]
-    batch_rows`` rows for ``insert_arrow``; None when they must go through Spark.
+    batch_rows`` rows for ``insert_arrow``; None when they must go through Spark, or,
+    for a table with columns Arrow does not load as they are, through ``base_rows``.
 
     For a restore at a snapshot's own ts, the table is the snapshot's rows as they
     are. Through Spark they would be read in the JVM, sent to a Python worker,
@@ -129,10 +136,40 @@ def base_tables(base: rebuild.Base, info: binlog_pb2.TableInfo, fills: Mapping[i
     (``base.path``) holding every column of ``info`` (the definition at T) under its
     name and Spark type, none to fill (``fills``: ``fills.base_fills``), every one a
     type Arrow loads as it is (``arrow_ready``), and a table delta-rs reads."""
+    if not arrow_ready(info):
+        return None
+    batches = _base_batches(base, info, fills)
+    return None if batches is None else (_as_inserted(pa.Table.from_batches([b])) for b in batches)
+
+
+def base_rows(base: rebuild.Base, info: binlog_pb2.TableInfo, fills: Mapping[int, Any]
+              ) -> Iterator[dict[str, Any]] | None:
+    """``base_tables`` for a table with columns Arrow does not load as they are (bytes,
+    JSON documents, times): the rows as the Python values ``binlake.codec`` uses, read
+    a batch of ``[memory] batch_rows`` rows at a time; None when they must go through
+    Spark."""
+    batches = _base_batches(base, info, fills)
+    if batches is None:
+        return None
+    cols = C.columns_of(info)
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for batch in batches:
+            values = [[C.python_value(v, c.type) for v in batch.column(i).to_pylist()] for i, c in enumerate(cols)]
+            for row in zip(*values, strict=True):
+                yield {c.name: v for c, v in zip(cols, row, strict=True)}
+
+    return rows()
+
+
+def _base_batches(base: rebuild.Base, info: binlog_pb2.TableInfo, fills: Mapping[int, Any]
+                  ) -> Iterator[pa.RecordBatch] | None:
+    """The record batches of ``base``'s files with the columns of ``info`` in its order
+    (see ``base_tables``: when nothing is to be done to them), or None."""
     from binlake import config
     from binlake.lake.store import arrowread
 
-    if base.frame is None or not base.path or fills or not arrow_ready(info):
+    if base.frame is None or not base.path or fills:
         return None
     by_id = {c.id: c for c in base.cols}
     out = C.columns_of(info)
@@ -145,4 +182,4 @@ def base_tables(base: rebuild.Base, info: binlog_pb2.TableInfo, fills: Mapping[i
     except arrowread.NotReadable as exc:
         log.info("reading %s through Spark: %s", base.path, exc)
         return None
-    return (_as_inserted(pa.Table.from_batches([b])) for b in batches if b.num_rows)
+    return (b for b in batches if b.num_rows)

@@ -1,0 +1,89 @@
+"""A table at T loaded into a database as its snapshot's rows, then patched with the
+changes made since.
+
+A point-in-time restore is most often a snapshot plus the changes of part of a day
+(the maintenance DAG takes one a day). Rebuilding such a table in Spark groups every
+one of its rows by key with the few changed ones: the whole table goes through a
+shuffle, then through the driver, for the sake of a few keys. Here the snapshot's
+Parquet files are copied into the target as they are (``stream.base_tables``: one
+``COPY`` on PostgreSQL; ``stream.base_rows`` for bytes, JSON and times), then, in the same transaction, every key changed in
+``(snapshot ts, T]`` is deleted and the keys' rows at T inserted. Spark types only
+the changed keys: the one-pass result (``onepass.last_changes``) already holds one
+row per changed key, its last change, so this is a projection, with no aggregation.
+
+The deletes all come before the inserts (two passes over the changed keys, both
+reading the one-pass result's checkpoint, so the lake is not read again): a row at T
+may take a unique value that another changed key's base row held.
+
+Eligible (``eligible``) when the base is a snapshot read from its files, and the
+table's definition did not change in ``(snapshot ts, T]`` (its change rows then
+decode with the definition at T, one text per key). Otherwise the table takes the
+Spark rebuild as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from binlake import tso
+from binlake.proto import binlog_pb2
+from binlake.restore import columns as C
+from binlake.restore import fills as fill_mod
+from binlake.restore import onepass, rebuild, stream
+from binlake.restore.tables import Plan, TablePlan
+from binlake.sql import targets
+
+
+def eligible(p: Plan, t: TablePlan) -> bool:
+    """Whether ``t`` may be loaded as its snapshot then patched: a snapshot base with
+    rows and files, and no new definition of the table in ``(base ts, T]``."""
+    base = t.base
+    if base.kind != "snapshot" or base.frame is None or not base.path or base.ts >= p.ts:
+        return False
+    return not any(base.ts < ets <= p.ts + 1 for ets, _info in p.schema.entries_of(t.table_id))
+
+
+@dataclasses.dataclass(frozen=True)
+class Changed:
+    """The keys of one table changed in ``(base ts, T]``, from the one-pass result:
+    ``events`` (``rebuild.events``) of their last changes, typed with the definition
+    at T, one per key; ``_del`` marks a key absent at T."""
+
+    info: binlog_pb2.TableInfo
+    events: Any
+
+    def keys(self) -> Iterator[list[tuple[Any, ...]]]:
+        """Every changed key (present at T or not), in batches of at most ``[memory]
+        batch_rows``, as the Python values a target's ``delete_keys`` binds."""
+        names = C.key_names(self.info)
+        types = {c.name: c.type for c in self.info.columns}
+        for table in stream.arrow_batches(self.events, names):
+            columns = [[C.python_value(v, types[n]) for v in table.column(n).to_pylist()] for n in names]
+            yield list(zip(*columns, strict=True))
+
+    def apply(self, target: targets.Target, conn: Any) -> int:
+        """Delete every changed key from the loaded table, then insert the keys' rows at
+        T, in ``conn``'s transaction; the change in the table's row count."""
+        from pyspark.sql import functions as F
+
+        gone = sum(target.delete_keys(conn, self.info, batch) for batch in self.keys())
+        present = self.events.where(~F.col("_del"))
+        if stream.arrow_ready(self.info):
+            added = target.insert_arrow_stream(conn, self.info, stream.arrow_tables(present, self.info))
+        else:
+            added = target.insert_rows(conn, self.info, stream.python_rows(present, self.info))
+        return int(added) - int(gone)
+
+
+def changed(p: Plan, t: TablePlan, shared: Any, into: binlog_pb2.TableInfo) -> Changed:
+    """``t``'s changed keys (``eligible`` tables only), read from ``shared``
+    (``tables.shared_changes``, which holds the table's slice when it has changes), for
+    the table ``into`` (its definition at T as placed in the target)."""
+    schema = p.schema
+    at = schema.table(t.table_id, min(p.ts + 1, tso.MAX_TS))
+    out = C.columns_of(at)
+    events = rebuild.events(onepass.of_table(shared, t.table_id), rebuild.versions(schema, t.table_id), out,
+                            C.key_names(at), fill_mod.version_fills(schema, t.table_id))
+    return Changed(into, events)
