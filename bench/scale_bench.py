@@ -10,17 +10,22 @@ all; the same table's final typed rows (``synthetic.wide_final_rows``) as Parque
 and as a CSV file, for the floors.
 
 Stages, each through the command's own Python API (the code the CLI runs), at
-T = the last commit_ts:
+T = the last commit_ts unless said:
 
-* snapshot     ``snapshot.take`` (``binlake snapshot``) from the whole history;
+* snapshot     ``snapshot.take`` (``binlake snapshot``) from the whole history, at S:
+               before the history's last 1/LATER_SHARE of its changes (updates of
+               about 5% of the rows), every row inserted;
 * history      ``history.update`` (``binlake history``);
 * restore pg   ``restore.run(target=...)`` from the whole history (``--source
-               changes``; a snapshot at T would make it a copy) into PostgreSQL;
+               changes``) into PostgreSQL;
 * restore out  the same into Delta (``--out``) in a local directory, and on S3
                (a throwaway SeaweedFS; skipped, with the reason, when it cannot start);
 * from the snapshot  both restores again as a user's default ``--source auto``
-               takes them, from the snapshot the first stage took at T (a restore to
-               the last snapshot, BR's snapshot restore; the two above are its log restore);
+               takes them, at S: the snapshot's rows (BR's snapshot restore; the two
+               above are its log restore);
+* from the snapshot + later changes  the restore into PostgreSQL at T as ``--source
+               auto`` takes it: the snapshot's rows copied, then the keys changed
+               after S patched (``restore.patch``);
 * apply        ``binlake apply`` of the one window into an empty PostgreSQL
                database, run as the CLI in a process of its own (as a user or the
                apply DAG's task runs it), so its peak is its own, not this driver's;
@@ -76,11 +81,16 @@ KIND_TITLES = {"driver": "driver (Python)", "jvm": "Spark JVM", "py-workers": "P
 STAGES = ("snapshot", "history", "restore -> PostgreSQL", "restore --out Delta (local)",
           "restore --out Delta (S3)", "apply (one window) -> PostgreSQL", "diff restored vs applied",
           "floor: PostgreSQL COPY of a CSV file", "floor: Spark Parquet -> Delta",
-          "restore -> PostgreSQL from the snapshot", "restore --out Delta (local) from the snapshot")
+          "restore -> PostgreSQL from the snapshot", "restore --out Delta (local) from the snapshot",
+          "restore -> PostgreSQL from the snapshot + later changes")
 # The order of the tables' rows: each restore from the snapshot below its replay of the history.
-SHOWN = (*STAGES[:4], STAGES[9], STAGES[10], *STAGES[4:9])
+SHOWN = (*STAGES[:4], STAGES[9], STAGES[11], STAGES[10], *STAGES[4:9])
+# The share of the history after the snapshot: its last changes, updates of random rows
+# (about 5% of them), so a restore at the last ts is the snapshot plus part of a day.
+LATER_SHARE = 40
 FLOOR_OF = {"restore -> PostgreSQL": "floor: PostgreSQL COPY of a CSV file",
             "restore -> PostgreSQL from the snapshot": "floor: PostgreSQL COPY of a CSV file",
+            "restore -> PostgreSQL from the snapshot + later changes": "floor: PostgreSQL COPY of a CSV file",
             "restore --out Delta (local)": "floor: Spark Parquet -> Delta",
             "restore --out Delta (local) from the snapshot": "floor: Spark Parquet -> Delta",
             "restore --out Delta (S3)": "floor: Spark Parquet -> Delta"}
@@ -367,13 +377,17 @@ def run_size(session: Session, sampler: ProcessPeaks, root: pathlib.Path, rows: 
     applied = str(pg.create_database(f"applied_{rows}"))
     out: list[StageResult] = []
 
-    def restore_into(out: str | None = None, target: str | None = None, source: str = "changes"
-                     ) -> Callable[[], object]:
+    # The snapshot's ts: before the history's last changes // LATER_SHARE changes (change n
+    # commits at T0 + 4n), every row inserted by then.
+    snap = T0 + 4 * (changes - changes // LATER_SHARE - 1)
+
+    def restore_into(out: str | None = None, target: str | None = None, source: str = "changes",
+                     at: int = last, base: str = "snapshot") -> Callable[[], object]:
         def go() -> None:
-            r = restore.run(session.spark, lake, last, out=out, target=target, source=source,
+            r = restore.run(session.spark, lake, at, out=out, target=target, source=source,
                             parallelism=parallelism)
-            if source == "auto" and any(kind != "snapshot" for _n, _rows, kind in r.tables):
-                raise AssertionError(f"restored from {r.tables}, expected the snapshot at T")
+            if source == "auto" and any(kind != base for _n, _rows, kind in r.tables):
+                raise AssertionError(f"restored from {r.tables}, expected {base!r}")
             if r.rows != rows:
                 raise AssertionError(f"restored {r.rows} rows, expected {rows}")
         return go
@@ -400,12 +414,14 @@ def run_size(session: Session, sampler: ProcessPeaks, root: pathlib.Path, rows: 
     stage(STAGES[7], lambda: copy_floor(str(pg.create_database(f"floor_{rows}")), info, csv_file), False)
     stage(STAGES[8], lambda: session.spark.read.parquet(typed).write.format("delta").mode("overwrite")
           .save(str(root / f"floor-delta-{rows}")))
-    stage(STAGES[0], lambda: snapshot.take(session.spark, lake, last, parallelism=parallelism))
+    stage(STAGES[0], lambda: snapshot.take(session.spark, lake, snap, parallelism=parallelism))
     stage(STAGES[1], lambda: history.update(session.spark, lake, parallelism=parallelism))
     stage(STAGES[2], restore_into(target=restored))
     stage(STAGES[3], restore_into(out=str(root / f"out-{rows}")))
-    stage(STAGES[9], restore_into(target=str(pg.create_database(f"from_snapshot_{rows}")), source="auto"))
-    stage(STAGES[10], restore_into(out=str(root / f"out-snapshot-{rows}"), source="auto"))
+    stage(STAGES[9], restore_into(target=str(pg.create_database(f"from_snapshot_{rows}")), source="auto", at=snap))
+    stage(STAGES[11], restore_into(target=str(pg.create_database(f"patched_{rows}")), source="auto",
+                                   base="snapshot + changes"))
+    stage(STAGES[10], restore_into(out=str(root / f"out-snapshot-{rows}"), source="auto", at=snap))
     stage(STAGES[5], apply)
     failed = [r.stage for r in out if r.stage in (STAGES[2], STAGES[5]) and r.seconds is None]
     if failed:
