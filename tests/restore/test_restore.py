@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import Upstream, ingest_all, run_captured
+from conftest import PUMP_ARGS, Upstream, ingest_all, run_captured
 from dbfixtures import mariadb_server, postgres_server  # noqa: F401
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -206,17 +206,18 @@ def test_a_restore_into_a_database_copies_a_snapshot_then_patches_the_tables_who
 
 
 @pytest.fixture(scope="module")
-def oltp_captured(cluster: DevCluster, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
-                  ) -> tuple[Upstream, str]:
+def oltp_captured(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Upstream, str]]:
     """The ``oltp`` workload (deletes, range deletes, primary-key changes, unique-value
-    swaps, delete and re-insert; no DDL) captured three times, ingested in two windows."""
+    swaps, delete and re-insert; no DDL) captured three times, ingested in two windows,
+    through a cluster of its own (the ``mixed`` workload's tables have the same ids)."""
     root = tmp_path_factory.mktemp("restore-oltp")
     plan = wplan.plan("oltp", 2, 150, 7, large_txn_rows=60, large_txn_every=50, table_rows=80)
-    up = run_captured(f"sqlite:///{root / 'up.db'}", cluster.registry_addr, plan, 3, root)
-    lake = str(root / "lake")
-    # From ts 1: the lake holds the tables from their CREATE TABLE (the setup before start_ts).
-    ingest_all(spark, lake, cluster.registry_addr, [1, (up.start_ts + up.end_ts) // 2, up.end_ts])
-    return up, lake
+    with DevCluster(root / "cluster", pumps=2, pump_args=PUMP_ARGS) as cluster:
+        up = run_captured(f"sqlite:///{root / 'up.db'}", cluster.registry_addr, plan, 3, root)
+        lake = str(root / "lake")
+        # From ts 1: the plan's setup (its CREATE TABLEs) comes before start_ts.
+        ingest_all(spark, lake, cluster.registry_addr, [1, (up.start_ts + up.end_ts) // 2, up.end_ts])
+    yield up, lake
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mariadb"])

@@ -316,14 +316,31 @@ def state_from(spark: Any, rows: Any, schema: decode.SchemaHistory, table_id: in
         # aggregation over every row).
         return base_events(base, out, fill_mod.base_fills(schema, table_id, base.ts)).select(
             *[F.col(f"`{c.name}`") for c in out])
-    parts = []
-    if base.frame is not None:
-        parts.append(base_events(base, out, fill_mod.base_fills(schema, table_id, base.ts)))
-    if rows is not None and base.ts < ts:
-        parts.append(events(rows, versions(schema, table_id), out, key, fill_mod.version_fills(schema, table_id)))
-    if not parts:
+    if rows is None or base.ts >= ts:
         return spark.createDataFrame([], ", ".join(f"`{c.name}` {c.spark_type()}" for c in out))
-    evts = parts[0]
-    for p in parts[1:]:
-        evts = evts.unionByName(p)
-    return last_per_key(evts, out, key)
+    evts = events(rows, versions(schema, table_id), out, key, fill_mod.version_fills(schema, table_id))
+    if base.frame is None:
+        return last_per_key(evts, out, key)
+    return patched(base_events(base, out, fill_mod.base_fills(schema, table_id, base.ts)), evts, out, key)
+
+
+def patched(base_rows: Any, evts: Any, out: Sequence[C.Column], key: Sequence[str]) -> Any:
+    """The base's rows (``base_events``) with the change events after it (``events``)
+    applied: per key the last change event, deleted or not, reduced among the change
+    events alone; the base's rows of the keys with none kept as they are, by an
+    anti-join; then the changed keys' rows not deleted. Every change event comes after
+    the base's rows, so this is ``last_per_key`` of both, without shuffling the base's
+    rows into an aggregation (Spark broadcasts the changed keys when they are few: a
+    day's changes against a snapshot)."""
+    from pyspark.sql import functions as F
+
+    rest = [c.name for c in out if c.name not in key]
+    value = F.struct(*[F.col(f"`{n}`") for n in rest], F.col("_del"))
+    order = F.struct(*[F.col(n) for n in ORDER])
+    keys = [F.col(f"`{k}`") for k in key]
+    last = evts.groupBy(*keys).agg(F.max_by(value, order).alias("_last"))
+    changed = last.select(*keys)
+    kept = base_rows.select(*[F.col(f"`{c.name}`") for c in out]).join(changed, list(key), "left_anti")
+    now = last.where(~F.col("_last._del")).select(
+        *[F.col(f"`{c.name}`") if c.name in key else F.col("_last").getField(c.name).alias(c.name) for c in out])
+    return kept.unionByName(now)
