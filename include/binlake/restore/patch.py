@@ -11,9 +11,11 @@ Parquet files are copied into the target as they are (``stream.base_tables``: on
 the changed keys: the one-pass result (``onepass.last_changes``) already holds one
 row per changed key, its last change, so this is a projection, with no aggregation.
 
-The deletes all come before the inserts (two passes over the changed keys, both
-reading the one-pass result's checkpoint, so the lake is not read again): a row at T
-may take a unique value that another changed key's base row held.
+For a table with a unique key besides its primary key, every delete comes before
+the inserts (two passes over the changed keys, both reading the one-pass result's
+checkpoint, so the lake is not read again): a row at T may take a unique value that
+another changed key's base row held. Any other table takes one pass, each batch's
+keys deleted then its rows inserted.
 
 Eligible (``eligible``) when the base is a snapshot read from its files, and the
 table's definition did not change in ``(snapshot ts, T]`` (its change rows then
@@ -65,9 +67,14 @@ class Changed:
 
     def apply(self, target: targets.Target, conn: Any) -> int:
         """Delete every changed key from the loaded table, then insert the keys' rows at
-        T, in ``conn``'s transaction; the change in the table's row count."""
+        T, in ``conn``'s transaction; the change in the table's row count. A table with
+        no unique key but its primary key takes one pass, batch by batch (a row can then
+        only collide with its own key, deleted just before); otherwise every delete comes
+        first, in a pass of its own."""
         from pyspark.sql import functions as F
 
+        if not self.info.unique_keys:
+            return self._apply_in_one_pass(target, conn)
         gone = sum(target.delete_keys(conn, self.info, batch) for batch in self.keys())
         present = self.events.where(~F.col("_del"))
         if stream.arrow_ready(self.info):
@@ -75,6 +82,29 @@ class Changed:
         else:
             added = target.insert_rows(conn, self.info, stream.python_rows(present, self.info))
         return int(added) - int(gone)
+
+    def _apply_in_one_pass(self, target: targets.Target, conn: Any) -> int:
+        import pyarrow.compute as pc
+
+        cols = C.columns_of(self.info)
+        names = [c.name for c in cols]
+        key = C.key_names(self.info)
+        types = {c.name: c.type for c in cols}
+        ready = stream.arrow_ready(self.info)
+        n = 0
+        for table in stream.arrow_batches(self.events, [*names, "_del"]):
+            keys = [[C.python_value(v, types[k]) for v in table.column(k).to_pylist()] for k in key]
+            n -= int(target.delete_keys(conn, self.info, list(zip(*keys, strict=True))))
+            present = table.filter(pc.invert(table.column("_del"))).select(names)
+            if not present.num_rows:
+                continue
+            if ready:
+                n += int(target.insert_arrow(conn, self.info, stream.as_inserted(present)))
+            else:
+                values = [[C.python_value(v, c.type) for v in present.column(c.name).to_pylist()] for c in cols]
+                n += int(target.insert_rows(conn, self.info, (dict(zip(names, row, strict=True))
+                                                              for row in zip(*values, strict=True))))
+        return n
 
 
 def changed(p: Plan, t: TablePlan, shared: Any, into: binlog_pb2.TableInfo) -> Changed:

@@ -54,11 +54,18 @@ class Base:
 
 def load_schema(spark: Any, lake: str, upto_ts: int) -> decode.SchemaHistory:
     """Every table definition of DDLs with commit_ts <= ``upto_ts`` (from ``ddl_history``)."""
+    import pyarrow.dataset as pads
+
+    from binlake.lake.store import arrowread
+
     path = table_path(lake, DDL_HISTORY)
     if not is_delta(spark, path):
         return decode.SchemaHistory()
-    rows = (spark.read.format("delta").load(path).where(f"commit_ts <= {int(upto_ts)}")
-            .select("commit_ts", "table_info").collect())
+    # A local lake's history is read here (milliseconds; a Spark job is a second or more).
+    rows: Any = arrowread.small_table_rows(path, ("commit_ts", "table_info"), pads.field("commit_ts") <= int(upto_ts))
+    if rows is None:
+        rows = (spark.read.format("delta").load(path).where(f"commit_ts <= {int(upto_ts)}")
+                .select("commit_ts", "table_info").collect())
     return decode.SchemaHistory.from_rows(rows)
 
 

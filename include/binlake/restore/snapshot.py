@@ -55,10 +55,15 @@ class SnapshotDisproved(errors.FailedPrecondition):
 
 def catalog(spark: Any, lake: str) -> list[SnapshotEntry]:
     """The tables of every *valid* snapshot (one with its marker row), newest first."""
+    from binlake.lake.store import arrowread
+
     path = layout.snapshot_catalog(lake)
     if not is_delta(spark, path):
         return []
-    rows = spark.read.format("delta").load(path).collect()
+    # A local lake's catalog is read here (milliseconds; a Spark job is a second or more).
+    rows: Any = arrowread.small_table_rows(path, None)
+    if rows is None:
+        rows = [r.asDict() for r in spark.read.format("delta").load(path).collect()]
     markers = {r["snapshot_ts"]: bool(r["complete"]) for r in rows if r["table_id"] == layout.MARKER_TABLE_ID}
     out = []
     for r in rows:
@@ -68,7 +73,7 @@ def catalog(spark: Any, lake: str) -> list[SnapshotEntry]:
         info = binlog_pb2.TableInfo.FromString(bytes(r["table_info"])) if r["table_info"] is not None else None
         out.append(SnapshotEntry(ts, r["table_id"], r["db"] or "", r["tbl"] or "",
                                  layout.table_location(lake, r["path"] or ""), r["rows"] or 0,
-                                 info, markers[ts], proven.record_of(r.asDict())))
+                                 info, markers[ts], proven.record_of(r)))
     return sorted(out, key=lambda e: (-e.snapshot_ts, e.table_id))
 
 

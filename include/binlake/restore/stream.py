@@ -82,7 +82,7 @@ def arrow_tables(df: Any, info: binlog_pb2.TableInfo) -> Iterator[pa.Table]:
     if not arrow_ready(info):
         raise ValueError(f"table {info.db}.{info.name} has columns Arrow cannot load as they are: use python_rows")
     for table in arrow_batches(df, [c.name for c in C.columns_of(info)]):
-        yield _as_inserted(table)
+        yield as_inserted(table)
 
 
 def arrow_batches(df: Any, names: Sequence[str]) -> Iterator[pa.Table]:
@@ -114,7 +114,7 @@ def arrow_batches(df: Any, names: Sequence[str]) -> Iterator[pa.Table]:
         yield pa.ipc.open_stream(row["ipc"]).read_all()
 
 
-def _as_inserted(table: pa.Table) -> pa.Table:
+def as_inserted(table: pa.Table) -> pa.Table:
     """``table`` as ``insert_arrow`` takes it: decimals as their exact text."""
     if not any(pa.types.is_decimal(f.type) for f in table.schema):
         return table
@@ -139,7 +139,7 @@ def base_tables(base: rebuild.Base, info: binlog_pb2.TableInfo, fills: Mapping[i
     if not arrow_ready(info):
         return None
     batches = _base_batches(base, info, fills)
-    return None if batches is None else (_as_inserted(pa.Table.from_batches([b])) for b in batches)
+    return None if batches is None else (as_inserted(pa.Table.from_batches([b])) for b in batches)
 
 
 def base_rows(base: rebuild.Base, info: binlog_pb2.TableInfo, fills: Mapping[int, Any]
