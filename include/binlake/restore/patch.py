@@ -59,11 +59,13 @@ class Changed:
     def keys(self) -> Iterator[list[tuple[Any, ...]]]:
         """Every changed key (present at T or not), in batches of at most ``[memory]
         batch_rows``, as the Python values a target's ``delete_keys`` binds."""
-        names = C.key_names(self.info)
-        types = {c.name: c.type for c in self.info.columns}
-        for table in stream.arrow_batches(self.events, names):
-            columns = [[C.python_value(v, types[n]) for v in table.column(n).to_pylist()] for n in names]
-            yield list(zip(*columns, strict=True))
+        key = self._key_columns()
+        for table in stream.arrow_batches(self.events, [c.name for c in key]):
+            yield _key_tuples(table, key)
+
+    def _key_columns(self) -> list[C.Column]:
+        by_name = {c.name: c for c in C.columns_of(self.info)}
+        return [by_name[n] for n in C.key_names(self.info)]
 
     def apply(self, target: targets.Target, conn: Any) -> int:
         """Delete every changed key from the loaded table, then insert the keys' rows at
@@ -88,23 +90,24 @@ class Changed:
 
         cols = C.columns_of(self.info)
         names = [c.name for c in cols]
-        key = C.key_names(self.info)
-        types = {c.name: c.type for c in cols}
+        key = self._key_columns()
         ready = stream.arrow_ready(self.info)
         n = 0
         for table in stream.arrow_batches(self.events, [*names, "_del"]):
-            keys = [[C.python_value(v, types[k]) for v in table.column(k).to_pylist()] for k in key]
-            n -= int(target.delete_keys(conn, self.info, list(zip(*keys, strict=True))))
+            n -= int(target.delete_keys(conn, self.info, _key_tuples(table, key)))
             present = table.filter(pc.invert(table.column("_del"))).select(names)
             if not present.num_rows:
                 continue
             if ready:
                 n += int(target.insert_arrow(conn, self.info, stream.as_inserted(present)))
             else:
-                values = [[C.python_value(v, c.type) for v in present.column(c.name).to_pylist()] for c in cols]
-                n += int(target.insert_rows(conn, self.info, (dict(zip(names, row, strict=True))
-                                                              for row in zip(*values, strict=True))))
+                n += int(target.insert_rows(conn, self.info, stream.python_rows_of(present, cols)))
         return n
+
+
+def _key_tuples(table: Any, key: list[C.Column]) -> list[tuple[Any, ...]]:
+    """The key of each row of ``table``, as the Python values a target's ``delete_keys`` binds."""
+    return [tuple(row[c.name] for c in key) for row in stream.python_rows_of(table, key)]
 
 
 def changed(p: Plan, t: TablePlan, shared: Any, into: binlog_pb2.TableInfo) -> Changed:

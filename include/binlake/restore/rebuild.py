@@ -279,12 +279,23 @@ def base_events(base: Base, out: Sequence[C.Column], fills: dict[int, fill_mod.F
 
 def last_per_key(evts: Any, out: Sequence[C.Column], key: Sequence[str]) -> Any:
     """Per key, the last event's row; keys whose last event is a delete are dropped."""
+    return _present(_last_events(evts, out, key), out, key)
+
+
+def _last_events(evts: Any, out: Sequence[C.Column], key: Sequence[str]) -> Any:
+    """Per key (its columns), the last event's other columns and ``_del``, as ``_last``."""
     from pyspark.sql import functions as F
 
     rest = [c.name for c in out if c.name not in key]
     value = F.struct(*[F.col(f"`{n}`") for n in rest], F.col("_del"))
     order = F.struct(*[F.col(n) for n in ORDER])
-    last = evts.groupBy(*[F.col(f"`{k}`") for k in key]).agg(F.max_by(value, order).alias("_last"))
+    return evts.groupBy(*[F.col(f"`{k}`") for k in key]).agg(F.max_by(value, order).alias("_last"))
+
+
+def _present(last: Any, out: Sequence[C.Column], key: Sequence[str]) -> Any:
+    """The rows of ``_last_events`` whose last event is not a delete, as ``out``'s columns."""
+    from pyspark.sql import functions as F
+
     return (last.where(~F.col("_last._del"))
             .select(*[F.col(f"`{c.name}`") if c.name in key else F.col("_last").getField(c.name).alias(c.name)
                       for c in out]))
@@ -339,15 +350,7 @@ def patched(base_rows: Any, evts: Any, out: Sequence[C.Column], key: Sequence[st
     the base's rows, so this is ``last_per_key`` of both, without shuffling the base's
     rows into an aggregation (Spark broadcasts the changed keys when they are few: a
     day's changes against a snapshot)."""
-    from pyspark.sql import functions as F
-
-    rest = [c.name for c in out if c.name not in key]
-    value = F.struct(*[F.col(f"`{n}`") for n in rest], F.col("_del"))
-    order = F.struct(*[F.col(n) for n in ORDER])
-    keys = [F.col(f"`{k}`") for k in key]
-    last = evts.groupBy(*keys).agg(F.max_by(value, order).alias("_last"))
-    changed = last.select(*keys)
-    kept = base_rows.select(*[F.col(f"`{c.name}`") for c in out]).join(changed, list(key), "left_anti")
-    now = last.where(~F.col("_last._del")).select(
-        *[F.col(f"`{c.name}`") if c.name in key else F.col("_last").getField(c.name).alias(c.name) for c in out])
-    return kept.unionByName(now)
+    last = _last_events(evts, out, key)
+    changed = last.select(*[f"`{k}`" for k in key])
+    kept = base_rows.select(*[f"`{c.name}`" for c in out]).join(changed, list(key), "left_anti")
+    return kept.unionByName(_present(last, out, key))

@@ -152,14 +152,15 @@ def base_rows(base: rebuild.Base, info: binlog_pb2.TableInfo, fills: Mapping[int
     if batches is None:
         return None
     cols = C.columns_of(info)
+    return (row for batch in batches for row in python_rows_of(batch, cols))
 
-    def rows() -> Iterator[dict[str, Any]]:
-        for batch in batches:
-            values = [[C.python_value(v, c.type) for v in batch.column(i).to_pylist()] for i, c in enumerate(cols)]
-            for row in zip(*values, strict=True):
-                yield {c.name: v for c, v in zip(cols, row, strict=True)}
 
-    return rows()
+def python_rows_of(table: pa.Table | pa.RecordBatch, cols: Sequence[C.Column]) -> Iterator[dict[str, Any]]:
+    """The rows of ``table``'s columns ``cols`` as the Python values ``binlake.codec``
+    uses (column name -> value)."""
+    names = [c.name for c in cols]
+    values = [[C.python_value(v, c.type) for v in table.column(c.name).to_pylist()] for c in cols]
+    return (dict(zip(names, row, strict=True)) for row in zip(*values, strict=True))
 
 
 def _base_batches(base: rebuild.Base, info: binlog_pb2.TableInfo, fills: Mapping[int, Any]
